@@ -1,0 +1,267 @@
+"""HTTP API v1: parse and validate requests, call the MemoryService, shape the JSON replies.
+
+Errors are `{"error": {"code", "message"}}`. Domain errors map to status codes here and only here;
+bad input is refused with a 4xx that names what was wrong, before anything is changed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import structlog
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from tiered_memory.errors import Conflict, Forbidden, InvalidInput, NotFound, SqlUnavailable, TierUnavailable
+from tiered_memory.metrics import Metrics
+from tiered_memory.model import Channel, NewMessage, Role, SummaryAnswer
+from tiered_memory.service import MemoryService
+from tiered_memory.settings import Settings
+
+log = structlog.get_logger("tiered_memory.api")
+
+SERVICE_KEY = web.AppKey("service", MemoryService)
+METRICS_KEY = web.AppKey("metrics", Metrics)
+SETTINGS_KEY = web.AppKey("settings", Settings)
+
+# `{` and `}` are excluded so a session id can never break the Redis hash tag it is wrapped in.
+_SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
+_MESSAGE_ID = re.compile(r"^[\x21-\x7e]{1,128}$")
+_MESSAGE_FIELDS = {"role", "content", "user_id", "message_id", "channel"}
+_RETRY_AFTER_S = "1"
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"error": {"code": code, "message": message}}, status=status, headers=headers)
+
+
+def _session_id(request: web.Request) -> str:
+    sid = request.match_info["session_id"]
+    if not _SESSION_ID.match(sid):
+        raise InvalidInput(
+            "session_id: expected 1-128 characters of letters, digits and . _ : @ -, starting with a letter or digit"
+        )
+    return sid
+
+
+def _optional_str(body: dict[str, Any], name: str, pattern: re.Pattern[str]) -> str | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not pattern.match(value):
+        raise InvalidInput(f"{name}: expected a string of 1-128 printable ASCII characters")
+    return value
+
+
+async def _json_object(request: web.Request) -> dict[str, Any]:
+    try:
+        body = await request.json(loads=json.loads)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise InvalidInput("body: expected a JSON object") from None
+    if not isinstance(body, dict):
+        raise InvalidInput("body: expected a JSON object")
+    return body
+
+
+def parse_message(session_id: str, body: dict[str, Any], *, max_chars: int) -> NewMessage:
+    """Validate an append body; raises InvalidInput naming the first bad field."""
+    unknown = sorted(set(body) - _MESSAGE_FIELDS)
+    if unknown:
+        raise InvalidInput(f"unknown field(s): {', '.join(unknown)}; expected {sorted(_MESSAGE_FIELDS)}")
+    role = body.get("role")
+    if role not in ("user", "assistant"):
+        raise InvalidInput("role: expected 'user' or 'assistant'")
+    content = body.get("content")
+    if not isinstance(content, str) or not content.strip():
+        raise InvalidInput("content: expected a non-empty string")
+    if len(content) > max_chars:
+        raise InvalidInput(f"content: expected at most {max_chars} characters, got {len(content)}")
+    channel = body.get("channel", "chat")
+    if channel not in ("voice", "chat"):
+        raise InvalidInput("channel: expected 'voice' or 'chat'")
+    user_id = body.get("user_id")
+    if user_id is not None and (not isinstance(user_id, str) or not 0 < len(user_id) <= 128):
+        raise InvalidInput("user_id: expected a string of 1-128 characters")
+    message_id = _optional_str(body, "message_id", _MESSAGE_ID) or uuid.uuid4().hex
+    return NewMessage(
+        session_id=session_id,
+        role=Role(role),
+        content=content,
+        message_id=message_id,
+        user_id=user_id,
+        channel=Channel(channel),
+    )
+
+
+def _summary_json(answer: SummaryAnswer, now: float) -> dict[str, Any]:
+    s = answer.summary
+    return {
+        "session_id": answer.session_id,
+        "tier": answer.tier.value,
+        "summary": s.text if s else None,
+        "turn_count": answer.turn_count,
+        "covered_turns": s.covered_turns if s else 0,
+        "topics": list(s.topics) if s else [],
+        "source": s.source.value if s else None,
+        "version": s.version if s else 0,
+        "updated_at": s.updated_at if s else None,
+        "age_seconds": round(max(0.0, now - s.updated_at), 3) if s else None,
+    }
+
+
+async def post_message(request: web.Request) -> web.Response:
+    service = request.app[SERVICE_KEY]
+    sid = _session_id(request)
+    new = parse_message(sid, await _json_object(request), max_chars=request.app[SETTINGS_KEY].max_message_chars)
+    outcome = await service.append(new)
+    r = outcome.result
+    return web.json_response(
+        {
+            "session_id": sid,
+            "message_id": r.message.message_id,
+            "turn_count": r.turn_count,
+            "summary_scheduled": outcome.summary_scheduled,
+        },
+        status=200 if r.duplicate else 201,
+    )
+
+
+async def get_summary(request: web.Request) -> web.Response:
+    answer = await request.app[SERVICE_KEY].load_best_summary(_session_id(request))
+    return web.json_response(_summary_json(answer, time.time()))
+
+
+async def get_context(request: web.Request) -> web.Response:
+    settings = request.app[SETTINGS_KEY]
+    sid = _session_id(request)
+    raw = request.query.get("max_chars")
+    max_chars = settings.context_max_chars
+    if raw is not None:
+        if not raw.isdigit() or not 1 <= int(raw) <= 1_000_000:
+            raise InvalidInput("max_chars: expected an integer from 1 to 1000000")
+        max_chars = int(raw)
+    ctx = await request.app[SERVICE_KEY].context(sid, max_chars=max_chars)
+    return web.json_response(
+        {
+            "session_id": sid,
+            "summary_tier": ctx.summary_tier.value,
+            "summary": ctx.summary,
+            "messages": [{"role": m.role, "content": m.content} for m in ctx.messages],
+            "turn_count": ctx.turn_count,
+        }
+    )
+
+
+async def post_close(request: web.Request) -> web.Response:
+    result = await request.app[SERVICE_KEY].close(_session_id(request))
+    return web.json_response(
+        {"session_id": result.session_id, "persisted": result.persisted, "turn_count": result.turn_count}
+    )
+
+
+async def get_session(request: web.Request) -> web.Response:
+    info = await request.app[SERVICE_KEY].session(_session_id(request))
+    return web.json_response(
+        {
+            "session_id": info.session_id,
+            "user_id": info.user_id,
+            "turn_count": info.turn_count,
+            "message_count": info.message_count,
+            "covered_turns": info.covered_turns,
+            "created_at": info.created_at,
+            "last_activity": info.last_activity,
+            "closed": info.closed,
+            "closed_at": info.closed_at,
+        }
+    )
+
+
+async def delete_session(request: web.Request) -> web.Response:
+    await request.app[SERVICE_KEY].delete(_session_id(request))
+    return web.Response(status=204)
+
+
+async def healthz(_request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    tiers = await request.app[SERVICE_KEY].readiness()
+    # Without Redis the daemon still serves every request from SQL, so it stays in rotation;
+    # without SQL it can acknowledge no write, so it leaves it.
+    status = 200 if tiers["sql"] == "ok" else 503
+    overall = "ok" if all(v == "ok" for v in tiers.values()) else "degraded"
+    return web.json_response({"status": overall, "tiers": tiers}, status=status)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[METRICS_KEY].registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/sessions/{session_id}/messages", post_message)
+    app.router.add_get("/v1/sessions/{session_id}/summary", get_summary)
+    app.router.add_get("/v1/sessions/{session_id}/context", get_context)
+    app.router.add_post("/v1/sessions/{session_id}/close", post_close)
+    app.router.add_get("/v1/sessions/{session_id}", get_session)
+    app.router.add_delete("/v1/sessions/{session_id}", delete_session)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+
+
+@web.middleware
+async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Bind request and session ids to the logs, time the request, and map domain errors to
+    status codes: the one place where errors become HTTP."""
+    request_id = request.headers.get("X-Request-ID") or uuid.uuid4().hex
+    structlog.contextvars.clear_contextvars()
+    structlog.contextvars.bind_contextvars(request_id=request_id, session_id=request.match_info.get("session_id"))
+    started = time.perf_counter()
+    try:
+        response = await _mapped(request, handler)
+    finally:
+        structlog.contextvars.clear_contextvars()
+    resource = request.match_info.route.resource
+    route = resource.canonical if resource is not None else "unmatched"
+    request.app[METRICS_KEY].request_seconds.labels(route, request.method, str(response.status)).observe(
+        time.perf_counter() - started
+    )
+    response.headers["X-Request-ID"] = request_id
+    return response
+
+
+async def _mapped(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except InvalidInput as exc:
+        return error_response(400, "invalid_input", str(exc))
+    except NotFound as exc:
+        return error_response(404, "not_found", str(exc))
+    except Forbidden as exc:
+        return error_response(403, "forbidden", str(exc))
+    except Conflict as exc:
+        return error_response(409, "conflict", str(exc))
+    except SqlUnavailable as exc:
+        log.warning("sql_unavailable", error=str(exc))
+        return error_response(
+            503, "sql_unavailable", "the message store is unavailable; retry", {"Retry-After": _RETRY_AFTER_S}
+        )
+    except TierUnavailable as exc:
+        log.warning("tier_unavailable", tier=exc.tier, error=str(exc))
+        return error_response(503, "unavailable", str(exc), {"Retry-After": _RETRY_AFTER_S})
+    except web.HTTPException as exc:
+        if exc.status >= 400:
+            return error_response(exc.status, exc.reason.lower().replace(" ", "_"), exc.reason)
+        raise
+    except Exception:
+        log.exception("request_failed")
+        return error_response(500, "internal", "internal error")

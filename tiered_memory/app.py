@@ -1,0 +1,138 @@
+"""create_app(settings): the aiohttp application and every resource it owns, through cleanup_ctx.
+
+Resources start in order (SQL, hot tier, LLM client, service with its background sweeper) and are
+unwound in reverse on shutdown, after in-flight summaries have had SHUTDOWN_GRACE_SECONDS to finish.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+import aiohttp
+import structlog
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from tiered_memory.api import METRICS_KEY, SERVICE_KEY, SETTINGS_KEY, add_routes, observe
+from tiered_memory.metrics import Metrics
+from tiered_memory.service import MemoryService
+from tiered_memory.settings import Settings
+from tiered_memory.summarize.extractive import Extractor
+from tiered_memory.summarize.llm import LlmSummarizer, load_prompt
+from tiered_memory.summarize.scheduler import Periodic
+from tiered_memory.summarizing import SummaryJob
+from tiered_memory.tiers.hot import HotTier
+from tiered_memory.tiers.keys import Keys
+from tiered_memory.tiers.memory_hot import MemoryHot
+from tiered_memory.tiers.redis_hot import RedisHot
+from tiered_memory.tiers.sql_store import SqlStore, create_engine
+
+log = structlog.get_logger("tiered_memory.app")
+
+STORE_KEY = web.AppKey("store", SqlStore)
+HOT_KEY = web.AppKey("hot", HotTier)
+LLM_KEY = web.AppKey("llm", LlmSummarizer)
+
+
+def build_hot(settings: Settings) -> HotTier:
+    """Redis when REDIS_URL is set, the bounded in-process cache otherwise."""
+    if settings.redis_url:
+        return RedisHot.from_url(
+            settings.redis_url,
+            keys=Keys(settings.redis_key_prefix),
+            timeout_s=settings.redis_timeout_ms / 1000,
+            summary_ttl_s=settings.summary_redis_ttl_seconds,
+            history_ttl_s=settings.history_ttl_seconds,
+            recent_max=settings.hot_recent_messages,
+        )
+    return MemoryHot(
+        max_sessions=settings.hot_max_sessions,
+        summary_ttl_s=settings.summary_redis_ttl_seconds,
+        history_ttl_s=settings.history_ttl_seconds,
+        recent_max=settings.hot_recent_messages,
+    )
+
+
+async def _sql_ctx(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS_KEY]
+    if settings.embedded_sql:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+    store = SqlStore(create_engine(settings.sqlalchemy_url), timeout_s=settings.sql_timeout_ms / 1000)
+    if settings.migrate_on_start:
+        version = await store.migrate(now=time.time())
+        log.info("schema_ready", dialect=store.dialect, version=version)
+    app[STORE_KEY] = store
+    yield
+    await store.aclose()
+
+
+async def _hot_ctx(app: web.Application) -> AsyncIterator[None]:
+    hot = build_hot(app[SETTINGS_KEY])
+    app[HOT_KEY] = hot
+    yield
+    await hot.aclose()
+
+
+async def _llm_ctx(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS_KEY]
+    if not settings.llm_base_url:
+        yield
+        return
+    async with aiohttp.ClientSession() as session:
+        app[LLM_KEY] = LlmSummarizer(
+            session,
+            base_url=settings.llm_base_url,
+            api_key=settings.llm_api_key.get_secret_value() if settings.llm_api_key else None,
+            model=settings.summary_model,
+            max_tokens=settings.summary_max_tokens,
+            timeout_s=settings.llm_timeout_seconds,
+            prompt=load_prompt(settings.summary_prompt_file),
+            max_chars=settings.summary_max_chars,
+        )
+        yield
+
+
+async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS_KEY]
+    extractor = Extractor()
+    job = SummaryJob(
+        store=app[STORE_KEY],
+        hot=app[HOT_KEY],
+        extractor=extractor,
+        llm=app.get(LLM_KEY),
+        metrics=app[METRICS_KEY],
+        max_chars=settings.summary_max_chars,
+        # Long enough for the slowest LLM call plus the writes; short enough that a crashed
+        # holder does not block the session's summaries for long.
+        lock_ttl_s=settings.llm_timeout_seconds + settings.sql_timeout_ms / 1000 * 2 + 5,
+    )
+    service = MemoryService(
+        settings=settings,
+        store=app[STORE_KEY],
+        hot=app[HOT_KEY],
+        job=job,
+        extractor=extractor,
+        metrics=app[METRICS_KEY],
+    )
+    app[SERVICE_KEY] = service
+    # The first sweep runs at start-up: it finds the summaries that were due when a previous
+    # process died and closes sessions that went idle meanwhile.
+    sweeper = Periodic(service.sweep, interval_s=settings.sweep_interval_seconds, name="sweeper")
+    sweeper.start()
+    yield
+    await sweeper.stop()
+    cancelled = await service.summaries.drain(settings.shutdown_grace_seconds)
+    if cancelled:
+        # Their watermark did not move: the next start-up sweep does them again.
+        log.warning("summaries_cancelled_at_shutdown", count=cancelled)
+
+
+def create_app(settings: Settings, *, registry: CollectorRegistry | None = None) -> web.Application:
+    """The daemon as an aiohttp application; nothing connects until the app starts."""
+    app = web.Application(middlewares=[observe], client_max_size=max(1024**2, settings.max_message_chars * 8))
+    app[SETTINGS_KEY] = settings
+    app[METRICS_KEY] = Metrics(registry if registry is not None else CollectorRegistry())
+    app.cleanup_ctx.extend([_sql_ctx, _hot_ctx, _llm_ctx, _service_ctx])
+    add_routes(app)
+    return app

@@ -1,0 +1,62 @@
+"""The domain's exception tree. Stores raise these; only the HTTP edge maps them to status codes.
+
+TieredMemoryError
+├── ConfigError            a setting is missing or malformed (start-up stops)
+├── InvalidInput           a request is malformed (→ 400)
+├── NotFound               the session does not exist (→ 404)
+├── Forbidden              the session belongs to another user (→ 403)
+├── Conflict               a message_id was reused for different content (→ 409)
+├── LlmFailed              the LLM gave no usable summary (→ deterministic fallback)
+└── TierUnavailable        a store did not answer in time or failed (→ 503 on writes)
+    ├── HotUnavailable     Redis / the in-process cache
+    └── SqlUnavailable     MySQL/MariaDB / SQLite
+"""
+
+from __future__ import annotations
+
+
+class TieredMemoryError(Exception):
+    """Base of every error the daemon raises on purpose."""
+
+
+class ConfigError(TieredMemoryError):
+    """A setting is missing or malformed; the message names the variable and what it expects."""
+
+
+class InvalidInput(TieredMemoryError):
+    """A request is malformed; the message says what was wrong."""
+
+
+class NotFound(TieredMemoryError):
+    """The session does not exist."""
+
+
+class Forbidden(TieredMemoryError):
+    """The session belongs to another user."""
+
+
+class Conflict(TieredMemoryError):
+    """The request contradicts what is stored (a message_id reused for other content)."""
+
+
+class TierUnavailable(TieredMemoryError):
+    """A store failed or did not answer within its timeout."""
+
+    tier: str = "unknown"
+
+
+class HotUnavailable(TierUnavailable):
+    tier = "hot"
+
+
+class SqlUnavailable(TierUnavailable):
+    tier = "sql"
+
+
+class LlmFailed(TieredMemoryError):
+    """The LLM did not give a usable summary; `reason` is one of timeout, http_error,
+    transport, malformed, empty. Callers fall back to the deterministic summarizer."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason

@@ -1,0 +1,78 @@
+"""Prometheus metrics, created on a registry that create_app receives, so each test gets a fresh one."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Request latencies of a memory daemon live between a fraction of a millisecond and a few seconds.
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_SUMMARY_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_LAG_BUCKETS = (0, 1, 2, 3, 5, 10, 20, 50, 100, 1000)
+
+
+class Metrics:
+    """Every metric the daemon exports. Names start with `tiered_memory_`."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.request_seconds = Histogram(
+            "tiered_memory_request_duration_seconds",
+            "HTTP request duration by route template, method and status.",
+            ["route", "method", "status"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.summary_loads = Counter(
+            "tiered_memory_summary_loads_total",
+            "load_best_summary answers by the tier that answered (hot, warm, cold, none).",
+            ["tier"],
+            registry=registry,
+        )
+        self.tier_errors = Counter(
+            "tiered_memory_tier_errors_total",
+            "Store failures and timeouts by tier (hot, sql) and operation; each was skipped or retried.",
+            ["tier", "operation"],
+            registry=registry,
+        )
+        self.appends = Counter(
+            "tiered_memory_appends_total",
+            "Messages appended, by role and result (created, duplicate).",
+            ["role", "result"],
+            registry=registry,
+        )
+        self.summarizations = Counter(
+            "tiered_memory_summarizations_total",
+            "Summarizations by source (llm, deterministic) and outcome (ok, stale, failed).",
+            ["source", "outcome"],
+            registry=registry,
+        )
+        self.summarization_seconds = Histogram(
+            "tiered_memory_summarization_duration_seconds",
+            "Time to produce and store one summary, by source.",
+            ["source"],
+            buckets=_SUMMARY_BUCKETS,
+            registry=registry,
+        )
+        self.llm_failures = Counter(
+            "tiered_memory_llm_failures_total",
+            "LLM summary calls that fell back to the deterministic summarizer, by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        self.summary_lag = Histogram(
+            "tiered_memory_summary_lag_turns",
+            "Completed turns not covered by the summary a read returned (turn_count - covered_turns).",
+            buckets=_LAG_BUCKETS,
+            registry=registry,
+        )
+        self.pending_summarizations = Gauge(
+            "tiered_memory_pending_summarizations",
+            "Summarizations scheduled or running in this process.",
+            registry=registry,
+        )
+        self.sessions_closed = Counter(
+            "tiered_memory_sessions_closed_total",
+            "Sessions closed, by reason (client, idle).",
+            ["reason"],
+            registry=registry,
+        )

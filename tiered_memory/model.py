@@ -1,0 +1,128 @@
+"""The domain's plain data: messages, summaries, sessions and the tier that answered.
+
+Everything here is immutable and free of I/O, so every layer can share it.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Role(enum.StrEnum):
+    USER = "user"
+    ASSISTANT = "assistant"
+
+
+class Channel(enum.StrEnum):
+    VOICE = "voice"
+    CHAT = "chat"
+
+
+class Tier(enum.StrEnum):
+    """Which tier answered a read: the provenance every summary answer carries."""
+
+    HOT = "hot"
+    WARM = "warm"
+    COLD = "cold"
+    NONE = "none"
+
+
+class SummarySource(enum.StrEnum):
+    LLM = "llm"
+    DETERMINISTIC = "deterministic"
+
+
+@dataclass(frozen=True, slots=True)
+class NewMessage:
+    """A message as a gateway hands it in, validated but not yet stored."""
+
+    session_id: str
+    role: Role
+    content: str
+    message_id: str
+    user_id: str | None = None
+    channel: Channel = Channel.CHAT
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A stored message. `seq` numbers a session's messages 1, 2, 3… in commit order;
+    `turn` is the turn it belongs to (a user message opens turn n, the assistant reply closes it)."""
+
+    session_id: str
+    seq: int
+    turn: int
+    role: Role
+    content: str
+    message_id: str
+    created_at: float
+    user_id: str | None = None
+    channel: Channel = Channel.CHAT
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    """What an append committed. `duplicate` is true when the message_id was already stored."""
+
+    message: Message
+    turn_count: int
+    message_count: int
+    duplicate: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    """The durable bookkeeping of one session, as the SQL tier keeps it."""
+
+    session_id: str
+    user_id: str | None
+    turn_count: int
+    message_count: int
+    created_at: float
+    last_activity: float
+    closed_at: float | None
+    covered_turns: int = 0
+
+    @property
+    def closed(self) -> bool:
+        return self.closed_at is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """A session summary. `covered_turns` is the watermark: turns 1..covered_turns are inside it.
+    `version` grows by one with every write so that a stale writer can be refused."""
+
+    text: str
+    covered_turns: int
+    version: int
+    source: SummarySource
+    updated_at: float
+    created_at: float
+    topics: tuple[str, ...] = ()
+    structured: dict[str, Any] = field(default_factory=dict)
+    compressions: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryAnswer:
+    """The answer of `load_best_summary`: the best summary found and where it came from."""
+
+    session_id: str
+    tier: Tier
+    summary: Summary | None
+    turn_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class HotSession:
+    """What the hot tier holds for one session, read in one round trip.
+    `recent` is ordered by seq; `message_count` is the count SQL had at the last hot write."""
+
+    summary: Summary | None
+    recent: tuple[Message, ...]
+    turn_count: int | None
+    message_count: int | None
+    last_activity: float | None

@@ -1,0 +1,184 @@
+"""Every knob of the daemon, read from an injected environment mapping and validated at start-up.
+
+The CLI builds one frozen `Settings` from `os.environ`; tests build theirs from a dict. Nothing
+here reads the process environment by itself, so importing this module has no side effect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from tiered_memory.errors import ConfigError
+
+_LOOPBACK_DEFAULT = "127.0.0.1"
+
+
+class Settings(BaseSettings):
+    """Typed, frozen configuration. Field aliases are the environment variable names."""
+
+    model_config = SettingsConfigDict(frozen=True, extra="ignore", populate_by_name=False)
+
+    # --- summarization (names and defaults of the system this daemon replaces) ---
+    enable_conversation_summary: bool = Field(True, alias="ENABLE_CONVERSATION_SUMMARY")
+    summary_every_n_turns: int = Field(3, alias="SUMMARY_EVERY_N_TURNS", ge=1, le=1000)
+    summary_max_tokens: int = Field(120, alias="SUMMARY_MAX_TOKENS", ge=16, le=32000)
+    summary_redis_ttl_seconds: int = Field(7200, alias="SUMMARY_REDIS_TTL_SECONDS", ge=1)
+    summary_model: str = Field("", alias="SUMMARY_MODEL")
+    summary_min_turns_to_persist: int = Field(2, alias="SUMMARY_MIN_TURNS_TO_PERSIST", ge=0)
+    summary_max_chars: int = Field(1400, alias="SUMMARY_MAX_CHARS", ge=50, le=100_000)
+    summary_prompt_file: Path | None = Field(None, alias="SUMMARY_PROMPT_FILE")
+
+    # --- stores ---
+    redis_url: str | None = Field(None, alias="REDIS_URL")
+    redis_key_prefix: str = Field("tm", alias="REDIS_KEY_PREFIX", pattern=r"^[A-Za-z0-9_.-]{1,32}$")
+    redis_timeout_ms: int = Field(200, alias="REDIS_TIMEOUT_MS", ge=1, le=60_000)
+    database_url: str | None = Field(None, alias="DATABASE_URL")
+    sql_timeout_ms: int = Field(3000, alias="SQL_TIMEOUT_MS", ge=1, le=600_000)
+    data_dir: Path = Field(Path("data"), alias="DATA_DIR")
+    auto_migrate: bool | None = Field(None, alias="AUTO_MIGRATE")
+    hot_max_sessions: int = Field(10_000, alias="HOT_MAX_SESSIONS", ge=1)
+
+    # --- LLM (OpenAI-compatible chat completions) ---
+    llm_base_url: str | None = Field(None, alias="LLM_BASE_URL", pattern=r"^https?://\S+$")
+    llm_api_key: SecretStr | None = Field(None, alias="LLM_API_KEY")
+    llm_timeout_seconds: float = Field(15.0, alias="LLM_TIMEOUT_SECONDS", gt=0, le=600)
+
+    # --- hot-tier shape ---
+    history_ttl_seconds: int = Field(1800, alias="HISTORY_TTL_SECONDS", ge=1)
+    keep_recent_turns: int = Field(3, alias="KEEP_RECENT_TURNS", ge=0, le=1000)
+
+    # --- lifecycle ---
+    session_idle_close_seconds: int = Field(1800, alias="SESSION_IDLE_CLOSE_SECONDS", ge=1)
+    sweep_interval_seconds: float = Field(30.0, alias="SWEEP_INTERVAL_SECONDS", gt=0)
+    shutdown_grace_seconds: float = Field(10.0, alias="SHUTDOWN_GRACE_SECONDS", ge=0)
+
+    # --- HTTP and input limits ---
+    host: str = Field(_LOOPBACK_DEFAULT, alias="HOST", min_length=1)
+    port: int = Field(8080, alias="PORT", ge=0, le=65535)
+    max_message_chars: int = Field(32_000, alias="MAX_MESSAGE_CHARS", ge=1)
+    context_max_chars: int = Field(4000, alias="CONTEXT_MAX_CHARS", ge=100)
+
+    # --- logs ---
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", alias="LOG_LEVEL")
+    log_format: Literal["auto", "json", "console"] = Field("auto", alias="LOG_FORMAT")
+    log_message_content: bool = Field(False, alias="LOG_MESSAGE_CONTENT")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Only what `from_env` hands in: the process environment is read by the CLI, once.
+        return (init_settings,)
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper_level(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _cross_check(self) -> Settings:
+        if self.history_ttl_seconds > self.summary_redis_ttl_seconds:
+            raise ValueError(
+                "HISTORY_TTL_SECONDS: expected at most SUMMARY_REDIS_TTL_SECONDS "
+                f"({self.summary_redis_ttl_seconds}); recent turns must not outlive the summary"
+            )
+        if self.llm_base_url and not self.summary_model:
+            raise ValueError("SUMMARY_MODEL: expected a model name when LLM_BASE_URL is set")
+        if self.database_url and not self.database_url.startswith(("mysql+aiomysql://", "sqlite+aiosqlite://")):
+            raise ValueError(
+                "DATABASE_URL: expected mysql+aiomysql://user:pass@host:port/db or sqlite+aiosqlite:///path"
+            )
+        if self.redis_url and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("REDIS_URL: expected redis://host:port/db, rediss://… or unix://…")
+        if self.summary_prompt_file is not None and not self.summary_prompt_file.is_file():
+            raise ValueError(f"SUMMARY_PROMPT_FILE: expected a readable file, got {self.summary_prompt_file}")
+        return self
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> Settings:
+        """Build settings from an environment mapping; unknown variables are ignored.
+
+        Raises ConfigError with one line naming the first bad variable and what it expects.
+        """
+        names = {f.alias for f in cls.model_fields.values() if f.alias}
+        values: dict[str, Any] = {k: v for k, v in environ.items() if k in names and v != ""}
+        try:
+            return cls(**values)
+        except ValidationError as exc:
+            raise ConfigError(_one_line(exc)) from None
+
+    @property
+    def sqlalchemy_url(self) -> str:
+        """The SQL URL in use: DATABASE_URL, or a SQLite file under DATA_DIR."""
+        if self.database_url:
+            return self.database_url
+        return f"sqlite+aiosqlite:///{(self.data_dir / 'tiered-memory.sqlite3').resolve()}"
+
+    @property
+    def embedded_sql(self) -> bool:
+        return self.sqlalchemy_url.startswith("sqlite")
+
+    @property
+    def migrate_on_start(self) -> bool:
+        """AUTO_MIGRATE, defaulting to on for the embedded SQLite file and off for a shared server."""
+        return self.embedded_sql if self.auto_migrate is None else self.auto_migrate
+
+    @property
+    def llm_enabled(self) -> bool:
+        return bool(self.llm_base_url)
+
+    @property
+    def hot_recent_messages(self) -> int:
+        # The hot list keeps the raw window plus one summarization batch, so the turns a lagging
+        # summary has not covered yet are still served from memory.
+        return 2 * (self.keep_recent_turns + self.summary_every_n_turns)
+
+    def masked(self) -> dict[str, str]:
+        """Effective settings keyed by variable name, secrets and URL passwords masked."""
+        out: dict[str, str] = {}
+        for name, f in type(self).model_fields.items():
+            value = getattr(self, name)
+            shown: str
+            if value is None:
+                shown = ""
+            elif isinstance(value, SecretStr):
+                shown = "****" if value.get_secret_value() else ""
+            elif name in {"redis_url", "database_url"}:
+                shown = _mask_url_password(str(value))
+            elif isinstance(value, bool):
+                shown = str(value).lower()
+            else:
+                shown = str(value)
+            out[f.alias or name] = shown
+        return out
+
+
+def _mask_url_password(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
+        return url
+    creds, _, host = rest.rpartition("@")
+    user, colon, _password = creds.partition(":")
+    return f"{scheme}://{user}{':****' if colon else ''}@{host}"
+
+
+def _one_line(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    loc = err.get("loc") or ()
+    msg = str(err.get("msg", "invalid value"))
+    if msg.startswith("Value error, "):
+        # A cross-check already names its variable.
+        return msg.removeprefix("Value error, ")
+    name = str(loc[0]) if loc else "settings"
+    given = err.get("input")
+    return f"{name}: {msg[:1].lower()}{msg[1:]} (got {given!r})"

@@ -1,0 +1,101 @@
+"""Summaries from an OpenAI-compatible chat-completions endpoint.
+
+The LLM is an optional improvement, never a dependency: every way it can fail (timeout, HTTP
+error, broken connection, malformed or empty reply) raises LlmFailed with a reason, and the
+caller falls back to the deterministic summarizer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from tiered_memory.errors import LlmFailed
+from tiered_memory.model import Message, Role
+
+_SPEAKER = {Role.USER: "用户", Role.ASSISTANT: "助手"}
+
+
+def default_prompt() -> str:
+    """The summary prompt of the system this daemon replaces (Chinese, 150 characters)."""
+    return resources.files("tiered_memory").joinpath("prompts/summary_zh.txt").read_text(encoding="utf-8")
+
+
+def load_prompt(path: Path | None) -> str:
+    return path.read_text(encoding="utf-8") if path is not None else default_prompt()
+
+
+def render_request(previous: str | None, messages: Sequence[Message]) -> str:
+    """The user message sent to the LLM: the previous summary, then only the new turns."""
+    transcript = "\n".join(f"{_SPEAKER[m.role]}：{m.content}" for m in messages)
+    return f"已有摘要：{previous or '无'}\n\n新增对话：\n{transcript}"
+
+
+class LlmSummarizer:
+    """Calls `POST {base_url}/chat/completions`; one instance shares one aiohttp session."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        *,
+        base_url: str,
+        api_key: str | None,
+        model: str,
+        max_tokens: int,
+        timeout_s: float,
+        prompt: str,
+        max_chars: int,
+    ) -> None:
+        self._session = session
+        self._url = base_url.rstrip("/") + "/chat/completions"
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._model = model
+        self._max_tokens = max_tokens
+        self._timeout = timeout_s
+        self._prompt = prompt
+        self._max_chars = max_chars
+
+    async def summarize(self, previous: str | None, messages: Sequence[Message]) -> str:
+        """A summary merging `previous` with `messages`, at most max_chars long.
+
+        Raises LlmFailed on any failure; never waits longer than the configured timeout.
+        """
+        body = {
+            "model": self._model,
+            "max_tokens": self._max_tokens,
+            "temperature": 0.2,
+            "messages": [
+                {"role": "system", "content": self._prompt},
+                {"role": "user", "content": render_request(previous, messages)},
+            ],
+        }
+        try:
+            async with asyncio.timeout(self._timeout):
+                async with self._session.post(self._url, json=body, headers=self._headers) as resp:
+                    if resp.status >= 400:
+                        raise LlmFailed("http_error", f"status {resp.status}")
+                    raw = await resp.read()
+        except TimeoutError as exc:
+            raise LlmFailed("timeout", f"no reply within {self._timeout}s") from exc
+        except aiohttp.ClientError as exc:
+            raise LlmFailed("transport", type(exc).__name__) from exc
+        return self._parse(raw)
+
+    def _parse(self, raw: bytes) -> str:
+        try:
+            doc: Any = json.loads(raw)
+            content = doc["choices"][0]["message"]["content"]
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise LlmFailed("malformed", type(exc).__name__) from exc
+        if not isinstance(content, str):
+            raise LlmFailed("malformed", "content is not a string")
+        text = content.strip()
+        if not text:
+            raise LlmFailed("empty", "blank content")
+        return text[: self._max_chars]

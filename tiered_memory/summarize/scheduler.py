@@ -1,0 +1,134 @@
+"""Background execution for summaries: one job per session at a time, and a periodic sweep.
+
+Knows nothing of what a job does; the service hands in the coroutine. This keeps summarization
+off the request path (schedule returns at once) while close can still wait for the run it needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import structlog
+
+log = structlog.get_logger("tiered_memory.scheduler")
+
+
+@dataclass(slots=True)
+class _Flight:
+    task: asyncio.Task[None]
+    rerun: bool = False
+    # Futures resolved when a run that began after they were registered ends.
+    next_waiters: list[asyncio.Future[None]] = field(default_factory=list)
+
+
+class SingleFlight:
+    """Runs `job(key)` at most once at a time per key. Scheduling a key whose job is running
+    makes the job run once more afterwards, so no request is lost and none runs twice at once."""
+
+    def __init__(
+        self,
+        job: Callable[[str], Awaitable[None]],
+        *,
+        on_pending: Callable[[int], None] = lambda _n: None,
+    ) -> None:
+        self._job = job
+        self._flights: dict[str, _Flight] = {}
+        self._on_pending = on_pending
+
+    @property
+    def pending(self) -> int:
+        return len(self._flights)
+
+    def schedule(self, key: str) -> None:
+        """Ask for a run of key's job; returns at once."""
+        self._request(key)
+
+    async def run_now(self, key: str) -> None:
+        """Ask for a run and wait until a run that started after this call has finished."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._request(key, waiter)
+        await asyncio.shield(waiter)
+
+    def _request(self, key: str, waiter: asyncio.Future[None] | None = None) -> None:
+        flight = self._flights.get(key)
+        if flight is None:
+            flight = _Flight(task=asyncio.create_task(self._loop(key), name=f"summarize:{key}"))
+            self._flights[key] = flight
+            self._on_pending(len(self._flights))
+        else:
+            flight.rerun = True
+        if waiter is not None:
+            flight.next_waiters.append(waiter)
+
+    async def _loop(self, key: str) -> None:
+        # The flight is registered right after this task is created, before it first runs.
+        await asyncio.sleep(0)
+        flight = self._flights[key]
+        try:
+            while True:
+                flight.rerun = False
+                waiters, flight.next_waiters = flight.next_waiters, []
+                try:
+                    await self._job(key)
+                except asyncio.CancelledError:
+                    for w in waiters:
+                        w.cancel()
+                    raise
+                except Exception:
+                    log.exception("summary_job_failed", session_id=key)
+                for w in waiters:
+                    if not w.done():
+                        w.set_result(None)
+                if not flight.rerun:
+                    break
+        finally:
+            for w in flight.next_waiters:
+                w.cancel()
+            del self._flights[key]
+            self._on_pending(len(self._flights))
+
+    async def drain(self, timeout_s: float) -> int:
+        """Wait up to timeout_s for running jobs, then cancel the rest; returns how many were cancelled."""
+        tasks = [f.task for f in self._flights.values()]
+        if not tasks:
+            return 0
+        _done, still = await asyncio.wait(tasks, timeout=timeout_s)
+        for t in still:
+            t.cancel()
+        for t in still:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        return len(still)
+
+
+class Periodic:
+    """Calls `tick()` now and then every `interval_s` until stopped; a failing tick is logged."""
+
+    def __init__(self, tick: Callable[[], Awaitable[None]], *, interval_s: float, name: str) -> None:
+        self._tick = tick
+        self._interval = interval_s
+        self._name = name
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=self._name)
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self._tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("periodic_tick_failed", task=self._name)
+            await asyncio.sleep(self._interval)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None

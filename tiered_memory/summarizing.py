@@ -1,0 +1,148 @@
+"""Bringing one session's summary up to date: the job the scheduler runs in the background.
+
+Incremental by construction: it reads the stored summary and only the turns past its watermark,
+merges them (LLM first, the deterministic extractor when the LLM fails or is absent), writes SQL
+first with a version check, then Redis, and so advances the watermark. A crash between the two
+writes leaves SQL ahead, which the read path and backfill repair.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from collections.abc import Callable
+
+import structlog
+
+from tiered_memory.errors import HotUnavailable, LlmFailed, SqlUnavailable
+from tiered_memory.metrics import Metrics
+from tiered_memory.model import Summary, SummarySource
+from tiered_memory.summarize.extractive import Extractor
+from tiered_memory.summarize.llm import LlmSummarizer
+from tiered_memory.tiers.hot import HotTier
+from tiered_memory.tiers.sql_store import SqlStore
+
+log = structlog.get_logger("tiered_memory.summarizing")
+
+
+class Outcome(enum.StrEnum):
+    WRITTEN = "written"
+    UP_TO_DATE = "up_to_date"
+    NO_SESSION = "no_session"
+    LOCKED = "locked"
+    STALE = "stale"
+    FAILED = "failed"
+
+
+class SummaryJob:
+    """Summarizes the uncovered completed turns of a session and stores the result in both tiers."""
+
+    def __init__(
+        self,
+        *,
+        store: SqlStore,
+        hot: HotTier,
+        extractor: Extractor,
+        llm: LlmSummarizer | None,
+        metrics: Metrics,
+        max_chars: int,
+        lock_ttl_s: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self._hot = hot
+        self._extractor = extractor
+        self._llm = llm
+        self._metrics = metrics
+        self._max_chars = max_chars
+        self._lock_ttl = lock_ttl_s
+        self._clock = clock
+
+    async def run(self, session_id: str) -> Outcome:
+        """One pass; never raises for store or LLM failures (they are counted and logged, and
+        the sweeper finds the session again because its watermark did not move)."""
+        try:
+            token = await self._hot.try_lock(session_id, self._lock_ttl)
+        except HotUnavailable:
+            # Without Redis the lock cannot span replicas; the SQL version check still keeps
+            # a concurrent writer from overwriting a newer summary.
+            self._metrics.tier_errors.labels("hot", "lock").inc()
+            token = ""
+        if token is None:
+            return Outcome.LOCKED
+        try:
+            return await self._run_locked(session_id)
+        except SqlUnavailable as exc:
+            self._metrics.tier_errors.labels("sql", "summarize").inc()
+            self._metrics.summarizations.labels("none", "failed").inc()
+            log.warning("summary_failed", session_id=session_id, error=str(exc))
+            return Outcome.FAILED
+        finally:
+            if token:
+                try:
+                    await self._hot.unlock(session_id, token)
+                except HotUnavailable:
+                    self._metrics.tier_errors.labels("hot", "unlock").inc()
+
+    async def _run_locked(self, session_id: str) -> Outcome:
+        prev, info = await self._store.get_summary(session_id)
+        if info is None:
+            return Outcome.NO_SESSION
+        covered = prev.covered_turns if prev else 0
+        target = info.turn_count
+        if target <= covered:
+            if prev is not None:
+                await self._cache(session_id, prev)
+            return Outcome.UP_TO_DATE
+        started = time.perf_counter()
+        new = await self._store.messages_in_turns(session_id, after_turn=covered, through_turn=target)
+        extraction = await asyncio.to_thread(
+            self._extractor.extract,
+            new,
+            previous_structured=prev.structured if prev else None,
+            previous_text=prev.text if prev and not prev.structured else None,
+            max_chars=self._max_chars,
+        )
+        text, source = extraction.text, SummarySource.DETERMINISTIC
+        if self._llm is not None:
+            try:
+                text = await self._llm.summarize(prev.text if prev else None, new)
+                source = SummarySource.LLM
+            except LlmFailed as exc:
+                self._metrics.llm_failures.labels(exc.reason).inc()
+                log.warning("llm_summary_failed", session_id=session_id, reason=exc.reason, error=str(exc))
+        now = self._clock()
+        summary = Summary(
+            text=text,
+            covered_turns=target,
+            version=(prev.version if prev else 0) + 1,
+            source=source,
+            updated_at=now,
+            created_at=prev.created_at if prev else now,
+            topics=extraction.topics,
+            structured=extraction.structured,
+            compressions=(prev.compressions if prev else 0) + 1,
+        )
+        if not await self._store.put_summary(session_id, summary, user_id=info.user_id, turn_count=target):
+            self._metrics.summarizations.labels(source.value, "stale").inc()
+            log.info("summary_stale", session_id=session_id, version=summary.version)
+            return Outcome.STALE
+        await self._cache(session_id, summary)
+        self._metrics.summarizations.labels(source.value, "ok").inc()
+        self._metrics.summarization_seconds.labels(source.value).observe(time.perf_counter() - started)
+        log.info(
+            "summary_written",
+            session_id=session_id,
+            source=source.value,
+            covered_turns=target,
+            new_turns=target - covered,
+            version=summary.version,
+        )
+        return Outcome.WRITTEN
+
+    async def _cache(self, session_id: str, summary: Summary) -> None:
+        try:
+            await self._hot.put_summary(session_id, summary)
+        except HotUnavailable:
+            self._metrics.tier_errors.labels("hot", "put_summary").inc()

@@ -1,0 +1,1 @@
+"""The three storage tiers: hot (Redis or in-process), warm and cold (SQL)."""

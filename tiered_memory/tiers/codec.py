@@ -1,0 +1,77 @@
+"""JSON encodings of messages and summaries, shared by the Redis tier and the SQL summary row."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tiered_memory.model import Channel, Message, Role, Summary, SummarySource
+
+
+def message_to_dict(m: Message) -> dict[str, Any]:
+    return {
+        "sid": m.session_id,
+        "seq": m.seq,
+        "turn": m.turn,
+        "role": m.role.value,
+        "content": m.content,
+        "mid": m.message_id,
+        "ts": m.created_at,
+        "uid": m.user_id,
+        "ch": m.channel.value,
+    }
+
+
+def message_from_dict(d: dict[str, Any]) -> Message:
+    return Message(
+        session_id=str(d["sid"]),
+        seq=int(d["seq"]),
+        turn=int(d["turn"]),
+        role=Role(d["role"]),
+        content=str(d["content"]),
+        message_id=str(d["mid"]),
+        created_at=float(d["ts"]),
+        user_id=d.get("uid"),
+        channel=Channel(d.get("ch", "chat")),
+    )
+
+
+def encode_message(m: Message) -> str:
+    return json.dumps(message_to_dict(m), ensure_ascii=False, separators=(",", ":"))
+
+
+def decode_message(raw: str | bytes) -> Message:
+    return message_from_dict(json.loads(raw))
+
+
+def encode_summary(s: Summary) -> str:
+    return json.dumps(
+        {
+            "text": s.text,
+            "covered": s.covered_turns,
+            "version": s.version,
+            "source": s.source.value,
+            "updated_at": s.updated_at,
+            "created_at": s.created_at,
+            "topics": list(s.topics),
+            "structured": s.structured,
+            "compressions": s.compressions,
+        },
+        ensure_ascii=False,
+        separators=(",", ":"),
+    )
+
+
+def decode_summary(raw: str | bytes) -> Summary:
+    d = json.loads(raw)
+    return Summary(
+        text=str(d["text"]),
+        covered_turns=int(d["covered"]),
+        version=int(d["version"]),
+        source=SummarySource(d["source"]),
+        updated_at=float(d["updated_at"]),
+        created_at=float(d.get("created_at", d["updated_at"])),
+        topics=tuple(str(t) for t in d.get("topics", ())),
+        structured=dict(d.get("structured") or {}),
+        compressions=int(d.get("compressions", 0)),
+    )

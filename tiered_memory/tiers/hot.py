@@ -1,0 +1,54 @@
+"""The hot tier's contract, which the Redis and in-process backends both fulfil.
+
+The hot tier is a cache: it may lose anything at any moment, and SQL stays the source of truth.
+Every method is one round trip; a backend that fails or misses its timeout raises HotUnavailable.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from tiered_memory.model import HotSession, Message, Summary
+
+
+class HotTier(Protocol):
+    backend: str
+    """`redis` or `memory`, for logs, metrics and /readyz."""
+
+    async def read_summary(self, session_id: str) -> tuple[Summary | None, int | None]:
+        """The cached summary and turn count of a session (either may be missing)."""
+        ...
+
+    async def read_session(self, session_id: str) -> HotSession:
+        """Summary, recent messages (ordered by seq) and counters, in one round trip."""
+        ...
+
+    async def record_append(
+        self, message: Message, *, turn_count: int, message_count: int, last_activity: float
+    ) -> None:
+        """Push a committed message onto the recent list (trimmed) and set the counters SQL reported."""
+        ...
+
+    async def put_summary(self, session_id: str, summary: Summary) -> bool:
+        """Cache a summary unless a newer version is already cached; True when written."""
+        ...
+
+    async def delete(self, session_id: str) -> None:
+        """Forget everything about a session."""
+        ...
+
+    async def try_lock(self, session_id: str, ttl_seconds: float) -> str | None:
+        """Take the session's summarization lock; a token when taken, None when someone holds it."""
+        ...
+
+    async def unlock(self, session_id: str, token: str) -> None:
+        """Release the lock if this token still holds it."""
+        ...
+
+    async def ping(self) -> None:
+        """Raise HotUnavailable unless the backend answers."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections."""
+        ...

@@ -1,0 +1,46 @@
+"""Every Redis key the daemon writes, built in one place.
+
+All keys of a session share the hash tag `{<session_id>}` so that on Redis Cluster they live in one
+slot and a session's pipeline or script never crosses nodes. Session ids are validated at the API
+edge to exclude `{` and `}`, so the tag is always exactly the session id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    """Key builders under one prefix (`REDIS_KEY_PREFIX`, default `tm`), so that several
+    deployments or test runs can share one Redis without touching each other's keys."""
+
+    prefix: str = "tm"
+
+    def recent(self, session_id: str) -> str:
+        """List of the most recent messages (JSON), oldest first, trimmed on every push."""
+        return f"{self.prefix}:{{{session_id}}}:recent"
+
+    def summary(self, session_id: str) -> str:
+        """The current summary (JSON)."""
+        return f"{self.prefix}:{{{session_id}}}:summary"
+
+    def state(self, session_id: str) -> str:
+        """Hash: turn count, message count and last activity as SQL last reported them."""
+        return f"{self.prefix}:{{{session_id}}}:state"
+
+    def lock(self, session_id: str) -> str:
+        """Summarization lock: one summarizer per session across every replica."""
+        return f"{self.prefix}:{{{session_id}}}:lock"
+
+    def all_of(self, session_id: str) -> tuple[str, ...]:
+        return (
+            self.recent(session_id),
+            self.summary(session_id),
+            self.state(session_id),
+            self.lock(session_id),
+        )
+
+    def pattern(self) -> str:
+        """SCAN pattern matching every key under this prefix (tests and admin tools)."""
+        return f"{self.prefix}:*"

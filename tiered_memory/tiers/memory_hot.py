@@ -1,0 +1,141 @@
+"""The hot tier in process memory, for the embedded default: bounded in sessions, with Redis's TTLs.
+
+Each session's recent list, summary and counters expire like their Redis keys would; the least
+recently used session is evicted when `max_sessions` is reached. Single-process by nature, so its
+lock only serializes summarizers within this process.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tiered_memory.model import HotSession, Message, Summary
+
+
+@dataclass(slots=True)
+class _Entry:
+    recent: list[Message] = field(default_factory=list)
+    recent_until: float = 0.0
+    summary: Summary | None = None
+    summary_until: float = 0.0
+    turns: int | None = None
+    msgs: int | None = None
+    last: float | None = None
+    state_until: float = 0.0
+    lock_token: str | None = None
+    lock_until: float = 0.0
+
+
+class MemoryHot:
+    """HotTier in a dict. `clock` is injectable so tests can move time past a TTL."""
+
+    backend = "memory"
+
+    def __init__(
+        self,
+        *,
+        max_sessions: int,
+        summary_ttl_s: int,
+        history_ttl_s: int,
+        recent_max: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        self._max = max_sessions
+        self._summary_ttl = summary_ttl_s
+        self._history_ttl = history_ttl_s
+        self._recent_max = recent_max
+        self._clock = clock
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _get(self, session_id: str) -> _Entry | None:
+        entry = self._entries.get(session_id)
+        if entry is None:
+            return None
+        now = self._clock()
+        if entry.recent_until <= now:
+            entry.recent = []
+        if entry.summary_until <= now:
+            entry.summary = None
+        if entry.state_until <= now:
+            entry.turns = entry.msgs = None
+            entry.last = None
+        if entry.lock_until <= now:
+            entry.lock_token = None
+        if not entry.recent and entry.summary is None and entry.turns is None and entry.lock_token is None:
+            del self._entries[session_id]
+            return None
+        self._entries.move_to_end(session_id)
+        return entry
+
+    def _get_or_create(self, session_id: str) -> _Entry:
+        entry = self._get(session_id)
+        if entry is None:
+            entry = _Entry()
+            self._entries[session_id] = entry
+            while len(self._entries) > self._max:
+                self._entries.popitem(last=False)
+        return entry
+
+    async def read_summary(self, session_id: str) -> tuple[Summary | None, int | None]:
+        entry = self._get(session_id)
+        return (entry.summary, entry.turns) if entry else (None, None)
+
+    async def read_session(self, session_id: str) -> HotSession:
+        entry = self._get(session_id)
+        if entry is None:
+            return HotSession(summary=None, recent=(), turn_count=None, message_count=None, last_activity=None)
+        return HotSession(
+            summary=entry.summary,
+            recent=tuple(sorted(entry.recent, key=lambda m: m.seq)),
+            turn_count=entry.turns,
+            message_count=entry.msgs,
+            last_activity=entry.last,
+        )
+
+    async def record_append(
+        self, message: Message, *, turn_count: int, message_count: int, last_activity: float
+    ) -> None:
+        entry = self._get_or_create(message.session_id)
+        now = self._clock()
+        entry.recent.append(message)
+        del entry.recent[: -self._recent_max]
+        entry.recent_until = now + self._history_ttl
+        entry.turns, entry.msgs, entry.last = turn_count, message_count, last_activity
+        entry.state_until = now + self._summary_ttl
+
+    async def put_summary(self, session_id: str, summary: Summary) -> bool:
+        entry = self._get_or_create(session_id)
+        if entry.summary is not None and entry.summary.version > summary.version:
+            return False
+        entry.summary = summary
+        entry.summary_until = self._clock() + self._summary_ttl
+        return True
+
+    async def delete(self, session_id: str) -> None:
+        self._entries.pop(session_id, None)
+
+    async def try_lock(self, session_id: str, ttl_seconds: float) -> str | None:
+        entry = self._get_or_create(session_id)
+        if entry.lock_token is not None:
+            return None
+        entry.lock_token = secrets.token_hex(8)
+        entry.lock_until = self._clock() + ttl_seconds
+        return entry.lock_token
+
+    async def unlock(self, session_id: str, token: str) -> None:
+        entry = self._entries.get(session_id)
+        if entry is not None and entry.lock_token == token:
+            entry.lock_token = None
+
+    async def ping(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        self._entries.clear()

@@ -1,0 +1,181 @@
+"""The hot tier on Redis: one pipelined round trip per read and per write, keys hash-tagged by session."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from tiered_memory.errors import HotUnavailable
+from tiered_memory.model import HotSession, Message, Summary
+from tiered_memory.tiers.codec import decode_message, decode_summary, encode_message, encode_summary
+from tiered_memory.tiers.keys import Keys
+
+T = TypeVar("T")
+
+# Writes a summary only when no newer version is cached: a backfill from SQL racing a fresh
+# summarization must not put the older text back. One key, so it is cluster-safe.
+_PUT_SUMMARY_LUA = """
+local cur = redis.call('GET', KEYS[1])
+if cur then
+  local ok, doc = pcall(cjson.decode, cur)
+  if ok and doc['version'] and tonumber(doc['version']) > tonumber(ARGV[2]) then
+    return 0
+  end
+end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
+return 1
+"""
+
+# Deletes the lock only if our token still holds it (the classic safe release).
+_UNLOCK_LUA = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+
+class RedisHot:
+    """HotTier on a Redis server. Every call is bounded by `timeout_s`; failures become HotUnavailable."""
+
+    backend = "redis"
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        *,
+        keys: Keys,
+        timeout_s: float,
+        summary_ttl_s: int,
+        history_ttl_s: int,
+        recent_max: int,
+    ) -> None:
+        self._r = client
+        self._keys = keys
+        self._timeout = timeout_s
+        self._summary_ttl = summary_ttl_s
+        self._history_ttl = history_ttl_s
+        self._recent_max = recent_max
+        self._put_summary = client.register_script(_PUT_SUMMARY_LUA)
+        self._unlock = client.register_script(_UNLOCK_LUA)
+
+    @classmethod
+    def from_url(
+        cls, url: str, *, keys: Keys, timeout_s: float, summary_ttl_s: int, history_ttl_s: int, recent_max: int
+    ) -> RedisHot:
+        client = aioredis.Redis.from_url(
+            url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            # Raw bytes: hiredis decodes faster than redis-py's per-reply str conversion.
+            decode_responses=False,
+            health_check_interval=30,
+        )
+        return cls(
+            client,
+            keys=keys,
+            timeout_s=timeout_s,
+            summary_ttl_s=summary_ttl_s,
+            history_ttl_s=history_ttl_s,
+            recent_max=recent_max,
+        )
+
+    async def _call(self, op: Callable[[], Awaitable[T]]) -> T:
+        try:
+            async with asyncio.timeout(self._timeout):
+                return await op()
+        except (RedisError, OSError, TimeoutError) as exc:
+            raise HotUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc
+
+    async def read_summary(self, session_id: str) -> tuple[Summary | None, int | None]:
+        async def op() -> list[Any]:
+            async with self._r.pipeline(transaction=False) as p:
+                p.get(self._keys.summary(session_id))
+                p.hget(self._keys.state(session_id), "turns")
+                return await p.execute()
+
+        raw_summary, raw_turns = await self._call(op)
+        return (
+            decode_summary(raw_summary) if raw_summary else None,
+            int(raw_turns) if raw_turns is not None else None,
+        )
+
+    async def read_session(self, session_id: str) -> HotSession:
+        async def op() -> list[Any]:
+            async with self._r.pipeline(transaction=False) as p:
+                p.get(self._keys.summary(session_id))
+                p.lrange(self._keys.recent(session_id), 0, -1)
+                p.hmget(self._keys.state(session_id), "turns", "msgs", "last")
+                return await p.execute()
+
+        raw_summary, raw_recent, (turns, msgs, last) = await self._call(op)
+        recent = sorted((decode_message(r) for r in raw_recent), key=lambda m: m.seq)
+        return HotSession(
+            summary=decode_summary(raw_summary) if raw_summary else None,
+            recent=tuple(recent),
+            turn_count=int(turns) if turns is not None else None,
+            message_count=int(msgs) if msgs is not None else None,
+            last_activity=float(last) if last is not None else None,
+        )
+
+    async def record_append(
+        self, message: Message, *, turn_count: int, message_count: int, last_activity: float
+    ) -> None:
+        sid = message.session_id
+        recent, state = self._keys.recent(sid), self._keys.state(sid)
+
+        async def op() -> None:
+            async with self._r.pipeline(transaction=False) as p:
+                p.rpush(recent, encode_message(message))
+                p.ltrim(recent, -self._recent_max, -1)
+                p.expire(recent, self._history_ttl)
+                # Counters are SQL's values, set rather than incremented, so a lost or
+                # repeated write can never make them drift.
+                p.hset(state, mapping={"turns": turn_count, "msgs": message_count, "last": last_activity})
+                p.expire(state, self._summary_ttl)
+                await p.execute()
+
+        await self._call(op)
+
+    async def put_summary(self, session_id: str, summary: Summary) -> bool:
+        async def op() -> object:
+            return await self._put_summary(
+                keys=[self._keys.summary(session_id)],
+                args=[encode_summary(summary), summary.version, self._summary_ttl],
+            )
+
+        return bool(await self._call(op))
+
+    async def delete(self, session_id: str) -> None:
+        async def op() -> None:
+            await self._r.delete(*self._keys.all_of(session_id))
+
+        await self._call(op)
+
+    async def try_lock(self, session_id: str, ttl_seconds: float) -> str | None:
+        token = secrets.token_hex(8)
+
+        async def op() -> object:
+            return await self._r.set(self._keys.lock(session_id), token, nx=True, px=int(ttl_seconds * 1000))
+
+        return token if await self._call(op) else None
+
+    async def unlock(self, session_id: str, token: str) -> None:
+        async def op() -> object:
+            return await self._unlock(keys=[self._keys.lock(session_id)], args=[token])
+
+        await self._call(op)
+
+    async def ping(self) -> None:
+        async def op() -> object:
+            return await self._r.ping()
+
+        await self._call(op)
+
+    async def aclose(self) -> None:
+        await self._r.aclose()

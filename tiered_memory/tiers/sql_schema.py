@@ -1,0 +1,123 @@
+"""The SQL schema (sessions, cold `messages`, warm `conversation_summaries`) and its idempotent migration.
+
+One definition serves MySQL/MariaDB and SQLite; dialect variants are declared per column.
+`migrate` creates what is missing and applies numbered upgrade steps recorded in `schema_version`,
+so running it twice, or on a database another replica just migrated, changes nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import mysql
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+SCHEMA_VERSION = 1
+
+_MYSQL_TABLE: dict[str, Any] = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin"}
+
+# SQLite only auto-increments an INTEGER PRIMARY KEY; MySQL wants BIGINT for a table that grows forever.
+_BIGID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+_TIMESTAMP: sa.Double[float] = sa.Double()  # epoch seconds, fractional: ordering and ages without time-zone questions
+_SID = sa.String(128)
+
+metadata = sa.MetaData()
+
+schema_version = sa.Table(
+    "schema_version",
+    metadata,
+    sa.Column("version", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("applied_at", _TIMESTAMP, nullable=False),
+    **_MYSQL_TABLE,
+)
+
+# Per-session bookkeeping. Its row is locked by every append, which serializes a session's appends
+# across replicas and makes seq, turn and the counters exact.
+sessions = sa.Table(
+    "sessions",
+    metadata,
+    sa.Column("session_id", _SID, primary_key=True),
+    sa.Column("user_id", sa.String(128), nullable=True),
+    sa.Column("turn_count", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("message_count", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("created_at", _TIMESTAMP, nullable=False),
+    sa.Column("last_activity", _TIMESTAMP, nullable=False),
+    sa.Column("closed_at", _TIMESTAMP, nullable=True),
+    sa.Column("close_reason", sa.String(16), nullable=True),
+    sa.Index("ix_sessions_open_activity", "closed_at", "last_activity"),
+    **_MYSQL_TABLE,
+)
+
+# Cold tier: every message verbatim, the source of truth.
+messages = sa.Table(
+    "messages",
+    metadata,
+    sa.Column("id", _BIGID, primary_key=True, autoincrement=True),
+    sa.Column("session_id", _SID, nullable=False),
+    sa.Column("seq", sa.Integer, nullable=False),
+    sa.Column("turn", sa.Integer, nullable=False),
+    sa.Column("user_id", sa.String(128), nullable=True),
+    sa.Column("role", sa.String(16), nullable=False),
+    sa.Column("content", sa.Text().with_variant(mysql.MEDIUMTEXT(), "mysql"), nullable=False),
+    sa.Column("channel", sa.String(8), nullable=False),
+    sa.Column("message_id", sa.String(128), nullable=False),
+    sa.Column("created_at", _TIMESTAMP, nullable=False),
+    sa.Index("ix_messages_session_id", "session_id", "id"),
+    sa.UniqueConstraint("session_id", "message_id", name="uq_messages_session_message_id"),
+    **_MYSQL_TABLE,
+)
+
+# Warm tier: the best summary of each session.
+conversation_summaries = sa.Table(
+    "conversation_summaries",
+    metadata,
+    sa.Column("id", _BIGID, primary_key=True, autoincrement=True),
+    sa.Column("session_id", _SID, nullable=False, unique=True),
+    sa.Column("user_id", sa.String(128), nullable=True),
+    sa.Column("summary", sa.Text, nullable=False),
+    sa.Column("turn_count", sa.Integer, nullable=False),
+    sa.Column("covered_turns", sa.Integer, nullable=False),
+    sa.Column("topics", sa.JSON, nullable=False),
+    sa.Column("structured", sa.JSON, nullable=False),
+    sa.Column("source", sa.String(16), nullable=False),
+    sa.Column("compressions", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("version", sa.Integer, nullable=False),
+    sa.Column("created_at", _TIMESTAMP, nullable=False),
+    sa.Column("updated_at", _TIMESTAMP, nullable=False),
+    sa.Index("ix_summaries_user_updated", "user_id", "updated_at"),
+    **_MYSQL_TABLE,
+)
+
+
+async def _applied_version(conn: AsyncConnection) -> int:
+    result = await conn.execute(sa.select(sa.func.max(schema_version.c.version)))
+    return int(result.scalar() or 0)
+
+
+async def migrate(engine: AsyncEngine, *, now: float) -> int:
+    """Create missing tables and record the schema version; returns the version now in force.
+
+    Safe to run concurrently from several replicas: CREATE TABLE is conditional and the version
+    row is inserted only by whoever finds it missing (a duplicate insert is ignored).
+    """
+    async with engine.begin() as conn:
+        await conn.run_sync(metadata.create_all, checkfirst=True)
+    async with engine.begin() as conn:
+        current = await _applied_version(conn)
+        # Upgrade steps for versions after 1 go here, each applied once, in order.
+        if current < SCHEMA_VERSION:
+            try:
+                await conn.execute(schema_version.insert().values(version=SCHEMA_VERSION, applied_at=now))
+            except sa.exc.IntegrityError:
+                # Another replica recorded it between our read and our insert.
+                await conn.rollback()
+            current = SCHEMA_VERSION
+    return current
+
+
+async def current_version(engine: AsyncEngine) -> int:
+    """The recorded schema version, 0 when the schema was never migrated."""
+    async with engine.connect() as conn:
+        exists = await conn.run_sync(lambda c: sa.inspect(c).has_table(schema_version.name))
+        return await _applied_version(conn) if exists else 0

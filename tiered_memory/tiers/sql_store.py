@@ -1,0 +1,457 @@
+"""The SQL tiers: cold messages (the source of truth), warm summaries and session bookkeeping.
+
+Every method is bounded by the SQL timeout and turns driver failures into SqlUnavailable, so
+callers see one error type whatever the dialect. MySQL/MariaDB and SQLite share every statement;
+the two places where they differ (insert-if-absent, SQLite's single writer) are handled here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.mysql import insert as mysql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from tiered_memory.errors import Conflict, Forbidden, SqlUnavailable
+from tiered_memory.model import (
+    AppendResult,
+    Channel,
+    Message,
+    NewMessage,
+    Role,
+    SessionInfo,
+    Summary,
+    SummarySource,
+)
+from tiered_memory.tiers.sql_schema import conversation_summaries as cs
+from tiered_memory.tiers.sql_schema import messages as msgs
+from tiered_memory.tiers.sql_schema import migrate, sessions
+
+T = TypeVar("T")
+
+# MySQL error codes worth one more try of the whole transaction: deadlock, lock wait timeout.
+_RETRYABLE_MYSQL = {1205, 1213}
+_TX_ATTEMPTS = 3
+
+
+def create_engine(url: str) -> AsyncEngine:
+    """An async engine for a MySQL/MariaDB or SQLite URL, tuned for short transactions."""
+    if url.startswith("sqlite"):
+        engine = create_async_engine(url, connect_args={"timeout": 30})
+
+        @sa.event.listens_for(engine.sync_engine, "connect")
+        def _sqlite_pragmas(dbapi_conn: sqlite3.Connection, _record: object) -> None:
+            cur = dbapi_conn.cursor()
+            # WAL lets readers proceed during a write; NORMAL sync is durable across process crashes.
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.close()
+
+        return engine
+    return create_async_engine(
+        url,
+        pool_size=10,
+        max_overflow=10,
+        pool_pre_ping=True,
+        pool_recycle=1800,
+        # Fewer gap locks than REPEATABLE READ; every append locks its session row explicitly.
+        isolation_level="READ COMMITTED",
+    )
+
+
+def _row_to_message(r: sa.Row[*tuple[Any, ...]]) -> Message:
+    return Message(
+        session_id=r.session_id,
+        seq=int(r.seq),
+        turn=int(r.turn),
+        role=Role(r.role),
+        content=r.content,
+        message_id=r.message_id,
+        created_at=float(r.created_at),
+        user_id=r.user_id,
+        channel=Channel(r.channel),
+    )
+
+
+def _row_to_session(r: sa.Row[*tuple[Any, ...]], covered: int = 0) -> SessionInfo:
+    return SessionInfo(
+        session_id=r.session_id,
+        user_id=r.user_id,
+        turn_count=int(r.turn_count),
+        message_count=int(r.message_count),
+        created_at=float(r.created_at),
+        last_activity=float(r.last_activity),
+        closed_at=float(r.closed_at) if r.closed_at is not None else None,
+        covered_turns=covered,
+    )
+
+
+def _row_to_summary(r: sa.Row[*tuple[Any, ...]]) -> Summary:
+    return Summary(
+        text=r.summary,
+        covered_turns=int(r.covered_turns),
+        version=int(r.version),
+        source=SummarySource(r.source),
+        updated_at=float(r.updated_at),
+        created_at=float(r.summary_created_at),
+        topics=tuple(r.topics or ()),
+        structured=dict(r.structured or {}),
+        compressions=int(r.compressions),
+    )
+
+
+def append_result_of(message: Message, *, duplicate: bool) -> AppendResult:
+    """The result an append of `message` returned: rebuilt exactly from the stored row on a retry."""
+    turns = message.turn if message.role is Role.ASSISTANT else message.turn - 1
+    return AppendResult(message=message, turn_count=turns, message_count=message.seq, duplicate=duplicate)
+
+
+class SqlStore:
+    """Cold messages, warm summaries and session rows on one SQLAlchemy async engine."""
+
+    def __init__(self, engine: AsyncEngine, *, timeout_s: float) -> None:
+        self._engine = engine
+        self._timeout = timeout_s
+        self._dialect = engine.dialect.name
+        # SQLite has one writer at a time; queueing writers here avoids "database is locked".
+        self._write_lock: asyncio.Lock | None = asyncio.Lock() if self._dialect == "sqlite" else None
+
+    @property
+    def dialect(self) -> str:
+        return self._dialect
+
+    async def migrate(self, *, now: float) -> int:
+        return await self._bounded(lambda: migrate(self._engine, now=now))
+
+    async def aclose(self) -> None:
+        await self._engine.dispose()
+
+    # --- plumbing -------------------------------------------------------------------------
+
+    async def _bounded(self, op: Callable[[], Awaitable[T]]) -> T:
+        try:
+            async with asyncio.timeout(self._timeout):
+                return await op()
+        except (sa.exc.OperationalError, sa.exc.InterfaceError, sa.exc.DisconnectionError) as exc:
+            cause = getattr(exc, "orig", None) or exc
+            raise SqlUnavailable(f"sql: {type(cause).__name__}: {cause}") from exc
+        except (sa.exc.TimeoutError, TimeoutError, OSError, ConnectionError) as exc:
+            raise SqlUnavailable(f"sql: {type(exc).__name__}: {exc}") from exc
+
+    @contextlib.asynccontextmanager
+    async def _write(self) -> AsyncIterator[AsyncConnection]:
+        if self._write_lock is None:
+            async with self._engine.begin() as conn:
+                yield conn
+            return
+        async with self._write_lock, self._engine.begin() as conn:
+            yield conn
+
+    async def _transaction(self, body: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+        """Run `body` in a write transaction, retrying MySQL deadlocks; bounded by the timeout."""
+
+        async def attempt() -> T:
+            for n in range(_TX_ATTEMPTS):
+                try:
+                    async with self._write() as conn:
+                        return await body(conn)
+                except sa.exc.OperationalError as exc:
+                    code = getattr(exc.orig, "args", (None,))[0]
+                    if code not in _RETRYABLE_MYSQL or n == _TX_ATTEMPTS - 1:
+                        raise
+            raise AssertionError("unreachable")
+
+        return await self._bounded(attempt)
+
+    def _insert_if_absent(self, table: sa.Table, values: dict[str, Any]) -> sa.Executable:
+        if self._dialect == "mysql":
+            key = next(iter(table.primary_key.columns)).name
+            return mysql_insert(table).values(**values).on_duplicate_key_update({key: table.c[key]})
+        return sqlite_insert(table).values(**values).on_conflict_do_nothing()
+
+    # --- cold: messages -------------------------------------------------------------------
+
+    async def append(self, new: NewMessage, *, now: float) -> AppendResult:
+        """Commit one message; durable when this returns.
+
+        A message_id already stored for the session returns the original result with
+        duplicate=True (nothing stored twice); the same id with other content raises Conflict;
+        a user_id other than the session's owner raises Forbidden.
+        """
+
+        async def body(conn: AsyncConnection) -> AppendResult:
+            await conn.execute(
+                self._insert_if_absent(
+                    sessions,
+                    {
+                        "session_id": new.session_id,
+                        "user_id": new.user_id,
+                        "turn_count": 0,
+                        "message_count": 0,
+                        "created_at": now,
+                        "last_activity": now,
+                    },
+                )
+            )
+            srow = (
+                await conn.execute(sa.select(sessions).where(sessions.c.session_id == new.session_id).with_for_update())
+            ).one()
+            if srow.user_id is not None and new.user_id is not None and srow.user_id != new.user_id:
+                raise Forbidden("session belongs to another user")
+            existing = (
+                await conn.execute(
+                    sa.select(msgs).where(msgs.c.session_id == new.session_id, msgs.c.message_id == new.message_id)
+                )
+            ).one_or_none()
+            if existing is not None:
+                stored = _row_to_message(existing)
+                if stored.role is not new.role or stored.content != new.content:
+                    raise Conflict(f"message_id {new.message_id!r} was already used for a different message")
+                return append_result_of(stored, duplicate=True)
+            seq = int(srow.message_count) + 1
+            turn = int(srow.turn_count) + 1
+            turns_after = turn if new.role is Role.ASSISTANT else turn - 1
+            message = Message(
+                session_id=new.session_id,
+                seq=seq,
+                turn=turn,
+                role=new.role,
+                content=new.content,
+                message_id=new.message_id,
+                created_at=now,
+                user_id=new.user_id or srow.user_id,
+                channel=new.channel,
+            )
+            await conn.execute(
+                msgs.insert().values(
+                    session_id=message.session_id,
+                    seq=seq,
+                    turn=turn,
+                    user_id=message.user_id,
+                    role=message.role.value,
+                    content=message.content,
+                    channel=message.channel.value,
+                    message_id=message.message_id,
+                    created_at=now,
+                )
+            )
+            await conn.execute(
+                sessions.update()
+                .where(sessions.c.session_id == new.session_id)
+                .values(
+                    turn_count=turns_after,
+                    message_count=seq,
+                    last_activity=now,
+                    # A gateway that reconnects to a closed session reopens it.
+                    closed_at=None,
+                    close_reason=None,
+                    user_id=sa.func.coalesce(sessions.c.user_id, new.user_id),
+                )
+            )
+            return AppendResult(message=message, turn_count=turns_after, message_count=seq, duplicate=False)
+
+        return await self._transaction(body)
+
+    async def recent_messages(self, session_id: str, limit: int) -> list[Message]:
+        """The last `limit` messages of a session, oldest first."""
+
+        async def op() -> list[Message]:
+            async with self._engine.connect() as conn:
+                rows = (
+                    await conn.execute(
+                        sa.select(msgs).where(msgs.c.session_id == session_id).order_by(msgs.c.id.desc()).limit(limit)
+                    )
+                ).all()
+            return [_row_to_message(r) for r in reversed(rows)]
+
+        return await self._bounded(op)
+
+    async def messages_in_turns(
+        self, session_id: str, *, after_turn: int, through_turn: int | None = None
+    ) -> list[Message]:
+        """Messages of turns after_turn+1 … through_turn (all later turns when None), oldest first."""
+
+        async def op() -> list[Message]:
+            q = sa.select(msgs).where(msgs.c.session_id == session_id, msgs.c.turn > after_turn)
+            if through_turn is not None:
+                q = q.where(msgs.c.turn <= through_turn)
+            async with self._engine.connect() as conn:
+                rows = (await conn.execute(q.order_by(msgs.c.id))).all()
+            return [_row_to_message(r) for r in rows]
+
+        return await self._bounded(op)
+
+    # --- sessions -------------------------------------------------------------------------
+
+    async def get_session(self, session_id: str) -> SessionInfo | None:
+        async def op() -> SessionInfo | None:
+            q = (
+                sa.select(sessions, cs.c.covered_turns)
+                .select_from(sessions.outerjoin(cs, cs.c.session_id == sessions.c.session_id))
+                .where(sessions.c.session_id == session_id)
+            )
+            async with self._engine.connect() as conn:
+                row = (await conn.execute(q)).one_or_none()
+            return None if row is None else _row_to_session(row, int(row.covered_turns or 0))
+
+        return await self._bounded(op)
+
+    async def close_session(self, session_id: str, *, reason: str, now: float) -> bool:
+        """Mark a session closed; False when it was already closed or does not exist."""
+
+        async def body(conn: AsyncConnection) -> bool:
+            result = await conn.execute(
+                sessions.update()
+                .where(sessions.c.session_id == session_id, sessions.c.closed_at.is_(None))
+                .values(closed_at=now, close_reason=reason)
+            )
+            return bool(result.rowcount)
+
+        return await self._transaction(body)
+
+    async def delete_session(self, session_id: str) -> None:
+        """Remove a session's messages, summary and bookkeeping; nothing happens when it is absent."""
+
+        async def body(conn: AsyncConnection) -> None:
+            await conn.execute(msgs.delete().where(msgs.c.session_id == session_id))
+            await conn.execute(cs.delete().where(cs.c.session_id == session_id))
+            await conn.execute(sessions.delete().where(sessions.c.session_id == session_id))
+
+        await self._transaction(body)
+
+    async def sessions_due(self, *, every_n: int, min_turns_to_persist: int, limit: int) -> list[str]:
+        """Sessions whose summary is behind: a cadence point (every_n) passed the watermark, or a
+        closed session with turns the summary does not cover yet. Found again after a crash."""
+
+        async def op() -> list[str]:
+            covered = sa.func.coalesce(cs.c.covered_turns, 0)
+            cadence_point = sessions.c.turn_count - (sessions.c.turn_count % every_n)
+            q = (
+                sa.select(sessions.c.session_id)
+                .select_from(sessions.outerjoin(cs, cs.c.session_id == sessions.c.session_id))
+                .where(
+                    sa.or_(
+                        cadence_point > covered,
+                        sa.and_(
+                            sessions.c.closed_at.is_not(None),
+                            sessions.c.turn_count >= max(min_turns_to_persist, 1),
+                            sessions.c.turn_count > covered,
+                        ),
+                    )
+                )
+                .limit(limit)
+            )
+            async with self._engine.connect() as conn:
+                return [r.session_id for r in (await conn.execute(q)).all()]
+
+        return await self._bounded(op)
+
+    async def idle_sessions(self, *, idle_before: float, limit: int) -> list[str]:
+        """Open sessions with no activity since `idle_before` (epoch seconds)."""
+
+        async def op() -> list[str]:
+            q = (
+                sa.select(sessions.c.session_id)
+                .where(sessions.c.closed_at.is_(None), sessions.c.last_activity < idle_before)
+                .limit(limit)
+            )
+            async with self._engine.connect() as conn:
+                return [r.session_id for r in (await conn.execute(q)).all()]
+
+        return await self._bounded(op)
+
+    # --- warm: summaries ------------------------------------------------------------------
+
+    async def get_summary(self, session_id: str) -> tuple[Summary | None, SessionInfo | None]:
+        """The stored summary and the session's current bookkeeping, in one query."""
+
+        async def op() -> tuple[Summary | None, SessionInfo | None]:
+            q = (
+                sa.select(
+                    sessions,
+                    cs.c.summary,
+                    cs.c.covered_turns,
+                    cs.c.version,
+                    cs.c.source,
+                    cs.c.updated_at,
+                    cs.c.created_at.label("summary_created_at"),
+                    cs.c.topics,
+                    cs.c.structured,
+                    cs.c.compressions,
+                )
+                .select_from(sessions.outerjoin(cs, cs.c.session_id == sessions.c.session_id))
+                .where(sessions.c.session_id == session_id)
+            )
+            async with self._engine.connect() as conn:
+                row = (await conn.execute(q)).one_or_none()
+            if row is None:
+                return None, None
+            summary = _row_to_summary(row) if row.summary is not None else None
+            return summary, _row_to_session(row, summary.covered_turns if summary else 0)
+
+        return await self._bounded(op)
+
+    async def put_summary(self, session_id: str, summary: Summary, *, user_id: str | None, turn_count: int) -> bool:
+        """Write `summary` if the stored row is still at version summary.version - 1.
+
+        False means another writer got there first: the caller's summary is stale and is dropped,
+        so an older summarization can never overwrite a newer one.
+        """
+        values = {
+            "summary": summary.text,
+            "user_id": user_id,
+            "turn_count": turn_count,
+            "covered_turns": summary.covered_turns,
+            "topics": list(summary.topics),
+            "structured": summary.structured,
+            "source": summary.source.value,
+            "compressions": summary.compressions,
+            "version": summary.version,
+            "updated_at": summary.updated_at,
+        }
+
+        async def body(conn: AsyncConnection) -> bool:
+            if summary.version == 1:
+                try:
+                    async with conn.begin_nested():
+                        await conn.execute(
+                            cs.insert().values(session_id=session_id, created_at=summary.created_at, **values)
+                        )
+                except sa.exc.IntegrityError:
+                    return False
+                return True
+            result = await conn.execute(
+                cs.update().where(cs.c.session_id == session_id, cs.c.version == summary.version - 1).values(**values)
+            )
+            return bool(result.rowcount)
+
+        return await self._transaction(body)
+
+    async def delete_summary(self, session_id: str) -> None:
+        """Drop the warm row only (operators and tests use it to force the cold path)."""
+
+        async def body(conn: AsyncConnection) -> None:
+            await conn.execute(cs.delete().where(cs.c.session_id == session_id))
+
+        await self._transaction(body)
+
+    async def ping(self) -> None:
+        async def op() -> None:
+            async with self._engine.connect() as conn:
+                await conn.execute(sa.text("SELECT 1"))
+
+        await self._bounded(op)
+
+    async def count_messages(self, session_id: str) -> int:
+        async def op() -> int:
+            async with self._engine.connect() as conn:
+                q = sa.select(sa.func.count()).select_from(msgs).where(msgs.c.session_id == session_id)
+                return int((await conn.execute(q)).scalar() or 0)
+
+        return await self._bounded(op)

@@ -207,12 +207,12 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
-    app.router.add_post("/v1/sessions/{session_id}/messages", post_message)
-    app.router.add_get("/v1/sessions/{session_id}/summary", get_summary)
-    app.router.add_get("/v1/sessions/{session_id}/context", get_context)
-    app.router.add_post("/v1/sessions/{session_id}/close", post_close)
-    app.router.add_get("/v1/sessions/{session_id}", get_session)
-    app.router.add_delete("/v1/sessions/{session_id}", delete_session)
+    app.router.add_post("/v1/sessions/{session_id:[^/]+}/messages", post_message)
+    app.router.add_get("/v1/sessions/{session_id:[^/]+}/summary", get_summary)
+    app.router.add_get("/v1/sessions/{session_id:[^/]+}/context", get_context)
+    app.router.add_post("/v1/sessions/{session_id:[^/]+}/close", post_close)
+    app.router.add_get("/v1/sessions/{session_id:[^/]+}", get_session)
+    app.router.add_delete("/v1/sessions/{session_id:[^/]+}", delete_session)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)

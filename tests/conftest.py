@@ -1,0 +1,193 @@
+"""Shared fixtures: embedded and real backends, a daemon under test, and the fake LLM.
+
+Real backends are the servers on this machine (Redis on 6379, MariaDB on 3306 by default; override
+with TEST_REDIS_URL / TEST_MYSQL_URL). Each test run creates its own database and key prefix and
+removes only those. When they are unreachable, real-backend tests skip with the reason, unless
+REQUIRE_REAL_BACKENDS=1, which makes that a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import pymysql
+import pytest
+import redis
+from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client import CollectorRegistry
+
+from tests.fake_llm import FakeLlm
+from tiered_memory.app import HOT_KEY, STORE_KEY, create_app
+from tiered_memory.api import SERVICE_KEY
+from tiered_memory.service import MemoryService
+from tiered_memory.settings import Settings
+from tiered_memory.tiers.sql_store import SqlStore
+
+
+@dataclass(frozen=True)
+class RealServers:
+    redis_url: str
+    mysql_url: str  # SQLAlchemy URL of this run's own database
+    run_id: str
+
+
+def _unreachable(what: str, exc: Exception) -> None:
+    reason = f"{what} not reachable ({type(exc).__name__}: {exc})"
+    if os.environ.get("REQUIRE_REAL_BACKENDS") == "1":
+        pytest.fail(f"REQUIRE_REAL_BACKENDS=1 but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def real_servers() -> Iterator[RealServers]:
+    """This run's database on the real MariaDB and its key prefix on the real Redis."""
+    redis_url = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+    mysql_base = os.environ.get("TEST_MYSQL_URL", "mysql+aiomysql://root@127.0.0.1:3306/")
+    run_id = uuid.uuid4().hex[:10]
+    try:
+        r = redis.Redis.from_url(redis_url, socket_timeout=2)
+        r.ping()
+    except (redis.RedisError, OSError) as exc:
+        _unreachable(f"Redis at {redis_url}", exc)
+    parsed = urlparse(mysql_base)
+    db = f"tm_test_{run_id}"
+    try:
+        conn = pymysql.connect(
+            host=parsed.hostname or "127.0.0.1",
+            port=parsed.port or 3306,
+            user=parsed.username or "root",
+            password=parsed.password or "",
+            connect_timeout=3,
+        )
+    except pymysql.MySQLError as exc:
+        _unreachable(f"MySQL/MariaDB at {mysql_base}", exc)
+    with conn.cursor() as cur:
+        cur.execute(f"CREATE DATABASE `{db}` CHARACTER SET utf8mb4")
+    userinfo = parsed.netloc
+    try:
+        yield RealServers(redis_url=redis_url, mysql_url=f"mysql+aiomysql://{userinfo}/{db}", run_id=run_id)
+    finally:
+        with conn.cursor() as cur:
+            cur.execute(f"DROP DATABASE IF EXISTS `{db}`")
+        conn.close()
+        for key in r.scan_iter(match=f"tmt{run_id}*", count=1000):
+            r.delete(key)
+        r.close()
+
+
+def redis_flush_prefix(redis_url: str, prefix: str) -> int:
+    """Delete every key under `prefix`: a Redis flush, limited to what this test created."""
+    r = redis.Redis.from_url(redis_url)
+    try:
+        keys = list(r.scan_iter(match=f"{prefix}:*", count=1000))
+        return int(r.delete(*keys)) if keys else 0
+    finally:
+        r.close()
+
+
+@pytest.fixture(params=["embedded", "real"])
+def backend_env(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
+    """Environment for the daemon on one backend: the embedded default, or real Redis + MariaDB."""
+    env = {"DATA_DIR": str(tmp_path / "data"), "SWEEP_INTERVAL_SECONDS": "3600"}
+    if request.param == "real":
+        servers: RealServers = request.getfixturevalue("real_servers")
+        env |= {
+            "REDIS_URL": servers.redis_url,
+            "REDIS_KEY_PREFIX": f"tmt{servers.run_id}{uuid.uuid4().hex[:6]}",
+            "DATABASE_URL": servers.mysql_url,
+            "AUTO_MIGRATE": "true",
+        }
+    return env
+
+
+class Daemon:
+    """The daemon under test, served over real HTTP on loopback, restartable with the same settings."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        self.settings = Settings.from_env(env)
+        self.client: TestClient[Any, Any] | None = None
+        self.registry = CollectorRegistry()
+
+    async def start(self) -> None:
+        self.registry = CollectorRegistry()
+        app = create_app(self.settings, registry=self.registry)
+        self.client = TestClient(TestServer(app))
+        await self.client.start_server()
+
+    async def stop(self) -> None:
+        if self.client is not None:
+            await self.client.close()
+            self.client = None
+
+    async def restart(self) -> None:
+        await self.stop()
+        await self.start()
+
+    @property
+    def http(self) -> TestClient[Any, Any]:
+        assert self.client is not None
+        return self.client
+
+    @property
+    def service(self) -> MemoryService:
+        return self.http.server.app[SERVICE_KEY]
+
+    @property
+    def store(self) -> SqlStore:
+        return self.http.server.app[STORE_KEY]
+
+    async def flush_hot(self) -> None:
+        """Lose the hot tier: delete this daemon's Redis keys, or restart an in-process cache."""
+        if self.settings.redis_url:
+            redis_flush_prefix(self.settings.redis_url, self.settings.redis_key_prefix)
+        else:
+            await self.http.server.app[HOT_KEY].aclose()
+
+    async def post(self, sid: str, role: str, content: str, **extra: Any) -> dict[str, Any]:
+        resp = await self.http.post(f"/v1/sessions/{sid}/messages", json={"role": role, "content": content, **extra})
+        assert resp.status in (200, 201), await resp.text()
+        body: dict[str, Any] = await resp.json()
+        return body
+
+    async def get(self, path: str) -> dict[str, Any]:
+        resp = await self.http.get(path)
+        assert resp.status == 200, await resp.text()
+        body: dict[str, Any] = await resp.json()
+        return body
+
+    async def settle(self) -> None:
+        """Wait until no summary is scheduled or running (bounded)."""
+        import asyncio
+
+        for _ in range(3000):
+            if self.service.summaries.pending == 0:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("summaries did not settle within 30 s")
+
+
+@pytest.fixture
+async def fake_llm() -> AsyncIterator[FakeLlm]:
+    llm = FakeLlm()
+    await llm.start()
+    yield llm
+    await llm.stop()
+
+
+@pytest.fixture
+async def daemon(backend_env: dict[str, str]) -> AsyncIterator[Daemon]:
+    d = Daemon(backend_env)
+    await d.start()
+    yield d
+    await d.stop()
+
+
+def new_sid() -> str:
+    return f"s-{uuid.uuid4().hex[:12]}"

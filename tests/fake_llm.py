@@ -1,0 +1,83 @@
+"""A local HTTP server that speaks the chat-completions protocol, with scripted behaviour.
+
+The one place the LLM is faked: at the wire, so the daemon's real HTTP client, timeouts and
+parsing are what the tests exercise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+
+@dataclass
+class Behaviour:
+    """What the next replies look like. `mode` is one of ok, status, malformed, empty, no_choices."""
+
+    mode: str = "ok"
+    text: str = "用户咨询了产品，助手给出了建议。"
+    status: int = 500
+    delay_s: float = 0.0
+
+
+@dataclass
+class FakeLlm:
+    behaviour: Behaviour = field(default_factory=Behaviour)
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    in_flight: int = 0
+    completed: int = 0
+    url: str = ""
+    _runner: web.AppRunner | None = None
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        self.requests.append({"body": await request.json(), "headers": dict(request.headers)})
+        self.in_flight += 1
+        try:
+            b = self.behaviour
+            if b.delay_s:
+                await asyncio.sleep(b.delay_s)
+            if b.mode == "status":
+                return web.json_response({"error": {"message": "scripted failure"}}, status=b.status)
+            if b.mode == "malformed":
+                return web.Response(text="{not json", content_type="application/json")
+            if b.mode == "no_choices":
+                return web.json_response({"id": "x", "choices": []})
+            content = "   " if b.mode == "empty" else b.text
+            return web.json_response(
+                {
+                    "id": "chatcmpl-test",
+                    "object": "chat.completion",
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": content}}],
+                }
+            )
+        finally:
+            self.in_flight -= 1
+            self.completed += 1
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._handle)
+        self._runner = web.AppRunner(app, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        server = site._server
+        assert server is not None
+        port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}/v1"
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    def last_user_prompt(self) -> str:
+        body = self.requests[-1]["body"]
+        return str(body["messages"][-1]["content"])
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False)

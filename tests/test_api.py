@@ -1,0 +1,299 @@
+"""The HTTP API end to end, on the embedded default and on real Redis + MariaDB."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from tests.conftest import Daemon, new_sid
+from tests.conversations import ZH_12_TURNS, ZH_EARLY_EVIDENCE
+
+
+async def play(d: Daemon, sid: str, turns: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    replies = []
+    for user, assistant in turns:
+        await d.post(sid, "user", user, user_id="u1")
+        replies.append(await d.post(sid, "assistant", assistant))
+    return replies
+
+
+async def test_summaries_are_scheduled_every_third_turn(daemon: Daemon) -> None:
+    """A 12-turn conversation schedules summaries at turns 3, 6, 9 and 12, and the summary ends
+    up covering all 12 turns."""
+    sid = new_sid()
+    covered = []
+    for i, (user, assistant) in enumerate(ZH_12_TURNS, start=1):
+        r_user = await daemon.post(sid, "user", user)
+        assert r_user["turn_count"] == i - 1 and r_user["summary_scheduled"] is False
+        r = await daemon.post(sid, "assistant", assistant)
+        assert r["turn_count"] == i
+        assert r["summary_scheduled"] is (i % 3 == 0)
+        await daemon.settle()
+        answer = await daemon.get(f"/v1/sessions/{sid}/summary")
+        covered.append((answer["tier"], answer["covered_turns"]))
+    # Before the first summary, the cold extraction covers every turn so far.
+    assert covered == [("cold", 1), ("cold", 2)] + [("hot", 3 * (i // 3)) for i in range(3, 13)]
+    answer = await daemon.get(f"/v1/sessions/{sid}/summary")
+    assert answer["tier"] == "hot"
+    assert answer["turn_count"] == 12
+    for evidence in ZH_EARLY_EVIDENCE:
+        assert evidence in answer["summary"]
+
+
+async def test_tier_walk_hot_warm_hot_cold(daemon: Daemon) -> None:
+    """Hot answers first; after the hot tier is lost the warm row answers and is backfilled, so
+    the next read is hot again; with the warm row gone too, the cold extraction still carries the
+    early entities; a session never seen answers none."""
+    sid = new_sid()
+    await play(daemon, sid, ZH_12_TURNS)
+    await daemon.settle()
+    hot = await daemon.get(f"/v1/sessions/{sid}/summary")
+    assert hot["tier"] == "hot"
+
+    await daemon.flush_hot()
+    warm = await daemon.get(f"/v1/sessions/{sid}/summary")
+    assert warm["tier"] == "warm"
+    assert warm["summary"] == hot["summary"] and warm["covered_turns"] == 12
+    again = await daemon.get(f"/v1/sessions/{sid}/summary")
+    assert again["tier"] == "hot" and again["summary"] == hot["summary"]
+
+    await daemon.store.delete_summary(sid)
+    await daemon.flush_hot()
+    cold = await daemon.get(f"/v1/sessions/{sid}/summary")
+    assert cold["tier"] == "cold"
+    assert cold["turn_count"] == 12
+    for evidence in ZH_EARLY_EVIDENCE:
+        assert evidence in cold["summary"]
+
+    none = await daemon.get(f"/v1/sessions/{new_sid()}/summary")
+    assert none == none | {"tier": "none", "summary": None, "turn_count": 0}
+
+
+async def test_restart_keeps_summary_and_context(daemon: Daemon) -> None:
+    """A gateway reconnecting after a daemon restart gets the same summary and recent turns."""
+    sid = new_sid()
+    await play(daemon, sid, ZH_12_TURNS[:7])
+    await daemon.settle()
+    before = await daemon.get(f"/v1/sessions/{sid}/summary")
+    ctx_before = await daemon.get(f"/v1/sessions/{sid}/context")
+    await daemon.restart()
+    after = await daemon.get(f"/v1/sessions/{sid}/summary")
+    assert after["summary"] == before["summary"]
+    assert after["covered_turns"] == before["covered_turns"] == 6
+    ctx_after = await daemon.get(f"/v1/sessions/{sid}/context")
+    assert ctx_after["messages"] == ctx_before["messages"]
+
+
+async def test_context_is_prompt_ordered(daemon: Daemon) -> None:
+    """The context is a system message with the summary, then the last KEEP_RECENT_TURNS turns
+    alternating user/assistant from a user message; the same with the hot tier lost."""
+    sid = new_sid()
+    await play(daemon, sid, ZH_12_TURNS[:8])
+    await daemon.post(sid, "user", "还有别的推荐吗？")
+    await daemon.settle()
+    for attempt in ("hot", "after-flush"):
+        ctx = await daemon.get(f"/v1/sessions/{sid}/context")
+        msgs = ctx["messages"]
+        assert msgs[0]["role"] == "system" and msgs[0]["content"].startswith("[历史对话摘要]"), attempt
+        roles = [m["role"] for m in msgs[1:]]
+        assert roles == ["user", "assistant"] * 3 + ["user"], attempt
+        assert msgs[-1]["content"] == "还有别的推荐吗？"
+        assert msgs[1]["content"] == ZH_12_TURNS[5][0]
+        assert ctx["turn_count"] == 8
+        await daemon.flush_hot()
+
+
+async def test_context_respects_max_chars(daemon: Daemon) -> None:
+    """max_chars bounds the total content; the newest turn is kept before older ones."""
+    sid = new_sid()
+    await play(daemon, sid, ZH_12_TURNS[:6])
+    await daemon.settle()
+    ctx = await daemon.get(f"/v1/sessions/{sid}/context?max_chars=120")
+    total = sum(len(m["content"]) for m in ctx["messages"])
+    assert total <= 120
+    assert ctx["messages"][-1]["content"] == ZH_12_TURNS[5][1]
+    bad = await daemon.http.get(f"/v1/sessions/{sid}/context?max_chars=abc")
+    assert bad.status == 400
+    assert "max_chars" in (await bad.json())["error"]["message"]
+
+
+async def test_close_persists_to_both_tiers_once(daemon: Daemon) -> None:
+    """Close summarizes uncovered turns, writes SQL and the hot tier, and a second close changes nothing."""
+    sid = new_sid()
+    await play(daemon, sid, ZH_12_TURNS[:4])
+    await daemon.settle()
+    assert (await daemon.get(f"/v1/sessions/{sid}/summary"))["covered_turns"] == 3
+    resp = await daemon.http.post(f"/v1/sessions/{sid}/close")
+    assert resp.status == 200
+    assert await resp.json() == {"session_id": sid, "persisted": True, "turn_count": 4}
+    hot = await daemon.get(f"/v1/sessions/{sid}/summary")
+    assert hot["tier"] == "hot" and hot["covered_turns"] == 4
+    warm, _info = await daemon.store.get_summary(sid)
+    assert warm is not None and warm.covered_turns == 4 and warm.version == hot["version"]
+
+    again = await daemon.http.post(f"/v1/sessions/{sid}/close")
+    assert await again.json() == {"session_id": sid, "persisted": True, "turn_count": 4}
+    warm2, _ = await daemon.store.get_summary(sid)
+    assert warm2 == warm
+    info = await daemon.get(f"/v1/sessions/{sid}")
+    assert info["closed"] is True and info["turn_count"] == 4
+
+
+async def test_close_of_a_short_session_persists_nothing(daemon: Daemon) -> None:
+    """Below SUMMARY_MIN_TURNS_TO_PERSIST (2) turns, close marks the session closed and stores no summary."""
+    sid = new_sid()
+    await play(daemon, sid, ZH_12_TURNS[:1])
+    body = await (await daemon.http.post(f"/v1/sessions/{sid}/close")).json()
+    assert body == {"session_id": sid, "persisted": False, "turn_count": 1}
+    summary, _ = await daemon.store.get_summary(sid)
+    assert summary is None
+    missing = await daemon.http.post(f"/v1/sessions/{new_sid()}/close")
+    assert missing.status == 404
+
+
+async def test_append_is_idempotent_by_message_id(daemon: Daemon) -> None:
+    """A retry with the same message_id answers 200 with the first result and stores nothing twice;
+    the same id with other content is a 409."""
+    sid = new_sid()
+    first = await daemon.http.post(
+        f"/v1/sessions/{sid}/messages", json={"role": "user", "content": "你好", "message_id": "m-1"}
+    )
+    assert first.status == 201
+    retry = await daemon.http.post(
+        f"/v1/sessions/{sid}/messages", json={"role": "user", "content": "你好", "message_id": "m-1"}
+    )
+    assert retry.status == 200
+    assert await retry.json() == await first.json()
+    clash = await daemon.http.post(
+        f"/v1/sessions/{sid}/messages", json={"role": "user", "content": "别的", "message_id": "m-1"}
+    )
+    assert clash.status == 409
+    assert await daemon.store.count_messages(sid) == 1
+    info = await daemon.get(f"/v1/sessions/{sid}")
+    assert info["message_count"] == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"role": "system", "content": "x"}, "role"),
+        ({"role": "user", "content": ""}, "content"),
+        ({"role": "user", "content": 5}, "content"),
+        ({"role": "user"}, "content"),
+        ({"role": "user", "content": "x", "channel": "fax"}, "channel"),
+        ({"role": "user", "content": "x", "colour": "red"}, "colour"),
+        ({"role": "user", "content": "x", "message_id": "has space"}, "message_id"),
+        ({"role": "user", "content": "x", "user_id": ""}, "user_id"),
+        (["not", "an", "object"], "body"),
+    ],
+)
+async def test_bad_input_is_refused_and_changes_nothing(daemon: Daemon, body: Any, field: str) -> None:
+    """Malformed appends get a 400 naming the field, and no session is created."""
+    sid = new_sid()
+    resp = await daemon.http.post(f"/v1/sessions/{sid}/messages", json=body)
+    assert resp.status == 400
+    error = (await resp.json())["error"]
+    assert error["code"] == "invalid_input" and field in error["message"]
+    assert (await daemon.http.get(f"/v1/sessions/{sid}")).status == 404
+
+
+async def test_bad_session_id_and_non_json(daemon: Daemon) -> None:
+    """A session id that could break key hash tags, or a body that is not JSON, is a 400."""
+    resp = await daemon.http.post("/v1/sessions/a{b}/messages", json={"role": "user", "content": "x"})
+    assert resp.status == 400 and "session_id" in (await resp.json())["error"]["message"]
+    resp = await daemon.http.post(f"/v1/sessions/{new_sid()}/messages", data=b"{oops")
+    assert resp.status == 400
+    resp = await daemon.http.get("/v1/nothing-here")
+    assert resp.status == 404 and "error" in await resp.json()
+
+
+async def test_other_user_is_forbidden(daemon: Daemon) -> None:
+    """A session belongs to the user_id that created it; another user_id cannot append to it."""
+    sid = new_sid()
+    await daemon.post(sid, "user", "hello", user_id="alice")
+    resp = await daemon.http.post(
+        f"/v1/sessions/{sid}/messages", json={"role": "user", "content": "hi", "user_id": "mallory"}
+    )
+    assert resp.status == 403
+    assert (await daemon.get(f"/v1/sessions/{sid}"))["message_count"] == 1
+
+
+async def test_delete_removes_every_tier(daemon: Daemon) -> None:
+    """DELETE removes messages and summaries everywhere; repeating it is still a 204."""
+    sid = new_sid()
+    await play(daemon, sid, ZH_12_TURNS[:3])
+    await daemon.settle()
+    assert (await daemon.http.delete(f"/v1/sessions/{sid}")).status == 204
+    assert (await daemon.http.get(f"/v1/sessions/{sid}")).status == 404
+    assert (await daemon.get(f"/v1/sessions/{sid}/summary"))["tier"] == "none"
+    assert (await daemon.get(f"/v1/sessions/{sid}/context"))["messages"] == []
+    assert await daemon.store.count_messages(sid) == 0
+    assert (await daemon.http.delete(f"/v1/sessions/{sid}")).status == 204
+
+
+async def test_health_ready_and_metrics(daemon: Daemon) -> None:
+    """healthz answers, readyz reports both tiers ok, and /metrics exports the documented families."""
+    assert (await daemon.get("/healthz"))["status"] == "ok"
+    ready = await daemon.get("/readyz")
+    assert ready == {"status": "ok", "tiers": {"hot": "ok", "sql": "ok"}}
+    sid = new_sid()
+    await play(daemon, sid, ZH_12_TURNS[:3])
+    await daemon.settle()
+    await daemon.get(f"/v1/sessions/{sid}/summary")
+    text = await (await daemon.http.get("/metrics")).text()
+    for name in (
+        "tiered_memory_request_duration_seconds_bucket",
+        'tiered_memory_summary_loads_total{tier="hot"}',
+        'tiered_memory_summarizations_total{outcome="ok",source="deterministic"}',
+        "tiered_memory_summarization_duration_seconds_bucket",
+        "tiered_memory_summary_lag_turns_bucket",
+        "tiered_memory_pending_summarizations",
+        'tiered_memory_appends_total{result="created",role="user"}',
+    ):
+        assert name in text, name
+    assert 'route="/v1/sessions/{session_id}/messages"' in text
+
+
+async def test_idle_sessions_are_closed_by_the_sweeper(backend_env: dict[str, str]) -> None:
+    """A session nobody closes is closed (and its summary persisted) after SESSION_IDLE_CLOSE_SECONDS."""
+    d = Daemon(backend_env | {"SESSION_IDLE_CLOSE_SECONDS": "1", "SWEEP_INTERVAL_SECONDS": "0.2"})
+    await d.start()
+    try:
+        sid = new_sid()
+        await play(d, sid, ZH_12_TURNS[:2])
+        for _ in range(200):
+            info = await d.get(f"/v1/sessions/{sid}")
+            if info["closed"]:
+                break
+            await asyncio.sleep(0.05)
+        assert info["closed"] is True
+        assert info["covered_turns"] == 2
+    finally:
+        await d.stop()
+
+
+async def test_due_summaries_are_done_at_start_up(backend_env: dict[str, str]) -> None:
+    """Turns committed while no summarizer ran (a crash) are summarized by the next start-up."""
+    d = Daemon(backend_env | {"ENABLE_CONVERSATION_SUMMARY": "false"})
+    await d.start()
+    sid = new_sid()
+    await play(d, sid, ZH_12_TURNS[:6])
+    await d.stop()
+    assert (await _summary_after_restart(backend_env, sid))["covered_turns"] == 6
+
+
+async def _summary_after_restart(env: dict[str, str], sid: str) -> dict[str, Any]:
+    d = Daemon(env | {"SWEEP_INTERVAL_SECONDS": "3600"})
+    await d.start()
+    try:
+        for _ in range(300):
+            await d.settle()
+            answer = await d.get(f"/v1/sessions/{sid}/summary")
+            if answer["tier"] in ("hot", "warm"):
+                return answer
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"no stored summary after restart: {answer}")
+    finally:
+        await d.stop()

@@ -1,0 +1,59 @@
+"""A tier that is down costs latency, never an acknowledged message or a 500."""
+
+from __future__ import annotations
+
+from tests.conftest import Daemon, RealServers, new_sid
+from tests.conversations import ZH_12_TURNS, ZH_EARLY_EVIDENCE
+
+
+async def test_sql_down_refuses_appends_with_retry_after() -> None:
+    """With the SQL server unreachable an append is a 503 with Retry-After (nothing acknowledged),
+    and /readyz reports the SQL tier degraded."""
+    d = Daemon({"DATABASE_URL": "mysql+aiomysql://root@127.0.0.1:1/test", "SQL_TIMEOUT_MS": "1000"})
+    await d.start()
+    try:
+        resp = await d.http.post(f"/v1/sessions/{new_sid()}/messages", json={"role": "user", "content": "你好"})
+        assert resp.status == 503
+        assert resp.headers["Retry-After"] == "1"
+        assert (await resp.json())["error"]["code"] == "sql_unavailable"
+        ready = await d.http.get("/readyz")
+        assert ready.status == 503
+        assert (await ready.json())["tiers"] == {"hot": "ok", "sql": "degraded"}
+        summary = await d.get(f"/v1/sessions/{new_sid()}/summary")
+        assert summary["tier"] == "none"
+    finally:
+        await d.stop()
+
+
+async def test_redis_down_falls_through_to_sql(real_servers: RealServers) -> None:
+    """With Redis unreachable, appends still commit to SQL, summaries are still made and read
+    from the warm tier, context comes from SQL, and the failures are counted."""
+    d = Daemon(
+        {
+            "REDIS_URL": "redis://127.0.0.1:1/0",
+            "REDIS_TIMEOUT_MS": "200",
+            "DATABASE_URL": real_servers.mysql_url,
+            "AUTO_MIGRATE": "true",
+            "SWEEP_INTERVAL_SECONDS": "3600",
+        }
+    )
+    await d.start()
+    try:
+        sid = new_sid()
+        for user, assistant in ZH_12_TURNS[:3]:
+            await d.post(sid, "user", user)
+            await d.post(sid, "assistant", assistant)
+        await d.settle()
+        answer = await d.get(f"/v1/sessions/{sid}/summary")
+        assert answer["tier"] == "warm" and answer["covered_turns"] == 3
+        for evidence in ZH_EARLY_EVIDENCE:
+            assert evidence in answer["summary"]
+        ctx = await d.get(f"/v1/sessions/{sid}/context")
+        assert ctx["summary_tier"] == "warm"
+        assert ctx["messages"][-1]["content"] == ZH_12_TURNS[2][1]
+        ready = await d.http.get("/readyz")
+        assert ready.status == 200 and (await ready.json())["tiers"] == {"hot": "degraded", "sql": "ok"}
+        metrics = await (await d.http.get("/metrics")).text()
+        assert 'tiered_memory_tier_errors_total{operation="append",tier="hot"} 6.0' in metrics
+    finally:
+        await d.stop()

@@ -1,0 +1,159 @@
+"""One contract for the hot tier, run against the in-process cache and a real Redis."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+import redis
+
+from tests.conftest import RealServers, new_sid, redis_flush_prefix
+from tiered_memory.model import Message, Role, Summary, SummarySource
+from tiered_memory.tiers.hot import HotTier
+from tiered_memory.tiers.keys import Keys
+from tiered_memory.tiers.memory_hot import MemoryHot
+from tiered_memory.tiers.redis_hot import RedisHot
+
+RECENT_MAX = 4
+SUMMARY_TTL = 7200
+HISTORY_TTL = 1800
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def hot(request: pytest.FixtureRequest) -> AsyncIterator[HotTier]:
+    if request.param == "memory":
+        yield MemoryHot(
+            max_sessions=100, summary_ttl_s=SUMMARY_TTL, history_ttl_s=HISTORY_TTL, recent_max=RECENT_MAX
+        )
+        return
+    servers: RealServers = request.getfixturevalue("real_servers")
+    prefix = f"tmt{servers.run_id}{uuid.uuid4().hex[:6]}"
+    tier = RedisHot.from_url(
+        servers.redis_url,
+        keys=Keys(prefix),
+        timeout_s=1.0,
+        summary_ttl_s=SUMMARY_TTL,
+        history_ttl_s=HISTORY_TTL,
+        recent_max=RECENT_MAX,
+    )
+    yield tier
+    await tier.aclose()
+    redis_flush_prefix(servers.redis_url, prefix)
+
+
+def msg(sid: str, seq: int, role: Role = Role.USER) -> Message:
+    return Message(sid, seq, (seq + 1) // 2, role, f"内容 {seq}", f"m{seq}", 1.5 * seq, "u1")
+
+
+def summary(version: int, text: str = "summary") -> Summary:
+    return Summary(text, 3 * version, version, SummarySource.DETERMINISTIC, 10.0, 5.0, ("活力健",), {"k": [1]}, 1)
+
+
+async def test_empty_session_reads_nothing(hot: HotTier) -> None:
+    """An unknown session has no summary, no recent messages and no counters."""
+    sid = new_sid()
+    assert await hot.read_summary(sid) == (None, None)
+    snap = await hot.read_session(sid)
+    assert snap.summary is None and snap.recent == () and snap.turn_count is None
+
+
+async def test_recent_list_is_trimmed_and_ordered(hot: HotTier) -> None:
+    """record_append keeps the newest RECENT_MAX messages, oldest first, with SQL's counters."""
+    sid = new_sid()
+    for seq in range(1, 8):
+        await hot.record_append(msg(sid, seq), turn_count=seq // 2, message_count=seq, last_activity=100.0 + seq)
+    snap = await hot.read_session(sid)
+    assert [m.seq for m in snap.recent] == [4, 5, 6, 7]
+    assert snap.recent[-1] == msg(sid, 7)
+    assert (snap.turn_count, snap.message_count, snap.last_activity) == (3, 7, 107.0)
+
+
+async def test_summary_round_trip_and_version_guard(hot: HotTier) -> None:
+    """A summary round-trips unchanged; an older version never replaces a newer one."""
+    sid = new_sid()
+    assert await hot.put_summary(sid, summary(2, "newer")) is True
+    assert await hot.put_summary(sid, summary(1, "older")) is False
+    got, turns = await hot.read_summary(sid)
+    assert got == summary(2, "newer") and turns is None
+    assert await hot.put_summary(sid, summary(2, "same version rewrites")) is True
+    assert await hot.put_summary(sid, summary(3, "newest")) is True
+    assert (await hot.read_session(sid)).summary == summary(3, "newest")
+
+
+async def test_lock_is_exclusive_and_token_guarded(hot: HotTier) -> None:
+    """Only one holder at a time; a wrong token cannot release it."""
+    sid = new_sid()
+    token = await hot.try_lock(sid, 30)
+    assert token
+    assert await hot.try_lock(sid, 30) is None
+    await hot.unlock(sid, "not-the-token")
+    assert await hot.try_lock(sid, 30) is None
+    await hot.unlock(sid, token)
+    assert await hot.try_lock(sid, 30)
+
+
+async def test_delete_forgets_the_session(hot: HotTier) -> None:
+    """delete removes summary, recent list and counters."""
+    sid = new_sid()
+    await hot.record_append(msg(sid, 1), turn_count=0, message_count=1, last_activity=1.0)
+    await hot.put_summary(sid, summary(1))
+    await hot.delete(sid)
+    snap = await hot.read_session(sid)
+    assert snap.summary is None and snap.recent == () and snap.message_count is None
+    await hot.ping()
+
+
+async def test_redis_keys_are_hash_tagged_with_ttls(real_servers: RealServers) -> None:
+    """Every key of a session carries the {session_id} hash tag and the configured TTL."""
+    prefix = f"tmt{real_servers.run_id}{uuid.uuid4().hex[:6]}"
+    tier = RedisHot.from_url(
+        real_servers.redis_url,
+        keys=Keys(prefix),
+        timeout_s=1.0,
+        summary_ttl_s=SUMMARY_TTL,
+        history_ttl_s=HISTORY_TTL,
+        recent_max=RECENT_MAX,
+    )
+    sid = new_sid()
+    try:
+        await tier.record_append(msg(sid, 1), turn_count=0, message_count=1, last_activity=1.0)
+        await tier.put_summary(sid, summary(1))
+        raw = redis.Redis.from_url(real_servers.redis_url)
+        keys = sorted(k.decode() for k in raw.scan_iter(match=f"{prefix}:*"))
+        assert keys == [f"{prefix}:{{{sid}}}:recent", f"{prefix}:{{{sid}}}:state", f"{prefix}:{{{sid}}}:summary"]
+        assert 0 < raw.ttl(f"{prefix}:{{{sid}}}:recent") <= HISTORY_TTL
+        assert HISTORY_TTL < raw.ttl(f"{prefix}:{{{sid}}}:summary") <= SUMMARY_TTL
+        assert HISTORY_TTL < raw.ttl(f"{prefix}:{{{sid}}}:state") <= SUMMARY_TTL
+        raw.close()
+    finally:
+        await tier.aclose()
+        redis_flush_prefix(real_servers.redis_url, prefix)
+
+
+async def test_memory_ttls_and_bound() -> None:
+    """The in-process cache expires recent turns after HISTORY_TTL and the summary after
+    SUMMARY_TTL, like Redis, and evicts the least recently used session past its bound."""
+    clock = Clock()
+    hot = MemoryHot(max_sessions=2, summary_ttl_s=100, history_ttl_s=10, recent_max=4, clock=clock)
+    await hot.record_append(msg("a", 1), turn_count=0, message_count=1, last_activity=1.0)
+    await hot.put_summary("a", summary(1))
+    clock.now += 11
+    snap = await hot.read_session("a")
+    assert snap.recent == () and snap.summary == summary(1) and snap.turn_count == 0
+    clock.now += 90
+    assert (await hot.read_session("a")).summary is None
+    for sid in ("x", "y", "z"):
+        await hot.put_summary(sid, dataclasses.replace(summary(1), text=sid))
+    assert len(hot) == 2
+    assert (await hot.read_summary("x"))[0] is None
+    assert (await hot.read_summary("z"))[0] is not None

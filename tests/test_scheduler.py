@@ -1,0 +1,89 @@
+"""SingleFlight: one job per key at a time, nothing lost, close can wait for a fresh run."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tiered_memory.summarize.scheduler import SingleFlight
+
+
+async def test_one_run_at_a_time_and_a_rerun_for_late_requests() -> None:
+    """Requests during a run coalesce into exactly one more run; runs never overlap."""
+    running = 0
+    overlaps = 0
+    runs = 0
+    gate = asyncio.Event()
+    started = asyncio.Event()
+
+    async def job(_key: str) -> None:
+        nonlocal running, overlaps, runs
+        running += 1
+        overlaps = max(overlaps, running)
+        runs += 1
+        started.set()
+        await gate.wait()
+        running -= 1
+
+    flight = SingleFlight(job)
+    flight.schedule("s")
+    await started.wait()
+    for _ in range(5):
+        flight.schedule("s")
+    assert flight.pending == 1
+    gate.set()
+    await flight.drain(5)
+    assert (runs, overlaps, flight.pending) == (2, 1, 0)
+
+
+async def test_run_now_waits_for_a_run_that_starts_after_it() -> None:
+    """run_now returns only after a run that began after the call, so that run saw all prior writes."""
+    seen: list[int] = []
+    state = {"value": 0}
+    release = asyncio.Event()
+    started = asyncio.Event()
+
+    async def job(_key: str) -> None:
+        snapshot = state["value"]
+        started.set()
+        await release.wait()
+        seen.append(snapshot)
+
+    flight = SingleFlight(job)
+    flight.schedule("s")
+    await started.wait()
+    state["value"] = 1
+    waiter = asyncio.create_task(flight.run_now("s"))
+    await asyncio.sleep(0)
+    release.set()
+    await waiter
+    assert seen == [0, 1]
+
+
+async def test_a_failing_job_does_not_stop_the_key() -> None:
+    """A job that raises is logged; the next request for the key runs again."""
+    calls = 0
+
+    async def job(_key: str) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("boom")
+
+    flight = SingleFlight(job)
+    await flight.run_now("s")
+    await flight.run_now("s")
+    assert calls == 2 and flight.pending == 0
+
+
+async def test_drain_cancels_what_outlives_the_grace() -> None:
+    """drain waits up to the grace period and cancels jobs still running."""
+
+    async def job(_key: str) -> None:
+        await asyncio.sleep(60)
+
+    flight = SingleFlight(job)
+    flight.schedule("a")
+    flight.schedule("b")
+    await asyncio.sleep(0)
+    assert await flight.drain(0.05) == 2
+    assert flight.pending == 0

@@ -1,0 +1,137 @@
+"""One contract for the SQL tiers, run against SQLite and a real MariaDB."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import RealServers, new_sid
+from tiered_memory.errors import Conflict, Forbidden, SqlUnavailable
+from tiered_memory.model import NewMessage, Role, Summary, SummarySource
+from tiered_memory.tiers.sql_schema import current_version
+from tiered_memory.tiers.sql_store import SqlStore, create_engine
+
+
+@pytest.fixture(params=["sqlite", "mariadb"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SqlStore]:
+    if request.param == "sqlite":
+        url = f"sqlite+aiosqlite:///{tmp_path / 'tm.sqlite3'}"
+    else:
+        servers: RealServers = request.getfixturevalue("real_servers")
+        url = servers.mysql_url
+    s = SqlStore(create_engine(url), timeout_s=10)
+    await s.migrate(now=time.time())
+    yield s
+    await s.aclose()
+
+
+def new(sid: str, role: Role, content: str, mid: str, user: str | None = "u1") -> NewMessage:
+    return NewMessage(sid, role, content, mid, user)
+
+
+async def turns(store: SqlStore, sid: str, n: int) -> None:
+    for i in range(1, n + 1):
+        await store.append(new(sid, Role.USER, f"问题{i}", f"u{i}"), now=float(i))
+        await store.append(new(sid, Role.ASSISTANT, f"回答{i}", f"a{i}"), now=float(i) + 0.5)
+
+
+async def test_migrate_is_idempotent(store: SqlStore) -> None:
+    """Running the migration again changes nothing and reports the same version."""
+    assert await store.migrate(now=time.time()) == 1
+    assert await current_version(store._engine) == 1
+
+
+async def test_append_numbers_messages_and_turns(store: SqlStore) -> None:
+    """seq counts messages, turn counts user+assistant pairs; an assistant message completes a turn."""
+    sid = new_sid()
+    r1 = await store.append(new(sid, Role.USER, "你好", "m1"), now=1.0)
+    r2 = await store.append(new(sid, Role.ASSISTANT, "您好", "m2"), now=2.0)
+    r3 = await store.append(new(sid, Role.USER, "再问", "m3"), now=3.0)
+    assert [(r.message.seq, r.message.turn, r.turn_count) for r in (r1, r2, r3)] == [(1, 1, 0), (2, 1, 1), (3, 2, 1)]
+    info = await store.get_session(sid)
+    assert info is not None
+    assert (info.turn_count, info.message_count, info.user_id, info.last_activity) == (1, 3, "u1", 3.0)
+
+
+async def test_append_is_idempotent_and_checks_owner(store: SqlStore) -> None:
+    """The same message_id returns the original result; other content under it is a Conflict;
+    another user_id is Forbidden; nothing is stored twice."""
+    sid = new_sid()
+    first = await store.append(new(sid, Role.USER, "你好", "m1"), now=1.0)
+    again = await store.append(new(sid, Role.USER, "你好", "m1"), now=5.0)
+    assert again == dataclasses.replace(first, duplicate=True)
+    with pytest.raises(Conflict):
+        await store.append(new(sid, Role.USER, "不同", "m1"), now=6.0)
+    with pytest.raises(Forbidden):
+        await store.append(new(sid, Role.USER, "hi", "m2", user="other"), now=6.0)
+    assert await store.count_messages(sid) == 1
+
+
+async def test_concurrent_appends_get_distinct_seqs(store: SqlStore) -> None:
+    """Appends racing on one session are serialized: seq 1..n, each message once, even with retries."""
+    sid = new_sid()
+    batch = [new(sid, Role.USER, f"m{i}", f"id{i}") for i in range(20)]
+    results = await asyncio.gather(*(store.append(m, now=time.time()) for m in batch + batch[:5]))
+    created = [r for r in results if not r.duplicate]
+    assert sorted(r.message.seq for r in created) == list(range(1, 21))
+    assert await store.count_messages(sid) == 20
+
+
+async def test_turn_queries(store: SqlStore) -> None:
+    """recent_messages returns the last n oldest-first; messages_in_turns selects whole turns."""
+    sid = new_sid()
+    await turns(store, sid, 4)
+    assert [m.content for m in await store.recent_messages(sid, 3)] == ["回答3", "问题4", "回答4"]
+    got = await store.messages_in_turns(sid, after_turn=1, through_turn=3)
+    assert [m.content for m in got] == ["问题2", "回答2", "问题3", "回答3"]
+    assert len(await store.messages_in_turns(sid, after_turn=0)) == 8
+
+
+async def test_summary_versions_are_compare_and_set(store: SqlStore) -> None:
+    """Version n+1 replaces version n; a stale writer (same or older base) is refused."""
+    sid = new_sid()
+    await turns(store, sid, 3)
+    s1 = Summary("一", 3, 1, SummarySource.DETERMINISTIC, 10.0, 10.0, ("活力健",), {"facts": ["398元"]}, 1)
+    assert await store.put_summary(sid, s1, user_id="u1", turn_count=3) is True
+    assert await store.put_summary(sid, s1, user_id="u1", turn_count=3) is False
+    s2 = dataclasses.replace(s1, text="二", version=2, updated_at=11.0)
+    assert await store.put_summary(sid, s2, user_id="u1", turn_count=3) is True
+    assert await store.put_summary(sid, dataclasses.replace(s2, text="stale"), user_id="u1", turn_count=3) is False
+    got, info = await store.get_summary(sid)
+    assert got == s2
+    assert info is not None and info.covered_turns == 3 and info.turn_count == 3
+
+
+async def test_due_idle_close_delete(store: SqlStore) -> None:
+    """sessions_due finds passed cadence points and unsummarized closed sessions; idle_sessions
+    finds open sessions past the cutoff; delete removes everything."""
+    sid = new_sid()
+    await turns(store, sid, 4)
+    assert sid in await store.sessions_due(every_n=3, min_turns_to_persist=2, limit=10_000)
+    s = Summary("x", 3, 1, SummarySource.DETERMINISTIC, 1.0, 1.0)
+    await store.put_summary(sid, s, user_id="u1", turn_count=4)
+    assert sid not in await store.sessions_due(every_n=3, min_turns_to_persist=2, limit=10_000)
+    assert sid in await store.idle_sessions(idle_before=100.0, limit=10_000)
+    assert await store.close_session(sid, reason="idle", now=200.0) is True
+    assert await store.close_session(sid, reason="idle", now=201.0) is False
+    assert sid not in await store.idle_sessions(idle_before=100.0, limit=10_000)
+    assert sid in await store.sessions_due(every_n=3, min_turns_to_persist=2, limit=10_000)
+    await store.delete_session(sid)
+    assert await store.get_session(sid) is None
+    assert await store.get_summary(sid) == (None, None)
+    assert await store.count_messages(sid) == 0
+
+
+async def test_unreachable_server_is_sql_unavailable() -> None:
+    """A database that refuses connections raises SqlUnavailable, not a driver error."""
+    dead = SqlStore(create_engine("mysql+aiomysql://root@127.0.0.1:1/test"), timeout_s=2)
+    with pytest.raises(SqlUnavailable):
+        await dead.append(new(new_sid(), Role.USER, "x", "m1"), now=1.0)
+    with pytest.raises(SqlUnavailable):
+        await dead.ping()
+    await dead.aclose()

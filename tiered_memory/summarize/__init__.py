@@ -1,0 +1,1 @@
+"""Summarizers: the LLM one and the deterministic extractive fallback."""

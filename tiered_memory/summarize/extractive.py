@@ -1,0 +1,435 @@
+"""The deterministic summarizer: keeps what later turns refer back to, within a character budget.
+
+It is the fallback when the LLM is down and the cold tier's answer from raw messages, so it must be
+general (Chinese and English, no dataset-tuned word lists) and cheap. It keeps, by priority: the
+user's identity, preferences and constraints; sentences carrying numbers (doses, prices, dates,
+phone numbers) or named entities, whoever said them; the user's questions. Named entities come from
+jieba's part-of-speech tags and word frequencies, numbers and questions from regular expressions.
+Early facts are preferred to late ones when the budget runs out: the recent turns are in the hot
+tier anyway, and the point of memory is that early things survive.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tiered_memory.model import Message, Role
+
+_VERSION = 1
+_ITEM_CHARS = 80  # one kept sentence at most; longer ones are clipped around their first number
+_CHUNK_CHARS = 60  # comma-only voice transcripts are re-cut into clauses of about this size
+_KEEP_FACTOR = 2  # `structured` keeps 2x the rendered budget, so later merges still have material
+_MAX_ENTITIES = 64
+_COMMON_NAME_FREQ = 1000  # jieba tags frequent words such as 谢谢 or 明白 `nr`; real names are rare words
+
+_EARLIER, _PROFILE, _FACT, _QUESTION = "earlier", "profile", "fact", "question"
+_KINDS = (_EARLIER, _PROFILE, _FACT, _QUESTION)
+_LABELS = {  # per language: the labels of _KINDS, in order, then of the topics
+    "zh": ("早前摘要：", "用户信息/偏好：", "关键信息：", "用户问过：", "提到："),
+    "en": ("Earlier summary: ", "User info/preferences: ", "Key facts: ", "User asked: ", "Mentioned: "),
+}
+# Per language: the separator of items, of topics, and the prefix of the assistant's statements.
+_PUNCTUATION = {"zh": ("；", "、", "助手："), "en": ("; ", ", ", "assistant: ")}
+_PROPER_TAGS = frozenset({"nr", "nrt", "nrfg", "ns", "nt", "nz"})
+_NOUN_TAGS = frozenset({"n", "nw", "vn"})
+
+_SENTENCE_END = re.compile(r"(?<=[。！？!?；;\n])|(?<=[.…])\s+")
+_CLAUSE_END = re.compile(r"(?<=[，,、：:])")
+_SPACES = re.compile(r"\s+")
+_NOT_WORD = re.compile(r"[\W_]+")
+_CJK = re.compile(r"[\u3400-\u9fff]")
+_LATIN = re.compile(r"[A-Za-z]")
+_NUMBER = re.compile(
+    r"\d|[零一二两三四五六七八九十百千万半]+(?:个月|个小时|次|条|粒|片|袋|盒|瓶|支|包|克|斤|公斤|块钱|元|岁|天|周"
+    r"|年|小时|分钟|人|份|杯|碗|张|件|台|套|箱|罐|颗|勺|顿|倍|折)"
+    r"|\b(?:once|twice|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|fifteen|twenty|thirty"
+    r"|forty|fifty|hundred|thousand|million|dozen)\b",
+    re.IGNORECASE,
+)
+# Self-description, likes and constraints; matched on the user's sentences only.
+_PROFILE_MARK = re.compile(
+    r"我(?:叫|姓|的名字)|名字[是叫]|叫我|我是(?![想说问要不在])|我(?:今年|已经)?[\d一二三四五六七八九十]+岁"
+    r"|我(?:住在|家在|在.{1,8}(?:工作|上班|上学|读书))|我的(?:电话|手机|邮箱|地址|生日|身份证|证件|账号|车牌)"
+    r"|我的?(?:妈妈|妈|爸爸|爸|父母|老公|老婆|丈夫|妻子|孩子|儿子|女儿|宝宝|家人)"
+    r"|我(?:比较|很|最|更|特别|非常|一直|不太|不|也|只|还是)?(?:喜欢|爱吃|爱喝|讨厌|怕|偏好|习惯|想要|需要|希望)"
+    r"|不要|别太|不(?:太|怎么|大)?(?:能|敢|爱|喜欢)?[吃喝]|忌口|过敏|吃素|怀孕|预算|尽量|宁[愿可]|口味"
+    r"|\bmy name\b|\bcall me\b|\bi(?:'m| am) (?:a|an|\d+|allergic|from|based|vegetarian|vegan|pregnant)\b"
+    r"|\bi (?:\w+ )?(?:like|love|hate|prefer|enjoy|dislike|avoid|live|work)\b|\ballerg|\bprefer|\brather\b|\bbudget"
+    r"|\bmy (?:wife|husband|partner|son|daughter|kids?|child|children|family|phone|email|address|birthday)\b"
+    r"|\b(?:don't|do not|can't|cannot) (?:eat|drink|take|stand)\b|\bnot too\b|\bno more than\b",
+    re.IGNORECASE,
+)
+_QUESTION_MARK = re.compile(
+    r"[？?]\s*$|[吗呢么嘛][。！!～~]?$|什么|怎么|怎样|多少|哪|几[个次天点号岁种盒瓶月年]|是否|为什么|为啥"
+    r"|能不能|可不可以|会不会|是不是|有没有|要不要|可以吗"
+    r"|^(?:what|how|which|when|where|why|who|whose|can|could|does|do|did|is|are|was|were|will|would"
+    r"|should|shall|may|have|has)\b",
+    re.IGNORECASE,
+)
+# English function words and discourse fillers: capitalised at a sentence start, never names.
+# Kept as text: as a list literal, ruff format would spread it over 150 lines.
+_EN_STOP = frozenset(
+    """a about after again all also am an and any are as at be because been before being but by can
+    could did do does don done for from get got had has have he her here hi hello him his how i if in
+    into is it its just let like maybe me might more most my no not now of off oh ok okay on once only
+    or our out please pm really right so some sorry sure than thank thanks that the their them then
+    there these they this those to too up us very was we well were what when where which while who
+    why will with would yes yeah you your good great fine nice sounds still even much many want need
+    think know see tell make take give go going come say said one two first next last bye goodbye
+    welcome hey dr mr mrs ms should must shall enjoy keep help try use look feel thing things time way
+    lot lots day today tonight""".split()  # noqa: SIM905
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Extraction:
+    """One summary: `text` (len <= max_chars) for prompts, `structured` for the next incremental
+    merge (JSON-serialisable), and `topics` (<= 10 entity or keyword tags, most salient first)."""
+
+    text: str
+    structured: dict[str, Any]
+    topics: tuple[str, ...]
+
+
+@dataclass(slots=True)
+class _Item:
+    kind: str
+    speaker: str
+    rank: int  # 0 is kept first; within a rank the earliest `order` wins
+    order: int
+    text: str
+
+
+class _Jieba:
+    """A loaded private jieba dictionary: segmentation, word tags and word frequencies."""
+
+    def __init__(self) -> None:
+        # jieba's import alone takes ~0.3 s, so it waits for first use too.
+        import jieba
+        import jieba.posseg
+
+        logging.getLogger("jieba").setLevel(logging.WARNING)
+        self._tokenizer = jieba.Tokenizer()
+        self._tokenizer.initialize()
+        self._pos = jieba.posseg.POSTokenizer(self._tokenizer)
+        self._tags: dict[str, str] = self._pos.word_tag_tab
+        self.freq: dict[str, int] = self._tokenizer.FREQ
+        self._log_total = math.log(self._tokenizer.total)
+
+    def tag(self, text: str) -> list[tuple[str, str]]:
+        """Plain segmentation with dictionary tags is ~5x faster than jieba's POS HMM on the whole
+        text; only the out-of-vocabulary pieces, where new names hide, go through the POS HMM."""
+        out: list[tuple[str, str]] = []
+        for word in self._tokenizer.cut(text):
+            if word.isascii():
+                tag = "x" if not any(c.isalnum() for c in word) else "eng" if _LATIN.search(word) else "m"
+            elif (tag := self._tags.get(word, "")) == "" and len(word) > 1:
+                for pair in self._pos.cut(word):
+                    # The HMM calls many unknown two-character pieces names (太辣, 祝您): demote them.
+                    short = len(pair.word) < 3 and pair.word not in self.freq
+                    out.append((pair.word, "n" if short and pair.flag in _PROPER_TAGS else pair.flag))
+                continue
+            out.append((word, tag))
+        return out
+
+    def info(self, word: str) -> float:
+        """Self-information of a word in jieba's corpus: rare words are the salient ones."""
+        freq = self.freq.get(word, 0)
+        return self._log_total - math.log(freq) if freq > 0 else self._log_total
+
+
+class _State:
+    """The facts so far; `dump` and `load` convert it to and from `Extraction.structured`:
+    {"version": 1, "items": [[kind, speaker, rank, order, text]...], "entities": [[term, score,
+    first order, count]...], "script": [CJK chars, Latin letters], "next": next order}."""
+
+    def __init__(self) -> None:
+        self.items: list[_Item] = []
+        self.keys: set[str] = set()
+        self.entities: dict[str, list[float]] = {}  # term -> [score, first order, count]
+        self.script = [0, 0]  # CJK characters, Latin letters: which language the labels speak
+        self.next = 0
+
+    @classmethod
+    def load(cls, data: Mapping[str, Any]) -> _State | None:
+        """None when `data` is not ours (e.g. written by another summarizer): the caller starts over."""
+        state = cls()
+        try:
+            if data.get("version") != _VERSION:
+                return None
+            for kind, speaker, rank, order, text in data["items"]:
+                state.add(str(kind), str(speaker), int(rank), str(text))
+                state.items[-1].order = int(order)
+            for term, score, first, count in data["entities"]:
+                state.entities[str(term)] = [float(score), float(first), float(count)]
+            cjk, latin = data["script"]
+            state.script = [int(cjk), int(latin)]
+            state.next = int(data["next"])
+        except (KeyError, TypeError, ValueError):
+            return None
+        return state
+
+    def dump(self) -> dict[str, Any]:
+        return {
+            "version": _VERSION,
+            "items": [[i.kind, i.speaker, i.rank, i.order, i.text] for i in self.items],
+            "entities": [[term, round(v[0], 3), int(v[1]), int(v[2])] for term, v in self.entities.items()],
+            "script": list(self.script),
+            "next": self.next,
+        }
+
+    def add(self, kind: str, speaker: str, rank: int, text: str) -> None:
+        """Append unless the same text (ignoring case, spaces and punctuation) is already kept."""
+        key = _NOT_WORD.sub("", text.lower())
+        if key and key not in self.keys:
+            self.keys.add(key)
+            self.items.append(_Item(kind, speaker, rank, self.next, text))
+            self.next += 1
+
+    def count_script(self, text: str) -> None:
+        self.script[0] += len(_CJK.findall(text))
+        self.script[1] += len(_LATIN.findall(text))
+
+    def mention(self, term: str, score: float) -> None:
+        entry = self.entities.setdefault(term, [0.0, float(self.next), 0.0])
+        entry[0] += score
+        entry[2] += 1
+
+    def topics(self, limit: int) -> tuple[str, ...]:
+        chosen: list[str] = []
+        for term, (_, _, count) in sorted(self.entities.items(), key=_salience):
+            if len(chosen) >= limit:
+                break
+            if term.isascii() and term.islower() and count < 2:
+                continue  # an untagged English word is a topic only when it recurs
+            if not any(term in c or c in term for c in chosen):
+                chosen.append(term)
+        return tuple(chosen)
+
+    def prune(self, budget: int) -> None:
+        """Bound what is stored: the same priority as rendering, over a larger budget."""
+        kept: list[_Item] = []
+        used = 0
+        for item in sorted(self.items, key=lambda i: (i.rank, i.order)):
+            if used + len(item.text) <= budget or item.kind == _EARLIER:
+                kept.append(item)
+                used += len(item.text)
+        self.items = sorted(kept, key=lambda i: i.order)
+        if len(self.entities) > _MAX_ENTITIES:
+            top = sorted(self.entities.items(), key=_salience)[:_MAX_ENTITIES]
+            self.entities = dict(sorted(top, key=lambda kv: (kv[1][1], kv[0])))
+
+
+def _salience(entry: tuple[str, list[float]]) -> tuple[float, float, str]:
+    term, (score, first, _) = entry
+    return (-score, first, term)
+
+
+class Extractor:
+    """Owns a private jieba.Tokenizer created lazily on first use (jieba's dictionary load takes ~1 s,
+    so never at import time or construction). Safe to call from worker threads: the lazy init is
+    guarded by a lock, and everything after it only reads the dictionary."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jieba: _Jieba | None = None
+
+    def _loaded(self) -> _Jieba:
+        if self._jieba is None:
+            with self._lock:
+                if self._jieba is None:
+                    self._jieba = _Jieba()
+        return self._jieba
+
+    def extract(
+        self,
+        messages: Sequence[Message],
+        *,
+        previous_structured: Mapping[str, Any] | None = None,
+        previous_text: str | None = None,
+        max_chars: int = 1400,
+    ) -> Extraction:
+        """Summarise `messages` (in order), merged into `previous_structured` when given, so the cost
+        grows with the new messages only. `previous_text` (an LLM summary) is used only when there is
+        no usable `previous_structured`; it is kept as a leading item of at most half the budget.
+        `max_chars` bounds `len(text)` (ValueError if negative); the first call loads jieba's
+        dictionary (~1 s)."""
+        if max_chars < 0:
+            raise ValueError(f"max_chars must be >= 0, got {max_chars}")
+        jb = self._loaded()
+        state = _State.load(previous_structured) if previous_structured else None
+        if state is None:
+            state = _State()
+            if previous_text and previous_text.strip():
+                state.count_script(previous_text)
+                state.add(_EARLIER, "", 0, _lead(_SPACES.sub(" ", previous_text).strip(), max_chars))
+        for message in messages:
+            _read(jb, state, message)
+        topics = state.topics(10)
+        cjk, latin = state.script
+        # A Chinese character carries about as much as an English word of three or more letters.
+        lang = "zh" if cjk > 0 and cjk * 3 >= latin else "en"
+        text = _render(state.items, lang, topics, max_chars)
+        state.prune(_KEEP_FACTOR * max_chars)
+        return Extraction(text=text, structured=state.dump(), topics=topics)
+
+    def topics_of(self, text: str, limit: int = 10) -> tuple[str, ...]:
+        """Entity and keyword tags of any text (e.g. an LLM summary), most salient first."""
+        jb = self._loaded()
+        state = _State()
+        for unit in _units(text):
+            for term, score, _ in _terms(jb, unit):
+                state.mention(term, score)
+        return state.topics(limit)
+
+
+def _read(jb: _Jieba, state: _State, message: Message) -> None:
+    state.count_script(message.content)
+    user = message.role is Role.USER
+    for unit in _units(message.content):
+        terms = _terms(jb, unit)
+        for term, score, _ in terms:
+            state.mention(term, score)
+        named = any(is_named for _, _, is_named in terms)
+        number = _NUMBER.search(unit) is not None
+        if len(_NOT_WORD.sub("", unit)) < 3 and not number:
+            continue  # "好的", "ok", "嗯嗯"
+        # Ranks are coarse on purpose: within one, the earliest fact wins, so a long session of
+        # numeric small talk cannot push out the dose the user asked about at the start.
+        if user and _PROFILE_MARK.search(unit):
+            state.add(_PROFILE, "user", 0, _clip(unit, _ITEM_CHARS))
+        elif user and _QUESTION_MARK.search(unit):
+            state.add(_QUESTION, "user", 1 if named or number else 2, _clip(unit, _ITEM_CHARS))
+        elif user and (named or number):
+            state.add(_FACT, "user", 1, _clip(unit, _ITEM_CHARS))
+        elif named or number:
+            # The assistant names things in passing and in pleasantries; its numbers are what
+            # later turns quote back ("the 398 one", "you said twice a day").
+            state.add(_FACT, "assistant", 1 if number else 2, _clip(unit, _ITEM_CHARS - len("assistant: ")))
+
+
+def _terms(jb: _Jieba, text: str) -> list[tuple[str, float, bool]]:
+    """(term, salience, is a named entity) for each entity or keyword occurrence in `text`.
+    Capitalised English words in a row ("John Smith", "iPhone 15 Pro") make one name; a
+    capitalised first word alone is taken for a name only when oddly cased ("iPhone", "X5")."""
+    tokens = jb.tag(text)
+    out: list[tuple[str, float, bool]] = []
+    run: list[str] = []
+    first = True
+    for i, (word, tag) in enumerate(tokens):
+        if tag == "eng" and _is_english_name(word, first=first and not _name_follows(tokens, i + 1)):
+            run.append(word)
+            first = False
+            continue
+        first = first and not any(c.isalnum() for c in word)
+        if run and (word == " " or (tag == "m" and _name_follows(tokens, i + 1))):
+            if word != " ":
+                run.append(word)  # "iPhone 15 Pro", but not "Advil 200 mg"
+            continue
+        if run:
+            out.append((" ".join(run), 3 * jb.info(""), True))
+            run = []
+        if tag == "eng" and len(word) >= 4 and word.isalpha() and word.lower() not in _EN_STOP:
+            out.append((word.lower(), 0.3 * jb.info(""), False))
+        elif len(word) >= 2 and _CJK.match(word) and tag in _PROPER_TAGS:
+            named = not (tag.startswith("nr") and jb.freq.get(word, 0) >= _COMMON_NAME_FREQ)
+            out.append((word, (3 if named else 1) * jb.info(word), named))
+        elif len(word) >= 2 and _CJK.match(word) and tag in _NOUN_TAGS:
+            out.append((word, jb.info(word), False))
+    if run:
+        out.append((" ".join(run), 3 * jb.info(""), True))
+    return out
+
+
+def _name_follows(tokens: Sequence[tuple[str, str]], i: int) -> bool:
+    """Whether tokens[i:] is a space and then an English name."""
+    if i + 1 >= len(tokens) or tokens[i][0] != " ":
+        return False
+    word, tag = tokens[i + 1]
+    return tag == "eng" and _is_english_name(word)
+
+
+def _is_english_name(word: str, *, first: bool = False) -> bool:
+    """Capitalised (not merely as a sentence's `first` word) or oddly cased (iPhone, X5), but not
+    a quantity (16GB)."""
+    if len(word) < 2 or word.lower() in _EN_STOP:
+        return False
+    odd = word[0].isalpha() and any(c.isupper() or c.isdigit() for c in word[1:])
+    return odd or (word[0].isupper() and not first)
+
+
+def _units(text: str) -> list[str]:
+    """Sentences of `text`; a long sentence without full stops (voice transcripts) is re-cut at
+    commas into clauses of about _CHUNK_CHARS, so each unit is one fact rather than a paragraph."""
+    out: list[str] = []
+    for piece in _SENTENCE_END.split(text):
+        piece = _SPACES.sub(" ", piece).strip()
+        if len(piece) <= _ITEM_CHARS:
+            out.append(piece)
+            continue
+        chunk = ""
+        for clause in _CLAUSE_END.split(piece):
+            if chunk and len(chunk) + len(clause) > _CHUNK_CHARS:
+                out.append(chunk)
+                chunk = ""
+            chunk += clause
+        out.append(chunk)
+    return [unit.strip(" ，,、：:") for unit in out if _NOT_WORD.sub("", unit)]
+
+
+def _clip(text: str, limit: int) -> str:
+    """At most `limit` chars; the window is moved to the first number when that lies past the middle."""
+    if len(text) <= limit:
+        return text
+    found = _NUMBER.search(text)
+    if found is None or found.start() < limit // 2:
+        return text[: limit - 1] + "…"
+    start = found.start() - limit // 3
+    if start + limit - 1 >= len(text):
+        return "…" + text[len(text) - limit + 1 :]
+    return "…" + text[start : start + limit - 2] + "…"
+
+
+def _lead(text: str, limit: int) -> str:
+    """The first sentences of `text` that fit in `limit` (>= 1) chars: the early part of a summary
+    is the part nothing else remembers."""
+    if len(text) <= limit:
+        return text
+    cut = text[: max(limit - 1, 0)]
+    stop = max(cut.rfind(mark) for mark in "。！？；.!?;")
+    return cut[: stop + 1] if stop >= limit // 2 else cut + "…"
+
+
+def _render(items: Sequence[_Item], lang: str, topics: Sequence[str], max_chars: int) -> str:
+    """One line per kind. Items are admitted by (rank, order) while they fit, then shown in
+    conversation order; leftover room lists the topics not already named."""
+    *kind_labels, label = _LABELS[lang]
+    labels = dict(zip(_KINDS, kind_labels, strict=True))
+    separator, joiner, assistant = _PUNCTUATION[lang]
+    chosen: dict[str, list[tuple[int, str]]] = {kind: [] for kind in _KINDS}
+    used = 0
+    for item in sorted(items, key=lambda i: (i.rank, i.order)):
+        piece = assistant + item.text if item.speaker == Role.ASSISTANT.value else item.text
+        if item.kind == _EARLIER:
+            piece = _lead(piece, max(max_chars // 2 - len(labels[_EARLIER]), 1))
+        bucket = chosen[item.kind]
+        cost = len(piece) + (len(separator) if bucket else len(labels[item.kind]) + (1 if used else 0))
+        if used + cost <= max_chars:
+            bucket.append((item.order, piece))
+            used += cost
+    lines = [labels[kind] + separator.join(p for _, p in sorted(chosen[kind])) for kind in _KINDS if chosen[kind]]
+    body = "\n".join(lines)
+    extra: list[str] = []
+    for topic in (t for t in topics if t.lower() not in body.lower()):
+        if used + (1 if used else 0) + len(label + joiner.join([*extra, topic])) > max_chars:
+            break
+        extra.append(topic)
+    if extra:
+        body += ("\n" if body else "") + label + joiner.join(extra)
+    return body[:max_chars]

@@ -19,12 +19,13 @@ from urllib.parse import urlparse
 import pymysql
 import pytest
 import redis
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
 from tests.fake_llm import FakeLlm
-from tiered_memory.app import HOT_KEY, STORE_KEY, create_app
 from tiered_memory.api import SERVICE_KEY
+from tiered_memory.app import HOT_KEY, STORE_KEY, create_app
 from tiered_memory.service import MemoryService
 from tiered_memory.settings import Settings
 from tiered_memory.tiers.sql_store import SqlStore
@@ -114,11 +115,12 @@ class Daemon:
         self.settings = Settings.from_env(env)
         self.client: TestClient[Any, Any] | None = None
         self.registry = CollectorRegistry()
+        self.app: web.Application | None = None
 
     async def start(self) -> None:
         self.registry = CollectorRegistry()
-        app = create_app(self.settings, registry=self.registry)
-        self.client = TestClient(TestServer(app))
+        self.app = create_app(self.settings, registry=self.registry)
+        self.client = TestClient(TestServer(self.app))
         await self.client.start_server()
 
     async def stop(self) -> None:
@@ -137,18 +139,21 @@ class Daemon:
 
     @property
     def service(self) -> MemoryService:
-        return self.http.server.app[SERVICE_KEY]
+        assert self.app is not None
+        return self.app[SERVICE_KEY]
 
     @property
     def store(self) -> SqlStore:
-        return self.http.server.app[STORE_KEY]
+        assert self.app is not None
+        return self.app[STORE_KEY]
 
     async def flush_hot(self) -> None:
         """Lose the hot tier: delete this daemon's Redis keys, or restart an in-process cache."""
         if self.settings.redis_url:
             redis_flush_prefix(self.settings.redis_url, self.settings.redis_key_prefix)
         else:
-            await self.http.server.app[HOT_KEY].aclose()
+            assert self.app is not None
+            await self.app[HOT_KEY].aclose()
 
     async def post(self, sid: str, role: str, content: str, **extra: Any) -> dict[str, Any]:
         resp = await self.http.post(f"/v1/sessions/{sid}/messages", json={"role": role, "content": content, **extra})

@@ -26,7 +26,8 @@ async def test_summaries_are_scheduled_every_third_turn(daemon: Daemon) -> None:
     covered = []
     for i, (user, assistant) in enumerate(ZH_12_TURNS, start=1):
         r_user = await daemon.post(sid, "user", user)
-        assert r_user["turn_count"] == i - 1 and r_user["summary_scheduled"] is False
+        assert r_user["turn_count"] == i - 1
+        assert r_user["summary_scheduled"] is False
         r = await daemon.post(sid, "assistant", assistant)
         assert r["turn_count"] == i
         assert r["summary_scheduled"] is (i % 3 == 0)
@@ -55,9 +56,11 @@ async def test_tier_walk_hot_warm_hot_cold(daemon: Daemon) -> None:
     await daemon.flush_hot()
     warm = await daemon.get(f"/v1/sessions/{sid}/summary")
     assert warm["tier"] == "warm"
-    assert warm["summary"] == hot["summary"] and warm["covered_turns"] == 12
+    assert warm["summary"] == hot["summary"]
+    assert warm["covered_turns"] == 12
     again = await daemon.get(f"/v1/sessions/{sid}/summary")
-    assert again["tier"] == "hot" and again["summary"] == hot["summary"]
+    assert again["tier"] == "hot"
+    assert again["summary"] == hot["summary"]
 
     await daemon.store.delete_summary(sid)
     await daemon.flush_hot()
@@ -96,7 +99,8 @@ async def test_context_is_prompt_ordered(daemon: Daemon) -> None:
     for attempt in ("hot", "after-flush"):
         ctx = await daemon.get(f"/v1/sessions/{sid}/context")
         msgs = ctx["messages"]
-        assert msgs[0]["role"] == "system" and msgs[0]["content"].startswith("[历史对话摘要]"), attempt
+        assert msgs[0]["role"] == "system", attempt
+        assert msgs[0]["content"].startswith("[历史对话摘要]"), attempt
         roles = [m["role"] for m in msgs[1:]]
         assert roles == ["user", "assistant"] * 3 + ["user"], attempt
         assert msgs[-1]["content"] == "还有别的推荐吗？"
@@ -129,16 +133,20 @@ async def test_close_persists_to_both_tiers_once(daemon: Daemon) -> None:
     assert resp.status == 200
     assert await resp.json() == {"session_id": sid, "persisted": True, "turn_count": 4}
     hot = await daemon.get(f"/v1/sessions/{sid}/summary")
-    assert hot["tier"] == "hot" and hot["covered_turns"] == 4
+    assert hot["tier"] == "hot"
+    assert hot["covered_turns"] == 4
     warm, _info = await daemon.store.get_summary(sid)
-    assert warm is not None and warm.covered_turns == 4 and warm.version == hot["version"]
+    assert warm is not None
+    assert warm.covered_turns == 4
+    assert warm.version == hot["version"]
 
     again = await daemon.http.post(f"/v1/sessions/{sid}/close")
     assert await again.json() == {"session_id": sid, "persisted": True, "turn_count": 4}
     warm2, _ = await daemon.store.get_summary(sid)
     assert warm2 == warm
     info = await daemon.get(f"/v1/sessions/{sid}")
-    assert info["closed"] is True and info["turn_count"] == 4
+    assert info["closed"] is True
+    assert info["turn_count"] == 4
 
 
 async def test_close_of_a_short_session_persists_nothing(daemon: Daemon) -> None:
@@ -195,18 +203,21 @@ async def test_bad_input_is_refused_and_changes_nothing(daemon: Daemon, body: An
     resp = await daemon.http.post(f"/v1/sessions/{sid}/messages", json=body)
     assert resp.status == 400
     error = (await resp.json())["error"]
-    assert error["code"] == "invalid_input" and field in error["message"]
+    assert error["code"] == "invalid_input"
+    assert field in error["message"]
     assert (await daemon.http.get(f"/v1/sessions/{sid}")).status == 404
 
 
 async def test_bad_session_id_and_non_json(daemon: Daemon) -> None:
     """A session id that could break key hash tags, or a body that is not JSON, is a 400."""
     resp = await daemon.http.post("/v1/sessions/a{b}/messages", json={"role": "user", "content": "x"})
-    assert resp.status == 400 and "session_id" in (await resp.json())["error"]["message"]
+    assert resp.status == 400
+    assert "session_id" in (await resp.json())["error"]["message"]
     resp = await daemon.http.post(f"/v1/sessions/{new_sid()}/messages", data=b"{oops")
     assert resp.status == 400
     resp = await daemon.http.get("/v1/nothing-here")
-    assert resp.status == 404 and "error" in await resp.json()
+    assert resp.status == 404
+    assert "error" in await resp.json()
 
 
 async def test_other_user_is_forbidden(daemon: Daemon) -> None:

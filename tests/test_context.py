@@ -60,8 +60,10 @@ def test_assemble_fits_the_budget_newest_first() -> None:
     summary = "s" * 200
     out = assemble(summary, recent, max_chars=100)
     assert sum(len(m.content) for m in out) <= 100
-    assert out[0].role == "system" and out[0].content.startswith(SUMMARY_PREFIX)
+    assert out[0].role == "system"
+    assert out[0].content.startswith(SUMMARY_PREFIX)
     assert out[-1].content == "z" * 30
     roomy = assemble("short", recent, max_chars=1000)
-    assert roomy[0].content == SUMMARY_PREFIX + "short" and len(roomy) == 4
+    assert roomy[0].content == SUMMARY_PREFIX + "short"
+    assert len(roomy) == 4
     assert assemble(None, recent, max_chars=1000) == recent

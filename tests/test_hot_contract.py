@@ -32,9 +32,7 @@ class Clock:
 @pytest.fixture(params=["memory", "redis"])
 async def hot(request: pytest.FixtureRequest) -> AsyncIterator[HotTier]:
     if request.param == "memory":
-        yield MemoryHot(
-            max_sessions=100, summary_ttl_s=SUMMARY_TTL, history_ttl_s=HISTORY_TTL, recent_max=RECENT_MAX
-        )
+        yield MemoryHot(max_sessions=100, summary_ttl_s=SUMMARY_TTL, history_ttl_s=HISTORY_TTL, recent_max=RECENT_MAX)
         return
     servers: RealServers = request.getfixturevalue("real_servers")
     prefix = f"tmt{servers.run_id}{uuid.uuid4().hex[:6]}"
@@ -64,7 +62,9 @@ async def test_empty_session_reads_nothing(hot: HotTier) -> None:
     sid = new_sid()
     assert await hot.read_summary(sid) == (None, None)
     snap = await hot.read_session(sid)
-    assert snap.summary is None and snap.recent == () and snap.turn_count is None
+    assert snap.summary is None
+    assert snap.recent == ()
+    assert snap.turn_count is None
 
 
 async def test_recent_list_is_trimmed_and_ordered(hot: HotTier) -> None:
@@ -84,7 +84,8 @@ async def test_summary_round_trip_and_version_guard(hot: HotTier) -> None:
     assert await hot.put_summary(sid, summary(2, "newer")) is True
     assert await hot.put_summary(sid, summary(1, "older")) is False
     got, turns = await hot.read_summary(sid)
-    assert got == summary(2, "newer") and turns is None
+    assert got == summary(2, "newer")
+    assert turns is None
     assert await hot.put_summary(sid, summary(2, "same version rewrites")) is True
     assert await hot.put_summary(sid, summary(3, "newest")) is True
     assert (await hot.read_session(sid)).summary == summary(3, "newest")
@@ -109,7 +110,9 @@ async def test_delete_forgets_the_session(hot: HotTier) -> None:
     await hot.put_summary(sid, summary(1))
     await hot.delete(sid)
     snap = await hot.read_session(sid)
-    assert snap.summary is None and snap.recent == () and snap.message_count is None
+    assert snap.summary is None
+    assert snap.recent == ()
+    assert snap.message_count is None
     await hot.ping()
 
 
@@ -149,7 +152,9 @@ async def test_memory_ttls_and_bound() -> None:
     await hot.put_summary("a", summary(1))
     clock.now += 11
     snap = await hot.read_session("a")
-    assert snap.recent == () and snap.summary == summary(1) and snap.turn_count == 0
+    assert snap.recent == ()
+    assert snap.summary == summary(1)
+    assert snap.turn_count == 0
     clock.now += 90
     assert (await hot.read_session("a")).summary is None
     for sid in ("x", "y", "z"):

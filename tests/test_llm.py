@@ -46,10 +46,13 @@ async def test_request_follows_the_protocol(fake_llm: FakeLlm) -> None:
     assert text == "摘" * 50
     req = fake_llm.requests[-1]
     body = req["body"]
-    assert body["model"] == "summary-model" and body["max_tokens"] == 120
-    assert body["messages"][0]["role"] == "system" and "对话摘要助手" in body["messages"][0]["content"]
+    assert body["model"] == "summary-model"
+    assert body["max_tokens"] == 120
+    assert body["messages"][0]["role"] == "system"
+    assert "对话摘要助手" in body["messages"][0]["content"]
     prompt = fake_llm.last_user_prompt()
-    assert "之前的摘要" in prompt and "用户：你好，我叫王小明" in prompt
+    assert "之前的摘要" in prompt
+    assert "用户：你好，我叫王小明" in prompt
     assert req["headers"]["Authorization"] == "Bearer sk-test"
 
 
@@ -97,12 +100,14 @@ async def test_llm_summary_is_stored_with_its_source(backend_env: dict[str, str]
             await d.post(sid, "assistant", assistant)
             await d.settle()
         answer = await d.get(f"/v1/sessions/{sid}/summary")
-        assert answer["source"] == "llm" and answer["summary"] == fake_llm.behaviour.text
+        assert answer["source"] == "llm"
+        assert answer["summary"] == fake_llm.behaviour.text
         assert answer["covered_turns"] == 6
         assert len(fake_llm.requests) == 2
         second = fake_llm.last_user_prompt()
         assert "已有摘要：用户王小明咨询活力健" in second
-        assert ZH_12_TURNS[3][0] in second and ZH_12_TURNS[0][0] not in second
+        assert ZH_12_TURNS[3][0] in second
+        assert ZH_12_TURNS[0][0] not in second
     finally:
         await d.stop()
 
@@ -123,7 +128,8 @@ async def test_failed_llm_leaves_a_deterministic_summary(
             await d.post(sid, "assistant", assistant)
         await d.settle()
         answer = await d.get(f"/v1/sessions/{sid}/summary")
-        assert answer["tier"] == "hot" and answer["source"] == "deterministic"
+        assert answer["tier"] == "hot"
+        assert answer["source"] == "deterministic"
         for evidence in ZH_EARLY_EVIDENCE:
             assert evidence in answer["summary"]
         metrics = await (await d.http.get("/metrics")).text()
@@ -152,7 +158,8 @@ async def test_append_does_not_wait_for_a_slow_llm(backend_env: dict[str, str], 
         # The summary call is in flight, yet the next turn is accepted and read at once.
         await d.post(sid, "user", ZH_12_TURNS[3][0])
         ctx = await d.get(f"/v1/sessions/{sid}/context")
-        assert fake_llm.in_flight == 1 and fake_llm.completed == 0
+        assert fake_llm.in_flight == 1
+        assert fake_llm.completed == 0
         assert ctx["messages"][-1]["content"] == ZH_12_TURNS[3][0]
         await d.settle()
         assert fake_llm.completed == 1

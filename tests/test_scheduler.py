@@ -72,7 +72,8 @@ async def test_a_failing_job_does_not_stop_the_key() -> None:
     flight = SingleFlight(job)
     await flight.run_now("s")
     await flight.run_now("s")
-    assert calls == 2 and flight.pending == 0
+    assert calls == 2
+    assert flight.pending == 0
 
 
 async def test_drain_cancels_what_outlives_the_grace() -> None:

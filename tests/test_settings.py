@@ -19,8 +19,11 @@ def test_defaults_are_those_of_the_replaced_system() -> None:
     assert s.enable_conversation_summary is True
     assert (s.summary_every_n_turns, s.summary_max_tokens, s.summary_redis_ttl_seconds) == (3, 120, 7200)
     assert (s.summary_min_turns_to_persist, s.history_ttl_seconds, s.keep_recent_turns) == (2, 1800, 3)
-    assert s.redis_url is None and s.embedded_sql and s.migrate_on_start
-    assert s.host == "127.0.0.1" and not s.llm_enabled
+    assert s.redis_url is None
+    assert s.embedded_sql
+    assert s.migrate_on_start
+    assert s.host == "127.0.0.1"
+    assert not s.llm_enabled
 
 
 @pytest.mark.parametrize(
@@ -51,7 +54,7 @@ def test_settings_are_frozen_and_ignore_other_variables() -> None:
     s = Settings.from_env({"PATH": "/bin", "LOG_LEVEL": "debug"})
     assert s.log_level == "DEBUG"
     with pytest.raises(ValueError, match="frozen"):
-        s.port = 1  # type: ignore[misc]
+        s.port = 1
 
 
 def test_config_command_masks_secrets(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
@@ -66,7 +69,8 @@ def test_config_command_masks_secrets(monkeypatch: pytest.MonkeyPatch, capsys: p
     assert shown["LLM_API_KEY"] == "****"
     assert shown["DATABASE_URL"] == "mysql+aiomysql://app:****@db:3306/memory"
     assert shown["SUMMARY_EVERY_N_TURNS"] == "3"
-    assert "hunter2" not in out and "sk-very-secret" not in out
+    assert "hunter2" not in out
+    assert "sk-very-secret" not in out
 
 
 def test_bad_config_exits_2_with_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:

@@ -104,7 +104,9 @@ async def test_summary_versions_are_compare_and_set(store: SqlStore) -> None:
     assert await store.put_summary(sid, dataclasses.replace(s2, text="stale"), user_id="u1", turn_count=3) is False
     got, info = await store.get_summary(sid)
     assert got == s2
-    assert info is not None and info.covered_turns == 3 and info.turn_count == 3
+    assert info is not None
+    assert info.covered_turns == 3
+    assert info.turn_count == 3
 
 
 async def test_due_idle_close_delete(store: SqlStore) -> None:

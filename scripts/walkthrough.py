@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+"""Show the tier walk end to end over HTTP, on the embedded default or on real Redis + MySQL/MariaDB.
+
+Starts the daemon as a child process, plays a scripted 12-turn conversation, and then takes the
+hot tier away (a restart of the in-process cache, or deleting this run's Redis keys) and the warm
+row too, printing which tier answers at each step: hot → warm → hot (backfilled) → cold → hot.
+Exits 1 if any step does not behave as the design says.
+
+    .venv/bin/python scripts/walkthrough.py
+    .venv/bin/python scripts/walkthrough.py --redis-url redis://127.0.0.1:6379/0 \
+        --database-url mysql+aiomysql://root@127.0.0.1:3306/test
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import redis
+
+from tiered_memory.settings import Settings
+from tiered_memory.tiers.sql_store import SqlStore, create_engine
+
+TURNS = [
+    ("你好，我叫王小明，想了解一下活力健这个产品。", "您好王小明！活力健是一款复合维生素，适合日常营养补充。"),
+    ("活力健怎么吃？", "活力健每天2次，每次1条，饭后服用效果更好。"),
+    ("价格多少？我不喜欢太甜的口味。", "活力健一盒398元，有原味可选，不会太甜。"),
+    ("今天天气怎么样？", "今天北京晴，气温18度左右。"),
+    ("周末有什么好看的电影推荐吗？", "最近上映的科幻片口碑不错，可以去看看。"),
+    ("我想去爬山，香山人多吗？", "周末香山游客较多，建议早上七点前出发。"),
+    ("爬山要带什么？", "建议带水、防晒霜和一件薄外套。"),
+    ("附近有好吃的餐厅吗？", "香山脚下有几家农家菜，口碑都还可以。"),
+    ("农家菜一般人均多少钱？", "人均大约80元左右。"),
+    ("晚上回来堵车吗？", "周末傍晚五环方向通常比较堵，建议错峰返回。"),
+    ("好的，谢谢你的建议。", "不客气，祝您周末愉快！"),
+    ("对了，刚才那个产品适合高血压的人吗？", "活力健一般人群都可以服用，高血压患者建议先咨询医生。"),
+]
+EARLY_EVIDENCE = ["活力健", "398", "王小明"]
+
+
+class WalkFailed(Exception):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class Child:
+    """The daemon as a child process, started and stopped like an operator would."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        self.base = f"http://127.0.0.1:{env['PORT']}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    async def start(self, http: aiohttp.ClientSession) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tiered_memory", "serve"], env=os.environ | self.env, stderr=subprocess.DEVNULL
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                async with http.get(self.base + "/healthz") as r:
+                    if r.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            if self.proc.poll() is not None:
+                raise WalkFailed(f"daemon exited with {self.proc.returncode} at start-up")
+            await asyncio.sleep(0.1)
+        raise WalkFailed("daemon did not answer /healthz within 30 s")
+
+    def stop(self) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(timeout=30)
+        self.proc = None
+        return code
+
+
+async def call(http: aiohttp.ClientSession, method: str, url: str, body: Any = None) -> tuple[int, Any]:
+    async with http.request(method, url, json=body) as r:
+        return r.status, (await r.json() if r.content_type == "application/json" else None)
+
+
+def step(name: str, **fields: Any) -> None:
+    print(json.dumps({"step": name, **fields}, ensure_ascii=False), flush=True)
+
+
+def expect(cond: bool, what: str) -> None:
+    if not cond:
+        raise WalkFailed(what)
+
+
+async def walk(args: argparse.Namespace) -> None:
+    data_dir = Path(tempfile.mkdtemp(prefix="tm-walk-"))
+    prefix = f"tmwalk{uuid.uuid4().hex[:8]}"
+    env = {"PORT": str(free_port()), "DATA_DIR": str(data_dir), "LOG_LEVEL": "WARNING", "REDIS_KEY_PREFIX": prefix}
+    if args.redis_url:
+        env["REDIS_URL"] = args.redis_url
+    if args.database_url:
+        env |= {"DATABASE_URL": args.database_url, "AUTO_MIGRATE": "true"}
+    settings = Settings.from_env(env)
+    backend = "redis+mysql" if args.redis_url else "embedded"
+    sid = f"walk-{uuid.uuid4().hex[:10]}"
+    daemon = Child(env)
+    store = SqlStore(create_engine(settings.sqlalchemy_url), timeout_s=10)
+
+    async def lose_hot(http: aiohttp.ClientSession) -> None:
+        if settings.redis_url:
+            r = redis.Redis.from_url(settings.redis_url)
+            keys = list(r.scan_iter(match=f"{prefix}:*"))
+            if keys:
+                r.delete(*keys)
+            r.close()
+        else:
+            daemon.stop()
+            await daemon.start(http)
+
+    summary_url = f"{daemon.base}/v1/sessions/{sid}/summary"
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+        await daemon.start(http)
+        try:
+            step("start", backend=backend, session_id=sid)
+            for i, (user, assistant) in enumerate(TURNS, start=1):
+                await call(http, "POST", f"{daemon.base}/v1/sessions/{sid}/messages", {"role": "user", "content": user})
+                status, body = await call(
+                    http,
+                    "POST",
+                    f"{daemon.base}/v1/sessions/{sid}/messages",
+                    {"role": "assistant", "content": assistant},
+                )
+                expect(status == 201, f"append answered {status}")
+                expect(body["summary_scheduled"] is (i % 3 == 0), f"turn {i}: summary_scheduled wrong")
+                step("turn", turn_count=body["turn_count"], summary_scheduled=body["summary_scheduled"])
+            for _ in range(300):
+                _, answer = await call(http, "GET", summary_url)
+                if answer["covered_turns"] == 12 and answer["tier"] == "hot":
+                    break
+                await asyncio.sleep(0.05)
+            step("summary", tier=answer["tier"], covered_turns=answer["covered_turns"], summary=answer["summary"])
+            expect(answer["tier"] == "hot" and answer["covered_turns"] == 12, "no hot summary covering 12 turns")
+            first = answer["summary"]
+
+            await lose_hot(http)
+            _, warm = await call(http, "GET", summary_url)
+            _, again = await call(http, "GET", summary_url)
+            step("hot tier lost", tier=warm["tier"], then=again["tier"])
+            expect(warm["tier"] == "warm" and warm["summary"] == first, "warm tier did not answer after the hot loss")
+            expect(again["tier"] == "hot", "backfill did not make the next read hot")
+
+            await store.delete_summary(sid)
+            await lose_hot(http)
+            _, cold = await call(http, "GET", summary_url)
+            kept = [e for e in EARLY_EVIDENCE if e in (cold["summary"] or "")]
+            step("warm row deleted too", tier=cold["tier"], early_evidence_kept=kept, summary=cold["summary"])
+            expect(cold["tier"] == "cold" and kept == EARLY_EVIDENCE, "cold extraction lost early facts")
+
+            _, closed = await call(http, "POST", f"{daemon.base}/v1/sessions/{sid}/close")
+            _, closed_again = await call(http, "POST", f"{daemon.base}/v1/sessions/{sid}/close")
+            _, after = await call(http, "GET", summary_url)
+            step("close", first=closed, repeated=closed_again, tier=after["tier"], version=after["version"])
+            expect(closed["persisted"] and closed_again == closed and after["tier"] == "hot", "close did not persist")
+
+            code = daemon.stop()
+            await daemon.start(http)
+            _, restarted = await call(http, "GET", summary_url)
+            _, ctx = await call(http, "GET", f"{daemon.base}/v1/sessions/{sid}/context?max_chars=600")
+            step("restart", exit_code=code, tier=restarted["tier"], context_messages=ctx["messages"])
+            expect(code == 0 and restarted["summary"] == after["summary"], "restart changed the summary")
+            await call(http, "DELETE", f"{daemon.base}/v1/sessions/{sid}")
+        finally:
+            if daemon.proc is not None:
+                daemon.stop()
+            await store.aclose()
+    step("ok", backend=backend)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--redis-url", help="hot tier on this Redis (default: in-process)")
+    parser.add_argument("--database-url", help="SQL tiers on this mysql+aiomysql:// URL (default: SQLite)")
+    args = parser.parse_args()
+    try:
+        asyncio.run(walk(args))
+    except WalkFailed as exc:
+        step("failed", reason=str(exc))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,85 @@
+"""The daemon as a real process: the scripted walkthrough, SIGTERM, restart, and `check`."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import RealServers
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _walk(args: list[str]) -> list[dict[str, object]]:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "walkthrough.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    steps = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return steps
+
+
+@pytest.mark.slow
+def test_walkthrough_on_the_embedded_default() -> None:
+    """A 12-turn conversation over HTTP against a daemon process shows hot → warm → hot → cold,
+    close persists once, and SIGTERM then restart keeps the summary."""
+    steps = _walk([])
+    by_name = {s["step"]: s for s in steps}
+    assert by_name["hot tier lost"] == {"step": "hot tier lost", "tier": "warm", "then": "hot"}
+    assert by_name["warm row deleted too"]["tier"] == "cold"
+    assert by_name["restart"]["exit_code"] == 0
+    assert steps[-1] == {"step": "ok", "backend": "embedded"}
+
+
+@pytest.mark.slow
+def test_walkthrough_on_real_redis_and_mariadb(real_servers: RealServers) -> None:
+    """The same walkthrough on real Redis and MariaDB."""
+    steps = _walk(["--redis-url", real_servers.redis_url, "--database-url", real_servers.mysql_url])
+    by_name = {s["step"]: s for s in steps}
+    assert by_name["hot tier lost"] == {"step": "hot tier lost", "tier": "warm", "then": "hot"}
+    assert by_name["restart"]["tier"] == "hot"
+    assert steps[-1] == {"step": "ok", "backend": "redis+mysql"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.mark.slow
+def test_check_command_and_graceful_sigterm(tmp_path: Path) -> None:
+    """`tiered-memory check` exits 0 while the daemon answers and 1 once it has stopped;
+    SIGTERM stops the daemon cleanly with exit status 0."""
+    env = os.environ | {"PORT": str(_free_port()), "DATA_DIR": str(tmp_path), "LOG_FORMAT": "json"}
+    cmd = [sys.executable, "-m", "tiered_memory"]
+    proc = subprocess.Popen([*cmd, "serve"], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(300):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{env['PORT']}/healthz", timeout=1):
+                    break
+            except OSError:
+                time.sleep(0.05)
+        assert subprocess.run([*cmd, "check"], env=env, capture_output=True, check=False).returncode == 0
+        assert subprocess.run([*cmd, "check", "--ready"], env=env, capture_output=True, check=False).returncode == 0
+    finally:
+        proc.terminate()
+        _out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    events = [json.loads(line)["event"] for line in err.splitlines() if line.startswith("{")]
+    assert "schema_ready" in events
+    assert subprocess.run([*cmd, "check", "--timeout", "1"], env=env, capture_output=True, check=False).returncode == 1

@@ -66,7 +66,6 @@ class Settings(BaseSettings):
     # --- logs ---
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", alias="LOG_LEVEL")
     log_format: Literal["auto", "json", "console"] = Field("auto", alias="LOG_FORMAT")
-    log_message_content: bool = Field(False, alias="LOG_MESSAGE_CONTENT")
 
     @classmethod
     def settings_customise_sources(

@@ -1,0 +1,46 @@
+"""The README and the example env file stay true to the code: every setting and metric is listed."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from tiered_memory.metrics import Metrics
+from tiered_memory.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _setting_names() -> set[str]:
+    return {f.alias for f in Settings.model_fields.values() if f.alias}
+
+
+def test_readme_documents_every_variable() -> None:
+    """The README's environment table lists exactly the variables the daemon reads."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    table = set(re.findall(r"^\| `([A-Z_]+)` \|", readme, flags=re.MULTILINE))
+    assert table == _setting_names()
+
+
+def test_example_env_lists_every_variable() -> None:
+    """config/tiered-memory.env.example sets every variable, and nothing else."""
+    text = (ROOT / "config" / "tiered-memory.env.example").read_text(encoding="utf-8")
+    names = set(re.findall(r"^([A-Z_]+)=", text, flags=re.MULTILINE))
+    assert names == _setting_names()
+    defaults = dict(re.findall(r"^([A-Z_]+)=(.+)$", text, flags=re.MULTILINE))
+    effective = Settings.from_env({}).masked()
+    for name, value in defaults.items():
+        assert effective[name] in (value, f"{value}.0"), name
+
+
+def test_readme_documents_every_metric() -> None:
+    """The README's metrics table names every metric the daemon exports."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    documented = set(re.findall(r"^\| `(tiered_memory_[a-z_]+)` \|", readme, flags=re.MULTILINE))
+    registry = CollectorRegistry()
+    Metrics(registry)
+    exported = {m.name for m in registry.collect()}
+    # prometheus_client drops the _total suffix from counter family names.
+    assert {d.removesuffix("_total") for d in documented} == exported

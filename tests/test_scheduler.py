@@ -88,3 +88,22 @@ async def test_drain_cancels_what_outlives_the_grace() -> None:
     await asyncio.sleep(0)
     assert await flight.drain(0.05) == 2
     assert flight.pending == 0
+
+
+async def test_concurrency_is_bounded_across_keys() -> None:
+    """No more than max_concurrent jobs run at once, whatever the number of keys scheduled."""
+    running = 0
+    peak = 0
+
+    async def job(_key: str) -> None:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0.01)
+        running -= 1
+
+    flight = SingleFlight(job, max_concurrent=3)
+    for i in range(20):
+        flight.schedule(f"s{i}")
+    assert await flight.drain(10) == 0
+    assert peak == 3

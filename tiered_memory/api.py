@@ -6,6 +6,7 @@ bad input is refused with a 4xx that names what was wrong, before anything is ch
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import time
@@ -37,9 +38,16 @@ _RETRY_AFTER_S = "1"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
+# Chinese stays readable in replies (and a third smaller than \uXXXX escapes).
+_dumps = functools.partial(json.dumps, ensure_ascii=False, separators=(",", ":"))
+
+
+def reply(body: object, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response(body, status=status, headers=headers, dumps=_dumps)
+
 
 def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> web.Response:
-    return web.json_response({"error": {"code": code, "message": message}}, status=status, headers=headers)
+    return reply({"error": {"code": code, "message": message}}, status=status, headers=headers)
 
 
 def _session_id(request: web.Request) -> str:
@@ -122,7 +130,7 @@ async def post_message(request: web.Request) -> web.Response:
     new = parse_message(sid, await _json_object(request), max_chars=request.app[SETTINGS_KEY].max_message_chars)
     outcome = await service.append(new)
     r = outcome.result
-    return web.json_response(
+    return reply(
         {
             "session_id": sid,
             "message_id": r.message.message_id,
@@ -135,7 +143,7 @@ async def post_message(request: web.Request) -> web.Response:
 
 async def get_summary(request: web.Request) -> web.Response:
     answer = await request.app[SERVICE_KEY].load_best_summary(_session_id(request))
-    return web.json_response(_summary_json(answer, time.time()))
+    return reply(_summary_json(answer, time.time()))
 
 
 async def get_context(request: web.Request) -> web.Response:
@@ -148,7 +156,7 @@ async def get_context(request: web.Request) -> web.Response:
             raise InvalidInput("max_chars: expected an integer from 1 to 1000000")
         max_chars = int(raw)
     ctx = await request.app[SERVICE_KEY].context(sid, max_chars=max_chars)
-    return web.json_response(
+    return reply(
         {
             "session_id": sid,
             "summary_tier": ctx.summary_tier.value,
@@ -161,14 +169,12 @@ async def get_context(request: web.Request) -> web.Response:
 
 async def post_close(request: web.Request) -> web.Response:
     result = await request.app[SERVICE_KEY].close(_session_id(request))
-    return web.json_response(
-        {"session_id": result.session_id, "persisted": result.persisted, "turn_count": result.turn_count}
-    )
+    return reply({"session_id": result.session_id, "persisted": result.persisted, "turn_count": result.turn_count})
 
 
 async def get_session(request: web.Request) -> web.Response:
     info = await request.app[SERVICE_KEY].session(_session_id(request))
-    return web.json_response(
+    return reply(
         {
             "session_id": info.session_id,
             "user_id": info.user_id,
@@ -189,7 +195,7 @@ async def delete_session(request: web.Request) -> web.Response:
 
 
 async def healthz(_request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
+    return reply({"status": "ok"})
 
 
 async def readyz(request: web.Request) -> web.Response:
@@ -198,7 +204,7 @@ async def readyz(request: web.Request) -> web.Response:
     # without SQL it can acknowledge no write, so it leaves it.
     status = 200 if tiers["sql"] == "ok" else 503
     overall = "ok" if all(v == "ok" for v in tiers.values()) else "degraded"
-    return web.json_response({"status": overall, "tiers": tiers}, status=status)
+    return reply({"status": overall, "tiers": tiers}, status=status)
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -95,7 +95,11 @@ class MemoryService:
         self._extractor = extractor
         self._metrics = metrics
         self._clock = clock
-        self.summaries = SingleFlight(self._summarize, on_pending=metrics.pending_summarizations.set)
+        self.summaries = SingleFlight(
+            self._summarize,
+            max_concurrent=settings.summary_concurrency,
+            on_pending=metrics.pending_summarizations.set,
+        )
 
     # --- writes ---------------------------------------------------------------------------
 

@@ -32,6 +32,7 @@ class Settings(BaseSettings):
     summary_min_turns_to_persist: int = Field(2, alias="SUMMARY_MIN_TURNS_TO_PERSIST", ge=0)
     summary_max_chars: int = Field(1400, alias="SUMMARY_MAX_CHARS", ge=50, le=100_000)
     summary_prompt_file: Path | None = Field(None, alias="SUMMARY_PROMPT_FILE")
+    summary_concurrency: int = Field(4, alias="SUMMARY_CONCURRENCY", ge=1, le=1000)
 
     # --- stores ---
     redis_url: str | None = Field(None, alias="REDIS_URL")

@@ -26,15 +26,19 @@ class _Flight:
 
 class SingleFlight:
     """Runs `job(key)` at most once at a time per key. Scheduling a key whose job is running
-    makes the job run once more afterwards, so no request is lost and none runs twice at once."""
+    makes the job run once more afterwards, so no request is lost and none runs twice at once.
+    At most `max_concurrent` jobs run at the same time (over all keys): a start-up sweep that finds
+    hundreds of due sessions must not open hundreds of SQL transactions and LLM calls at once."""
 
     def __init__(
         self,
         job: Callable[[str], Awaitable[None]],
         *,
+        max_concurrent: int = 4,
         on_pending: Callable[[int], None] = lambda _n: None,
     ) -> None:
         self._job = job
+        self._slots = asyncio.Semaphore(max_concurrent)
         self._flights: dict[str, _Flight] = {}
         self._on_pending = on_pending
 
@@ -72,7 +76,8 @@ class SingleFlight:
                 flight.rerun = False
                 waiters, flight.next_waiters = flight.next_waiters, []
                 try:
-                    await self._job(key)
+                    async with self._slots:
+                        await self._job(key)
                 except asyncio.CancelledError:
                     for w in waiters:
                         w.cancel()

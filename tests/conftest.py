@@ -121,7 +121,12 @@ class Daemon:
         self.registry = CollectorRegistry()
         self.app = create_app(self.settings, registry=self.registry)
         self.client = TestClient(TestServer(self.app))
-        await self.client.start_server()
+        try:
+            await self.client.start_server()
+        except BaseException:
+            await self.client.close()
+            self.client = None
+            raise
 
     async def stop(self) -> None:
         if self.client is not None:

@@ -6,6 +6,7 @@ import asyncio
 from typing import Any
 
 import pytest
+from sqlalchemy import event as sa_event
 
 from tests.conftest import Daemon, new_sid
 from tests.conversations import ZH_12_TURNS, ZH_EARLY_EVIDENCE
@@ -131,7 +132,7 @@ async def test_close_persists_to_both_tiers_once(daemon: Daemon) -> None:
     assert (await daemon.get(f"/v1/sessions/{sid}/summary"))["covered_turns"] == 3
     resp = await daemon.http.post(f"/v1/sessions/{sid}/close")
     assert resp.status == 200
-    assert await resp.json() == {"session_id": sid, "persisted": True, "turn_count": 4}
+    assert await resp.json() == {"session_id": sid, "persisted": True, "cached": True, "turn_count": 4}
     hot = await daemon.get(f"/v1/sessions/{sid}/summary")
     assert hot["tier"] == "hot"
     assert hot["covered_turns"] == 4
@@ -141,7 +142,7 @@ async def test_close_persists_to_both_tiers_once(daemon: Daemon) -> None:
     assert warm.version == hot["version"]
 
     again = await daemon.http.post(f"/v1/sessions/{sid}/close")
-    assert await again.json() == {"session_id": sid, "persisted": True, "turn_count": 4}
+    assert await again.json() == {"session_id": sid, "persisted": True, "cached": True, "turn_count": 4}
     warm2, _ = await daemon.store.get_summary(sid)
     assert warm2 == warm
     info = await daemon.get(f"/v1/sessions/{sid}")
@@ -154,7 +155,7 @@ async def test_close_of_a_short_session_persists_nothing(daemon: Daemon) -> None
     sid = new_sid()
     await play(daemon, sid, ZH_12_TURNS[:1])
     body = await (await daemon.http.post(f"/v1/sessions/{sid}/close")).json()
-    assert body == {"session_id": sid, "persisted": False, "turn_count": 1}
+    assert body == {"session_id": sid, "persisted": False, "cached": False, "turn_count": 1}
     summary, _ = await daemon.store.get_summary(sid)
     assert summary is None
     missing = await daemon.http.post(f"/v1/sessions/{new_sid()}/close")
@@ -308,3 +309,71 @@ async def _summary_after_restart(env: dict[str, str], sid: str) -> dict[str, Any
         raise AssertionError(f"no stored summary after restart: {answer}")
     finally:
         await d.stop()
+
+
+async def test_greetings_and_split_replies_complete_no_turn(daemon: Daemon) -> None:
+    """Only an assistant message answering a user message completes a turn: a greeting before any
+    question, or a second part of a reply, does not count and schedules nothing."""
+    sid = new_sid()
+    greeting = await daemon.post(sid, "assistant", "您好，我是小助手，请问有什么可以帮您？")
+    assert greeting["turn_count"] == 0
+    assert greeting["summary_scheduled"] is False
+    counts = []
+    for user, assistant in ZH_12_TURNS[:3]:
+        counts.append((await daemon.post(sid, "user", user))["turn_count"])
+        counts.append((await daemon.post(sid, "assistant", assistant))["turn_count"])
+        counts.append((await daemon.post(sid, "assistant", "还有其他问题吗？"))["turn_count"])
+    assert counts == [0, 1, 1, 1, 2, 2, 2, 3, 3]
+    await daemon.settle()
+    answer = await daemon.get(f"/v1/sessions/{sid}/summary")
+    assert answer["covered_turns"] == 3
+    ctx = await daemon.get(f"/v1/sessions/{sid}/context")
+    assert ctx["messages"][1] == {"role": "user", "content": ZH_12_TURNS[0][0]}
+
+
+async def test_context_is_hot_again_after_a_hot_loss(daemon: Daemon) -> None:
+    """After the hot tier is lost, the first context read refills it from SQL (summary, recent
+    turns and counters) and the next one is answered by the hot tier without any SQL statement."""
+    sid = new_sid()
+    await play(daemon, sid, ZH_12_TURNS[:7])
+    await daemon.settle()
+    expected = await daemon.get(f"/v1/sessions/{sid}/context")
+    await daemon.flush_hot()
+    statements: list[str] = []
+
+    def count(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
+        statements.append(statement)
+
+    engine = daemon.store._engine.sync_engine
+    sa_event.listen(engine, "before_cursor_execute", count)
+    try:
+        first = await daemon.get(f"/v1/sessions/{sid}/context")
+        assert first["summary_tier"] == "warm"
+        assert statements
+        statements.clear()
+        second = await daemon.get(f"/v1/sessions/{sid}/context")
+        summary = await daemon.get(f"/v1/sessions/{sid}/summary")
+    finally:
+        sa_event.remove(engine, "before_cursor_execute", count)
+    assert statements == []
+    assert second["summary_tier"] == "hot"
+    assert summary["tier"] == "hot"
+    assert summary["turn_count"] == 7
+    assert first["messages"] == second["messages"] == expected["messages"]
+
+
+async def test_more_bad_input_is_a_400(daemon: Daemon) -> None:
+    """A lone surrogate in content, a non-ASCII digit budget and absurdly nested JSON are 400s."""
+    sid = new_sid()
+    resp = await daemon.http.post(
+        f"/v1/sessions/{sid}/messages",
+        data=b'{"role": "user", "content": "bad \\ud800 text"}',
+        headers={"Content-Type": "application/json"},
+    )
+    assert resp.status == 400
+    assert "content" in (await resp.json())["error"]["message"]
+    resp = await daemon.http.get(f"/v1/sessions/{sid}/context?max_chars=%C2%B2")
+    assert resp.status == 400
+    resp = await daemon.http.post(f"/v1/sessions/{sid}/messages", data=b"[" * 100_000 + b"]" * 100_000)
+    assert resp.status == 400
+    assert (await daemon.http.get(f"/v1/sessions/{sid}")).status == 404

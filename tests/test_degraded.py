@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pymysql
+import pytest
+
 from tests.conftest import Daemon, RealServers, new_sid
 from tests.conversations import ZH_12_TURNS, ZH_EARLY_EVIDENCE
+from tiered_memory.errors import ConfigError
 
 
 async def test_sql_down_refuses_appends_with_retry_after() -> None:
@@ -59,3 +63,43 @@ async def test_redis_down_falls_through_to_sql(real_servers: RealServers) -> Non
         assert 'tiered_memory_tier_errors_total{operation="append",tier="hot"} 6.0' in metrics
     finally:
         await d.stop()
+
+
+async def test_delete_with_redis_down_asks_for_a_retry(real_servers: RealServers) -> None:
+    """DELETE clears SQL, and answers 503 when Redis could not be cleared, so a deleted
+    conversation is never left readable from the cache behind a 204."""
+    d = Daemon(
+        {
+            "REDIS_URL": "redis://127.0.0.1:1/0",
+            "REDIS_TIMEOUT_MS": "200",
+            "DATABASE_URL": real_servers.mysql_url,
+            "AUTO_MIGRATE": "true",
+        }
+    )
+    await d.start()
+    try:
+        sid = new_sid()
+        await d.post(sid, "user", "你好")
+        resp = await d.http.delete(f"/v1/sessions/{sid}")
+        assert resp.status == 503
+        assert resp.headers["Retry-After"] == "1"
+        assert (await d.http.get(f"/v1/sessions/{sid}")).status == 404
+    finally:
+        await d.stop()
+
+
+async def test_unmigrated_database_stops_start_up(real_servers: RealServers) -> None:
+    """On a reachable MySQL database without the schema (and AUTO_MIGRATE off) start-up stops with
+    a message naming what to do, instead of answering 500 to every write."""
+    db = f"tm_test_{real_servers.run_id}_nomig"
+    admin = pymysql.connect(host="127.0.0.1", user="root", password="")
+    with admin.cursor() as cur:
+        cur.execute(f"CREATE DATABASE `{db}`")
+    try:
+        d = Daemon({"DATABASE_URL": real_servers.mysql_url.rsplit("/", 1)[0] + f"/{db}"})
+        with pytest.raises(ConfigError, match="run `tiered-memory migrate`"):
+            await d.start()
+    finally:
+        with admin.cursor() as cur:
+            cur.execute(f"DROP DATABASE IF EXISTS `{db}`")
+        admin.close()

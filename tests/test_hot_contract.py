@@ -10,6 +10,7 @@ import pytest
 import redis
 
 from tests.conftest import RealServers, new_sid, redis_flush_prefix
+from tiered_memory.errors import HotUnavailable
 from tiered_memory.model import Message, Role, Summary, SummarySource
 from tiered_memory.tiers.hot import HotTier
 from tiered_memory.tiers.keys import Keys
@@ -162,3 +163,45 @@ async def test_memory_ttls_and_bound() -> None:
     assert len(hot) == 2
     assert (await hot.read_summary("x"))[0] is None
     assert (await hot.read_summary("z"))[0] is not None
+
+
+async def test_backfill_refills_unless_newer_data_arrived(hot: HotTier) -> None:
+    """backfill writes summary, recent list and counters in one call, but does not roll back
+    counters or the list when an append newer than its SQL read is already there."""
+    sid = new_sid()
+    msgs = [msg(sid, seq) for seq in range(1, 4)]
+    await hot.backfill(sid, summary=summary(1), recent=msgs, turn_count=1, message_count=3, last_activity=5.0)
+    snap = await hot.read_session(sid)
+    assert snap.recent == tuple(msgs)
+    assert (snap.turn_count, snap.message_count, snap.summary) == (1, 3, summary(1))
+    await hot.record_append(msg(sid, 4), turn_count=2, message_count=4, last_activity=6.0)
+    await hot.backfill(sid, summary=None, recent=msgs, turn_count=1, message_count=3, last_activity=5.0)
+    snap = await hot.read_session(sid)
+    assert [m.seq for m in snap.recent] == [1, 2, 3, 4]
+    assert snap.message_count == 4
+
+
+async def test_undecodable_redis_values_are_a_miss_not_a_crash(real_servers: RealServers) -> None:
+    """A damaged or foreign value under a session key raises HotUnavailable (the next tier answers)."""
+    prefix = f"tmt{real_servers.run_id}{uuid.uuid4().hex[:6]}"
+    tier = RedisHot.from_url(
+        real_servers.redis_url,
+        keys=Keys(prefix),
+        timeout_s=1.0,
+        summary_ttl_s=SUMMARY_TTL,
+        history_ttl_s=HISTORY_TTL,
+        recent_max=RECENT_MAX,
+    )
+    sid = new_sid()
+    raw = redis.Redis.from_url(real_servers.redis_url)
+    try:
+        for bad in (b"garbage", b'{"text": "x"}'):
+            raw.set(f"{prefix}:{{{sid}}}:summary", bad)
+            with pytest.raises(HotUnavailable):
+                await tier.read_summary(sid)
+            with pytest.raises(HotUnavailable):
+                await tier.read_session(sid)
+    finally:
+        raw.close()
+        await tier.aclose()
+        redis_flush_prefix(real_servers.redis_url, prefix)

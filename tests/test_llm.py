@@ -166,3 +166,32 @@ async def test_append_does_not_wait_for_a_slow_llm(backend_env: dict[str, str], 
         assert (await d.get(f"/v1/sessions/{sid}/summary"))["source"] == "llm"
     finally:
         await d.stop()
+
+
+async def test_delete_during_a_summary_leaves_nothing_behind(backend_env: dict[str, str], fake_llm: FakeLlm) -> None:
+    """A session deleted while its summary is being made keeps no summary in any tier, and a new
+    session under the same id starts empty."""
+    fake_llm.behaviour = Behaviour(delay_s=1.0, text="旧会话的摘要：用户张三。")
+    d = Daemon(_llm_env(backend_env, fake_llm))
+    await d.start()
+    try:
+        sid = new_sid()
+        for user, assistant in ZH_12_TURNS[:3]:
+            await d.post(sid, "user", user, user_id="alice")
+            await d.post(sid, "assistant", assistant)
+        for _ in range(500):
+            if fake_llm.in_flight:
+                break
+            await asyncio.sleep(0.01)
+        assert fake_llm.in_flight == 1
+        assert (await d.http.delete(f"/v1/sessions/{sid}")).status == 204
+        await d.settle()
+        assert (await d.get(f"/v1/sessions/{sid}/summary"))["tier"] == "none"
+        assert await d.store.get_summary(sid) == (None, None)
+        await d.post(sid, "user", "我叫李四，想买X200耳机。", user_id="bob")
+        fresh = await d.get(f"/v1/sessions/{sid}/summary")
+        assert fresh["tier"] == "cold"
+        assert "李四" in fresh["summary"]
+        assert "张三" not in fresh["summary"]
+    finally:
+        await d.stop()

@@ -35,30 +35,6 @@ async def test_one_run_at_a_time_and_a_rerun_for_late_requests() -> None:
     assert (runs, overlaps, flight.pending) == (2, 1, 0)
 
 
-async def test_run_now_waits_for_a_run_that_starts_after_it() -> None:
-    """run_now returns only after a run that began after the call, so that run saw all prior writes."""
-    seen: list[int] = []
-    state = {"value": 0}
-    release = asyncio.Event()
-    started = asyncio.Event()
-
-    async def job(_key: str) -> None:
-        snapshot = state["value"]
-        started.set()
-        await release.wait()
-        seen.append(snapshot)
-
-    flight = SingleFlight(job)
-    flight.schedule("s")
-    await started.wait()
-    state["value"] = 1
-    waiter = asyncio.create_task(flight.run_now("s"))
-    await asyncio.sleep(0)
-    release.set()
-    await waiter
-    assert seen == [0, 1]
-
-
 async def test_a_failing_job_does_not_stop_the_key() -> None:
     """A job that raises is logged; the next request for the key runs again."""
     calls = 0
@@ -70,8 +46,10 @@ async def test_a_failing_job_does_not_stop_the_key() -> None:
             raise RuntimeError("boom")
 
     flight = SingleFlight(job)
-    await flight.run_now("s")
-    await flight.run_now("s")
+    flight.schedule("s")
+    await flight.drain(5)
+    flight.schedule("s")
+    await flight.drain(5)
     assert calls == 2
     assert flight.pending == 0
 
@@ -88,22 +66,3 @@ async def test_drain_cancels_what_outlives_the_grace() -> None:
     await asyncio.sleep(0)
     assert await flight.drain(0.05) == 2
     assert flight.pending == 0
-
-
-async def test_concurrency_is_bounded_across_keys() -> None:
-    """No more than max_concurrent jobs run at once, whatever the number of keys scheduled."""
-    running = 0
-    peak = 0
-
-    async def job(_key: str) -> None:
-        nonlocal running, peak
-        running += 1
-        peak = max(peak, running)
-        await asyncio.sleep(0.01)
-        running -= 1
-
-    flight = SingleFlight(job, max_concurrent=3)
-    for i in range(20):
-        flight.schedule(f"s{i}")
-    assert await flight.drain(10) == 0
-    assert peak == 3

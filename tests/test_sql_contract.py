@@ -137,3 +137,43 @@ async def test_unreachable_server_is_sql_unavailable() -> None:
     with pytest.raises(SqlUnavailable):
         await dead.ping()
     await dead.aclose()
+
+
+async def test_concurrent_migrations_all_succeed(request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """Four replicas migrating one fresh database at once all succeed (SQLite and MariaDB)."""
+    servers: RealServers = request.getfixturevalue("real_servers")
+    db = f"tm_test_{servers.run_id}_mig"
+    admin = SqlStore(create_engine(servers.mysql_url), timeout_s=10)
+    async with admin._engine.begin() as conn:
+        await conn.exec_driver_sql(f"CREATE DATABASE `{db}` CHARACTER SET utf8mb4")
+    base = servers.mysql_url.rsplit("/", 1)[0]
+    try:
+        for url in (f"sqlite+aiosqlite:///{tmp_path / 'mig.sqlite3'}", f"{base}/{db}"):
+            stores = [SqlStore(create_engine(url), timeout_s=30) for _ in range(4)]
+            versions = await asyncio.gather(*(s.migrate(now=time.time()) for s in stores))
+            assert versions == [1, 1, 1, 1], url
+            assert await stores[0].schema_version() == 1
+            for s in stores:
+                await s.aclose()
+    finally:
+        async with admin._engine.begin() as conn:
+            await conn.exec_driver_sql(f"DROP DATABASE IF EXISTS `{db}`")
+        await admin.aclose()
+
+
+async def test_unmigrated_database_reports_version_zero(real_servers: RealServers) -> None:
+    """schema_version is 0 on a database that was never migrated."""
+    db = f"tm_test_{real_servers.run_id}_empty"
+    admin = SqlStore(create_engine(real_servers.mysql_url), timeout_s=10)
+    async with admin._engine.begin() as conn:
+        await conn.exec_driver_sql(f"CREATE DATABASE `{db}`")
+    empty = SqlStore(create_engine(real_servers.mysql_url.rsplit("/", 1)[0] + f"/{db}"), timeout_s=10)
+    try:
+        assert await empty.schema_version() == 0
+        with pytest.raises(SqlUnavailable):
+            await empty.append(new(new_sid(), Role.USER, "x", "m1"), now=1.0)
+    finally:
+        await empty.aclose()
+        async with admin._engine.begin() as conn:
+            await conn.exec_driver_sql(f"DROP DATABASE IF EXISTS `{db}`")
+        await admin.aclose()

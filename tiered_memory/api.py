@@ -71,11 +71,21 @@ def _optional_str(body: dict[str, Any], name: str, pattern: re.Pattern[str]) -> 
 async def _json_object(request: web.Request) -> dict[str, Any]:
     try:
         body = await request.json(loads=json.loads)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (ValueError, RecursionError):
+        # ValueError covers malformed JSON and undecodable bytes; RecursionError absurd nesting.
         raise InvalidInput("body: expected a JSON object") from None
     if not isinstance(body, dict):
         raise InvalidInput("body: expected a JSON object")
     return body
+
+
+def _encodable(text: str) -> bool:
+    # JSON may carry "\ud800": a str Python accepts but no database or UTF-8 encoder does.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def parse_message(session_id: str, body: dict[str, Any], *, max_chars: int) -> NewMessage:
@@ -91,11 +101,13 @@ def parse_message(session_id: str, body: dict[str, Any], *, max_chars: int) -> N
         raise InvalidInput("content: expected a non-empty string")
     if len(content) > max_chars:
         raise InvalidInput(f"content: expected at most {max_chars} characters, got {len(content)}")
+    if not _encodable(content):
+        raise InvalidInput("content: expected valid Unicode text (it holds a lone surrogate)")
     channel = body.get("channel", "chat")
     if channel not in ("voice", "chat"):
         raise InvalidInput("channel: expected 'voice' or 'chat'")
     user_id = body.get("user_id")
-    if user_id is not None and (not isinstance(user_id, str) or not 0 < len(user_id) <= 128):
+    if user_id is not None and (not isinstance(user_id, str) or not 0 < len(user_id) <= 128 or not _encodable(user_id)):
         raise InvalidInput("user_id: expected a string of 1-128 characters")
     message_id = _optional_str(body, "message_id", _MESSAGE_ID) or uuid.uuid4().hex
     return NewMessage(
@@ -152,7 +164,7 @@ async def get_context(request: web.Request) -> web.Response:
     raw = request.query.get("max_chars")
     max_chars = settings.context_max_chars
     if raw is not None:
-        if not raw.isdigit() or not 1 <= int(raw) <= 1_000_000:
+        if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= 1_000_000:
             raise InvalidInput("max_chars: expected an integer from 1 to 1000000")
         max_chars = int(raw)
     ctx = await request.app[SERVICE_KEY].context(sid, max_chars=max_chars)
@@ -169,7 +181,14 @@ async def get_context(request: web.Request) -> web.Response:
 
 async def post_close(request: web.Request) -> web.Response:
     result = await request.app[SERVICE_KEY].close(_session_id(request))
-    return reply({"session_id": result.session_id, "persisted": result.persisted, "turn_count": result.turn_count})
+    return reply(
+        {
+            "session_id": result.session_id,
+            "persisted": result.persisted,
+            "cached": result.cached,
+            "turn_count": result.turn_count,
+        }
+    )
 
 
 async def get_session(request: web.Request) -> web.Response:
@@ -238,9 +257,9 @@ async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
         structlog.contextvars.clear_contextvars()
     resource = request.match_info.route.resource
     route = resource.canonical if resource is not None else "unmatched"
-    request.app[METRICS_KEY].request_seconds.labels(route, request.method, str(response.status)).observe(
-        time.perf_counter() - started
-    )
+    elapsed = time.perf_counter() - started
+    request.app[METRICS_KEY].request_seconds.labels(route, request.method, str(response.status)).observe(elapsed)
+    log.debug("request", route=route, method=request.method, status=response.status, ms=round(elapsed * 1000, 3))
     response.headers["X-Request-ID"] = request_id
     return response
 

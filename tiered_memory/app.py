@@ -15,17 +15,19 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from tiered_memory.api import METRICS_KEY, SERVICE_KEY, SETTINGS_KEY, add_routes, observe
+from tiered_memory.errors import ConfigError, SqlUnavailable
 from tiered_memory.metrics import Metrics
 from tiered_memory.service import MemoryService
 from tiered_memory.settings import Settings
 from tiered_memory.summarize.extractive import Extractor
 from tiered_memory.summarize.llm import LlmSummarizer, load_prompt
 from tiered_memory.summarize.scheduler import Periodic
-from tiered_memory.summarizing import SummaryJob
+from tiered_memory.summary_job import SummaryJob
 from tiered_memory.tiers.hot import HotTier
 from tiered_memory.tiers.keys import Keys
 from tiered_memory.tiers.memory_hot import MemoryHot
 from tiered_memory.tiers.redis_hot import RedisHot
+from tiered_memory.tiers.sql_schema import SCHEMA_VERSION
 from tiered_memory.tiers.sql_store import SqlStore, create_engine
 
 log = structlog.get_logger("tiered_memory.app")
@@ -54,6 +56,23 @@ def build_hot(settings: Settings) -> HotTier:
     )
 
 
+async def _check_schema(store: SqlStore) -> None:
+    """Refuse to start on a reachable database that was never migrated (every write would fail);
+    start anyway when SQL is unreachable, since reads can still be served from Redis."""
+    try:
+        version = await store.schema_version()
+    except SqlUnavailable as exc:
+        log.warning("sql_unavailable_at_start", error=str(exc))
+        return
+    if version < SCHEMA_VERSION:
+        await store.aclose()
+        raise ConfigError(
+            f"DATABASE_URL: schema version {version}, expected {SCHEMA_VERSION}; "
+            "run `tiered-memory migrate` or set AUTO_MIGRATE=true"
+        )
+    log.info("schema_ready", dialect=store.dialect, version=version)
+
+
 async def _sql_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS_KEY]
     if settings.embedded_sql:
@@ -62,6 +81,8 @@ async def _sql_ctx(app: web.Application) -> AsyncIterator[None]:
     if settings.migrate_on_start:
         version = await store.migrate(now=time.time())
         log.info("schema_ready", dialect=store.dialect, version=version)
+    else:
+        await _check_schema(store)
     app[STORE_KEY] = store
     yield
     await store.aclose()

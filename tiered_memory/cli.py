@@ -36,14 +36,18 @@ def _serve(settings: Settings) -> int:
     configure_logging(settings.log_level, settings.log_format)
     app = create_app(settings)
     # run_app turns SIGTERM and SIGINT into a graceful shutdown: cleanup_ctx drains summaries.
-    web.run_app(
-        app,
-        host=settings.host,
-        port=settings.port,
-        shutdown_timeout=settings.shutdown_grace_seconds,
-        access_log=None,
-        print=lambda msg: print(msg, file=sys.stderr),
-    )
+    try:
+        web.run_app(
+            app,
+            host=settings.host,
+            port=settings.port,
+            shutdown_timeout=settings.shutdown_grace_seconds,
+            access_log=None,
+            print=lambda msg: print(msg, file=sys.stderr),
+        )
+    except ConfigError as exc:
+        print(f"tiered-memory: configuration error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

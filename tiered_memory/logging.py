@@ -1,4 +1,8 @@
-"""structlog configuration, applied once by the CLI: JSON off a TTY, console on one."""
+"""structlog configuration, applied once by the CLI: JSON off a TTY, console on one.
+
+Records from the standard library (aiohttp, asyncio, SQLAlchemy) go through the same renderer,
+so an operator's log pipeline sees one JSON object per line whatever emitted it.
+"""
 
 from __future__ import annotations
 
@@ -15,20 +19,31 @@ def configure_logging(level: str, fmt: Literal["auto", "json", "console"]) -> No
     renderer: structlog.typing.Processor = (
         structlog.dev.ConsoleRenderer() if use_console else structlog.processors.JSONRenderer(ensure_ascii=False)
     )
+    shared: list[structlog.typing.Processor] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_log_level,
+        structlog.stdlib.add_logger_name,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
     structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.StackInfoRenderer(),
-            structlog.processors.format_exc_info,
-            renderer,
-        ],
+        processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        logger_factory=structlog.stdlib.LoggerFactory(),
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level)),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True,
     )
-    logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(name)s %(message)s")
-    # aiohttp's access log duplicates our request log; jieba announces its dictionary load.
-    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=shared,
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.processors.format_exc_info,
+                renderer,
+            ],
+        )
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    # jieba announces its dictionary load at INFO; it is not an event of ours.
     logging.getLogger("jieba").setLevel(logging.WARNING)

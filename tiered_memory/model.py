@@ -64,12 +64,14 @@ class Message:
 
 @dataclass(frozen=True, slots=True)
 class AppendResult:
-    """What an append committed. `duplicate` is true when the message_id was already stored."""
+    """What an append committed. `duplicate` is true when the message_id was already stored;
+    `completed_turn` when this message was the reply that completed a turn."""
 
     message: Message
     turn_count: int
     message_count: int
     duplicate: bool
+    completed_turn: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,6 @@ from tiered_memory.model import (
     HotSession,
     Message,
     NewMessage,
-    Role,
     SessionInfo,
     Summary,
     SummaryAnswer,
@@ -39,8 +38,9 @@ from tiered_memory.model import (
 from tiered_memory.settings import Settings
 from tiered_memory.summarize.extractive import Extractor
 from tiered_memory.summarize.scheduler import SingleFlight
-from tiered_memory.summarizing import Outcome, SummaryJob
+from tiered_memory.summary_job import JobResult, Outcome, SummaryJob
 from tiered_memory.tiers.hot import HotTier
+from tiered_memory.tiers.sql_schema import SCHEMA_VERSION
 from tiered_memory.tiers.sql_store import SqlStore
 
 log = structlog.get_logger("tiered_memory.service")
@@ -71,6 +71,7 @@ class ContextAnswer:
 class CloseResult:
     session_id: str
     persisted: bool
+    cached: bool
     turn_count: int
 
 
@@ -95,11 +96,10 @@ class MemoryService:
         self._extractor = extractor
         self._metrics = metrics
         self._clock = clock
-        self.summaries = SingleFlight(
-            self._summarize,
-            max_concurrent=settings.summary_concurrency,
-            on_pending=metrics.pending_summarizations.set,
-        )
+        self.summaries = SingleFlight(self._summarize, on_pending=metrics.pending_summarizations.set)
+        # Bounds background summaries only: a start-up sweep that finds hundreds of due sessions
+        # must not open hundreds of transactions and LLM calls at once. close() does not queue.
+        self._slots = asyncio.Semaphore(settings.summary_concurrency)
 
     # --- writes ---------------------------------------------------------------------------
 
@@ -133,44 +133,61 @@ class MemoryService:
     def _summary_due(self, result: AppendResult) -> bool:
         return (
             self._s.enable_conversation_summary
-            and result.message.role is Role.ASSISTANT
+            and result.completed_turn
             and result.turn_count % self._s.summary_every_n_turns == 0
         )
 
-    async def _summarize(self, session_id: str) -> None:
+    async def _run_until_unlocked(self, session_id: str, *, background: bool) -> JobResult:
         # Another replica holding the lock may have started before our latest turn was
         # committed, so wait for it and look again rather than assume it covers everything.
+        # The wait happens outside the concurrency slot, so it blocks no other session.
         for _ in range(_LOCKED_RETRIES):
-            if await self._job.run(session_id) is not Outcome.LOCKED:
-                return
+            if background:
+                async with self._slots:
+                    result = await self._job.run(session_id)
+            else:
+                result = await self._job.run(session_id)
+            if result.outcome is not Outcome.LOCKED:
+                return result
             await asyncio.sleep(_LOCKED_RETRY_S)
         log.info("summary_locked_elsewhere", session_id=session_id)
+        return result
+
+    async def _summarize(self, session_id: str) -> None:
+        await self._run_until_unlocked(session_id, background=True)
 
     async def close(self, session_id: str, *, reason: str = "client") -> CloseResult:
         """Persist the final summary to both tiers (summarizing the uncovered turns now) when the
-        session has at least SUMMARY_MIN_TURNS_TO_PERSIST turns, and mark it closed. Idempotent."""
+        session has at least SUMMARY_MIN_TURNS_TO_PERSIST turns, and mark it closed. Idempotent.
+
+        `persisted` means the warm row covers every turn; `cached` that Redis holds it too.
+        """
         info = await self._store.get_session(session_id)
         if info is None:
             raise NotFound(f"session {session_id!r} does not exist")
-        persisted = False
+        persisted = cached = False
         if self._s.enable_conversation_summary and info.turn_count >= max(1, self._s.summary_min_turns_to_persist):
-            # run_now waits for a pass that starts after this call, so it sees every turn
-            # committed before close; the pass also re-caches an up-to-date summary in Redis.
-            await self.summaries.run_now(session_id)
+            # A pass started now sees every turn committed before close. It does not queue
+            # behind background summaries; the summary lock still keeps it the only writer.
+            result = await self._run_until_unlocked(session_id, background=False)
             after = await self._store.get_session(session_id)
             persisted = after is not None and after.covered_turns >= info.turn_count
+            cached = persisted and result.hot_written
         if await self._store.close_session(session_id, reason=reason, now=self._clock()):
             self._metrics.sessions_closed.labels(reason).inc()
-            log.info("session_closed", session_id=session_id, reason=reason, persisted=persisted)
-        return CloseResult(session_id, persisted, info.turn_count)
+            log.info("session_closed", session_id=session_id, reason=reason, persisted=persisted, cached=cached)
+        return CloseResult(session_id, persisted, cached, info.turn_count)
 
     async def delete(self, session_id: str) -> None:
-        """Remove a session from every tier. SQL first: if Redis is down, its keys expire anyway."""
+        """Remove a session from every tier, SQL first. Raises HotUnavailable when Redis could not
+        be cleared: the caller must retry (delete is idempotent) rather than leave a deleted
+        conversation readable from the cache until its TTL."""
         await self._store.delete_session(session_id)
         try:
             await self._hot.delete(session_id)
         except HotUnavailable:
             self._metrics.tier_errors.labels("hot", "delete").inc()
+            raise
 
     # --- reads ----------------------------------------------------------------------------
 
@@ -189,29 +206,42 @@ class MemoryService:
             summary, turns = None, None
         if summary is not None:
             if turns is None:
+                # The counters expired before the summary did; SQL knows the turn count.
                 info = await self._sql_session(session_id)
                 turns = info.turn_count if info else summary.covered_turns
             return self._answer(session_id, Tier.HOT, summary, turns)
-        return await self._summary_below_hot(session_id)
+        answer, info = await self._summary_below_hot(session_id)
+        if answer.tier is Tier.WARM and info is not None:
+            await self._backfill(info, summary=answer.summary, recent=None)
+        return answer
 
-    async def _summary_below_hot(self, session_id: str) -> SummaryAnswer:
+    async def _summary_below_hot(self, session_id: str) -> tuple[SummaryAnswer, SessionInfo | None]:
+        """The warm row, else the cold extraction, else none; with the session SQL returned."""
         try:
             summary, info = await self._store.get_summary(session_id)
         except SqlUnavailable:
             self._metrics.tier_errors.labels("sql", "read_summary").inc()
-            return self._answer(session_id, Tier.NONE, None, 0)
+            return self._answer(session_id, Tier.NONE, None, 0), None
         if info is None:
-            return self._answer(session_id, Tier.NONE, None, 0)
+            return self._answer(session_id, Tier.NONE, None, 0), None
         if summary is not None:
-            try:
-                await self._hot.put_summary(session_id, summary)
-            except HotUnavailable:
-                self._metrics.tier_errors.labels("hot", "backfill").inc()
-            return self._answer(session_id, Tier.WARM, summary, info.turn_count)
+            return self._answer(session_id, Tier.WARM, summary, info.turn_count), info
         cold = await self._cold_summary(info)
-        if cold is None:
-            return self._answer(session_id, Tier.NONE, None, info.turn_count)
-        return self._answer(session_id, Tier.COLD, cold, info.turn_count)
+        tier = Tier.NONE if cold is None else Tier.COLD
+        return self._answer(session_id, tier, cold, info.turn_count), info
+
+    async def _backfill(self, info: SessionInfo, *, summary: Summary | None, recent: list[Message] | None) -> None:
+        try:
+            await self._hot.backfill(
+                info.session_id,
+                summary=summary,
+                recent=recent,
+                turn_count=info.turn_count,
+                message_count=info.message_count,
+                last_activity=info.last_activity,
+            )
+        except HotUnavailable:
+            self._metrics.tier_errors.labels("hot", "backfill").inc()
 
     async def _cold_summary(self, info: SessionInfo) -> Summary | None:
         try:
@@ -252,7 +282,8 @@ class MemoryService:
         """Summary plus recent turns, prompt-ordered, within max_chars.
 
         One hot round trip answers both when Redis has them; otherwise the summary walk and the
-        SQL read of the recent turns run concurrently, each with its own fallback.
+        SQL read of the recent turns run concurrently, each with its own fallback, and what SQL
+        gave is backfilled into the hot tier in one more round trip so the next read is hot.
         """
         try:
             hot = await self._hot.read_session(session_id)
@@ -263,40 +294,48 @@ class MemoryService:
         complete = hot_window_complete(
             hot.recent, message_count=hot.message_count, turn_count=hot.turn_count, keep_recent_turns=keep
         )
-        want_summary = self._s.enable_conversation_summary
 
-        async def summary_part() -> SummaryAnswer:
-            if not want_summary:
-                return SummaryAnswer(session_id, Tier.NONE, None, hot.turn_count or 0)
-            if hot.summary is not None and hot.turn_count is not None:
-                return self._answer(session_id, Tier.HOT, hot.summary, hot.turn_count)
+        async def summary_part() -> tuple[SummaryAnswer, SessionInfo | None]:
+            if not self._s.enable_conversation_summary:
+                return SummaryAnswer(session_id, Tier.NONE, None, hot.turn_count or 0), None
+            if hot.summary is not None:
+                turns = hot.turn_count if hot.turn_count is not None else hot.summary.covered_turns
+                return self._answer(session_id, Tier.HOT, hot.summary, turns), None
             return await self._summary_below_hot(session_id)
 
-        async def recent_part() -> tuple[list[Message], int]:
+        async def recent_part() -> tuple[list[Message], SessionInfo | None, list[Message] | None]:
+            """The window, the SQL session when SQL was asked, and the rows to backfill."""
             if complete:
                 assert hot.turn_count is not None
-                return window(hot.recent, turn_count=hot.turn_count, keep_recent_turns=keep), hot.turn_count
+                return window(hot.recent, turn_count=hot.turn_count, keep_recent_turns=keep), None, None
             info = await self._sql_session(session_id)
-            if info is None or keep <= 0:
-                return [], info.turn_count if info else 0
+            if info is None:
+                # SQL is down (or the session is unknown): whatever Redis still has beats nothing.
+                turns = hot.turn_count or 0
+                return window(hot.recent, turn_count=turns, keep_recent_turns=keep), None, None
             first = window_start_turn(info.turn_count, keep)
             try:
-                rows = await self._store.messages_in_turns(session_id, after_turn=first - 1)
+                # One turn more than the window (down to turn 0, a greeting), so that the hot
+                # list this refills is seen as complete by hot_window_complete next time.
+                rows = await self._store.messages_in_turns(session_id, after_turn=first - 2)
             except SqlUnavailable:
                 self._metrics.tier_errors.labels("sql", "read_recent").inc()
-                # Whatever Redis still has beats nothing.
-                rows = list(hot.recent)
-            return window(rows, turn_count=info.turn_count, keep_recent_turns=keep), info.turn_count
+                return window(hot.recent, turn_count=info.turn_count, keep_recent_turns=keep), info, None
+            return window(rows, turn_count=info.turn_count, keep_recent_turns=keep), info, rows
 
-        answer, (recent, turns) = await asyncio.gather(summary_part(), recent_part())
+        (answer, warm_info), (recent, info, rows) = await asyncio.gather(summary_part(), recent_part())
+        sql_info = info or warm_info
+        warm_summary = answer.summary if answer.tier is Tier.WARM else None
+        if sql_info is not None and (rows is not None or warm_summary is not None):
+            await self._backfill(sql_info, summary=warm_summary, recent=rows)
         text = answer.summary.text if answer.summary else None
-        messages = assemble(text, alternate(recent), max_chars=max_chars)
+        turn_count = sql_info.turn_count if sql_info else max(hot.turn_count or 0, answer.turn_count)
         return ContextAnswer(
             session_id=session_id,
             summary_tier=answer.tier,
             summary=text,
-            messages=messages,
-            turn_count=max(turns, answer.turn_count),
+            messages=assemble(text, alternate(recent), max_chars=max_chars),
+            turn_count=turn_count,
         )
 
     # --- health and background ------------------------------------------------------------
@@ -311,7 +350,12 @@ class MemoryService:
                 return "degraded"
             return "ok"
 
-        hot, sql = await asyncio.gather(probe(self._hot.ping), probe(self._store.ping))
+        async def sql_ping() -> None:
+            # Reachable is not enough: a database whose schema is missing or old refuses writes.
+            if await self._store.schema_version() < SCHEMA_VERSION:
+                raise SqlUnavailable("schema not migrated")
+
+        hot, sql = await asyncio.gather(probe(self._hot.ping), probe(sql_ping))
         return {"hot": hot, "sql": sql}
 
     async def sweep(self) -> None:

@@ -30,15 +30,17 @@ class Settings(BaseSettings):
     summary_redis_ttl_seconds: int = Field(7200, alias="SUMMARY_REDIS_TTL_SECONDS", ge=1)
     summary_model: str = Field("", alias="SUMMARY_MODEL")
     summary_min_turns_to_persist: int = Field(2, alias="SUMMARY_MIN_TURNS_TO_PERSIST", ge=0)
-    summary_max_chars: int = Field(1400, alias="SUMMARY_MAX_CHARS", ge=50, le=100_000)
+    # At most 16,000 characters: 4 bytes each still fit MySQL's TEXT column (64 KiB).
+    summary_max_chars: int = Field(1400, alias="SUMMARY_MAX_CHARS", ge=50, le=16_000)
     summary_prompt_file: Path | None = Field(None, alias="SUMMARY_PROMPT_FILE")
     summary_concurrency: int = Field(4, alias="SUMMARY_CONCURRENCY", ge=1, le=1000)
 
     # --- stores ---
-    redis_url: str | None = Field(None, alias="REDIS_URL")
+    # URLs may carry passwords: kept out of repr (and masked by `masked`).
+    redis_url: str | None = Field(None, alias="REDIS_URL", repr=False)
     redis_key_prefix: str = Field("tm", alias="REDIS_KEY_PREFIX", pattern=r"^[A-Za-z0-9_.-]{1,32}$")
     redis_timeout_ms: int = Field(200, alias="REDIS_TIMEOUT_MS", ge=1, le=60_000)
-    database_url: str | None = Field(None, alias="DATABASE_URL")
+    database_url: str | None = Field(None, alias="DATABASE_URL", repr=False)
     sql_timeout_ms: int = Field(3000, alias="SQL_TIMEOUT_MS", ge=1, le=600_000)
     data_dir: Path = Field(Path("data"), alias="DATA_DIR")
     auto_migrate: bool | None = Field(None, alias="AUTO_MIGRATE")

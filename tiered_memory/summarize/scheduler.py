@@ -1,7 +1,7 @@
 """Background execution for summaries: one job per session at a time, and a periodic sweep.
 
 Knows nothing of what a job does; the service hands in the coroutine. This keeps summarization
-off the request path (schedule returns at once) while close can still wait for the run it needs.
+off the request path: schedule returns at once.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import structlog
 
@@ -20,25 +20,19 @@ log = structlog.get_logger("tiered_memory.scheduler")
 class _Flight:
     task: asyncio.Task[None]
     rerun: bool = False
-    # Futures resolved when a run that began after they were registered ends.
-    next_waiters: list[asyncio.Future[None]] = field(default_factory=list)
 
 
 class SingleFlight:
     """Runs `job(key)` at most once at a time per key. Scheduling a key whose job is running
-    makes the job run once more afterwards, so no request is lost and none runs twice at once.
-    At most `max_concurrent` jobs run at the same time (over all keys): a start-up sweep that finds
-    hundreds of due sessions must not open hundreds of SQL transactions and LLM calls at once."""
+    makes the job run once more afterwards, so no request is lost and none runs twice at once."""
 
     def __init__(
         self,
         job: Callable[[str], Awaitable[None]],
         *,
-        max_concurrent: int = 4,
         on_pending: Callable[[int], None] = lambda _n: None,
     ) -> None:
         self._job = job
-        self._slots = asyncio.Semaphore(max_concurrent)
         self._flights: dict[str, _Flight] = {}
         self._on_pending = on_pending
 
@@ -48,24 +42,12 @@ class SingleFlight:
 
     def schedule(self, key: str) -> None:
         """Ask for a run of key's job; returns at once."""
-        self._request(key)
-
-    async def run_now(self, key: str) -> None:
-        """Ask for a run and wait until a run that started after this call has finished."""
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._request(key, waiter)
-        await asyncio.shield(waiter)
-
-    def _request(self, key: str, waiter: asyncio.Future[None] | None = None) -> None:
         flight = self._flights.get(key)
         if flight is None:
-            flight = _Flight(task=asyncio.create_task(self._loop(key), name=f"summarize:{key}"))
-            self._flights[key] = flight
+            self._flights[key] = _Flight(task=asyncio.create_task(self._loop(key), name=f"summarize:{key}"))
             self._on_pending(len(self._flights))
         else:
             flight.rerun = True
-        if waiter is not None:
-            flight.next_waiters.append(waiter)
 
     async def _loop(self, key: str) -> None:
         # The flight is registered right after this task is created, before it first runs.
@@ -74,24 +56,15 @@ class SingleFlight:
         try:
             while True:
                 flight.rerun = False
-                waiters, flight.next_waiters = flight.next_waiters, []
                 try:
-                    async with self._slots:
-                        await self._job(key)
+                    await self._job(key)
                 except asyncio.CancelledError:
-                    for w in waiters:
-                        w.cancel()
                     raise
                 except Exception:
                     log.exception("summary_job_failed", session_id=key)
-                for w in waiters:
-                    if not w.done():
-                        w.set_result(None)
                 if not flight.rerun:
                     break
         finally:
-            for w in flight.next_waiters:
-                w.cancel()
             del self._flights[key]
             self._on_pending(len(self._flights))
 

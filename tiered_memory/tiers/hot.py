@@ -6,6 +6,7 @@ Every method is one round trip; a backend that fails or misses its timeout raise
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from tiered_memory.model import HotSession, Message, Summary
@@ -31,6 +32,21 @@ class HotTier(Protocol):
 
     async def put_summary(self, session_id: str, summary: Summary) -> bool:
         """Cache a summary unless a newer version is already cached; True when written."""
+        ...
+
+    async def backfill(
+        self,
+        session_id: str,
+        *,
+        summary: Summary | None,
+        recent: Sequence[Message] | None,
+        turn_count: int,
+        message_count: int,
+        last_activity: float,
+    ) -> None:
+        """Refill a session from SQL after a miss, in one round trip: the summary (unless a newer
+        version is cached), and the counters and recent list (replacing the list) unless an append
+        newer than this SQL read has already reached the hot tier."""
         ...
 
     async def delete(self, session_id: str) -> None:

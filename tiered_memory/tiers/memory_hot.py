@@ -10,7 +10,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tiered_memory.model import HotSession, Message, Summary
@@ -117,6 +117,28 @@ class MemoryHot:
         entry.summary = summary
         entry.summary_until = self._clock() + self._summary_ttl
         return True
+
+    async def backfill(
+        self,
+        session_id: str,
+        *,
+        summary: Summary | None,
+        recent: Sequence[Message] | None,
+        turn_count: int,
+        message_count: int,
+        last_activity: float,
+    ) -> None:
+        if summary is not None:
+            await self.put_summary(session_id, summary)
+        entry = self._get_or_create(session_id)
+        if entry.msgs is not None and entry.msgs > message_count:
+            return
+        now = self._clock()
+        if recent is not None:
+            entry.recent = list(recent[-self._recent_max :])
+            entry.recent_until = now + self._history_ttl
+        entry.turns, entry.msgs, entry.last = turn_count, message_count, last_activity
+        entry.state_until = now + self._summary_ttl
 
     async def delete(self, session_id: str) -> None:
         self._entries.pop(session_id, None)

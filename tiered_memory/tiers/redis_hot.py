@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -28,6 +28,31 @@ if cur then
   end
 end
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
+return 1
+"""
+
+# Refills a session from SQL. The summary is version-guarded like above; the counters and the
+# recent list are replaced only if no append newer than the caller's SQL read (a larger message
+# count) has reached Redis meanwhile. Keys: summary, recent, state (one hash slot).
+_BACKFILL_LUA = """
+if ARGV[1] ~= '' then
+  local cur = redis.call('GET', KEYS[1])
+  local newer = false
+  if cur then
+    local ok, doc = pcall(cjson.decode, cur)
+    newer = ok and doc['version'] and tonumber(doc['version']) > tonumber(ARGV[2])
+  end
+  if not newer then redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3]) end
+end
+local have = tonumber(redis.call('HGET', KEYS[3], 'msgs') or '-1')
+if have > tonumber(ARGV[4]) then return 0 end
+if ARGV[8] == '1' then
+  redis.call('DEL', KEYS[2])
+  for i = 9, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
+  if #ARGV >= 9 then redis.call('EXPIRE', KEYS[2], ARGV[7]) end
+end
+redis.call('HSET', KEYS[3], 'turns', ARGV[5], 'msgs', ARGV[4], 'last', ARGV[6])
+redis.call('EXPIRE', KEYS[3], ARGV[3])
 return 1
 """
 
@@ -63,6 +88,7 @@ class RedisHot:
         self._recent_max = recent_max
         self._put_summary = client.register_script(_PUT_SUMMARY_LUA)
         self._unlock = client.register_script(_UNLOCK_LUA)
+        self._backfill = client.register_script(_BACKFILL_LUA)
 
     @classmethod
     def from_url(
@@ -91,37 +117,41 @@ class RedisHot:
                 return await op()
         except (RedisError, OSError, TimeoutError) as exc:
             raise HotUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc
+        except (ValueError, KeyError, TypeError) as exc:
+            # A value we cannot decode (written by another version, or damaged) is a miss of
+            # this tier, not a failed request: the next tier answers.
+            raise HotUnavailable(f"redis: undecodable value: {type(exc).__name__}: {exc}") from exc
 
     async def read_summary(self, session_id: str) -> tuple[Summary | None, int | None]:
-        async def op() -> list[Any]:
+        async def op() -> tuple[Summary | None, int | None]:
             async with self._r.pipeline(transaction=False) as p:
                 p.get(self._keys.summary(session_id))
                 p.hget(self._keys.state(session_id), "turns")
-                return await p.execute()
+                raw_summary, raw_turns = await p.execute()
+            return (
+                decode_summary(raw_summary) if raw_summary else None,
+                int(raw_turns) if raw_turns is not None else None,
+            )
 
-        raw_summary, raw_turns = await self._call(op)
-        return (
-            decode_summary(raw_summary) if raw_summary else None,
-            int(raw_turns) if raw_turns is not None else None,
-        )
+        return await self._call(op)
 
     async def read_session(self, session_id: str) -> HotSession:
-        async def op() -> list[Any]:
+        async def op() -> HotSession:
             async with self._r.pipeline(transaction=False) as p:
                 p.get(self._keys.summary(session_id))
                 p.lrange(self._keys.recent(session_id), 0, -1)
                 p.hmget(self._keys.state(session_id), "turns", "msgs", "last")
-                return await p.execute()
+                raw_summary, raw_recent, (turns, msgs, last) = await p.execute()
+            recent = sorted((decode_message(r) for r in raw_recent), key=lambda m: m.seq)
+            return HotSession(
+                summary=decode_summary(raw_summary) if raw_summary else None,
+                recent=tuple(recent),
+                turn_count=int(turns) if turns is not None else None,
+                message_count=int(msgs) if msgs is not None else None,
+                last_activity=float(last) if last is not None else None,
+            )
 
-        raw_summary, raw_recent, (turns, msgs, last) = await self._call(op)
-        recent = sorted((decode_message(r) for r in raw_recent), key=lambda m: m.seq)
-        return HotSession(
-            summary=decode_summary(raw_summary) if raw_summary else None,
-            recent=tuple(recent),
-            turn_count=int(turns) if turns is not None else None,
-            message_count=int(msgs) if msgs is not None else None,
-            last_activity=float(last) if last is not None else None,
-        )
+        return await self._call(op)
 
     async def record_append(
         self, message: Message, *, turn_count: int, message_count: int, last_activity: float
@@ -150,6 +180,35 @@ class RedisHot:
             )
 
         return bool(await self._call(op))
+
+    async def backfill(
+        self,
+        session_id: str,
+        *,
+        summary: Summary | None,
+        recent: Sequence[Message] | None,
+        turn_count: int,
+        message_count: int,
+        last_activity: float,
+    ) -> None:
+        keys = [self._keys.summary(session_id), self._keys.recent(session_id), self._keys.state(session_id)]
+        args: list[str | int | float] = [
+            encode_summary(summary) if summary else "",
+            summary.version if summary else 0,
+            self._summary_ttl,
+            message_count,
+            turn_count,
+            last_activity,
+            self._history_ttl,
+            "1" if recent is not None else "0",
+        ]
+        if recent is not None:
+            args.extend(encode_message(m) for m in recent[-self._recent_max :])
+
+        async def op() -> object:
+            return await self._backfill(keys=keys, args=args)
+
+        await self._call(op)
 
     async def delete(self, session_id: str) -> None:
         async def op() -> None:

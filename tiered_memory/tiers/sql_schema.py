@@ -41,6 +41,9 @@ sessions = sa.Table(
     sa.Column("user_id", sa.String(128), nullable=True),
     sa.Column("turn_count", sa.Integer, nullable=False, server_default="0"),
     sa.Column("message_count", sa.Integer, nullable=False, server_default="0"),
+    # 1 while the open turn has a user message waiting for its reply: only then does an
+    # assistant message complete a turn (a greeting or a second reply part does not).
+    sa.Column("pending_user", sa.SmallInteger, nullable=False, server_default="0"),
     sa.Column("created_at", _TIMESTAMP, nullable=False),
     sa.Column("last_activity", _TIMESTAMP, nullable=False),
     sa.Column("closed_at", _TIMESTAMP, nullable=True),
@@ -62,6 +65,7 @@ messages = sa.Table(
     sa.Column("content", sa.Text().with_variant(mysql.MEDIUMTEXT(), "mysql"), nullable=False),
     sa.Column("channel", sa.String(8), nullable=False),
     sa.Column("message_id", sa.String(128), nullable=False),
+    sa.Column("completes_turn", sa.SmallInteger, nullable=False, server_default="0"),
     sa.Column("created_at", _TIMESTAMP, nullable=False),
     sa.Index("ix_messages_session_id", "session_id", "id"),
     sa.UniqueConstraint("session_id", "message_id", name="uq_messages_session_message_id"),
@@ -95,23 +99,61 @@ async def _applied_version(conn: AsyncConnection) -> int:
     return int(result.scalar() or 0)
 
 
+_MIGRATE_LOCK = "tiered_memory_migrate"
+_MIGRATE_LOCK_WAIT_S = 60
+
+
+async def _create_tables(conn: AsyncConnection) -> None:
+    # create_all checks, then creates: two processes can both find a table missing. MySQL
+    # serializes migrations with a named lock; on SQLite (or a lock that timed out) the loser's
+    # "already exists" is harmless, and one more pass finds everything in place.
+    for attempt in range(3):
+        try:
+            await conn.run_sync(metadata.create_all, checkfirst=True)
+            await conn.commit()
+            return
+        except sa.exc.OperationalError as exc:
+            await conn.rollback()
+            if "already exists" not in str(exc.orig) or attempt == 2:
+                raise
+
+
 async def migrate(engine: AsyncEngine, *, now: float) -> int:
     """Create missing tables and record the schema version; returns the version now in force.
 
-    Safe to run concurrently from several replicas: CREATE TABLE is conditional and the version
-    row is inserted only by whoever finds it missing (a duplicate insert is ignored).
+    Safe to run concurrently from several replicas (a named lock on MySQL, conditional creates
+    and an ignored duplicate version row everywhere).
     """
-    async with engine.begin() as conn:
-        await conn.run_sync(metadata.create_all, checkfirst=True)
-    async with engine.begin() as conn:
+    async with engine.connect() as conn:
+        mysql_lock = conn.dialect.name == "mysql"
+        if mysql_lock:
+            got = (
+                await conn.execute(
+                    sa.text("SELECT GET_LOCK(:name, :wait)"), {"name": _MIGRATE_LOCK, "wait": _MIGRATE_LOCK_WAIT_S}
+                )
+            ).scalar()
+            await conn.commit()
+            if got != 1:
+                raise TimeoutError("another process holds the migration lock")
+        try:
+            await _create_tables(conn)
+            return await _record_version(conn, now)
+        finally:
+            if mysql_lock:
+                await conn.execute(sa.text("SELECT RELEASE_LOCK(:name)"), {"name": _MIGRATE_LOCK})
+                await conn.commit()
+
+
+async def _record_version(conn: AsyncConnection, now: float) -> int:
+    async with conn.begin():
         current = await _applied_version(conn)
         # Upgrade steps for versions after 1 go here, each applied once, in order.
         if current < SCHEMA_VERSION:
             try:
-                await conn.execute(schema_version.insert().values(version=SCHEMA_VERSION, applied_at=now))
+                async with conn.begin_nested():
+                    await conn.execute(schema_version.insert().values(version=SCHEMA_VERSION, applied_at=now))
             except sa.exc.IntegrityError:
-                # Another replica recorded it between our read and our insert.
-                await conn.rollback()
+                pass  # another replica recorded it between our read and our insert
             current = SCHEMA_VERSION
     return current
 

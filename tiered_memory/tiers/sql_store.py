@@ -30,8 +30,8 @@ from tiered_memory.model import (
     SummarySource,
 )
 from tiered_memory.tiers.sql_schema import conversation_summaries as cs
+from tiered_memory.tiers.sql_schema import current_version, migrate, sessions
 from tiered_memory.tiers.sql_schema import messages as msgs
-from tiered_memory.tiers.sql_schema import migrate, sessions
 
 T = TypeVar("T")
 
@@ -43,13 +43,17 @@ _TX_ATTEMPTS = 3
 def create_engine(url: str) -> AsyncEngine:
     """An async engine for a MySQL/MariaDB or SQLite URL, tuned for short transactions."""
     if url.startswith("sqlite"):
-        engine = create_async_engine(url, connect_args={"timeout": 30})
+        # hide_parameters: driver errors must never carry message content into logs.
+        engine = create_async_engine(url, connect_args={"timeout": 30}, hide_parameters=True)
 
         @sa.event.listens_for(engine.sync_engine, "connect")
         def _sqlite_pragmas(dbapi_conn: sqlite3.Connection, _record: object) -> None:
             cur = dbapi_conn.cursor()
             # WAL lets readers proceed during a write; NORMAL sync is durable across process crashes.
-            cur.execute("PRAGMA journal_mode=WAL")
+            # WAL is a property of the file: when another process holds the lock while setting it,
+            # this connection's attempt fails at once, and the file ends up in WAL all the same.
+            with contextlib.suppress(sqlite3.OperationalError):
+                cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.close()
 
@@ -60,6 +64,7 @@ def create_engine(url: str) -> AsyncEngine:
         max_overflow=10,
         pool_pre_ping=True,
         pool_recycle=1800,
+        hide_parameters=True,
         # Fewer gap locks than REPEATABLE READ; every append locks its session row explicitly.
         isolation_level="READ COMMITTED",
     )
@@ -106,10 +111,17 @@ def _row_to_summary(r: sa.Row[*tuple[Any, ...]]) -> Summary:
     )
 
 
-def append_result_of(message: Message, *, duplicate: bool) -> AppendResult:
-    """The result an append of `message` returned: rebuilt exactly from the stored row on a retry."""
+def append_result_of(message: Message, *, completed_turn: bool, duplicate: bool) -> AppendResult:
+    """The result an append of `message` returned: rebuilt exactly from the stored row on a retry.
+    A user message opens turn n (n-1 completed); an assistant message belongs to a completed turn."""
     turns = message.turn if message.role is Role.ASSISTANT else message.turn - 1
-    return AppendResult(message=message, turn_count=turns, message_count=message.seq, duplicate=duplicate)
+    return AppendResult(
+        message=message,
+        turn_count=turns,
+        message_count=message.seq,
+        duplicate=duplicate,
+        completed_turn=completed_turn,
+    )
 
 
 class SqlStore:
@@ -126,22 +138,28 @@ class SqlStore:
     def dialect(self) -> str:
         return self._dialect
 
-    async def migrate(self, *, now: float) -> int:
-        return await self._bounded(lambda: migrate(self._engine, now=now))
+    async def migrate(self, *, now: float, timeout_s: float = 120.0) -> int:
+        """Create or upgrade the schema (see sql_schema.migrate); DDL gets its own, longer bound."""
+        return await self._bounded(lambda: migrate(self._engine, now=now), timeout_s=timeout_s)
+
+    async def schema_version(self) -> int:
+        """The migrated schema version, 0 when `migrate` never ran on this database."""
+        return await self._bounded(lambda: current_version(self._engine))
 
     async def aclose(self) -> None:
         await self._engine.dispose()
 
     # --- plumbing -------------------------------------------------------------------------
 
-    async def _bounded(self, op: Callable[[], Awaitable[T]]) -> T:
+    async def _bounded(self, op: Callable[[], Awaitable[T]], *, timeout_s: float | None = None) -> T:
+        """Run op within the timeout; every driver or pool failure becomes SqlUnavailable, whose
+        message names the driver error but never the statement's parameters (message content)."""
         try:
-            async with asyncio.timeout(self._timeout):
+            async with asyncio.timeout(timeout_s or self._timeout):
                 return await op()
-        except (sa.exc.OperationalError, sa.exc.InterfaceError, sa.exc.DisconnectionError) as exc:
-            cause = getattr(exc, "orig", None) or exc
-            raise SqlUnavailable(f"sql: {type(cause).__name__}: {cause}") from exc
-        except (sa.exc.TimeoutError, TimeoutError, OSError, ConnectionError) as exc:
+        except sa.exc.DBAPIError as exc:
+            raise SqlUnavailable(f"sql: {type(exc.orig).__name__}: {exc.orig}") from exc
+        except (sa.exc.SQLAlchemyError, TimeoutError, OSError) as exc:
             raise SqlUnavailable(f"sql: {type(exc).__name__}: {exc}") from exc
 
     @contextlib.asynccontextmanager
@@ -213,10 +231,19 @@ class SqlStore:
                 stored = _row_to_message(existing)
                 if stored.role is not new.role or stored.content != new.content:
                     raise Conflict(f"message_id {new.message_id!r} was already used for a different message")
-                return append_result_of(stored, duplicate=True)
+                return append_result_of(stored, completed_turn=bool(existing.completes_turn), duplicate=True)
             seq = int(srow.message_count) + 1
-            turn = int(srow.turn_count) + 1
-            turns_after = turn if new.role is Role.ASSISTANT else turn - 1
+            completed = int(srow.turn_count)
+            pending_user = bool(srow.pending_user)
+            if new.role is Role.USER:
+                # Opens (or, after another user message, continues) turn completed+1.
+                turn, turns_after, completes, pending_after = completed + 1, completed, False, True
+            elif pending_user:
+                turn, turns_after, completes, pending_after = completed + 1, completed + 1, True, False
+            else:
+                # A greeting before any question, or a further part of a reply already given:
+                # it belongs to the last completed turn (0 for a greeting) and completes nothing.
+                turn, turns_after, completes, pending_after = completed, completed, False, False
             message = Message(
                 session_id=new.session_id,
                 seq=seq,
@@ -238,6 +265,7 @@ class SqlStore:
                     content=message.content,
                     channel=message.channel.value,
                     message_id=message.message_id,
+                    completes_turn=int(completes),
                     created_at=now,
                 )
             )
@@ -247,6 +275,7 @@ class SqlStore:
                 .values(
                     turn_count=turns_after,
                     message_count=seq,
+                    pending_user=int(pending_after),
                     last_activity=now,
                     # A gateway that reconnects to a closed session reopens it.
                     closed_at=None,
@@ -254,7 +283,13 @@ class SqlStore:
                     user_id=sa.func.coalesce(sessions.c.user_id, new.user_id),
                 )
             )
-            return AppendResult(message=message, turn_count=turns_after, message_count=seq, duplicate=False)
+            return AppendResult(
+                message=message,
+                turn_count=turns_after,
+                message_count=seq,
+                duplicate=False,
+                completed_turn=completes,
+            )
 
         return await self._transaction(body)
 
@@ -417,6 +452,15 @@ class SqlStore:
         }
 
         async def body(conn: AsyncConnection) -> bool:
+            # Lock the session row: a session deleted while its summary was being made gets no
+            # summary row back (and a reused session id does not inherit it).
+            alive = (
+                await conn.execute(
+                    sa.select(sessions.c.session_id).where(sessions.c.session_id == session_id).with_for_update()
+                )
+            ).one_or_none()
+            if alive is None:
+                return False
             if summary.version == 1:
                 try:
                     async with conn.begin_nested():

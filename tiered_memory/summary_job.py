@@ -12,6 +12,7 @@ import asyncio
 import enum
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import structlog
 
@@ -23,7 +24,7 @@ from tiered_memory.summarize.llm import LlmSummarizer
 from tiered_memory.tiers.hot import HotTier
 from tiered_memory.tiers.sql_store import SqlStore
 
-log = structlog.get_logger("tiered_memory.summarizing")
+log = structlog.get_logger("tiered_memory.summary_job")
 
 
 class Outcome(enum.StrEnum):
@@ -33,6 +34,18 @@ class Outcome(enum.StrEnum):
     LOCKED = "locked"
     STALE = "stale"
     FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    outcome: Outcome
+    hot_written: bool = False
+    """Whether the hot tier now holds the summary SQL has (written or refreshed by this pass)."""
+
+
+# One more try of a hot write that failed: a Redis blip must not leave an older summary
+# answering as hot for a whole TTL while SQL already has a newer one.
+_HOT_RETRY_S = 0.2
 
 
 class SummaryJob:
@@ -59,7 +72,7 @@ class SummaryJob:
         self._lock_ttl = lock_ttl_s
         self._clock = clock
 
-    async def run(self, session_id: str) -> Outcome:
+    async def run(self, session_id: str) -> JobResult:
         """One pass; never raises for store or LLM failures (they are counted and logged, and
         the sweeper finds the session again because its watermark did not move)."""
         try:
@@ -70,14 +83,15 @@ class SummaryJob:
             self._metrics.tier_errors.labels("hot", "lock").inc()
             token = ""
         if token is None:
-            return Outcome.LOCKED
+            return JobResult(Outcome.LOCKED)
         try:
             return await self._run_locked(session_id)
         except SqlUnavailable as exc:
+            source = SummarySource.LLM if self._llm else SummarySource.DETERMINISTIC
             self._metrics.tier_errors.labels("sql", "summarize").inc()
-            self._metrics.summarizations.labels("none", "failed").inc()
+            self._metrics.summarizations.labels(source.value, "failed").inc()
             log.warning("summary_failed", session_id=session_id, error=str(exc))
-            return Outcome.FAILED
+            return JobResult(Outcome.FAILED)
         finally:
             if token:
                 try:
@@ -85,16 +99,15 @@ class SummaryJob:
                 except HotUnavailable:
                     self._metrics.tier_errors.labels("hot", "unlock").inc()
 
-    async def _run_locked(self, session_id: str) -> Outcome:
+    async def _run_locked(self, session_id: str) -> JobResult:
         prev, info = await self._store.get_summary(session_id)
         if info is None:
-            return Outcome.NO_SESSION
+            return JobResult(Outcome.NO_SESSION)
         covered = prev.covered_turns if prev else 0
         target = info.turn_count
         if target <= covered:
-            if prev is not None:
-                await self._cache(session_id, prev)
-            return Outcome.UP_TO_DATE
+            cached = prev is not None and await self._cache(session_id, prev)
+            return JobResult(Outcome.UP_TO_DATE, hot_written=cached)
         started = time.perf_counter()
         new = await self._store.messages_in_turns(session_id, after_turn=covered, through_turn=target)
         extraction = await asyncio.to_thread(
@@ -127,8 +140,13 @@ class SummaryJob:
         if not await self._store.put_summary(session_id, summary, user_id=info.user_id, turn_count=target):
             self._metrics.summarizations.labels(source.value, "stale").inc()
             log.info("summary_stale", session_id=session_id, version=summary.version)
-            return Outcome.STALE
-        await self._cache(session_id, summary)
+            return JobResult(Outcome.STALE)
+        cached = await self._cache(session_id, summary)
+        if cached and await self._store.get_session(session_id) is None:
+            # Deleted between our SQL write and our hot write: take the hot copy back out.
+            # (DELETE clears SQL before Redis, so either it or this check removes it.)
+            await self._forget(session_id)
+            return JobResult(Outcome.NO_SESSION)
         self._metrics.summarizations.labels(source.value, "ok").inc()
         self._metrics.summarization_seconds.labels(source.value).observe(time.perf_counter() - started)
         log.info(
@@ -139,10 +157,23 @@ class SummaryJob:
             new_turns=target - covered,
             version=summary.version,
         )
-        return Outcome.WRITTEN
+        return JobResult(Outcome.WRITTEN, hot_written=cached)
 
-    async def _cache(self, session_id: str, summary: Summary) -> None:
+    async def _cache(self, session_id: str, summary: Summary) -> bool:
+        for attempt in range(2):
+            try:
+                await self._hot.put_summary(session_id, summary)
+            except HotUnavailable:
+                self._metrics.tier_errors.labels("hot", "put_summary").inc()
+                if attempt == 0:
+                    await asyncio.sleep(_HOT_RETRY_S)
+            else:
+                return True
+        log.warning("summary_not_cached", session_id=session_id, version=summary.version)
+        return False
+
+    async def _forget(self, session_id: str) -> None:
         try:
-            await self._hot.put_summary(session_id, summary)
+            await self._hot.delete(session_id)
         except HotUnavailable:
-            self._metrics.tier_errors.labels("hot", "put_summary").inc()
+            self._metrics.tier_errors.labels("hot", "delete").inc()

@@ -58,12 +58,12 @@ def test_assemble_fits_the_budget_newest_first() -> None:
     half the budget and takes what the recent turns leave."""
     recent = [ChatMessage("user", "x" * 30), ChatMessage("assistant", "y" * 30), ChatMessage("user", "z" * 30)]
     summary = "s" * 200
-    out = assemble(summary, recent, max_chars=100)
+    out = assemble(SUMMARY_PREFIX + summary, recent, max_chars=100)
     assert sum(len(m.content) for m in out) <= 100
     assert out[0].role == "system"
     assert out[0].content.startswith(SUMMARY_PREFIX)
     assert out[-1].content == "z" * 30
-    roomy = assemble("short", recent, max_chars=1000)
+    roomy = assemble(SUMMARY_PREFIX + "short", recent, max_chars=1000)
     assert roomy[0].content == SUMMARY_PREFIX + "short"
     assert len(roomy) == 4
     assert assemble(None, recent, max_chars=1000) == recent

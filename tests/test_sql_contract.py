@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import RealServers, new_sid
 from tiered_memory.errors import Conflict, Forbidden, SqlUnavailable
 from tiered_memory.model import NewMessage, Role, Summary, SummarySource
-from tiered_memory.tiers.sql_schema import current_version
+from tiered_memory.tiers.sql_schema import SCHEMA_VERSION, current_version
 from tiered_memory.tiers.sql_store import SqlStore, create_engine
 
 
@@ -42,8 +42,8 @@ async def turns(store: SqlStore, sid: str, n: int) -> None:
 
 async def test_migrate_is_idempotent(store: SqlStore) -> None:
     """Running the migration again changes nothing and reports the same version."""
-    assert await store.migrate(now=time.time()) == 1
-    assert await current_version(store._engine) == 1
+    assert await store.migrate(now=time.time()) == SCHEMA_VERSION
+    assert await current_version(store._engine) == SCHEMA_VERSION
 
 
 async def test_append_numbers_messages_and_turns(store: SqlStore) -> None:
@@ -64,6 +64,7 @@ async def test_append_is_idempotent_and_checks_owner(store: SqlStore) -> None:
     sid = new_sid()
     first = await store.append(new(sid, Role.USER, "你好", "m1"), now=1.0)
     again = await store.append(new(sid, Role.USER, "你好", "m1"), now=5.0)
+    # The result a client sees is the same; content_chars is the session's current total.
     assert again == dataclasses.replace(first, duplicate=True)
     with pytest.raises(Conflict):
         await store.append(new(sid, Role.USER, "不同", "m1"), now=6.0)
@@ -151,8 +152,8 @@ async def test_concurrent_migrations_all_succeed(request: pytest.FixtureRequest,
         for url in (f"sqlite+aiosqlite:///{tmp_path / 'mig.sqlite3'}", f"{base}/{db}"):
             stores = [SqlStore(create_engine(url), timeout_s=30) for _ in range(4)]
             versions = await asyncio.gather(*(s.migrate(now=time.time()) for s in stores))
-            assert versions == [1, 1, 1, 1], url
-            assert await stores[0].schema_version() == 1
+            assert versions == [SCHEMA_VERSION] * 4, url
+            assert await stores[0].schema_version() == SCHEMA_VERSION
             for s in stores:
                 await s.aclose()
     finally:
@@ -177,3 +178,22 @@ async def test_unmigrated_database_reports_version_zero(real_servers: RealServer
         async with admin._engine.begin() as conn:
             await conn.exec_driver_sql(f"DROP DATABASE IF EXISTS `{db}`")
         await admin.aclose()
+
+
+async def test_upgrade_from_version_1_keeps_every_row(store: SqlStore) -> None:
+    """A version-1 database (no messages.status) with data in it is upgraded in place: the column
+    appears with its default, the version is recorded, and no message or summary is lost."""
+    sid = new_sid()
+    await turns(store, sid, 3)
+    s1 = Summary("摘要", 3, 1, SummarySource.DETERMINISTIC, 1.0, 1.0)
+    await store.put_summary(sid, s1, user_id="u1", turn_count=3)
+    async with store._engine.begin() as conn:
+        await conn.exec_driver_sql("ALTER TABLE messages DROP COLUMN status")
+        await conn.exec_driver_sql("DELETE FROM schema_version WHERE version > 1")
+    assert await store.schema_version() == 1
+    assert await store.migrate(now=time.time()) == SCHEMA_VERSION
+    assert await store.schema_version() == SCHEMA_VERSION
+    got = await store.messages_in_turns(sid, after_turn=0)
+    assert [m.content for m in got] == ["问题1", "回答1", "问题2", "回答2", "问题3", "回答3"]
+    assert {m.status.value for m in got} == {"completed"}
+    assert (await store.get_summary(sid))[0] == s1

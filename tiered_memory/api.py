@@ -20,8 +20,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tiered_memory.errors import Conflict, Forbidden, InvalidInput, NotFound, SqlUnavailable, TierUnavailable
 from tiered_memory.metrics import Metrics
-from tiered_memory.model import Channel, NewMessage, Role, SummaryAnswer
-from tiered_memory.service import MemoryService
+from tiered_memory.model import Channel, MessageStatus, NewMessage, Role, SummaryAnswer
+from tiered_memory.service import ContextAnswer, MemoryService
 from tiered_memory.settings import Settings
 
 log = structlog.get_logger("tiered_memory.api")
@@ -31,9 +31,9 @@ METRICS_KEY = web.AppKey("metrics", Metrics)
 SETTINGS_KEY = web.AppKey("settings", Settings)
 
 # `{` and `}` are excluded so a session id can never break the Redis hash tag it is wrapped in.
-_SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
+_SESSION_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _MESSAGE_ID = re.compile(r"^[\x21-\x7e]{1,128}$")
-_MESSAGE_FIELDS = {"role", "content", "user_id", "message_id", "channel"}
+_MESSAGE_FIELDS = {"role", "content", "user_id", "message_id", "channel", "status"}
 _RETRY_AFTER_S = "1"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -53,9 +53,7 @@ def error_response(status: int, code: str, message: str, headers: dict[str, str]
 def _session_id(request: web.Request) -> str:
     sid = request.match_info["session_id"]
     if not _SESSION_ID.match(sid):
-        raise InvalidInput(
-            "session_id: expected 1-128 characters of letters, digits and . _ : @ -, starting with a letter or digit"
-        )
+        raise InvalidInput("session_id: expected 1-128 characters of ASCII letters, digits and . _ : -")
     return sid
 
 
@@ -109,6 +107,11 @@ def parse_message(session_id: str, body: dict[str, Any], *, max_chars: int) -> N
     user_id = body.get("user_id")
     if user_id is not None and (not isinstance(user_id, str) or not 0 < len(user_id) <= 128 or not _encodable(user_id)):
         raise InvalidInput("user_id: expected a string of 1-128 characters")
+    status = body.get("status", "completed")
+    if status not in ("completed", "stopped", "failed", "streaming"):
+        raise InvalidInput("status: expected 'completed', 'stopped', 'failed' or 'streaming'")
+    if role == "user" and status != "completed":
+        raise InvalidInput("status: only an assistant message can be stopped, failed or streaming")
     message_id = _optional_str(body, "message_id", _MESSAGE_ID) or uuid.uuid4().hex
     return NewMessage(
         session_id=session_id,
@@ -117,6 +120,7 @@ def parse_message(session_id: str, body: dict[str, Any], *, max_chars: int) -> N
         message_id=message_id,
         user_id=user_id,
         channel=Channel(channel),
+        status=MessageStatus(status),
     )
 
 
@@ -158,24 +162,78 @@ async def get_summary(request: web.Request) -> web.Response:
     return reply(_summary_json(answer, time.time()))
 
 
+def _max_chars(request: web.Request) -> int:
+    raw = request.query.get("max_chars")
+    if raw is None:
+        return request.app[SETTINGS_KEY].context_max_chars
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= 1_000_000:
+        raise InvalidInput("max_chars: expected an integer from 1 to 1000000")
+    return int(raw)
+
+
+def _framing_text(value: object, name: str, max_chars: int) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _encodable(value) or len(value) > max_chars:
+        raise InvalidInput(f"{name}: expected a string of at most {max_chars} characters")
+    return value or None
+
+
+def _context_json(ctx: ContextAnswer) -> dict[str, Any]:
+    return {
+        "session_id": ctx.session_id,
+        "summary_tier": ctx.summary_tier.value,
+        "summary": ctx.summary,
+        "covered_turns": ctx.covered_turns,
+        "topics": list(ctx.topics),
+        "messages": [{"role": m.role, "content": m.content} for m in ctx.messages],
+        "turn_count": ctx.turn_count,
+        "recent_transcript": ctx.recent_transcript,
+        "answer_transcript": ctx.answer_transcript,
+        "estimated_tokens": ctx.estimated_tokens,
+    }
+
+
 async def get_context(request: web.Request) -> web.Response:
+    limit = request.app[SETTINGS_KEY].max_message_chars
+    ctx = await request.app[SERVICE_KEY].context(
+        _session_id(request),
+        max_chars=_max_chars(request),
+        system_prompt=_framing_text(request.query.get("system_prompt"), "system_prompt", limit),
+        question=_framing_text(request.query.get("question"), "question", limit),
+    )
+    return reply(_context_json(ctx))
+
+
+async def post_turn(request: web.Request) -> web.Response:
+    """Load-then-append: the context as it was before the user's new message (with that message
+    as the closing question), then the message recorded. One round trip per utterance."""
     settings = request.app[SETTINGS_KEY]
     sid = _session_id(request)
-    raw = request.query.get("max_chars")
-    max_chars = settings.context_max_chars
-    if raw is not None:
-        if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= 1_000_000:
-            raise InvalidInput("max_chars: expected an integer from 1 to 1000000")
-        max_chars = int(raw)
-    ctx = await request.app[SERVICE_KEY].context(sid, max_chars=max_chars)
+    body = await _json_object(request)
+    system_prompt = _framing_text(body.pop("system_prompt", None), "system_prompt", settings.max_message_chars)
+    body.setdefault("role", "user")
+    if body["role"] != "user":
+        raise InvalidInput("role: a turn starts with the user's message; expected 'user'")
+    new = parse_message(sid, body, max_chars=settings.max_message_chars)
+    service = request.app[SERVICE_KEY]
+    ctx = await service.context(
+        sid,
+        max_chars=_max_chars(request),
+        system_prompt=system_prompt,
+        question=new.content,
+        exclude_message_id=new.message_id if "message_id" in body else None,
+    )
+    outcome = await service.append(new)
+    r = outcome.result
     return reply(
         {
-            "session_id": sid,
-            "summary_tier": ctx.summary_tier.value,
-            "summary": ctx.summary,
-            "messages": [{"role": m.role, "content": m.content} for m in ctx.messages],
-            "turn_count": ctx.turn_count,
-        }
+            **_context_json(ctx),
+            "message_id": r.message.message_id,
+            "turn_count": r.turn_count,
+            "summary_scheduled": outcome.summary_scheduled,
+        },
+        status=200 if r.duplicate else 201,
     )
 
 
@@ -236,6 +294,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/sessions/{session_id:[^/]+}/summary", get_summary)
     app.router.add_get("/v1/sessions/{session_id:[^/]+}/context", get_context)
     app.router.add_post("/v1/sessions/{session_id:[^/]+}/close", post_close)
+    app.router.add_post("/v1/sessions/{session_id:[^/]+}/turns", post_turn)
     app.router.add_get("/v1/sessions/{session_id:[^/]+}", get_session)
     app.router.add_delete("/v1/sessions/{session_id:[^/]+}", delete_session)
     app.router.add_get("/healthz", healthz)

@@ -8,6 +8,8 @@ raw recent turns, alternating user/assistant and starting with a user message.
 from __future__ import annotations
 
 import itertools
+import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -57,9 +59,12 @@ def window(messages: Sequence[Message], *, turn_count: int, keep_recent_turns: i
 
 def alternate(messages: Sequence[Message]) -> list[ChatMessage]:
     """Chat messages alternating user/assistant, starting with a user message: leading assistant
-    messages are dropped and consecutive messages of one role are joined."""
+    messages are dropped, consecutive messages of one role are joined, and a reply that was
+    stopped, failed or is still streaming is left out (its question stands alone)."""
     out: list[ChatMessage] = []
     for m in messages:
+        if not m.answered:
+            continue
         if not out and m.role is Role.ASSISTANT:
             continue
         if out and out[-1].role == m.role.value:
@@ -69,15 +74,15 @@ def alternate(messages: Sequence[Message]) -> list[ChatMessage]:
     return out
 
 
-def assemble(summary: str | None, recent: Sequence[ChatMessage], *, max_chars: int) -> list[ChatMessage]:
-    """Fit the summary and the recent turns into max_chars of content.
+def assemble(summary_text: str | None, recent: Sequence[ChatMessage], *, max_chars: int) -> list[ChatMessage]:
+    """Fit the summary system text and the recent turns into max_chars of content.
 
     The newest turns matter most for the next reply, the summary for everything older: the summary
     is guaranteed up to half the budget, the recent messages take what they need of the rest
     (newest first, whole messages; the newest is cut only when it alone exceeds the room), and the
     summary may then grow into whatever the recent turns left unused.
     """
-    summary_full = SUMMARY_PREFIX + summary if summary else ""
+    summary_full = summary_text or ""
     reserved = min(len(summary_full), max_chars // 2)
     room = max_chars - reserved
     kept: list[ChatMessage] = []
@@ -99,4 +104,100 @@ def assemble(summary: str | None, recent: Sequence[ChatMessage], *, max_chars: i
     if summary_full:
         out.append(ChatMessage("system", summary_full[: max(0, max_chars - used)]))
     out.extend(kept)
+    return out
+
+
+# Per-message caps of the recent transcript: a question is short, an answer may carry detail.
+_TRANSCRIPT_CAPS = {Role.USER: 160, Role.ASSISTANT: 320}
+_SPEAKERS = {"zh": {Role.USER: "用户", Role.ASSISTANT: "助手"}, "en": {Role.USER: "User", Role.ASSISTANT: "Assistant"}}
+_CJK = re.compile(r"[\u3400-\u9fff]")
+
+
+def language_of(text: str) -> str:
+    """`zh` when a noticeable share of the text is Chinese, `en` otherwise."""
+    if not text:
+        return "zh"
+    return "zh" if len(_CJK.findall(text)) * 4 >= len(text) else "en"
+
+
+def _keep_newest(lines: Sequence[str], max_chars: int) -> str:
+    """Join lines, dropping the oldest until the text fits; the newest line is cut if it alone is too long."""
+    kept: list[str] = []
+    used = 0
+    for line in reversed(lines):
+        cost = len(line) + (1 if kept else 0)
+        if used + cost > max_chars:
+            if not kept:
+                kept.append(line[-max_chars:] if max_chars > 0 else "")
+            break
+        kept.append(line)
+        used += cost
+    return "\n".join(reversed(kept))
+
+
+def recent_transcript(messages: Sequence[Message], *, max_chars: int) -> str:
+    """`用户：…` / `助手：…` lines, each capped (160 / 320 chars), trimmed from the oldest end."""
+    lang = language_of("".join(m.content for m in messages[-4:]))
+    lines = [
+        f"{_SPEAKERS[lang][m.role]}：{_cap(m.content, _TRANSCRIPT_CAPS[m.role])}"
+        if lang == "zh"
+        else f"{_SPEAKERS[lang][m.role]}: {_cap(m.content, _TRANSCRIPT_CAPS[m.role])}"
+        for m in messages
+        if m.answered
+    ]
+    return _keep_newest(lines, max_chars)
+
+
+def answer_transcript(messages: Sequence[Message], *, max_chars: int) -> str:
+    """The user's own words only, newest kept: what the user asked, for answer-focused prompts."""
+    lines = [_cap(m.content, _TRANSCRIPT_CAPS[Role.USER]) for m in messages if m.role is Role.USER]
+    return _keep_newest(lines, max_chars)
+
+
+def _cap(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def ago(seconds: float, lang: str) -> str:
+    """A coarse, human 'how long ago': minutes under two hours, then hours, then days."""
+    minutes = max(1, int(seconds // 60))
+    if minutes < 120:
+        return f"{minutes}分钟前" if lang == "zh" else f"{minutes} minutes ago"
+    hours = minutes // 60
+    if hours < 48:
+        return f"{hours}小时前" if lang == "zh" else f"{hours} hours ago"
+    days = hours // 24
+    return f"{days}天前" if lang == "zh" else f"{days} days ago"
+
+
+def summary_system_text(
+    summary: str, *, idle_seconds: float | None, reconnect_gap_s: float, templates: dict[str, str]
+) -> str:
+    """The content of the summary system message: `[历史对话摘要] …`, or after a gap longer than
+    reconnect_gap_s, the language's reconnect template (`用户上次（2小时前）的对话摘要：…`)."""
+    if idle_seconds is None or idle_seconds <= reconnect_gap_s:
+        return SUMMARY_PREFIX + summary
+    lang = language_of(summary)
+    return templates[lang].format(ago=ago(idle_seconds, lang), summary=summary)
+
+
+def estimate_tokens(chars: int, chars_per_token: float) -> int:
+    return math.ceil(chars / chars_per_token) if chars > 0 else 0
+
+
+def frame(messages: list[ChatMessage], *, system_prompt: str | None, question: str | None) -> list[ChatMessage]:
+    """The complete array for a provider: rules and summary in one leading system message (most
+    providers accept only one), the turns, then the current question as the last user message."""
+    out = list(messages)
+    if system_prompt:
+        if out and out[0].role == "system":
+            out[0] = ChatMessage("system", f"{system_prompt}\n\n{out[0].content}")
+        else:
+            out.insert(0, ChatMessage("system", system_prompt))
+    if question:
+        if out and out[-1].role == Role.USER.value:
+            out[-1] = ChatMessage(Role.USER.value, f"{out[-1].content}\n{question}")
+        else:
+            out.append(ChatMessage(Role.USER.value, question))
     return out

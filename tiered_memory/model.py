@@ -20,6 +20,16 @@ class Channel(enum.StrEnum):
     CHAT = "chat"
 
 
+class MessageStatus(enum.StrEnum):
+    """How an assistant reply ended. Only a completed reply answers the user's question; the
+    others are kept verbatim but never shown or summarized as if they had answered it."""
+
+    COMPLETED = "completed"
+    STOPPED = "stopped"
+    FAILED = "failed"
+    STREAMING = "streaming"
+
+
 class Tier(enum.StrEnum):
     """Which tier answered a read: the provenance every summary answer carries."""
 
@@ -44,6 +54,7 @@ class NewMessage:
     message_id: str
     user_id: str | None = None
     channel: Channel = Channel.CHAT
+    status: MessageStatus = MessageStatus.COMPLETED
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +71,12 @@ class Message:
     created_at: float
     user_id: str | None = None
     channel: Channel = Channel.CHAT
+    status: MessageStatus = MessageStatus.COMPLETED
+
+    @property
+    def answered(self) -> bool:
+        """A user message, or an assistant reply that completed: what memory may show and summarize."""
+        return self.role is Role.USER or self.status is MessageStatus.COMPLETED
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +89,8 @@ class AppendResult:
     message_count: int
     duplicate: bool
     completed_turn: bool = False
+    content_chars: int = 0
+    """Characters of all the session's messages after this one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +105,7 @@ class SessionInfo:
     last_activity: float
     closed_at: float | None
     covered_turns: int = 0
+    content_chars: int = 0
 
     @property
     def closed(self) -> bool:
@@ -128,3 +148,4 @@ class HotSession:
     turn_count: int | None
     message_count: int | None
     last_activity: float | None
+    content_chars: int | None = None

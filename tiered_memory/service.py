@@ -17,8 +17,14 @@ import structlog
 from tiered_memory.context import (
     ChatMessage,
     alternate,
+    answer_transcript,
     assemble,
+    estimate_tokens,
+    frame,
     hot_window_complete,
+    language_of,
+    recent_transcript,
+    summary_system_text,
     window,
     window_start_turn,
 )
@@ -63,8 +69,13 @@ class ContextAnswer:
     session_id: str
     summary_tier: Tier
     summary: str | None
+    covered_turns: int
+    topics: tuple[str, ...]
     messages: list[ChatMessage]
     turn_count: int
+    recent_transcript: str
+    answer_transcript: str
+    estimated_tokens: dict[str, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +131,7 @@ class MemoryService:
                 turn_count=result.turn_count,
                 message_count=result.message_count,
                 last_activity=result.message.created_at,
+                content_chars=result.content_chars,
             )
         except HotUnavailable as exc:
             # SQL has it; the hot list now has a gap, which the read path detects (seq) and
@@ -132,7 +144,7 @@ class MemoryService:
 
     def _summary_due(self, result: AppendResult) -> bool:
         return (
-            self._s.enable_conversation_summary
+            self._s.summaries_enabled
             and result.completed_turn
             and result.turn_count % self._s.summary_every_n_turns == 0
         )
@@ -166,7 +178,7 @@ class MemoryService:
         if info is None:
             raise NotFound(f"session {session_id!r} does not exist")
         persisted = cached = False
-        if self._s.enable_conversation_summary and info.turn_count >= max(1, self._s.summary_min_turns_to_persist):
+        if self._s.summaries_enabled and info.turn_count >= max(1, self._s.summary_min_turns_to_persist):
             # A pass started now sees every turn committed before close. It does not queue
             # behind background summaries; the summary lock still keeps it the only writer.
             result = await self._run_until_unlocked(session_id, background=False)
@@ -239,6 +251,7 @@ class MemoryService:
                 turn_count=info.turn_count,
                 message_count=info.message_count,
                 last_activity=info.last_activity,
+                content_chars=info.content_chars,
             )
         except HotUnavailable:
             self._metrics.tier_errors.labels("hot", "backfill").inc()
@@ -249,9 +262,10 @@ class MemoryService:
         except SqlUnavailable:
             self._metrics.tier_errors.labels("sql", "read_messages").inc()
             return None
-        if not messages:
+        answered = [m for m in messages if m.answered]
+        if not answered:
             return None
-        extraction = await asyncio.to_thread(self._extractor.extract, messages, max_chars=self._s.summary_max_chars)
+        extraction = await asyncio.to_thread(self._extractor.extract, answered, max_chars=self._s.summary_max_chars)
         if not extraction.text:
             return None
         return Summary(
@@ -278,25 +292,38 @@ class MemoryService:
             self._metrics.tier_errors.labels("sql", "read_session").inc()
             return None
 
-    async def context(self, session_id: str, *, max_chars: int) -> ContextAnswer:
-        """Summary plus recent turns, prompt-ordered, within max_chars.
+    async def context(
+        self,
+        session_id: str,
+        *,
+        max_chars: int,
+        system_prompt: str | None = None,
+        question: str | None = None,
+        exclude_message_id: str | None = None,
+    ) -> ContextAnswer:
+        """Summary plus recent turns, prompt-ordered, within max_chars of memory.
 
         One hot round trip answers both when Redis has them; otherwise the summary walk and the
         SQL read of the recent turns run concurrently, each with its own fallback, and what SQL
         gave is backfilled into the hot tier in one more round trip so the next read is hot.
+        Turns the summary does not cover yet (it lags behind a slow LLM) and that are older than
+        the window are added raw when they fit, or as a deterministic digest: no turn falls
+        between the summary and the window. `system_prompt` and `question` (not counted in
+        max_chars) frame the result: rules and summary in one system message, the question last.
         """
         try:
             hot = await self._hot.read_session(session_id)
         except HotUnavailable:
             self._metrics.tier_errors.labels("hot", "read_session").inc()
             hot = HotSession(summary=None, recent=(), turn_count=None, message_count=None, last_activity=None)
-        keep = self._s.keep_recent_turns
+        mode = self._s.memory_mode
+        keep = 0 if mode == "none" else self._s.keep_recent_turns
         complete = hot_window_complete(
             hot.recent, message_count=hot.message_count, turn_count=hot.turn_count, keep_recent_turns=keep
         )
 
         async def summary_part() -> tuple[SummaryAnswer, SessionInfo | None]:
-            if not self._s.enable_conversation_summary:
+            if mode != "summary":
                 return SummaryAnswer(session_id, Tier.NONE, None, hot.turn_count or 0), None
             if hot.summary is not None:
                 turns = hot.turn_count if hot.turn_count is not None else hot.summary.covered_turns
@@ -304,39 +331,107 @@ class MemoryService:
             return await self._summary_below_hot(session_id)
 
         async def recent_part() -> tuple[list[Message], SessionInfo | None, list[Message] | None]:
-            """The window, the SQL session when SQL was asked, and the rows to backfill."""
+            """Messages from the window's first turn (hot list, or SQL with one turn more), the SQL
+            session when SQL was asked, and the rows to backfill."""
+            if keep == 0:
+                return [], None if hot.turn_count is not None else await self._sql_session(session_id), None
             if complete:
-                assert hot.turn_count is not None
-                return window(hot.recent, turn_count=hot.turn_count, keep_recent_turns=keep), None, None
+                return list(hot.recent), None, None
             info = await self._sql_session(session_id)
             if info is None:
                 # SQL is down (or the session is unknown): whatever Redis still has beats nothing.
-                turns = hot.turn_count or 0
-                return window(hot.recent, turn_count=turns, keep_recent_turns=keep), None, None
-            first = window_start_turn(info.turn_count, keep)
+                return list(hot.recent), None, None
+            first = window_start_turn(info.turn_count, max(keep, 1))
             try:
                 # One turn more than the window (down to turn 0, a greeting), so that the hot
                 # list this refills is seen as complete by hot_window_complete next time.
                 rows = await self._store.messages_in_turns(session_id, after_turn=first - 2)
             except SqlUnavailable:
                 self._metrics.tier_errors.labels("sql", "read_recent").inc()
-                return window(hot.recent, turn_count=info.turn_count, keep_recent_turns=keep), info, None
-            return window(rows, turn_count=info.turn_count, keep_recent_turns=keep), info, rows
+                return list(hot.recent), info, None
+            return rows, info, rows
 
-        (answer, warm_info), (recent, info, rows) = await asyncio.gather(summary_part(), recent_part())
+        (answer, warm_info), (available, info, rows) = await asyncio.gather(summary_part(), recent_part())
+        if exclude_message_id is not None:
+            # A retried load-then-append: its message is stored already and comes back as the question.
+            available = [m for m in available if m.message_id != exclude_message_id]
         sql_info = info or warm_info
         warm_summary = answer.summary if answer.tier is Tier.WARM else None
         if sql_info is not None and (rows is not None or warm_summary is not None):
             await self._backfill(sql_info, summary=warm_summary, recent=rows)
-        text = answer.summary.text if answer.summary else None
         turn_count = sql_info.turn_count if sql_info else max(hot.turn_count or 0, answer.turn_count)
+        recent = window(available, turn_count=turn_count, keep_recent_turns=keep)
+        summary = answer.summary
+        memory_text = None
+        if summary is not None:
+            last = sql_info.last_activity if sql_info else hot.last_activity
+            memory_text = summary_system_text(
+                summary.text,
+                idle_seconds=None if last is None else self._clock() - last,
+                reconnect_gap_s=self._s.reconnect_gap_seconds,
+                templates=self._s.reconnect_templates,
+            )
+        if mode == "summary":
+            covered = summary.covered_turns if summary else 0
+            recent, memory_text = await self._close_gap(
+                session_id, covered, turn_count, recent, available, memory_text, max_chars=max_chars
+            )
+        messages = assemble(memory_text, alternate(recent), max_chars=max_chars)
+        messages = frame(messages, system_prompt=system_prompt, question=question)
+        full = sql_info.content_chars if sql_info else (hot.content_chars or 0)
+        returned = sum(len(m.content) for m in messages)
         return ContextAnswer(
             session_id=session_id,
             summary_tier=answer.tier,
-            summary=text,
-            messages=assemble(text, alternate(recent), max_chars=max_chars),
+            summary=summary.text if summary else None,
+            covered_turns=summary.covered_turns if summary else 0,
+            topics=summary.topics if summary else (),
+            messages=messages,
             turn_count=turn_count,
+            recent_transcript=recent_transcript(recent, max_chars=self._s.recent_transcript_max_chars),
+            answer_transcript=answer_transcript(recent, max_chars=self._s.answer_history_max_chars),
+            estimated_tokens={
+                "context": estimate_tokens(returned, self._s.chars_per_token),
+                "full_history": estimate_tokens(full + len(question or ""), self._s.chars_per_token),
+            },
         )
+
+    async def _close_gap(
+        self,
+        session_id: str,
+        covered: int,
+        turn_count: int,
+        recent: list[Message],
+        available: list[Message],
+        memory_text: str | None,
+        *,
+        max_chars: int,
+    ) -> tuple[list[Message], str | None]:
+        """Represent turns covered+1 … (window start - 1): raw in front of the window when they
+        fit the budget's recent share, else as a deterministic digest added to the summary text."""
+        first = recent[0].turn if recent else turn_count + 1
+        if covered + 1 >= first:
+            return recent, memory_text
+        gap = [m for m in available if covered < m.turn < first]
+        if not gap or gap[0].turn != covered + 1:
+            try:
+                gap = await self._store.messages_in_turns(session_id, after_turn=covered, through_turn=first - 1)
+            except SqlUnavailable:
+                self._metrics.tier_errors.labels("sql", "read_gap").inc()
+                return recent, memory_text
+        gap = [m for m in gap if m.answered]
+        raw_chars = sum(len(m.content) for m in [*gap, *recent])
+        reserved = min(len(memory_text or ""), max_chars // 2)
+        if raw_chars <= max_chars - reserved:
+            return [*gap, *recent], memory_text
+        digest = await asyncio.to_thread(
+            self._extractor.extract, gap, max_chars=max(50, min(self._s.summary_max_chars, max_chars // 4))
+        )
+        if not digest.text:
+            return recent, memory_text
+        label = "最近几轮：" if language_of(digest.text) == "zh" else "Recent turns: "
+        addition = label + digest.text
+        return recent, addition if memory_text is None else f"{memory_text}\n{addition}"
 
     # --- health and background ------------------------------------------------------------
 
@@ -361,7 +456,7 @@ class MemoryService:
     async def sweep(self) -> None:
         """Close idle sessions and schedule every summary that is due but not done (after a
         crash, a lost lock, or an SQL outage during a summary)."""
-        if self._s.enable_conversation_summary:
+        if self._s.summaries_enabled:
             due = await self._store.sessions_due(
                 every_n=self._s.summary_every_n_turns,
                 min_turns_to_persist=self._s.summary_min_turns_to_persist,

@@ -25,6 +25,9 @@ class Settings(BaseSettings):
 
     # --- summarization (names and defaults of the system this daemon replaces) ---
     enable_conversation_summary: bool = Field(True, alias="ENABLE_CONVERSATION_SUMMARY")
+    # none: no history; window: the last KEEP_RECENT_TURNS turns; summary: summary + window.
+    # Unset: summary, or window when ENABLE_CONVERSATION_SUMMARY=false.
+    memory_mode_setting: Literal["none", "window", "summary"] | None = Field(None, alias="MEMORY_MODE")
     summary_every_n_turns: int = Field(3, alias="SUMMARY_EVERY_N_TURNS", ge=1, le=1000)
     summary_max_tokens: int = Field(120, alias="SUMMARY_MAX_TOKENS", ge=16, le=32000)
     summary_redis_ttl_seconds: int = Field(7200, alias="SUMMARY_REDIS_TTL_SECONDS", ge=1)
@@ -64,7 +67,17 @@ class Settings(BaseSettings):
     host: str = Field(_LOOPBACK_DEFAULT, alias="HOST", min_length=1)
     port: int = Field(8080, alias="PORT", ge=0, le=65535)
     max_message_chars: int = Field(32_000, alias="MAX_MESSAGE_CHARS", ge=1)
+
+    # --- context assembly ---
     context_max_chars: int = Field(4000, alias="CONTEXT_MAX_CHARS", ge=100)
+    recent_transcript_max_chars: int = Field(2200, alias="RECENT_TRANSCRIPT_MAX_CHARS", ge=0)
+    answer_history_max_chars: int = Field(1000, alias="ANSWER_HISTORY_MAX_CHARS", ge=0)
+    chars_per_token: float = Field(2.0, alias="CHARS_PER_TOKEN", gt=0, le=100)
+    reconnect_gap_seconds: int = Field(1800, alias="RECONNECT_GAP_SECONDS", ge=0)
+    reconnect_template_zh: str = Field("用户上次（{ago}）的对话摘要：{summary}", alias="RECONNECT_TEMPLATE_ZH")
+    reconnect_template_en: str = Field(
+        "Summary of the user's previous conversation ({ago}): {summary}", alias="RECONNECT_TEMPLATE_EN"
+    )
 
     # --- logs ---
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", alias="LOG_LEVEL")
@@ -89,6 +102,8 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _cross_check(self) -> Settings:
+        if self.memory_mode_setting == "summary" and not self.enable_conversation_summary:
+            raise ValueError("MEMORY_MODE: expected none or window when ENABLE_CONVERSATION_SUMMARY=false")
         if self.history_ttl_seconds > self.summary_redis_ttl_seconds:
             raise ValueError(
                 "HISTORY_TTL_SECONDS: expected at most SUMMARY_REDIS_TTL_SECONDS "
@@ -102,6 +117,16 @@ class Settings(BaseSettings):
             )
         if self.redis_url and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("REDIS_URL: expected redis://host:port/db, rediss://… or unix://…")
+        for name, template in (
+            ("RECONNECT_TEMPLATE_ZH", self.reconnect_template_zh),
+            ("RECONNECT_TEMPLATE_EN", self.reconnect_template_en),
+        ):
+            try:
+                filled = template.format(ago="1", summary="2")
+            except (KeyError, IndexError, ValueError):
+                filled = ""
+            if "1" not in filled or "2" not in filled:
+                raise ValueError(f"{name}: expected a template using exactly {{ago}} and {{summary}}")
         if self.summary_prompt_file is not None and not self.summary_prompt_file.is_file():
             raise ValueError(f"SUMMARY_PROMPT_FILE: expected a readable file, got {self.summary_prompt_file}")
         return self
@@ -134,6 +159,23 @@ class Settings(BaseSettings):
     def migrate_on_start(self) -> bool:
         """AUTO_MIGRATE, defaulting to on for the embedded SQLite file and off for a shared server."""
         return self.embedded_sql if self.auto_migrate is None else self.auto_migrate
+
+    @property
+    def memory_mode(self) -> Literal["none", "window", "summary"]:
+        """The effective memory strategy (MEMORY_MODE, else derived from ENABLE_CONVERSATION_SUMMARY)."""
+        if self.memory_mode_setting is not None:
+            return self.memory_mode_setting
+        return "summary" if self.enable_conversation_summary else "window"
+
+    @property
+    def summaries_enabled(self) -> bool:
+        """Whether summaries are made (every N turns, at close, by the sweeper): summary mode only.
+        Sessions recorded in another mode are summarized by the sweeper once summary mode is on."""
+        return self.memory_mode == "summary"
+
+    @property
+    def reconnect_templates(self) -> dict[str, str]:
+        return {"zh": self.reconnect_template_zh, "en": self.reconnect_template_en}
 
     @property
     def llm_enabled(self) -> bool:

@@ -109,7 +109,9 @@ class SummaryJob:
             cached = prev is not None and await self._cache(session_id, prev)
             return JobResult(Outcome.UP_TO_DATE, hot_written=cached)
         started = time.perf_counter()
-        new = await self._store.messages_in_turns(session_id, after_turn=covered, through_turn=target)
+        rows = await self._store.messages_in_turns(session_id, after_turn=covered, through_turn=target)
+        # A reply that was stopped, failed or never finished streaming is not an answer.
+        new = [m for m in rows if m.answered]
         extraction = await asyncio.to_thread(
             self._extractor.extract,
             new,

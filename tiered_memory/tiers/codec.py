@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tiered_memory.model import Channel, Message, Role, Summary, SummarySource
+from tiered_memory.model import Channel, Message, MessageStatus, Role, Summary, SummarySource
 
 
 def message_to_dict(m: Message) -> dict[str, Any]:
@@ -19,6 +19,7 @@ def message_to_dict(m: Message) -> dict[str, Any]:
         "ts": m.created_at,
         "uid": m.user_id,
         "ch": m.channel.value,
+        "st": m.status.value,
     }
 
 
@@ -33,6 +34,7 @@ def message_from_dict(d: dict[str, Any]) -> Message:
         created_at=float(d["ts"]),
         user_id=d.get("uid"),
         channel=Channel(d.get("ch", "chat")),
+        status=MessageStatus(d.get("st", "completed")),
     )
 
 

@@ -25,7 +25,13 @@ class HotTier(Protocol):
         ...
 
     async def record_append(
-        self, message: Message, *, turn_count: int, message_count: int, last_activity: float
+        self,
+        message: Message,
+        *,
+        turn_count: int,
+        message_count: int,
+        last_activity: float,
+        content_chars: int = 0,
     ) -> None:
         """Push a committed message onto the recent list (trimmed) and set the counters SQL reported."""
         ...
@@ -43,6 +49,7 @@ class HotTier(Protocol):
         turn_count: int,
         message_count: int,
         last_activity: float,
+        content_chars: int = 0,
     ) -> None:
         """Refill a session from SQL after a miss, in one round trip: the summary (unless a newer
         version is cached), and the counters and recent list (replacing the list) unless an append

@@ -25,6 +25,7 @@ class _Entry:
     turns: int | None = None
     msgs: int | None = None
     last: float | None = None
+    chars: int | None = None
     state_until: float = 0.0
     lock_token: str | None = None
     lock_until: float = 0.0
@@ -64,7 +65,7 @@ class MemoryHot:
         if entry.summary_until <= now:
             entry.summary = None
         if entry.state_until <= now:
-            entry.turns = entry.msgs = None
+            entry.turns = entry.msgs = entry.chars = None
             entry.last = None
         if entry.lock_until <= now:
             entry.lock_token = None
@@ -97,17 +98,24 @@ class MemoryHot:
             turn_count=entry.turns,
             message_count=entry.msgs,
             last_activity=entry.last,
+            content_chars=entry.chars,
         )
 
     async def record_append(
-        self, message: Message, *, turn_count: int, message_count: int, last_activity: float
+        self,
+        message: Message,
+        *,
+        turn_count: int,
+        message_count: int,
+        last_activity: float,
+        content_chars: int = 0,
     ) -> None:
         entry = self._get_or_create(message.session_id)
         now = self._clock()
         entry.recent.append(message)
         del entry.recent[: -self._recent_max]
         entry.recent_until = now + self._history_ttl
-        entry.turns, entry.msgs, entry.last = turn_count, message_count, last_activity
+        entry.turns, entry.msgs, entry.last, entry.chars = turn_count, message_count, last_activity, content_chars
         entry.state_until = now + self._summary_ttl
 
     async def put_summary(self, session_id: str, summary: Summary) -> bool:
@@ -127,6 +135,7 @@ class MemoryHot:
         turn_count: int,
         message_count: int,
         last_activity: float,
+        content_chars: int = 0,
     ) -> None:
         if summary is not None:
             await self.put_summary(session_id, summary)
@@ -137,7 +146,7 @@ class MemoryHot:
         if recent is not None:
             entry.recent = list(recent[-self._recent_max :])
             entry.recent_until = now + self._history_ttl
-        entry.turns, entry.msgs, entry.last = turn_count, message_count, last_activity
+        entry.turns, entry.msgs, entry.last, entry.chars = turn_count, message_count, last_activity, content_chars
         entry.state_until = now + self._summary_ttl
 
     async def delete(self, session_id: str) -> None:

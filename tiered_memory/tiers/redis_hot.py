@@ -48,10 +48,10 @@ local have = tonumber(redis.call('HGET', KEYS[3], 'msgs') or '-1')
 if have > tonumber(ARGV[4]) then return 0 end
 if ARGV[8] == '1' then
   redis.call('DEL', KEYS[2])
-  for i = 9, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
-  if #ARGV >= 9 then redis.call('EXPIRE', KEYS[2], ARGV[7]) end
+  for i = 10, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
+  if #ARGV >= 10 then redis.call('EXPIRE', KEYS[2], ARGV[7]) end
 end
-redis.call('HSET', KEYS[3], 'turns', ARGV[5], 'msgs', ARGV[4], 'last', ARGV[6])
+redis.call('HSET', KEYS[3], 'turns', ARGV[5], 'msgs', ARGV[4], 'last', ARGV[6], 'chars', ARGV[9])
 redis.call('EXPIRE', KEYS[3], ARGV[3])
 return 1
 """
@@ -140,8 +140,8 @@ class RedisHot:
             async with self._r.pipeline(transaction=False) as p:
                 p.get(self._keys.summary(session_id))
                 p.lrange(self._keys.recent(session_id), 0, -1)
-                p.hmget(self._keys.state(session_id), "turns", "msgs", "last")
-                raw_summary, raw_recent, (turns, msgs, last) = await p.execute()
+                p.hmget(self._keys.state(session_id), "turns", "msgs", "last", "chars")
+                raw_summary, raw_recent, (turns, msgs, last, chars) = await p.execute()
             recent = sorted((decode_message(r) for r in raw_recent), key=lambda m: m.seq)
             return HotSession(
                 summary=decode_summary(raw_summary) if raw_summary else None,
@@ -149,12 +149,19 @@ class RedisHot:
                 turn_count=int(turns) if turns is not None else None,
                 message_count=int(msgs) if msgs is not None else None,
                 last_activity=float(last) if last is not None else None,
+                content_chars=int(chars) if chars is not None else None,
             )
 
         return await self._call(op)
 
     async def record_append(
-        self, message: Message, *, turn_count: int, message_count: int, last_activity: float
+        self,
+        message: Message,
+        *,
+        turn_count: int,
+        message_count: int,
+        last_activity: float,
+        content_chars: int = 0,
     ) -> None:
         sid = message.session_id
         recent, state = self._keys.recent(sid), self._keys.state(sid)
@@ -166,7 +173,10 @@ class RedisHot:
                 p.expire(recent, self._history_ttl)
                 # Counters are SQL's values, set rather than incremented, so a lost or
                 # repeated write can never make them drift.
-                p.hset(state, mapping={"turns": turn_count, "msgs": message_count, "last": last_activity})
+                p.hset(
+                    state,
+                    mapping={"turns": turn_count, "msgs": message_count, "last": last_activity, "chars": content_chars},
+                )
                 p.expire(state, self._summary_ttl)
                 await p.execute()
 
@@ -190,6 +200,7 @@ class RedisHot:
         turn_count: int,
         message_count: int,
         last_activity: float,
+        content_chars: int = 0,
     ) -> None:
         keys = [self._keys.summary(session_id), self._keys.recent(session_id), self._keys.state(session_id)]
         args: list[str | int | float] = [
@@ -201,6 +212,7 @@ class RedisHot:
             last_activity,
             self._history_ttl,
             "1" if recent is not None else "0",
+            content_chars,
         ]
         if recent is not None:
             args.extend(encode_message(m) for m in recent[-self._recent_max :])

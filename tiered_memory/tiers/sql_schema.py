@@ -7,13 +7,14 @@ so running it twice, or on a database another replica just migrated, changes not
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _MYSQL_TABLE: dict[str, Any] = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin"}
 
@@ -44,6 +45,8 @@ sessions = sa.Table(
     # 1 while the open turn has a user message waiting for its reply: only then does an
     # assistant message complete a turn (a greeting or a second reply part does not).
     sa.Column("pending_user", sa.SmallInteger, nullable=False, server_default="0"),
+    # Characters of every message so far: what the whole history would cost a prompt. (Version 2.)
+    sa.Column("content_chars", sa.BigInteger, nullable=False, server_default="0"),
     sa.Column("created_at", _TIMESTAMP, nullable=False),
     sa.Column("last_activity", _TIMESTAMP, nullable=False),
     sa.Column("closed_at", _TIMESTAMP, nullable=True),
@@ -66,6 +69,9 @@ messages = sa.Table(
     sa.Column("channel", sa.String(8), nullable=False),
     sa.Column("message_id", sa.String(128), nullable=False),
     sa.Column("completes_turn", sa.SmallInteger, nullable=False, server_default="0"),
+    # An assistant reply that was stopped, failed or is still streaming completes no turn and is
+    # never summarized as an answer. (Schema version 2.)
+    sa.Column("status", sa.String(16), nullable=False, server_default="completed"),
     sa.Column("created_at", _TIMESTAMP, nullable=False),
     sa.Index("ix_messages_session_id", "session_id", "id"),
     sa.UniqueConstraint("session_id", "message_id", name="uq_messages_session_message_id"),
@@ -144,18 +150,58 @@ async def migrate(engine: AsyncEngine, *, now: float) -> int:
                 await conn.commit()
 
 
+async def _add_missing_columns(conn: AsyncConnection, table: sa.Table, names: Sequence[str]) -> None:
+    """ALTER TABLE … ADD COLUMN for each of `names` the table lacks (its definition as declared above)."""
+    existing = await conn.run_sync(lambda c: {col["name"] for col in sa.inspect(c).get_columns(table.name)})
+    for name in names:
+        if name in existing:
+            continue
+        ddl = sa.schema.CreateColumn(table.c[name]).compile(dialect=conn.dialect)
+        try:
+            await conn.exec_driver_sql(f"ALTER TABLE {table.name} ADD COLUMN {ddl}")
+        except sa.exc.OperationalError as exc:
+            # SQLite has no migration lock: a concurrent migrator may have added it first.
+            if "duplicate column" not in str(exc.orig).lower():
+                raise
+
+
+async def _upgrade_to_2(conn: AsyncConnection) -> None:
+    await _add_missing_columns(conn, messages, ["status"])
+    added = "content_chars" not in await conn.run_sync(
+        lambda c: {col["name"] for col in sa.inspect(c).get_columns(sessions.name)}
+    )
+    await _add_missing_columns(conn, sessions, ["content_chars"])
+    if added:
+        total = (
+            sa.select(sa.func.coalesce(sa.func.sum(sa.func.length(messages.c.content)), 0))
+            .where(messages.c.session_id == sessions.c.session_id)
+            .scalar_subquery()
+        )
+        await conn.execute(sessions.update().values(content_chars=total))
+
+
+# Step n brings a version n-1 schema to version n; create_all already made new databases whole,
+# so every step checks what is there before changing it.
+_UPGRADES: dict[int, Callable[[AsyncConnection], Awaitable[None]]] = {2: _upgrade_to_2}
+
+
 async def _record_version(conn: AsyncConnection, now: float) -> int:
+    current = await _applied_version(conn)
+    await conn.commit()
+    if current == 0:
+        # A database create_all just made whole: nothing to upgrade.
+        current = 1
+    for version in range(current + 1, SCHEMA_VERSION + 1):
+        await _UPGRADES[version](conn)
+        await conn.commit()
     async with conn.begin():
-        current = await _applied_version(conn)
-        # Upgrade steps for versions after 1 go here, each applied once, in order.
-        if current < SCHEMA_VERSION:
+        for version in range(1, SCHEMA_VERSION + 1):
             try:
                 async with conn.begin_nested():
-                    await conn.execute(schema_version.insert().values(version=SCHEMA_VERSION, applied_at=now))
+                    await conn.execute(schema_version.insert().values(version=version, applied_at=now))
             except sa.exc.IntegrityError:
-                pass  # another replica recorded it between our read and our insert
-            current = SCHEMA_VERSION
-    return current
+                pass  # recorded before, or by another replica between our read and our insert
+    return SCHEMA_VERSION
 
 
 async def current_version(engine: AsyncEngine) -> int:

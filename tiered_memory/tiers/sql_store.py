@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -23,6 +24,7 @@ from tiered_memory.model import (
     AppendResult,
     Channel,
     Message,
+    MessageStatus,
     NewMessage,
     Role,
     SessionInfo,
@@ -81,6 +83,7 @@ def _row_to_message(r: sa.Row[*tuple[Any, ...]]) -> Message:
         created_at=float(r.created_at),
         user_id=r.user_id,
         channel=Channel(r.channel),
+        status=MessageStatus(r.status),
     )
 
 
@@ -94,6 +97,7 @@ def _row_to_session(r: sa.Row[*tuple[Any, ...]], covered: int = 0) -> SessionInf
         last_activity=float(r.last_activity),
         closed_at=float(r.closed_at) if r.closed_at is not None else None,
         covered_turns=covered,
+        content_chars=int(r.content_chars),
     )
 
 
@@ -229,15 +233,22 @@ class SqlStore:
             ).one_or_none()
             if existing is not None:
                 stored = _row_to_message(existing)
-                if stored.role is not new.role or stored.content != new.content:
+                if stored.role is not new.role or stored.content != new.content or stored.status is not new.status:
                     raise Conflict(f"message_id {new.message_id!r} was already used for a different message")
-                return append_result_of(stored, completed_turn=bool(existing.completes_turn), duplicate=True)
+                return dataclasses.replace(
+                    append_result_of(stored, completed_turn=bool(existing.completes_turn), duplicate=True),
+                    content_chars=int(srow.content_chars),
+                )
             seq = int(srow.message_count) + 1
             completed = int(srow.turn_count)
             pending_user = bool(srow.pending_user)
             if new.role is Role.USER:
                 # Opens (or, after another user message, continues) turn completed+1.
                 turn, turns_after, completes, pending_after = completed + 1, completed, False, True
+            elif new.status is not MessageStatus.COMPLETED:
+                # A stopped, failed or streaming reply leaves the question open.
+                turn = completed + 1 if pending_user else completed
+                turns_after, completes, pending_after = completed, False, pending_user
             elif pending_user:
                 turn, turns_after, completes, pending_after = completed + 1, completed + 1, True, False
             else:
@@ -254,6 +265,7 @@ class SqlStore:
                 created_at=now,
                 user_id=new.user_id or srow.user_id,
                 channel=new.channel,
+                status=new.status,
             )
             await conn.execute(
                 msgs.insert().values(
@@ -266,6 +278,7 @@ class SqlStore:
                     channel=message.channel.value,
                     message_id=message.message_id,
                     completes_turn=int(completes),
+                    status=message.status.value,
                     created_at=now,
                 )
             )
@@ -276,6 +289,7 @@ class SqlStore:
                     turn_count=turns_after,
                     message_count=seq,
                     pending_user=int(pending_after),
+                    content_chars=sessions.c.content_chars + len(new.content),
                     last_activity=now,
                     # A gateway that reconnects to a closed session reopens it.
                     closed_at=None,
@@ -289,6 +303,7 @@ class SqlStore:
                 message_count=seq,
                 duplicate=False,
                 completed_turn=completes,
+                content_chars=int(srow.content_chars) + len(new.content),
             )
 
         return await self._transaction(body)

@@ -258,7 +258,8 @@ class MemoryService:
 
     async def _cold_summary(self, info: SessionInfo) -> Summary | None:
         try:
-            messages = await self._store.messages_in_turns(info.session_id, after_turn=0)
+            # Completed turns only, like a real summary: an open question is in the window, raw.
+            messages = await self._store.messages_in_turns(info.session_id, after_turn=0, through_turn=info.turn_count)
         except SqlUnavailable:
             self._metrics.tier_errors.labels("sql", "read_messages").inc()
             return None

@@ -1,0 +1,205 @@
+"""Memory strategies and context assembly over HTTP: modes, reply status, load-then-append,
+framing, transcripts, token estimates, reconnect phrasing, and no turn lost between the summary
+and the window. Each runs on the embedded backends and on real Redis + MariaDB."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from tests.conftest import Daemon, new_sid
+from tests.conversations import ZH_12_TURNS
+from tests.fake_llm import Behaviour, FakeLlm
+
+
+async def _with(env: dict[str, str], **extra: str) -> Daemon:
+    d = Daemon(env | extra)
+    await d.start()
+    return d
+
+
+async def _play(d: Daemon, sid: str, turns: list[tuple[str, str]]) -> None:
+    for user, assistant in turns:
+        await d.post(sid, "user", user)
+        await d.post(sid, "assistant", assistant)
+
+
+def _contents(ctx: dict[str, Any]) -> list[str]:
+    return [m["content"] for m in ctx["messages"]]
+
+
+@pytest.mark.parametrize("mode", ["none", "window", "summary"])
+async def test_the_three_modes_serve_the_same_recorded_session(backend_env: dict[str, str], mode: str) -> None:
+    """A session recorded in summary mode is served by each mode without migration: none gives no
+    history, window the last KEEP_RECENT_TURNS turns only, summary the summary plus the window."""
+    recorder = await _with(backend_env)
+    sid = new_sid()
+    try:
+        await _play(recorder, sid, ZH_12_TURNS[:6])
+        await recorder.settle()
+    finally:
+        await recorder.stop()
+    d = await _with(backend_env, MEMORY_MODE=mode)
+    try:
+        ctx = await d.get(f"/v1/sessions/{sid}/context")
+        assert ctx["turn_count"] == 6
+        if mode == "none":
+            assert ctx["messages"] == []
+        elif mode == "window":
+            assert ctx["summary_tier"] == "none"
+            assert [m["role"] for m in ctx["messages"]] == ["user", "assistant"] * 3
+            assert _contents(ctx)[0] == ZH_12_TURNS[3][0]
+        else:
+            assert ctx["messages"][0]["role"] == "system"
+            assert ctx["covered_turns"] == 6
+            assert "活力健" in ctx["messages"][0]["content"]
+    finally:
+        await d.stop()
+
+
+async def test_window_mode_makes_no_summaries_and_summary_mode_catches_up(backend_env: dict[str, str]) -> None:
+    """ENABLE_CONVERSATION_SUMMARY=false means window mode: no summary is scheduled or stored. Back
+    in summary mode, the start-up sweep summarizes what was recorded meanwhile."""
+    d = await _with(backend_env, ENABLE_CONVERSATION_SUMMARY="false")
+    sid = new_sid()
+    try:
+        for user, assistant in ZH_12_TURNS[:3]:
+            await d.post(sid, "user", user)
+            reply = await d.post(sid, "assistant", assistant)
+        assert reply["summary_scheduled"] is False
+        assert (await d.store.get_summary(sid))[0] is None
+    finally:
+        await d.stop()
+    d = await _with(backend_env)
+    try:
+        for _ in range(300):
+            await d.settle()
+            if (await d.store.get_summary(sid))[0] is not None:
+                break
+            await asyncio.sleep(0.02)
+        assert (await d.get(f"/v1/sessions/{sid}/summary"))["covered_turns"] == 3
+    finally:
+        await d.stop()
+
+
+async def test_an_unfinished_reply_leaves_the_question_alone(daemon: Daemon) -> None:
+    """A stopped, failed or streaming assistant reply completes no turn, is kept in the cold tier,
+    and is neither shown in the context nor summarized: the question stands alone."""
+    sid = new_sid()
+    await _play(daemon, sid, ZH_12_TURNS[:2])
+    await daemon.post(sid, "user", "那价格呢？")
+    for status in ("streaming", "stopped", "failed"):
+        r = await daemon.post(sid, "assistant", f"活力健的价格是（{status}）", status=status)
+        assert r["turn_count"] == 2
+        assert r["summary_scheduled"] is False
+    ctx = await daemon.get(f"/v1/sessions/{sid}/context")
+    assert ctx["messages"][-1] == {"role": "user", "content": "那价格呢？"}
+    assert not any("（stopped）" in c for c in _contents(ctx))
+    done = await daemon.post(sid, "assistant", "活力健一盒398元。")
+    assert done["turn_count"] == 3
+    assert done["summary_scheduled"] is True
+    await daemon.settle()
+    summary = (await daemon.get(f"/v1/sessions/{sid}/summary"))["summary"]
+    assert "398" in summary
+    assert "（streaming）" not in summary
+    assert await daemon.store.count_messages(sid) == 9
+    bad = await daemon.http.post(
+        f"/v1/sessions/{sid}/messages", json={"role": "user", "content": "x", "status": "stopped"}
+    )
+    assert bad.status == 400
+
+
+async def test_load_then_append_returns_the_context_before_the_message(daemon: Daemon) -> None:
+    """POST /turns answers the context as it was before the user's message, with that message as
+    the closing question exactly once, then records it; a retry does not repeat the question."""
+    sid = new_sid()
+    await _play(daemon, sid, ZH_12_TURNS[:2])
+    body = {"content": "那价格呢？", "message_id": "t-3", "system_prompt": "你是健康顾问。"}
+    resp = await daemon.http.post(f"/v1/sessions/{sid}/turns", json=body)
+    assert resp.status == 201
+    first = await resp.json()
+    assert first["turn_count"] == 2
+    assert first["message_id"] == "t-3"
+    msgs = first["messages"]
+    assert msgs[0]["role"] == "system"
+    assert msgs[0]["content"].startswith("你是健康顾问。")
+    assert msgs[-1] == {"role": "user", "content": "那价格呢？"}
+    assert sum(m["content"].count("那价格呢？") for m in msgs) == 1
+    retry = await daemon.http.post(f"/v1/sessions/{sid}/turns", json=body)
+    assert retry.status == 200
+    again = await retry.json()
+    assert sum(m["content"].count("那价格呢？") for m in again["messages"]) == 1
+    assert await daemon.store.count_messages(sid) == 5
+    wrong = await daemon.http.post(f"/v1/sessions/{sid}/turns", json={"role": "assistant", "content": "x"})
+    assert wrong.status == 400
+
+
+async def test_transcripts_and_token_estimates(daemon: Daemon) -> None:
+    """recent_transcript caps each line and keeps the newest within its budget; answer_transcript
+    holds the user's words only; estimated_tokens compares the context with the whole history."""
+    sid = new_sid()
+    await _play(daemon, sid, ZH_12_TURNS[:5])
+    await daemon.post(sid, "user", "长" * 500)
+    await daemon.settle()
+    ctx = await daemon.get(f"/v1/sessions/{sid}/context?max_chars=800")
+    lines = ctx["recent_transcript"].split("\n")
+    assert lines[-1].startswith("用户：")
+    assert len(lines[-1]) <= 3 + 160
+    assert len(ctx["recent_transcript"]) <= 2200
+    assert ZH_12_TURNS[4][1] in ctx["recent_transcript"]
+    assert ZH_12_TURNS[4][1] not in ctx["answer_transcript"]
+    assert ZH_12_TURNS[4][0] in ctx["answer_transcript"]
+    tokens = ctx["estimated_tokens"]
+    assert 0 < tokens["context"] <= 400
+    history_chars = sum(len(u) + len(a) for u, a in ZH_12_TURNS[:5]) + 500
+    assert tokens["full_history"] == -(-history_chars // 2)
+
+
+async def test_reconnect_after_a_gap_says_how_long_ago(backend_env: dict[str, str]) -> None:
+    """After more than RECONNECT_GAP_SECONDS of silence the summary message says how long ago the
+    conversation was; within the gap it is the plain summary prefix."""
+    d = await _with(backend_env, RECONNECT_GAP_SECONDS="1")
+    try:
+        sid = new_sid()
+        await _play(d, sid, ZH_12_TURNS[:3])
+        await d.settle()
+        fresh = await d.get(f"/v1/sessions/{sid}/context")
+        assert fresh["messages"][0]["content"].startswith("[历史对话摘要]")
+        await asyncio.sleep(1.2)
+        later = await d.get(f"/v1/sessions/{sid}/context")
+        assert later["messages"][0]["content"].startswith("用户上次（1分钟前）的对话摘要：")
+    finally:
+        await d.stop()
+
+
+async def test_no_turn_falls_between_a_lagging_summary_and_the_window(
+    backend_env: dict[str, str], fake_llm: FakeLlm
+) -> None:
+    """While a slow LLM holds the summary back, the turns it does not cover yet and that left the
+    window are still in the context: raw when they fit, as a deterministic digest when not."""
+    fake_llm.behaviour = Behaviour(text="用户王小明咨询了活力健。")
+    env = backend_env | {"LLM_BASE_URL": fake_llm.url, "SUMMARY_MODEL": "m", "LLM_TIMEOUT_SECONDS": "10"}
+    d = await _with(env)
+    try:
+        sid = new_sid()
+        await _play(d, sid, ZH_12_TURNS[:3])
+        await d.settle()
+        fake_llm.behaviour = Behaviour(delay_s=3.0, text="later")
+        await _play(d, sid, ZH_12_TURNS[3:11])
+        ctx = await d.get(f"/v1/sessions/{sid}/context")
+        assert ctx["covered_turns"] == 3
+        assert ctx["turn_count"] == 11
+        text = "\n".join(_contents(ctx))
+        assert "用户王小明咨询了活力健。" in text
+        for user, _assistant in ZH_12_TURNS[3:11]:
+            assert user in text
+        tight = await d.get(f"/v1/sessions/{sid}/context?max_chars=500")
+        assert sum(len(c) for c in _contents(tight)) <= 500
+        tight_text = "\n".join(_contents(tight))
+        assert "王小明" in tight_text
+        assert "18度" in tight_text
+        assert ZH_12_TURNS[10][1] in tight_text
+    finally:
+        await d.stop()

@@ -189,6 +189,7 @@ async def test_delete_during_a_summary_leaves_nothing_behind(backend_env: dict[s
         assert (await d.get(f"/v1/sessions/{sid}/summary"))["tier"] == "none"
         assert await d.store.get_summary(sid) == (None, None)
         await d.post(sid, "user", "我叫李四，想买X200耳机。", user_id="bob")
+        await d.post(sid, "assistant", "好的李四，X200耳机售价599元。")
         fresh = await d.get(f"/v1/sessions/{sid}/summary")
         assert fresh["tier"] == "cold"
         assert "李四" in fresh["summary"]

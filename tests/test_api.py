@@ -328,7 +328,7 @@ async def test_greetings_and_split_replies_complete_no_turn(daemon: Daemon) -> N
     answer = await daemon.get(f"/v1/sessions/{sid}/summary")
     assert answer["covered_turns"] == 3
     ctx = await daemon.get(f"/v1/sessions/{sid}/context")
-    assert ctx["messages"][1] == {"role": "user", "content": ZH_12_TURNS[0][0]}
+    assert ctx["messages"][0] == {"role": "user", "content": ZH_12_TURNS[0][0]}
 
 
 async def test_context_is_hot_again_after_a_hot_loss(daemon: Daemon) -> None:

@@ -5,6 +5,7 @@ and the window. Each runs on the embedded backends and on real Redis + MariaDB."
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -163,7 +164,7 @@ async def test_reconnect_after_a_gap_says_how_long_ago(backend_env: dict[str, st
     d = await _with(backend_env, RECONNECT_GAP_SECONDS="1")
     try:
         sid = new_sid()
-        await _play(d, sid, ZH_12_TURNS[:3])
+        await _play(d, sid, ZH_12_TURNS[:5])
         await d.settle()
         fresh = await d.get(f"/v1/sessions/{sid}/context")
         assert fresh["messages"][0]["content"].startswith("[历史对话摘要]")
@@ -203,3 +204,79 @@ async def test_no_turn_falls_between_a_lagging_summary_and_the_window(
         assert ZH_12_TURNS[10][1] in tight_text
     finally:
         await d.stop()
+
+
+async def test_user_summaries_newest_first(daemon: Daemon) -> None:
+    """GET /v1/users/{user_id}/summaries lists that user's session summaries, newest first, and
+    only theirs."""
+    user = f"u-{new_sid()}"
+    sids = [new_sid() for _ in range(3)]
+    for sid in sids:
+        for u, a in ZH_12_TURNS[:3]:
+            await daemon.post(sid, "user", u, user_id=user)
+            await daemon.post(sid, "assistant", a)
+        await daemon.settle()
+    other = new_sid()
+    for u, a in ZH_12_TURNS[:3]:
+        await daemon.post(other, "user", u, user_id="someone-else")
+        await daemon.post(other, "assistant", a)
+    await daemon.settle()
+    listed = await daemon.get(f"/v1/users/{user}/summaries?limit=2")
+    assert [s["session_id"] for s in listed["summaries"]] == [sids[2], sids[1]]
+    assert listed["summaries"][0]["covered_turns"] == 3
+    everything = await daemon.get(f"/v1/users/{user}/summaries")
+    assert {s["session_id"] for s in everything["summaries"]} == set(sids)
+    assert (await daemon.http.get(f"/v1/users/{user}/summaries?limit=0")).status == 400
+
+
+async def test_reset_summary_keeps_the_messages(daemon: Daemon) -> None:
+    """DELETE /v1/sessions/{sid}/summary forgets the summary in both tiers; the messages stay, so
+    the cold tier answers, and the next sweep rebuilds the summary."""
+    sid = new_sid()
+    await _play(daemon, sid, ZH_12_TURNS[:3])
+    await daemon.settle()
+    assert (await daemon.get(f"/v1/sessions/{sid}/summary"))["tier"] == "hot"
+    assert (await daemon.http.delete(f"/v1/sessions/{sid}/summary")).status == 204
+    assert (await daemon.get(f"/v1/sessions/{sid}/summary"))["tier"] == "cold"
+    assert await daemon.store.count_messages(sid) == 6
+    await daemon.service.sweep()
+    await daemon.settle()
+    rebuilt = await daemon.get(f"/v1/sessions/{sid}/summary")
+    assert rebuilt["tier"] == "hot"
+    assert rebuilt["covered_turns"] == 3
+    assert (await daemon.http.delete(f"/v1/sessions/{new_sid()}/summary")).status == 404
+
+
+async def test_topic_keywords_come_first(backend_env: dict[str, str], tmp_path: Path) -> None:
+    """Keywords from TOPIC_KEYWORDS_FILE found in a conversation lead its topic tags, on stored
+    summaries and on the cold extraction alike."""
+    keywords = tmp_path / "topics.txt"
+    keywords.write_text("# products\n产品: 活力健, 基础三合一\n地点: 香山\n", encoding="utf-8")
+    d = await _with(backend_env, TOPIC_KEYWORDS_FILE=str(keywords))
+    try:
+        sid = new_sid()
+        await _play(d, sid, ZH_12_TURNS[:2])
+        cold = await d.get(f"/v1/sessions/{sid}/summary")
+        assert cold["tier"] == "cold"
+        assert cold["topics"][0] == "活力健"
+        await _play(d, sid, ZH_12_TURNS[2:6])
+        await d.settle()
+        hot = await d.get(f"/v1/sessions/{sid}/summary")
+        assert hot["topics"][:2] == ["活力健", "香山"]
+        ctx = await d.get(f"/v1/sessions/{sid}/context")
+        assert ctx["topics"] == hot["topics"]
+    finally:
+        await d.stop()
+
+
+async def test_a_short_conversation_is_sent_raw_without_a_summary(daemon: Daemon) -> None:
+    """While every turn fits in the window and the budget, the context carries them raw and no
+    summary message repeating them."""
+    sid = new_sid()
+    await _play(daemon, sid, ZH_12_TURNS[:3])
+    await daemon.settle()
+    ctx = await daemon.get(f"/v1/sessions/{sid}/context")
+    assert ctx["summary_tier"] == "hot"
+    assert [m["role"] for m in ctx["messages"]] == ["user", "assistant"] * 3
+    tight = await daemon.get(f"/v1/sessions/{sid}/context?max_chars=100")
+    assert tight["messages"][0]["role"] == "system"

@@ -271,6 +271,40 @@ async def delete_session(request: web.Request) -> web.Response:
     return web.Response(status=204)
 
 
+async def delete_summary(request: web.Request) -> web.Response:
+    await request.app[SERVICE_KEY].reset_summary(_session_id(request))
+    return web.Response(status=204)
+
+
+async def get_user_summaries(request: web.Request) -> web.Response:
+    user_id = request.match_info["user_id"]
+    if not 0 < len(user_id) <= 128 or not _encodable(user_id):
+        raise InvalidInput("user_id: expected 1-128 characters")
+    raw = request.query.get("limit", "10")
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= 100:
+        raise InvalidInput("limit: expected an integer from 1 to 100")
+    rows = await request.app[SERVICE_KEY].user_summaries(user_id, limit=int(raw))
+    now = time.time()
+    return reply(
+        {
+            "user_id": user_id,
+            "summaries": [
+                {
+                    "session_id": sid,
+                    "summary": s.text,
+                    "turn_count": turns,
+                    "covered_turns": s.covered_turns,
+                    "topics": list(s.topics),
+                    "source": s.source.value,
+                    "updated_at": s.updated_at,
+                    "age_seconds": round(max(0.0, now - s.updated_at), 3),
+                }
+                for sid, turns, s in rows
+            ],
+        }
+    )
+
+
 async def healthz(_request: web.Request) -> web.Response:
     return reply({"status": "ok"})
 
@@ -292,6 +326,8 @@ async def metrics(request: web.Request) -> web.Response:
 def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/sessions/{session_id:[^/]+}/messages", post_message)
     app.router.add_get("/v1/sessions/{session_id:[^/]+}/summary", get_summary)
+    app.router.add_delete("/v1/sessions/{session_id:[^/]+}/summary", delete_summary)
+    app.router.add_get("/v1/users/{user_id:[^/]+}/summaries", get_user_summaries)
     app.router.add_get("/v1/sessions/{session_id:[^/]+}/context", get_context)
     app.router.add_post("/v1/sessions/{session_id:[^/]+}/close", post_close)
     app.router.add_post("/v1/sessions/{session_id:[^/]+}/turns", post_turn)

@@ -22,6 +22,7 @@ from tiered_memory.settings import Settings
 from tiered_memory.summarize.extractive import Extractor
 from tiered_memory.summarize.llm import LlmSummarizer, load_prompt
 from tiered_memory.summarize.scheduler import Periodic
+from tiered_memory.summarize.topics import TopicTagger, load_keyword_groups
 from tiered_memory.summary_job import SummaryJob
 from tiered_memory.tiers.hot import HotTier
 from tiered_memory.tiers.keys import Keys
@@ -117,10 +118,12 @@ async def _llm_ctx(app: web.Application) -> AsyncIterator[None]:
 async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS_KEY]
     extractor = Extractor()
+    tagger = TopicTagger(load_keyword_groups(settings.topic_keywords_file) if settings.topic_keywords_file else None)
     job = SummaryJob(
         store=app[STORE_KEY],
         hot=app[HOT_KEY],
         extractor=extractor,
+        tagger=tagger,
         llm=app.get(LLM_KEY),
         metrics=app[METRICS_KEY],
         max_chars=settings.summary_max_chars,
@@ -134,6 +137,7 @@ async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
         hot=app[HOT_KEY],
         job=job,
         extractor=extractor,
+        tagger=tagger,
         metrics=app[METRICS_KEY],
     )
     app[SERVICE_KEY] = service

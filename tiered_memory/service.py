@@ -44,6 +44,7 @@ from tiered_memory.model import (
 from tiered_memory.settings import Settings
 from tiered_memory.summarize.extractive import Extractor
 from tiered_memory.summarize.scheduler import SingleFlight
+from tiered_memory.summarize.topics import TopicTagger
 from tiered_memory.summary_job import JobResult, Outcome, SummaryJob
 from tiered_memory.tiers.hot import HotTier
 from tiered_memory.tiers.sql_schema import SCHEMA_VERSION
@@ -97,6 +98,7 @@ class MemoryService:
         hot: HotTier,
         job: SummaryJob,
         extractor: Extractor,
+        tagger: TopicTagger,
         metrics: Metrics,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -105,6 +107,7 @@ class MemoryService:
         self._hot = hot
         self._job = job
         self._extractor = extractor
+        self._tagger = tagger
         self._metrics = metrics
         self._clock = clock
         self.summaries = SingleFlight(self._summarize, on_pending=metrics.pending_summarizations.set)
@@ -201,7 +204,25 @@ class MemoryService:
             self._metrics.tier_errors.labels("hot", "delete").inc()
             raise
 
+    async def reset_summary(self, session_id: str) -> None:
+        """Forget a session's summary in both tiers and keep its messages. The sweeper then builds
+        a new one from the cold tier at the next cadence point (with the current prompt and model).
+        Raises NotFound for an unknown session, HotUnavailable when Redis could not be cleared."""
+        if await self._store.get_session(session_id) is None:
+            raise NotFound(f"session {session_id!r} does not exist")
+        await self._store.delete_summary(session_id)
+        try:
+            # The whole hot entry: it is a cache, and the next read refills it from SQL.
+            await self._hot.delete(session_id)
+        except HotUnavailable:
+            self._metrics.tier_errors.labels("hot", "delete").inc()
+            raise
+
     # --- reads ----------------------------------------------------------------------------
+
+    async def user_summaries(self, user_id: str, *, limit: int) -> list[tuple[str, int, Summary]]:
+        """The user's most recent session summaries (warm tier), newest first."""
+        return await self._store.user_summaries(user_id, limit=limit)
 
     async def session(self, session_id: str) -> SessionInfo:
         info = await self._store.get_session(session_id)
@@ -276,7 +297,7 @@ class MemoryService:
             source=SummarySource.DETERMINISTIC,
             updated_at=info.last_activity,
             created_at=info.created_at,
-            topics=extraction.topics,
+            topics=self._tagger.tags([extraction.text, *(m.content for m in answered)], extraction.topics),
             structured=extraction.structured,
         )
 
@@ -377,9 +398,14 @@ class MemoryService:
             recent, memory_text = await self._close_gap(
                 session_id, covered, turn_count, recent, available, memory_text, max_chars=max_chars
             )
+        if memory_text is not None and recent and recent[0].turn <= 1 and _chars(recent) <= max_chars:
+            # The raw turns hold the whole conversation: a summary of them would only repeat them.
+            memory_text = None
         messages = assemble(memory_text, alternate(recent), max_chars=max_chars)
         messages = frame(messages, system_prompt=system_prompt, question=question)
-        full = sql_info.content_chars if sql_info else (hot.content_chars or 0)
+        # What sending the whole history instead would cost, framed the same way.
+        framing = len(system_prompt or "") + len(question or "")
+        full = (sql_info.content_chars if sql_info else (hot.content_chars or 0)) + framing
         returned = sum(len(m.content) for m in messages)
         return ContextAnswer(
             session_id=session_id,
@@ -393,7 +419,7 @@ class MemoryService:
             answer_transcript=answer_transcript(recent, max_chars=self._s.answer_history_max_chars),
             estimated_tokens={
                 "context": estimate_tokens(returned, self._s.chars_per_token),
-                "full_history": estimate_tokens(full + len(question or ""), self._s.chars_per_token),
+                "full_history": estimate_tokens(full, self._s.chars_per_token),
             },
         )
 
@@ -421,7 +447,7 @@ class MemoryService:
                 self._metrics.tier_errors.labels("sql", "read_gap").inc()
                 return recent, memory_text
         gap = [m for m in gap if m.answered]
-        raw_chars = sum(len(m.content) for m in [*gap, *recent])
+        raw_chars = _chars([*gap, *recent])
         reserved = min(len(memory_text or ""), max_chars // 2)
         if raw_chars <= max_chars - reserved:
             return [*gap, *recent], memory_text
@@ -475,3 +501,7 @@ class MemoryService:
                 await self.close(sid, reason="idle")
             except NotFound:
                 continue
+
+
+def _chars(messages: list[Message]) -> int:
+    return sum(len(m.content) for m in messages)

@@ -14,6 +14,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from tiered_memory.errors import ConfigError
+from tiered_memory.summarize.topics import load_keyword_groups
 
 _LOOPBACK_DEFAULT = "127.0.0.1"
 
@@ -36,6 +37,7 @@ class Settings(BaseSettings):
     # At most 16,000 characters: 4 bytes each still fit MySQL's TEXT column (64 KiB).
     summary_max_chars: int = Field(1400, alias="SUMMARY_MAX_CHARS", ge=50, le=16_000)
     summary_prompt_file: Path | None = Field(None, alias="SUMMARY_PROMPT_FILE")
+    topic_keywords_file: Path | None = Field(None, alias="TOPIC_KEYWORDS_FILE")
     summary_concurrency: int = Field(4, alias="SUMMARY_CONCURRENCY", ge=1, le=1000)
 
     # --- stores ---
@@ -127,6 +129,13 @@ class Settings(BaseSettings):
                 filled = ""
             if "1" not in filled or "2" not in filled:
                 raise ValueError(f"{name}: expected a template using exactly {{ago}} and {{summary}}")
+        if self.topic_keywords_file is not None:
+            if not self.topic_keywords_file.is_file():
+                raise ValueError(f"TOPIC_KEYWORDS_FILE: expected a readable file, got {self.topic_keywords_file}")
+            try:
+                load_keyword_groups(self.topic_keywords_file)
+            except ValueError as exc:
+                raise ValueError(f"TOPIC_KEYWORDS_FILE: {exc}") from None
         if self.summary_prompt_file is not None and not self.summary_prompt_file.is_file():
             raise ValueError(f"SUMMARY_PROMPT_FILE: expected a readable file, got {self.summary_prompt_file}")
         return self

@@ -21,6 +21,7 @@ from tiered_memory.metrics import Metrics
 from tiered_memory.model import Summary, SummarySource
 from tiered_memory.summarize.extractive import Extractor
 from tiered_memory.summarize.llm import LlmSummarizer
+from tiered_memory.summarize.topics import TopicTagger
 from tiered_memory.tiers.hot import HotTier
 from tiered_memory.tiers.sql_store import SqlStore
 
@@ -57,6 +58,7 @@ class SummaryJob:
         store: SqlStore,
         hot: HotTier,
         extractor: Extractor,
+        tagger: TopicTagger,
         llm: LlmSummarizer | None,
         metrics: Metrics,
         max_chars: int,
@@ -66,6 +68,7 @@ class SummaryJob:
         self._store = store
         self._hot = hot
         self._extractor = extractor
+        self._tagger = tagger
         self._llm = llm
         self._metrics = metrics
         self._max_chars = max_chars
@@ -135,7 +138,9 @@ class SummaryJob:
             source=source,
             updated_at=now,
             created_at=prev.created_at if prev else now,
-            topics=extraction.topics,
+            topics=self._tagger.tags(
+                [text, *(m.content for m in new)], [*(prev.topics if prev else ()), *extraction.topics]
+            ),
             structured=extraction.structured,
             compressions=(prev.compressions if prev else 0) + 1,
         )

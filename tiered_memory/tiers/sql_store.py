@@ -492,6 +492,23 @@ class SqlStore:
 
         return await self._transaction(body)
 
+    async def user_summaries(self, user_id: str, *, limit: int) -> list[tuple[str, int, Summary]]:
+        """The user's most recently updated session summaries, newest first, as
+        (session_id, turn_count at the summary, summary); served by the (user_id, updated_at) index."""
+
+        async def op() -> list[tuple[str, int, Summary]]:
+            q = (
+                sa.select(cs, cs.c.created_at.label("summary_created_at"))
+                .where(cs.c.user_id == user_id)
+                .order_by(cs.c.updated_at.desc())
+                .limit(limit)
+            )
+            async with self._engine.connect() as conn:
+                rows = (await conn.execute(q)).all()
+            return [(r.session_id, int(r.turn_count), _row_to_summary(r)) for r in rows]
+
+        return await self._bounded(op)
+
     async def delete_summary(self, session_id: str) -> None:
         """Drop the warm row only (operators and tests use it to force the cold path)."""
 

@@ -280,3 +280,93 @@ async def test_a_short_conversation_is_sent_raw_without_a_summary(daemon: Daemon
     assert [m["role"] for m in ctx["messages"]] == ["user", "assistant"] * 3
     tight = await daemon.get(f"/v1/sessions/{sid}/context?max_chars=100")
     assert tight["messages"][0]["role"] == "system"
+
+
+async def test_slices_lead_back_to_messages_and_rebuild_with_a_new_prompt(
+    backend_env: dict[str, str], fake_llm: FakeLlm, tmp_path: Path
+) -> None:
+    """Every summarization records a slice (turn and message range, a digest, model and prompt);
+    a slice's messages_url returns exactly its raw messages; rebuild after a prompt change
+    recomputes every slice and the summary under the new prompt."""
+    fake_llm.behaviour = Behaviour(text="用户王小明咨询活力健。")
+    env = backend_env | {"LLM_BASE_URL": fake_llm.url, "SUMMARY_MODEL": "model-a"}
+    d = await _with(env)
+    sid = new_sid()
+    try:
+        for user, assistant in ZH_12_TURNS[:7]:
+            await d.post(sid, "user", user)
+            await d.post(sid, "assistant", assistant)
+            await d.settle()
+        slices = (await d.get(f"/v1/sessions/{sid}/slices"))["slices"]
+        assert [(s["from_turn"], s["to_turn"]) for s in slices] == [(1, 3), (4, 6)]
+        assert [(s["first_seq"], s["last_seq"]) for s in slices] == [(1, 6), (7, 12)]
+        assert {s["model"] for s in slices} == {"model-a"}
+        old_prompt = slices[0]["prompt_id"]
+        raw = await d.get(slices[1]["messages_url"])
+        assert raw["messages"][0]["content"] == ZH_12_TURNS[3][0]
+        assert len(raw["messages"]) == 6
+        assert "活力健" in slices[0]["summary"]
+        version = (await d.get(f"/v1/sessions/{sid}/summary"))["version"]
+    finally:
+        await d.stop()
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("Summarize in English.", encoding="utf-8")
+    d = await _with(env, SUMMARY_PROMPT_FILE=str(prompt), SUMMARY_MODEL="model-b")
+    try:
+        resp = await d.http.post(f"/v1/sessions/{sid}/summary/rebuild")
+        assert resp.status == 200
+        rebuilt = await resp.json()
+        assert rebuilt["covered_turns"] == 7
+        assert rebuilt["version"] == version + 1
+        assert [(s["from_turn"], s["to_turn"]) for s in rebuilt["slices"]] == [(1, 3), (4, 6), (7, 7)]
+        assert {s["model"] for s in rebuilt["slices"]} == {"model-b"}
+        assert old_prompt not in {s["prompt_id"] for s in rebuilt["slices"]}
+        assert fake_llm.requests[-1]["body"]["messages"][0]["content"] == "Summarize in English."
+        summary = await d.get(f"/v1/sessions/{sid}/summary")
+        assert summary["version"] == version + 1
+        assert summary["tier"] == "hot"
+        assert (await d.http.post(f"/v1/sessions/{new_sid()}/summary/rebuild")).status == 404
+    finally:
+        await d.stop()
+
+
+@pytest.mark.parametrize("mode", ["none", "window", "summary"])
+async def test_forty_turns_hold_budgets_lose_no_turn_and_cost_flat(
+    backend_env: dict[str, str], fake_llm: FakeLlm, mode: str
+) -> None:
+    """A 40-turn conversation in each mode: every context stays within its budget; in summary mode
+    every completed turn is in the summary or the raw window at every step, and the LLM input per
+    summarization does not grow with the session (the summary is incremental)."""
+    fake_llm.behaviour = Behaviour(text="摘要：用户问了很多问题。")
+    env = backend_env | {"LLM_BASE_URL": fake_llm.url, "SUMMARY_MODEL": "m", "MEMORY_MODE": mode}
+    d = await _with(env)
+    sid = new_sid()
+    budget = 1200
+    try:
+        for turn in range(1, 41):
+            await d.post(sid, "user", f"第{turn}个问题：{sid}编号{turn:03d}的产品怎么样？")
+            await d.post(sid, "assistant", f"编号{turn:03d}的产品很好，价格{turn * 10}元。")
+            await d.settle()
+            ctx = await d.get(f"/v1/sessions/{sid}/context?max_chars={budget}")
+            assert sum(len(m["content"]) for m in ctx["messages"]) <= budget
+            assert ctx["turn_count"] == turn
+            if mode == "none":
+                assert ctx["messages"] == []
+                continue
+            raw_turns = {int(c[1 : c.index("个")]) for c in _contents(ctx) if c.startswith("第")}
+            if mode == "window":
+                assert raw_turns == set(range(max(1, turn - 2), turn + 1))
+                continue
+            covered = ctx["covered_turns"]
+            assert covered >= turn - turn % 3
+            assert set(range(covered + 1, turn + 1)) <= raw_turns
+        if mode == "summary":
+            # Only this session's calls (the start-up sweep may summarize other tests' sessions).
+            prompts = [r["body"]["messages"][1]["content"] for r in fake_llm.requests]
+            sizes = [len(p) for p in prompts if sid in p]
+            assert len(sizes) == 13
+            assert max(sizes[1:]) <= 1.2 * min(sizes[1:])
+        else:
+            assert not any(sid in r["body"]["messages"][1]["content"] for r in fake_llm.requests)
+    finally:
+        await d.stop()

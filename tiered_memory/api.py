@@ -20,7 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tiered_memory.errors import Conflict, Forbidden, InvalidInput, NotFound, SqlUnavailable, TierUnavailable
 from tiered_memory.metrics import Metrics
-from tiered_memory.model import Channel, MessageStatus, NewMessage, Role, SummaryAnswer
+from tiered_memory.model import Channel, MessageStatus, NewMessage, Role, Slice, SummaryAnswer
 from tiered_memory.service import ContextAnswer, MemoryService
 from tiered_memory.settings import Settings
 
@@ -305,6 +305,78 @@ async def get_user_summaries(request: web.Request) -> web.Response:
     )
 
 
+def _slice_json(sid: str, s: Slice) -> dict[str, Any]:
+    return {
+        "from_turn": s.from_turn,
+        "to_turn": s.to_turn,
+        "first_seq": s.first_seq,
+        "last_seq": s.last_seq,
+        "summary": s.text,
+        "source": s.source.value,
+        "model": s.model,
+        "prompt_id": s.prompt_id,
+        "summary_version": s.summary_version,
+        "created_at": s.created_at,
+        "messages_url": f"/v1/sessions/{sid}/messages?from_seq={s.first_seq}&to_seq={s.last_seq}",
+    }
+
+
+async def get_slices(request: web.Request) -> web.Response:
+    sid = _session_id(request)
+    slices = await request.app[SERVICE_KEY].slices(sid)
+    return reply({"session_id": sid, "slices": [_slice_json(sid, s) for s in slices]})
+
+
+def _int_query(request: web.Request, name: str, default: int, low: int, high: int) -> int:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    if not (raw.isascii() and raw.isdigit()) or not low <= int(raw) <= high:
+        raise InvalidInput(f"{name}: expected an integer from {low} to {high}")
+    return int(raw)
+
+
+async def get_messages(request: web.Request) -> web.Response:
+    sid = _session_id(request)
+    first = _int_query(request, "from_seq", 1, 1, 2**31 - 1)
+    last = _int_query(request, "to_seq", 2**31 - 1, 1, 2**31 - 1)
+    limit = _int_query(request, "limit", 1000, 1, 1000)
+    rows = await request.app[SERVICE_KEY].messages(sid, first_seq=first, last_seq=last, limit=limit)
+    return reply(
+        {
+            "session_id": sid,
+            "messages": [
+                {
+                    "seq": m.seq,
+                    "turn": m.turn,
+                    "role": m.role.value,
+                    "content": m.content,
+                    "status": m.status.value,
+                    "message_id": m.message_id,
+                    "channel": m.channel.value,
+                    "created_at": m.created_at,
+                }
+                for m in rows
+            ],
+        }
+    )
+
+
+async def post_rebuild(request: web.Request) -> web.Response:
+    sid = _session_id(request)
+    summary, slices = await request.app[SERVICE_KEY].rebuild_summary(sid)
+    return reply(
+        {
+            "session_id": sid,
+            "summary": summary.text if summary else None,
+            "covered_turns": summary.covered_turns if summary else 0,
+            "version": summary.version if summary else 0,
+            "source": summary.source.value if summary else None,
+            "slices": [_slice_json(sid, s) for s in slices],
+        }
+    )
+
+
 async def healthz(_request: web.Request) -> web.Response:
     return reply({"status": "ok"})
 
@@ -327,6 +399,9 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/sessions/{session_id:[^/]+}/messages", post_message)
     app.router.add_get("/v1/sessions/{session_id:[^/]+}/summary", get_summary)
     app.router.add_delete("/v1/sessions/{session_id:[^/]+}/summary", delete_summary)
+    app.router.add_post("/v1/sessions/{session_id:[^/]+}/summary/rebuild", post_rebuild)
+    app.router.add_get("/v1/sessions/{session_id:[^/]+}/slices", get_slices)
+    app.router.add_get("/v1/sessions/{session_id:[^/]+}/messages", get_messages)
     app.router.add_get("/v1/users/{user_id:[^/]+}/summaries", get_user_summaries)
     app.router.add_get("/v1/sessions/{session_id:[^/]+}/context", get_context)
     app.router.add_post("/v1/sessions/{session_id:[^/]+}/close", post_close)

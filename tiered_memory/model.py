@@ -129,6 +129,23 @@ class Summary:
 
 
 @dataclass(frozen=True, slots=True)
+class Slice:
+    """What one summarization covered: turns from_turn..to_turn (messages first_seq..last_seq),
+    a digest of just that range, and how the summary it produced was made."""
+
+    from_turn: int
+    to_turn: int
+    first_seq: int
+    last_seq: int
+    text: str
+    source: SummarySource
+    summary_version: int
+    created_at: float
+    model: str | None = None
+    prompt_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class SummaryAnswer:
     """The answer of `load_best_summary`: the best summary found and where it came from."""
 

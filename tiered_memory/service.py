@@ -36,6 +36,7 @@ from tiered_memory.model import (
     Message,
     NewMessage,
     SessionInfo,
+    Slice,
     Summary,
     SummaryAnswer,
     SummarySource,
@@ -218,7 +219,27 @@ class MemoryService:
             self._metrics.tier_errors.labels("hot", "delete").inc()
             raise
 
+    async def rebuild_summary(self, session_id: str) -> tuple[Summary | None, list[Slice]]:
+        """Recompute every slice and the summary from the messages, SUMMARY_EVERY_N_TURNS turns
+        per slice, with the current prompt and model. Raises NotFound, Conflict, SqlUnavailable."""
+        if await self._store.get_session(session_id) is None:
+            raise NotFound(f"session {session_id!r} does not exist")
+        summary = await self._job.rebuild(session_id, batch_turns=self._s.summary_every_n_turns)
+        return summary, await self._store.slices(session_id)
+
     # --- reads ----------------------------------------------------------------------------
+
+    async def slices(self, session_id: str) -> list[Slice]:
+        """Every summarization of the session, oldest first, each leading back to its messages."""
+        if await self._store.get_session(session_id) is None:
+            raise NotFound(f"session {session_id!r} does not exist")
+        return await self._store.slices(session_id)
+
+    async def messages(self, session_id: str, *, first_seq: int, last_seq: int, limit: int) -> list[Message]:
+        """Raw messages by seq range, from the cold tier (the source of truth)."""
+        if await self._store.get_session(session_id) is None:
+            raise NotFound(f"session {session_id!r} does not exist")
+        return await self._store.messages_by_seq(session_id, first_seq=first_seq, last_seq=last_seq, limit=limit)
 
     async def user_summaries(self, user_id: str, *, limit: int) -> list[tuple[str, int, Summary]]:
         """The user's most recent session summaries (warm tier), newest first."""

@@ -9,6 +9,7 @@ writes leaves SQL ahead, which the read path and backfill repair.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
 import time
 from collections.abc import Callable
@@ -16,9 +17,9 @@ from dataclasses import dataclass
 
 import structlog
 
-from tiered_memory.errors import HotUnavailable, LlmFailed, SqlUnavailable
+from tiered_memory.errors import Conflict, HotUnavailable, LlmFailed, SqlUnavailable
 from tiered_memory.metrics import Metrics
-from tiered_memory.model import Summary, SummarySource
+from tiered_memory.model import Message, Slice, Summary, SummarySource
 from tiered_memory.summarize.extractive import Extractor
 from tiered_memory.summarize.llm import LlmSummarizer
 from tiered_memory.summarize.topics import TopicTagger
@@ -47,6 +48,10 @@ class JobResult:
 # One more try of a hot write that failed: a Redis blip must not leave an older summary
 # answering as hot for a whole TTL while SQL already has a newer one.
 _HOT_RETRY_S = 0.2
+# A rebuild waits this many retries for a running summarization to finish.
+_LOCK_WAIT_TRIES = 50
+# A slice's own digest: a few sentences on the range it covers.
+_SLICE_CHARS = 400
 
 
 class SummaryJob:
@@ -113,6 +118,37 @@ class SummaryJob:
             return JobResult(Outcome.UP_TO_DATE, hot_written=cached)
         started = time.perf_counter()
         rows = await self._store.messages_in_turns(session_id, after_turn=covered, through_turn=target)
+        summary, piece = await self._merge(session_id, prev, rows, covered=covered, target=target)
+        source = summary.source
+        if not await self._store.put_summary(
+            session_id, summary, user_id=info.user_id, turn_count=target, slices=[piece] if piece else ()
+        ):
+            self._metrics.summarizations.labels(source.value, "stale").inc()
+            log.info("summary_stale", session_id=session_id, version=summary.version)
+            return JobResult(Outcome.STALE)
+        cached = await self._cache(session_id, summary)
+        if cached and await self._store.get_session(session_id) is None:
+            # Deleted between our SQL write and our hot write: take the hot copy back out.
+            # (DELETE clears SQL before Redis, so either it or this check removes it.)
+            await self._forget(session_id)
+            return JobResult(Outcome.NO_SESSION)
+        self._metrics.summarizations.labels(source.value, "ok").inc()
+        self._metrics.summarization_seconds.labels(source.value).observe(time.perf_counter() - started)
+        log.info(
+            "summary_written",
+            session_id=session_id,
+            source=source.value,
+            covered_turns=target,
+            new_turns=target - covered,
+            version=summary.version,
+        )
+        return JobResult(Outcome.WRITTEN, hot_written=cached)
+
+    async def _merge(
+        self, session_id: str, prev: Summary | None, rows: list[Message], *, covered: int, target: int
+    ) -> tuple[Summary, Slice | None]:
+        """The summary of turns 1..target from `prev` (covering 1..covered) and the messages of
+        turns covered+1..target, with the slice recording that step."""
         # A reply that was stopped, failed or never finished streaming is not an answer.
         new = [m for m in rows if m.answered]
         extraction = await asyncio.to_thread(
@@ -144,27 +180,73 @@ class SummaryJob:
             structured=extraction.structured,
             compressions=(prev.compressions if prev else 0) + 1,
         )
-        if not await self._store.put_summary(session_id, summary, user_id=info.user_id, turn_count=target):
-            self._metrics.summarizations.labels(source.value, "stale").inc()
-            log.info("summary_stale", session_id=session_id, version=summary.version)
-            return JobResult(Outcome.STALE)
-        cached = await self._cache(session_id, summary)
-        if cached and await self._store.get_session(session_id) is None:
-            # Deleted between our SQL write and our hot write: take the hot copy back out.
-            # (DELETE clears SQL before Redis, so either it or this check removes it.)
-            await self._forget(session_id)
-            return JobResult(Outcome.NO_SESSION)
-        self._metrics.summarizations.labels(source.value, "ok").inc()
-        self._metrics.summarization_seconds.labels(source.value).observe(time.perf_counter() - started)
-        log.info(
-            "summary_written",
-            session_id=session_id,
-            source=source.value,
-            covered_turns=target,
-            new_turns=target - covered,
-            version=summary.version,
+        if not rows:
+            return summary, None
+        # The slice's own digest covers just this range, so it reads on its own.
+        digest = await asyncio.to_thread(self._extractor.extract, new, max_chars=min(_SLICE_CHARS, self._max_chars))
+        piece = Slice(
+            from_turn=covered + 1,
+            to_turn=target,
+            first_seq=rows[0].seq,
+            last_seq=rows[-1].seq,
+            text=digest.text,
+            source=source,
+            summary_version=summary.version,
+            created_at=now,
+            model=self._llm.model if source is SummarySource.LLM and self._llm else None,
+            prompt_id=self._llm.prompt_id if source is SummarySource.LLM and self._llm else None,
         )
-        return JobResult(Outcome.WRITTEN, hot_written=cached)
+        return summary, piece
+
+    async def rebuild(self, session_id: str, *, batch_turns: int) -> Summary | None:
+        """Recompute every slice and the summary from the cold tier, batch_turns turns at a time
+        (after a prompt or model change). None when the session has no completed turn. Raises
+        SqlUnavailable, or Conflict when another summarizer holds the lock or wrote meanwhile."""
+        token = await self._lock_or_raise(session_id)
+        try:
+            prev, info = await self._store.get_summary(session_id)
+            if info is None or info.turn_count == 0:
+                return None
+            rows = await self._store.messages_in_turns(session_id, after_turn=0, through_turn=info.turn_count)
+            running: Summary | None = None
+            pieces: list[Slice] = []
+            for start in range(0, info.turn_count, batch_turns):
+                end = min(start + batch_turns, info.turn_count)
+                batch = [m for m in rows if start < m.turn <= end]
+                running, piece = await self._merge(session_id, running, batch, covered=start, target=end)
+                if piece:
+                    pieces.append(piece)
+            assert running is not None
+            base = prev.version if prev else 0
+            final = dataclasses.replace(
+                running, version=base + 1, created_at=prev.created_at if prev else running.created_at
+            )
+            pieces = [dataclasses.replace(p, summary_version=final.version) for p in pieces]
+            if not await self._store.put_summary(
+                session_id, final, user_id=info.user_id, turn_count=info.turn_count, slices=pieces, replace_slices=True
+            ):
+                raise Conflict("the summary changed while it was being rebuilt; try again")
+            await self._cache(session_id, final)
+            log.info("summary_rebuilt", session_id=session_id, slices=len(pieces), version=final.version)
+            return final
+        finally:
+            if token:
+                try:
+                    await self._hot.unlock(session_id, token)
+                except HotUnavailable:
+                    self._metrics.tier_errors.labels("hot", "unlock").inc()
+
+    async def _lock_or_raise(self, session_id: str) -> str:
+        for _ in range(_LOCK_WAIT_TRIES):
+            try:
+                token = await self._hot.try_lock(session_id, self._lock_ttl)
+            except HotUnavailable:
+                self._metrics.tier_errors.labels("hot", "lock").inc()
+                return ""
+            if token is not None:
+                return token
+            await asyncio.sleep(_HOT_RETRY_S)
+        raise Conflict("a summary of this session is being made; try again")
 
     async def _cache(self, session_id: str, summary: Summary) -> bool:
         for attempt in range(2):

@@ -8,6 +8,7 @@ caller falls back to the deterministic summarizer.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 from collections.abc import Sequence
 from importlib import resources
@@ -60,6 +61,9 @@ class LlmSummarizer:
         self._timeout = timeout_s
         self._prompt = prompt
         self._max_chars = max_chars
+        self.model = model
+        # Recorded on every slice, so a summary made under another prompt can be found and rebuilt.
+        self.prompt_id = hashlib.sha256(prompt.encode("utf-8")).hexdigest()[:12]
 
     async def summarize(self, previous: str | None, messages: Sequence[Message]) -> str:
         """A summary merging `previous` with `messages`, at most max_chars long.

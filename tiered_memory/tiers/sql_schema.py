@@ -100,6 +100,28 @@ conversation_summaries = sa.Table(
 )
 
 
+# One row per summarization: the range it covered and a digest of that range, so a summary can be
+# traced back to its raw messages and rebuilt slice by slice. (Version 2; created by create_all.)
+summary_slices = sa.Table(
+    "summary_slices",
+    metadata,
+    sa.Column("id", _BIGID, primary_key=True, autoincrement=True),
+    sa.Column("session_id", _SID, nullable=False),
+    sa.Column("from_turn", sa.Integer, nullable=False),
+    sa.Column("to_turn", sa.Integer, nullable=False),
+    sa.Column("first_seq", sa.Integer, nullable=False),
+    sa.Column("last_seq", sa.Integer, nullable=False),
+    sa.Column("text", sa.Text, nullable=False),
+    sa.Column("source", sa.String(16), nullable=False),
+    sa.Column("model", sa.String(128), nullable=True),
+    sa.Column("prompt_id", sa.String(64), nullable=True),
+    sa.Column("summary_version", sa.Integer, nullable=False),
+    sa.Column("created_at", _TIMESTAMP, nullable=False),
+    sa.Index("ix_slices_session_turn", "session_id", "to_turn"),
+    **_MYSQL_TABLE,
+)
+
+
 async def _applied_version(conn: AsyncConnection) -> int:
     result = await conn.execute(sa.select(sa.func.max(schema_version.c.version)))
     return int(result.scalar() or 0)

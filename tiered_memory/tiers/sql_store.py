@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import dataclasses
 import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -28,11 +28,12 @@ from tiered_memory.model import (
     NewMessage,
     Role,
     SessionInfo,
+    Slice,
     Summary,
     SummarySource,
 )
 from tiered_memory.tiers.sql_schema import conversation_summaries as cs
-from tiered_memory.tiers.sql_schema import current_version, migrate, sessions
+from tiered_memory.tiers.sql_schema import current_version, migrate, sessions, summary_slices
 from tiered_memory.tiers.sql_schema import messages as msgs
 
 T = TypeVar("T")
@@ -112,6 +113,37 @@ def _row_to_summary(r: sa.Row[*tuple[Any, ...]]) -> Summary:
         topics=tuple(r.topics or ()),
         structured=dict(r.structured or {}),
         compressions=int(r.compressions),
+    )
+
+
+def _slice_values(session_id: str, s: Slice) -> dict[str, Any]:
+    return {
+        "session_id": session_id,
+        "from_turn": s.from_turn,
+        "to_turn": s.to_turn,
+        "first_seq": s.first_seq,
+        "last_seq": s.last_seq,
+        "text": s.text,
+        "source": s.source.value,
+        "model": s.model,
+        "prompt_id": s.prompt_id,
+        "summary_version": s.summary_version,
+        "created_at": s.created_at,
+    }
+
+
+def _row_to_slice(r: sa.Row[*tuple[Any, ...]]) -> Slice:
+    return Slice(
+        from_turn=int(r.from_turn),
+        to_turn=int(r.to_turn),
+        first_seq=int(r.first_seq),
+        last_seq=int(r.last_seq),
+        text=r.text,
+        source=SummarySource(r.source),
+        summary_version=int(r.summary_version),
+        created_at=float(r.created_at),
+        model=r.model,
+        prompt_id=r.prompt_id,
     )
 
 
@@ -370,6 +402,7 @@ class SqlStore:
 
         async def body(conn: AsyncConnection) -> None:
             await conn.execute(msgs.delete().where(msgs.c.session_id == session_id))
+            await conn.execute(summary_slices.delete().where(summary_slices.c.session_id == session_id))
             await conn.execute(cs.delete().where(cs.c.session_id == session_id))
             await conn.execute(sessions.delete().where(sessions.c.session_id == session_id))
 
@@ -447,7 +480,16 @@ class SqlStore:
 
         return await self._bounded(op)
 
-    async def put_summary(self, session_id: str, summary: Summary, *, user_id: str | None, turn_count: int) -> bool:
+    async def put_summary(
+        self,
+        session_id: str,
+        summary: Summary,
+        *,
+        user_id: str | None,
+        turn_count: int,
+        slices: Sequence[Slice] = (),
+        replace_slices: bool = False,
+    ) -> bool:
         """Write `summary` if the stored row is still at version summary.version - 1.
 
         False means another writer got there first: the caller's summary is stale and is dropped,
@@ -484,11 +526,20 @@ class SqlStore:
                         )
                 except sa.exc.IntegrityError:
                     return False
-                return True
-            result = await conn.execute(
-                cs.update().where(cs.c.session_id == session_id, cs.c.version == summary.version - 1).values(**values)
-            )
-            return bool(result.rowcount)
+            else:
+                result = await conn.execute(
+                    cs.update()
+                    .where(cs.c.session_id == session_id, cs.c.version == summary.version - 1)
+                    .values(**values)
+                )
+                if not result.rowcount:
+                    return False
+            # The slices go with the summary they produced, in the same transaction.
+            if replace_slices:
+                await conn.execute(summary_slices.delete().where(summary_slices.c.session_id == session_id))
+            if slices:
+                await conn.execute(summary_slices.insert(), [_slice_values(session_id, s) for s in slices])
+            return True
 
         return await self._transaction(body)
 
@@ -510,12 +561,42 @@ class SqlStore:
         return await self._bounded(op)
 
     async def delete_summary(self, session_id: str) -> None:
-        """Drop the warm row only (operators and tests use it to force the cold path)."""
+        """Drop the warm row and its slices; the messages stay."""
 
         async def body(conn: AsyncConnection) -> None:
+            await conn.execute(summary_slices.delete().where(summary_slices.c.session_id == session_id))
             await conn.execute(cs.delete().where(cs.c.session_id == session_id))
 
         await self._transaction(body)
+
+    async def slices(self, session_id: str) -> list[Slice]:
+        """The session's slices, oldest first."""
+
+        async def op() -> list[Slice]:
+            q = (
+                sa.select(summary_slices)
+                .where(summary_slices.c.session_id == session_id)
+                .order_by(summary_slices.c.to_turn, summary_slices.c.id)
+            )
+            async with self._engine.connect() as conn:
+                return [_row_to_slice(r) for r in (await conn.execute(q)).all()]
+
+        return await self._bounded(op)
+
+    async def messages_by_seq(self, session_id: str, *, first_seq: int, last_seq: int, limit: int) -> list[Message]:
+        """Messages first_seq..last_seq (at most `limit`), oldest first: where a slice leads back to."""
+
+        async def op() -> list[Message]:
+            q = (
+                sa.select(msgs)
+                .where(msgs.c.session_id == session_id, msgs.c.seq >= first_seq, msgs.c.seq <= last_seq)
+                .order_by(msgs.c.id)
+                .limit(limit)
+            )
+            async with self._engine.connect() as conn:
+                return [_row_to_message(r) for r in (await conn.execute(q)).all()]
+
+        return await self._bounded(op)
 
     async def ping(self) -> None:
         async def op() -> None:

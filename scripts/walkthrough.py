@@ -30,24 +30,13 @@ from typing import Any
 import aiohttp
 import redis
 
+# The scripted conversation is the one the tests use, so the walkthrough shows what they check.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.conversations import ZH_12_TURNS as TURNS
+from tests.conversations import ZH_EARLY_EVIDENCE as EARLY_EVIDENCE
 from tiered_memory.settings import Settings
-from tiered_memory.tiers.sql_store import SqlStore, create_engine
-
-TURNS = [
-    ("你好，我叫王小明，想了解一下活力健这个产品。", "您好王小明！活力健是一款复合维生素，适合日常营养补充。"),
-    ("活力健怎么吃？", "活力健每天2次，每次1条，饭后服用效果更好。"),
-    ("价格多少？我不喜欢太甜的口味。", "活力健一盒398元，有原味可选，不会太甜。"),
-    ("今天天气怎么样？", "今天北京晴，气温18度左右。"),
-    ("周末有什么好看的电影推荐吗？", "最近上映的科幻片口碑不错，可以去看看。"),
-    ("我想去爬山，香山人多吗？", "周末香山游客较多，建议早上七点前出发。"),
-    ("爬山要带什么？", "建议带水、防晒霜和一件薄外套。"),
-    ("附近有好吃的餐厅吗？", "香山脚下有几家农家菜，口碑都还可以。"),
-    ("农家菜一般人均多少钱？", "人均大约80元左右。"),
-    ("晚上回来堵车吗？", "周末傍晚五环方向通常比较堵，建议错峰返回。"),
-    ("好的，谢谢你的建议。", "不客气，祝您周末愉快！"),
-    ("对了，刚才那个产品适合高血压的人吗？", "活力健一般人群都可以服用，高血压患者建议先咨询医生。"),
-]
-EARLY_EVIDENCE = ["活力健", "398", "王小明"]
+from tiered_memory.tiers.sql_engine import create_engine
+from tiered_memory.tiers.sql_store import SqlStore
 
 
 class WalkFailed(Exception):

@@ -22,6 +22,17 @@ SUMMARY_TTL = 7200
 HISTORY_TTL = 1800
 
 
+def _redis_tier(url: str, prefix: str) -> RedisHot:
+    return RedisHot.from_url(
+        url,
+        keys=Keys(prefix),
+        timeout_s=1.0,
+        summary_ttl_s=SUMMARY_TTL,
+        history_ttl_s=HISTORY_TTL,
+        recent_max=RECENT_MAX,
+    )
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 1000.0
@@ -37,14 +48,7 @@ async def hot(request: pytest.FixtureRequest) -> AsyncIterator[HotTier]:
         return
     servers: RealServers = request.getfixturevalue("real_servers")
     prefix = f"tmt{servers.run_id}{uuid.uuid4().hex[:6]}"
-    tier = RedisHot.from_url(
-        servers.redis_url,
-        keys=Keys(prefix),
-        timeout_s=1.0,
-        summary_ttl_s=SUMMARY_TTL,
-        history_ttl_s=HISTORY_TTL,
-        recent_max=RECENT_MAX,
-    )
+    tier = _redis_tier(servers.redis_url, prefix)
     yield tier
     await tier.aclose()
     redis_flush_prefix(servers.redis_url, prefix)
@@ -120,14 +124,7 @@ async def test_delete_forgets_the_session(hot: HotTier) -> None:
 async def test_redis_keys_are_hash_tagged_with_ttls(real_servers: RealServers) -> None:
     """Every key of a session carries the {session_id} hash tag and the configured TTL."""
     prefix = f"tmt{real_servers.run_id}{uuid.uuid4().hex[:6]}"
-    tier = RedisHot.from_url(
-        real_servers.redis_url,
-        keys=Keys(prefix),
-        timeout_s=1.0,
-        summary_ttl_s=SUMMARY_TTL,
-        history_ttl_s=HISTORY_TTL,
-        recent_max=RECENT_MAX,
-    )
+    tier = _redis_tier(real_servers.redis_url, prefix)
     sid = new_sid()
     try:
         await tier.record_append(msg(sid, 1), turn_count=0, message_count=1, last_activity=1.0)
@@ -184,14 +181,7 @@ async def test_backfill_refills_unless_newer_data_arrived(hot: HotTier) -> None:
 async def test_undecodable_redis_values_are_a_miss_not_a_crash(real_servers: RealServers) -> None:
     """A damaged or foreign value under a session key raises HotUnavailable (the next tier answers)."""
     prefix = f"tmt{real_servers.run_id}{uuid.uuid4().hex[:6]}"
-    tier = RedisHot.from_url(
-        real_servers.redis_url,
-        keys=Keys(prefix),
-        timeout_s=1.0,
-        summary_ttl_s=SUMMARY_TTL,
-        history_ttl_s=HISTORY_TTL,
-        recent_max=RECENT_MAX,
-    )
+    tier = _redis_tier(real_servers.redis_url, prefix)
     sid = new_sid()
     raw = redis.Redis.from_url(real_servers.redis_url)
     try:

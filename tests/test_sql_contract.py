@@ -13,8 +13,9 @@ import pytest
 from tests.conftest import RealServers, new_sid
 from tiered_memory.errors import Conflict, Forbidden, SqlUnavailable
 from tiered_memory.model import NewMessage, Role, Summary, SummarySource
+from tiered_memory.tiers.sql_engine import create_engine
 from tiered_memory.tiers.sql_schema import SCHEMA_VERSION, current_version
-from tiered_memory.tiers.sql_store import SqlStore, create_engine
+from tiered_memory.tiers.sql_store import SqlStore
 
 
 @pytest.fixture(params=["sqlite", "mariadb"])

@@ -28,8 +28,9 @@ from tiered_memory.tiers.hot import HotTier
 from tiered_memory.tiers.keys import Keys
 from tiered_memory.tiers.memory_hot import MemoryHot
 from tiered_memory.tiers.redis_hot import RedisHot
+from tiered_memory.tiers.sql_engine import create_engine
 from tiered_memory.tiers.sql_schema import SCHEMA_VERSION
-from tiered_memory.tiers.sql_store import SqlStore, create_engine
+from tiered_memory.tiers.sql_store import SqlStore
 
 log = structlog.get_logger("tiered_memory.app")
 

@@ -52,7 +52,8 @@ def _serve(settings: Settings) -> int:
 
 
 async def _migrate(settings: Settings) -> int:
-    from tiered_memory.tiers.sql_store import SqlStore, create_engine
+    from tiered_memory.tiers.sql_engine import create_engine
+    from tiered_memory.tiers.sql_store import SqlStore
 
     if settings.embedded_sql:
         settings.data_dir.mkdir(parents=True, exist_ok=True)

@@ -10,19 +10,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.mysql import insert as mysql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from tiered_memory.errors import Conflict, Forbidden, SqlUnavailable
 from tiered_memory.model import (
     AppendResult,
-    Channel,
     Message,
     MessageStatus,
     NewMessage,
@@ -30,7 +28,14 @@ from tiered_memory.model import (
     SessionInfo,
     Slice,
     Summary,
-    SummarySource,
+)
+from tiered_memory.tiers.sql_rows import (
+    append_result_of,
+    row_to_message,
+    row_to_session,
+    row_to_slice,
+    row_to_summary,
+    slice_values,
 )
 from tiered_memory.tiers.sql_schema import conversation_summaries as cs
 from tiered_memory.tiers.sql_schema import current_version, migrate, sessions, summary_slices
@@ -41,123 +46,6 @@ T = TypeVar("T")
 # MySQL error codes worth one more try of the whole transaction: deadlock, lock wait timeout.
 _RETRYABLE_MYSQL = {1205, 1213}
 _TX_ATTEMPTS = 3
-
-
-def create_engine(url: str) -> AsyncEngine:
-    """An async engine for a MySQL/MariaDB or SQLite URL, tuned for short transactions."""
-    if url.startswith("sqlite"):
-        # hide_parameters: driver errors must never carry message content into logs.
-        engine = create_async_engine(url, connect_args={"timeout": 30}, hide_parameters=True)
-
-        @sa.event.listens_for(engine.sync_engine, "connect")
-        def _sqlite_pragmas(dbapi_conn: sqlite3.Connection, _record: object) -> None:
-            cur = dbapi_conn.cursor()
-            # WAL lets readers proceed during a write; NORMAL sync is durable across process crashes.
-            # WAL is a property of the file: when another process holds the lock while setting it,
-            # this connection's attempt fails at once, and the file ends up in WAL all the same.
-            with contextlib.suppress(sqlite3.OperationalError):
-                cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA synchronous=NORMAL")
-            cur.close()
-
-        return engine
-    return create_async_engine(
-        url,
-        pool_size=10,
-        max_overflow=10,
-        pool_pre_ping=True,
-        pool_recycle=1800,
-        hide_parameters=True,
-        # Fewer gap locks than REPEATABLE READ; every append locks its session row explicitly.
-        isolation_level="READ COMMITTED",
-    )
-
-
-def _row_to_message(r: sa.Row[*tuple[Any, ...]]) -> Message:
-    return Message(
-        session_id=r.session_id,
-        seq=int(r.seq),
-        turn=int(r.turn),
-        role=Role(r.role),
-        content=r.content,
-        message_id=r.message_id,
-        created_at=float(r.created_at),
-        user_id=r.user_id,
-        channel=Channel(r.channel),
-        status=MessageStatus(r.status),
-    )
-
-
-def _row_to_session(r: sa.Row[*tuple[Any, ...]], covered: int = 0) -> SessionInfo:
-    return SessionInfo(
-        session_id=r.session_id,
-        user_id=r.user_id,
-        turn_count=int(r.turn_count),
-        message_count=int(r.message_count),
-        created_at=float(r.created_at),
-        last_activity=float(r.last_activity),
-        closed_at=float(r.closed_at) if r.closed_at is not None else None,
-        covered_turns=covered,
-        content_chars=int(r.content_chars),
-    )
-
-
-def _row_to_summary(r: sa.Row[*tuple[Any, ...]]) -> Summary:
-    return Summary(
-        text=r.summary,
-        covered_turns=int(r.covered_turns),
-        version=int(r.version),
-        source=SummarySource(r.source),
-        updated_at=float(r.updated_at),
-        created_at=float(r.summary_created_at),
-        topics=tuple(r.topics or ()),
-        structured=dict(r.structured or {}),
-        compressions=int(r.compressions),
-    )
-
-
-def _slice_values(session_id: str, s: Slice) -> dict[str, Any]:
-    return {
-        "session_id": session_id,
-        "from_turn": s.from_turn,
-        "to_turn": s.to_turn,
-        "first_seq": s.first_seq,
-        "last_seq": s.last_seq,
-        "text": s.text,
-        "source": s.source.value,
-        "model": s.model,
-        "prompt_id": s.prompt_id,
-        "summary_version": s.summary_version,
-        "created_at": s.created_at,
-    }
-
-
-def _row_to_slice(r: sa.Row[*tuple[Any, ...]]) -> Slice:
-    return Slice(
-        from_turn=int(r.from_turn),
-        to_turn=int(r.to_turn),
-        first_seq=int(r.first_seq),
-        last_seq=int(r.last_seq),
-        text=r.text,
-        source=SummarySource(r.source),
-        summary_version=int(r.summary_version),
-        created_at=float(r.created_at),
-        model=r.model,
-        prompt_id=r.prompt_id,
-    )
-
-
-def append_result_of(message: Message, *, completed_turn: bool, duplicate: bool) -> AppendResult:
-    """The result an append of `message` returned: rebuilt exactly from the stored row on a retry.
-    A user message opens turn n (n-1 completed); an assistant message belongs to a completed turn."""
-    turns = message.turn if message.role is Role.ASSISTANT else message.turn - 1
-    return AppendResult(
-        message=message,
-        turn_count=turns,
-        message_count=message.seq,
-        duplicate=duplicate,
-        completed_turn=completed_turn,
-    )
 
 
 class SqlStore:
@@ -264,7 +152,7 @@ class SqlStore:
                 )
             ).one_or_none()
             if existing is not None:
-                stored = _row_to_message(existing)
+                stored = row_to_message(existing)
                 if stored.role is not new.role or stored.content != new.content or stored.status is not new.status:
                     raise Conflict(f"message_id {new.message_id!r} was already used for a different message")
                 return dataclasses.replace(
@@ -350,7 +238,7 @@ class SqlStore:
                         sa.select(msgs).where(msgs.c.session_id == session_id).order_by(msgs.c.id.desc()).limit(limit)
                     )
                 ).all()
-            return [_row_to_message(r) for r in reversed(rows)]
+            return [row_to_message(r) for r in reversed(rows)]
 
         return await self._bounded(op)
 
@@ -365,7 +253,7 @@ class SqlStore:
                 q = q.where(msgs.c.turn <= through_turn)
             async with self._engine.connect() as conn:
                 rows = (await conn.execute(q.order_by(msgs.c.id))).all()
-            return [_row_to_message(r) for r in rows]
+            return [row_to_message(r) for r in rows]
 
         return await self._bounded(op)
 
@@ -380,7 +268,7 @@ class SqlStore:
             )
             async with self._engine.connect() as conn:
                 row = (await conn.execute(q)).one_or_none()
-            return None if row is None else _row_to_session(row, int(row.covered_turns or 0))
+            return None if row is None else row_to_session(row, int(row.covered_turns or 0))
 
         return await self._bounded(op)
 
@@ -475,8 +363,8 @@ class SqlStore:
                 row = (await conn.execute(q)).one_or_none()
             if row is None:
                 return None, None
-            summary = _row_to_summary(row) if row.summary is not None else None
-            return summary, _row_to_session(row, summary.covered_turns if summary else 0)
+            summary = row_to_summary(row) if row.summary is not None else None
+            return summary, row_to_session(row, summary.covered_turns if summary else 0)
 
         return await self._bounded(op)
 
@@ -538,7 +426,7 @@ class SqlStore:
             if replace_slices:
                 await conn.execute(summary_slices.delete().where(summary_slices.c.session_id == session_id))
             if slices:
-                await conn.execute(summary_slices.insert(), [_slice_values(session_id, s) for s in slices])
+                await conn.execute(summary_slices.insert(), [slice_values(session_id, s) for s in slices])
             return True
 
         return await self._transaction(body)
@@ -556,7 +444,7 @@ class SqlStore:
             )
             async with self._engine.connect() as conn:
                 rows = (await conn.execute(q)).all()
-            return [(r.session_id, int(r.turn_count), _row_to_summary(r)) for r in rows]
+            return [(r.session_id, int(r.turn_count), row_to_summary(r)) for r in rows]
 
         return await self._bounded(op)
 
@@ -579,7 +467,7 @@ class SqlStore:
                 .order_by(summary_slices.c.to_turn, summary_slices.c.id)
             )
             async with self._engine.connect() as conn:
-                return [_row_to_slice(r) for r in (await conn.execute(q)).all()]
+                return [row_to_slice(r) for r in (await conn.execute(q)).all()]
 
         return await self._bounded(op)
 
@@ -594,7 +482,7 @@ class SqlStore:
                 .limit(limit)
             )
             async with self._engine.connect() as conn:
-                return [_row_to_message(r) for r in (await conn.execute(q)).all()]
+                return [row_to_message(r) for r in (await conn.execute(q)).all()]
 
         return await self._bounded(op)
 

@@ -1,0 +1,106 @@
+"""Mapping between SQL rows and the domain's dataclasses, for the SQL store."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+
+from tiered_memory.model import (
+    AppendResult,
+    Channel,
+    Message,
+    MessageStatus,
+    Role,
+    SessionInfo,
+    Slice,
+    Summary,
+    SummarySource,
+)
+
+
+def row_to_message(r: sa.Row[*tuple[Any, ...]]) -> Message:
+    return Message(
+        session_id=r.session_id,
+        seq=int(r.seq),
+        turn=int(r.turn),
+        role=Role(r.role),
+        content=r.content,
+        message_id=r.message_id,
+        created_at=float(r.created_at),
+        user_id=r.user_id,
+        channel=Channel(r.channel),
+        status=MessageStatus(r.status),
+    )
+
+
+def row_to_session(r: sa.Row[*tuple[Any, ...]], covered: int = 0) -> SessionInfo:
+    return SessionInfo(
+        session_id=r.session_id,
+        user_id=r.user_id,
+        turn_count=int(r.turn_count),
+        message_count=int(r.message_count),
+        created_at=float(r.created_at),
+        last_activity=float(r.last_activity),
+        closed_at=float(r.closed_at) if r.closed_at is not None else None,
+        covered_turns=covered,
+        content_chars=int(r.content_chars),
+    )
+
+
+def row_to_summary(r: sa.Row[*tuple[Any, ...]]) -> Summary:
+    return Summary(
+        text=r.summary,
+        covered_turns=int(r.covered_turns),
+        version=int(r.version),
+        source=SummarySource(r.source),
+        updated_at=float(r.updated_at),
+        created_at=float(r.summary_created_at),
+        topics=tuple(r.topics or ()),
+        structured=dict(r.structured or {}),
+        compressions=int(r.compressions),
+    )
+
+
+def slice_values(session_id: str, s: Slice) -> dict[str, Any]:
+    return {
+        "session_id": session_id,
+        "from_turn": s.from_turn,
+        "to_turn": s.to_turn,
+        "first_seq": s.first_seq,
+        "last_seq": s.last_seq,
+        "text": s.text,
+        "source": s.source.value,
+        "model": s.model,
+        "prompt_id": s.prompt_id,
+        "summary_version": s.summary_version,
+        "created_at": s.created_at,
+    }
+
+
+def row_to_slice(r: sa.Row[*tuple[Any, ...]]) -> Slice:
+    return Slice(
+        from_turn=int(r.from_turn),
+        to_turn=int(r.to_turn),
+        first_seq=int(r.first_seq),
+        last_seq=int(r.last_seq),
+        text=r.text,
+        source=SummarySource(r.source),
+        summary_version=int(r.summary_version),
+        created_at=float(r.created_at),
+        model=r.model,
+        prompt_id=r.prompt_id,
+    )
+
+
+def append_result_of(message: Message, *, completed_turn: bool, duplicate: bool) -> AppendResult:
+    """The result an append of `message` returned: rebuilt exactly from the stored row on a retry.
+    A user message opens turn n (n-1 completed); an assistant message belongs to a completed turn."""
+    turns = message.turn if message.role is Role.ASSISTANT else message.turn - 1
+    return AppendResult(
+        message=message,
+        turn_count=turns,
+        message_count=message.seq,
+        duplicate=duplicate,
+        completed_turn=completed_turn,
+    )

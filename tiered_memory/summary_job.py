@@ -101,11 +101,7 @@ class SummaryJob:
             log.warning("summary_failed", session_id=session_id, error=str(exc))
             return JobResult(Outcome.FAILED)
         finally:
-            if token:
-                try:
-                    await self._hot.unlock(session_id, token)
-                except HotUnavailable:
-                    self._metrics.tier_errors.labels("hot", "unlock").inc()
+            await self._unlock(session_id, token)
 
     async def _run_locked(self, session_id: str) -> JobResult:
         prev, info = await self._store.get_summary(session_id)
@@ -230,11 +226,16 @@ class SummaryJob:
             log.info("summary_rebuilt", session_id=session_id, slices=len(pieces), version=final.version)
             return final
         finally:
-            if token:
-                try:
-                    await self._hot.unlock(session_id, token)
-                except HotUnavailable:
-                    self._metrics.tier_errors.labels("hot", "unlock").inc()
+            await self._unlock(session_id, token)
+
+    async def _unlock(self, session_id: str, token: str) -> None:
+        # "" means the lock could not be taken because Redis was down: nothing to release.
+        if not token:
+            return
+        try:
+            await self._hot.unlock(session_id, token)
+        except HotUnavailable:
+            self._metrics.tier_errors.labels("hot", "unlock").inc()
 
     async def _lock_or_raise(self, session_id: str) -> str:
         for _ in range(_LOCK_WAIT_TRIES):

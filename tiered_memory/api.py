@@ -38,7 +38,7 @@ _RETRY_AFTER_S = "1"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-# Chinese stays readable in replies (and a third smaller than \uXXXX escapes).
+# Chinese stays readable in replies, and takes a third of the bytes that ASCII escapes would.
 _dumps = functools.partial(json.dumps, ensure_ascii=False, separators=(",", ":"))
 
 

@@ -84,7 +84,13 @@ async def test_unreachable_llm_is_a_transport_failure() -> None:
 
 
 def _llm_env(env: dict[str, str], llm: FakeLlm, timeout: str = "5") -> dict[str, str]:
-    return env | {"LLM_BASE_URL": llm.url, "SUMMARY_MODEL": "summary-model", "LLM_TIMEOUT_SECONDS": timeout}
+    # Plain-text summaries here; the structured format has its own tests.
+    return env | {
+        "LLM_BASE_URL": llm.url,
+        "SUMMARY_MODEL": "summary-model",
+        "LLM_TIMEOUT_SECONDS": timeout,
+        "SUMMARY_FORMAT": "text",
+    }
 
 
 async def test_llm_summary_is_stored_with_its_source(backend_env: dict[str, str], fake_llm: FakeLlm) -> None:

@@ -181,7 +181,12 @@ async def test_no_turn_falls_between_a_lagging_summary_and_the_window(
     """While a slow LLM holds the summary back, the turns it does not cover yet and that left the
     window are still in the context: raw when they fit, as a deterministic digest when not."""
     fake_llm.behaviour = Behaviour(text="用户王小明咨询了活力健。")
-    env = backend_env | {"LLM_BASE_URL": fake_llm.url, "SUMMARY_MODEL": "m", "LLM_TIMEOUT_SECONDS": "10"}
+    env = backend_env | {
+        "LLM_BASE_URL": fake_llm.url,
+        "SUMMARY_MODEL": "m",
+        "LLM_TIMEOUT_SECONDS": "10",
+        "SUMMARY_FORMAT": "text",
+    }
     d = await _with(env)
     try:
         sid = new_sid()
@@ -287,9 +292,9 @@ async def test_slices_lead_back_to_messages_and_rebuild_with_a_new_prompt(
 ) -> None:
     """Every summarization records a slice (turn and message range, a digest, model and prompt);
     a slice's messages_url returns exactly its raw messages; rebuild after a prompt change
-    recomputes every slice and the summary under the new prompt."""
+    recomputes every slice (COMPRESSION_BATCH_TURNS per slice) and the summary under the new prompt."""
     fake_llm.behaviour = Behaviour(text="用户王小明咨询活力健。")
-    env = backend_env | {"LLM_BASE_URL": fake_llm.url, "SUMMARY_MODEL": "model-a"}
+    env = backend_env | {"LLM_BASE_URL": fake_llm.url, "SUMMARY_MODEL": "model-a", "SUMMARY_FORMAT": "text"}
     d = await _with(env)
     sid = new_sid()
     try:
@@ -318,7 +323,8 @@ async def test_slices_lead_back_to_messages_and_rebuild_with_a_new_prompt(
         rebuilt = await resp.json()
         assert rebuilt["covered_turns"] == 7
         assert rebuilt["version"] == version + 1
-        assert [(s["from_turn"], s["to_turn"]) for s in rebuilt["slices"]] == [(1, 3), (4, 6), (7, 7)]
+        # Rebuilt COMPRESSION_BATCH_TURNS (6) turns per slice.
+        assert [(s["from_turn"], s["to_turn"]) for s in rebuilt["slices"]] == [(1, 6), (7, 7)]
         assert {s["model"] for s in rebuilt["slices"]} == {"model-b"}
         assert old_prompt not in {s["prompt_id"] for s in rebuilt["slices"]}
         assert fake_llm.requests[-1]["body"]["messages"][0]["content"] == "Summarize in English."
@@ -338,7 +344,7 @@ async def test_forty_turns_hold_budgets_lose_no_turn_and_cost_flat(
     every completed turn is in the summary or the raw window at every step, and the LLM input per
     summarization does not grow with the session (the summary is incremental)."""
     fake_llm.behaviour = Behaviour(text="摘要：用户问了很多问题。")
-    env = backend_env | {"LLM_BASE_URL": fake_llm.url, "SUMMARY_MODEL": "m", "MEMORY_MODE": mode}
+    env = backend_env | {"LLM_BASE_URL": fake_llm.url, "SUMMARY_MODEL": "m", "MEMORY_MODE": mode, "SUMMARY_FORMAT": "text"}
     d = await _with(env)
     sid = new_sid()
     budget = 1200

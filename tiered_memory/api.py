@@ -191,6 +191,8 @@ def _context_json(ctx: ContextAnswer) -> dict[str, Any]:
         "recent_transcript": ctx.recent_transcript,
         "answer_transcript": ctx.answer_transcript,
         "estimated_tokens": ctx.estimated_tokens,
+        "planning": ctx.planning,
+        "planning_history": ctx.planning_history,
     }
 
 

@@ -110,7 +110,7 @@ async def _llm_ctx(app: web.Application) -> AsyncIterator[None]:
             model=settings.summary_model,
             max_tokens=settings.summary_max_tokens,
             timeout_s=settings.llm_timeout_seconds,
-            prompt=load_prompt(settings.summary_prompt_file),
+            prompt=load_prompt(settings.summary_prompt_file, settings.summary_format),
             max_chars=settings.summary_max_chars,
         )
         yield
@@ -128,6 +128,8 @@ async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
         llm=app.get(LLM_KEY),
         metrics=app[METRICS_KEY],
         max_chars=settings.summary_max_chars,
+        summary_format=settings.summary_format,
+        batch_turns=settings.compression_batch_turns,
         # Long enough for the slowest LLM call plus the writes; short enough that a crashed
         # holder does not block the session's summaries for long.
         lock_ttl_s=settings.llm_timeout_seconds + settings.sql_timeout_ms / 1000 * 2 + 5,

@@ -11,6 +11,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
@@ -44,6 +45,7 @@ from tiered_memory.model import (
 )
 from tiered_memory.settings import Settings
 from tiered_memory.summarize.extractive import Extractor
+from tiered_memory.summarize.payload import planning, planning_history, rule_payload
 from tiered_memory.summarize.scheduler import SingleFlight
 from tiered_memory.summarize.topics import TopicTagger
 from tiered_memory.summary_job import JobResult, Outcome, SummaryJob
@@ -78,6 +80,8 @@ class ContextAnswer:
     recent_transcript: str
     answer_transcript: str
     estimated_tokens: dict[str, int]
+    planning: dict[str, Any] | None
+    planning_history: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,11 +224,11 @@ class MemoryService:
             raise
 
     async def rebuild_summary(self, session_id: str) -> tuple[Summary | None, list[Slice]]:
-        """Recompute every slice and the summary from the messages, SUMMARY_EVERY_N_TURNS turns
+        """Recompute every slice and the summary from the messages, COMPRESSION_BATCH_TURNS turns
         per slice, with the current prompt and model. Raises NotFound, Conflict, SqlUnavailable."""
         if await self._store.get_session(session_id) is None:
             raise NotFound(f"session {session_id!r} does not exist")
-        summary = await self._job.rebuild(session_id, batch_turns=self._s.summary_every_n_turns)
+        summary = await self._job.rebuild(session_id)
         return summary, await self._store.slices(session_id)
 
     # --- reads ----------------------------------------------------------------------------
@@ -319,7 +323,17 @@ class MemoryService:
             updated_at=info.last_activity,
             created_at=info.created_at,
             topics=self._tagger.tags([extraction.text, *(m.content for m in answered)], extraction.topics),
-            structured=extraction.structured,
+            structured={
+                **extraction.structured,
+                "payload": rule_payload(
+                    text=extraction.text,
+                    structured=extraction.structured,
+                    new=answered,
+                    topics=extraction.topics,
+                    previous=None,
+                    max_chars=self._s.summary_max_chars,
+                ),
+            },
         )
 
     def _answer(self, session_id: str, tier: Tier, summary: Summary | None, turns: int) -> SummaryAnswer:
@@ -428,6 +442,7 @@ class MemoryService:
         framing = len(system_prompt or "") + len(question or "")
         full = (sql_info.content_chars if sql_info else (hot.content_chars or 0)) + framing
         returned = sum(len(m.content) for m in messages)
+        payload = summary.structured.get("payload") if summary else None
         return ContextAnswer(
             session_id=session_id,
             summary_tier=answer.tier,
@@ -442,6 +457,12 @@ class MemoryService:
                 "context": estimate_tokens(returned, self._s.chars_per_token),
                 "full_history": estimate_tokens(full, self._s.chars_per_token),
             },
+            planning=planning(payload) if payload else None,
+            planning_history=planning_history(
+                recent_transcript(recent, max_chars=self._s.planning_history_max_chars),
+                payload,
+                max_chars=self._s.planning_history_max_chars,
+            ),
         )
 
     async def _close_gap(

@@ -37,6 +37,12 @@ class Settings(BaseSettings):
     # At most 16,000 characters: 4 bytes each still fit MySQL's TEXT column (64 KiB).
     summary_max_chars: int = Field(1400, alias="SUMMARY_MAX_CHARS", ge=50, le=16_000)
     summary_prompt_file: Path | None = Field(None, alias="SUMMARY_PROMPT_FILE")
+    # structured: the summary is a JSON payload (goal, facts, preferences, resolved and pending
+    # points, retrieval hints) whose `summary` field is the text; text: plain text from the LLM.
+    summary_format: Literal["text", "structured"] = Field("structured", alias="SUMMARY_FORMAT")
+    # At most this many turns go into one summarization call; a longer backlog is merged batch
+    # by batch, so one call's input never grows with how far the summary lags.
+    compression_batch_turns: int = Field(6, alias="COMPRESSION_BATCH_TURNS", ge=1, le=1000)
     topic_keywords_file: Path | None = Field(None, alias="TOPIC_KEYWORDS_FILE")
     summary_concurrency: int = Field(4, alias="SUMMARY_CONCURRENCY", ge=1, le=1000)
 
@@ -74,6 +80,7 @@ class Settings(BaseSettings):
     context_max_chars: int = Field(4000, alias="CONTEXT_MAX_CHARS", ge=100)
     recent_transcript_max_chars: int = Field(2200, alias="RECENT_TRANSCRIPT_MAX_CHARS", ge=0)
     answer_history_max_chars: int = Field(1000, alias="ANSWER_HISTORY_MAX_CHARS", ge=0)
+    planning_history_max_chars: int = Field(1600, alias="PLANNING_HISTORY_MAX_CHARS", ge=0)
     chars_per_token: float = Field(2.0, alias="CHARS_PER_TOKEN", gt=0, le=100)
     reconnect_gap_seconds: int = Field(1800, alias="RECONNECT_GAP_SECONDS", ge=0)
     reconnect_template_zh: str = Field("用户上次（{ago}）的对话摘要：{summary}", alias="RECONNECT_TEMPLATE_ZH")
@@ -106,6 +113,14 @@ class Settings(BaseSettings):
     def _cross_check(self) -> Settings:
         if self.memory_mode_setting == "summary" and not self.enable_conversation_summary:
             raise ValueError("MEMORY_MODE: expected none or window when ENABLE_CONVERSATION_SUMMARY=false")
+        if self.memory_mode == "summary":
+            if self.compression_batch_turns < self.summary_every_n_turns:
+                raise ValueError(
+                    f"COMPRESSION_BATCH_TURNS: expected at least SUMMARY_EVERY_N_TURNS ({self.summary_every_n_turns}),"
+                    " so that the turns of one cadence are merged in one call"
+                )
+            if self.keep_recent_turns < 1:
+                raise ValueError("KEEP_RECENT_TURNS: expected at least 1 in summary mode (the latest turn stays raw)")
         if self.history_ttl_seconds > self.summary_redis_ttl_seconds:
             raise ValueError(
                 "HISTORY_TTL_SECONDS: expected at most SUMMARY_REDIS_TTL_SECONDS "

@@ -22,6 +22,7 @@ from tiered_memory.metrics import Metrics
 from tiered_memory.model import Message, Slice, Summary, SummarySource
 from tiered_memory.summarize.extractive import Extractor
 from tiered_memory.summarize.llm import LlmSummarizer
+from tiered_memory.summarize.payload import rule_payload
 from tiered_memory.summarize.topics import TopicTagger
 from tiered_memory.tiers.hot import HotTier
 from tiered_memory.tiers.sql_store import SqlStore
@@ -68,6 +69,8 @@ class SummaryJob:
         metrics: Metrics,
         max_chars: int,
         lock_ttl_s: float,
+        summary_format: str = "structured",
+        batch_turns: int = 6,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._store = store
@@ -77,6 +80,8 @@ class SummaryJob:
         self._llm = llm
         self._metrics = metrics
         self._max_chars = max_chars
+        self._format = summary_format
+        self._batch = batch_turns
         self._lock_ttl = lock_ttl_s
         self._clock = clock
 
@@ -114,10 +119,10 @@ class SummaryJob:
             return JobResult(Outcome.UP_TO_DATE, hot_written=cached)
         started = time.perf_counter()
         rows = await self._store.messages_in_turns(session_id, after_turn=covered, through_turn=target)
-        summary, piece = await self._merge(session_id, prev, rows, covered=covered, target=target)
+        summary, pieces = await self._merge_batches(session_id, prev, rows, covered=covered, target=target)
         source = summary.source
         if not await self._store.put_summary(
-            session_id, summary, user_id=info.user_id, turn_count=target, slices=[piece] if piece else ()
+            session_id, summary, user_id=info.user_id, turn_count=target, slices=pieces
         ):
             self._metrics.summarizations.labels(source.value, "stale").inc()
             log.info("summary_stale", session_id=session_id, version=summary.version)
@@ -140,6 +145,29 @@ class SummaryJob:
         )
         return JobResult(Outcome.WRITTEN, hot_written=cached)
 
+    async def _merge_batches(
+        self, session_id: str, prev: Summary | None, rows: list[Message], *, covered: int, target: int
+    ) -> tuple[Summary, list[Slice]]:
+        """Merge turns covered+1..target into `prev`, at most COMPRESSION_BATCH_TURNS turns per
+        call, one slice per batch. The result is one new version (the stored one plus one)."""
+        running = prev
+        pieces: list[Slice] = []
+        start = covered
+        while start < target:
+            end = min(start + self._batch, target)
+            batch = [m for m in rows if start < m.turn <= end]
+            running, piece = await self._merge(session_id, running, batch, covered=start, target=end)
+            if piece:
+                pieces.append(piece)
+            start = end
+        assert running is not None
+        final = dataclasses.replace(
+            running,
+            version=(prev.version if prev else 0) + 1,
+            created_at=prev.created_at if prev else running.created_at,
+        )
+        return final, [dataclasses.replace(p, summary_version=final.version) for p in pieces]
+
     async def _merge(
         self, session_id: str, prev: Summary | None, rows: list[Message], *, covered: int, target: int
     ) -> tuple[Summary, Slice | None]:
@@ -154,12 +182,27 @@ class SummaryJob:
             previous_text=prev.text if prev and not prev.structured else None,
             max_chars=self._max_chars,
         )
+        prev_payload = prev.structured.get("payload") if prev else None
+        payload = rule_payload(
+            text=extraction.text,
+            structured=extraction.structured,
+            new=new,
+            topics=extraction.topics,
+            previous=prev_payload,
+            max_chars=self._max_chars,
+        )
         text, source = extraction.text, SummarySource.DETERMINISTIC
-        if self._llm is not None:
+        if self._llm is not None and new:
             try:
-                text = await self._llm.summarize(prev.text if prev else None, new)
+                if self._format == "structured":
+                    payload = await self._llm.summarize_structured(prev_payload, new)
+                    text = payload["summary"]
+                else:
+                    text = await self._llm.summarize(prev.text if prev else None, new)
+                    payload = {**payload, "summary": text}
                 source = SummarySource.LLM
             except LlmFailed as exc:
+                # Rejected or failed: the rule-based merge above stands, and the reason is counted.
                 self._metrics.llm_failures.labels(exc.reason).inc()
                 log.warning("llm_summary_failed", session_id=session_id, reason=exc.reason, error=str(exc))
         now = self._clock()
@@ -173,7 +216,7 @@ class SummaryJob:
             topics=self._tagger.tags(
                 [text, *(m.content for m in new)], [*(prev.topics if prev else ()), *extraction.topics]
             ),
-            structured=extraction.structured,
+            structured={**extraction.structured, "payload": payload},
             compressions=(prev.compressions if prev else 0) + 1,
         )
         if not rows:
@@ -194,8 +237,8 @@ class SummaryJob:
         )
         return summary, piece
 
-    async def rebuild(self, session_id: str, *, batch_turns: int) -> Summary | None:
-        """Recompute every slice and the summary from the cold tier, batch_turns turns at a time
+    async def rebuild(self, session_id: str) -> Summary | None:
+        """Recompute every slice and the summary from the cold tier, COMPRESSION_BATCH_TURNS at a time
         (after a prompt or model change). None when the session has no completed turn. Raises
         SqlUnavailable, or Conflict when another summarizer holds the lock or wrote meanwhile."""
         token = await self._lock_or_raise(session_id)
@@ -204,18 +247,12 @@ class SummaryJob:
             if info is None or info.turn_count == 0:
                 return None
             rows = await self._store.messages_in_turns(session_id, after_turn=0, through_turn=info.turn_count)
-            running: Summary | None = None
-            pieces: list[Slice] = []
-            for start in range(0, info.turn_count, batch_turns):
-                end = min(start + batch_turns, info.turn_count)
-                batch = [m for m in rows if start < m.turn <= end]
-                running, piece = await self._merge(session_id, running, batch, covered=start, target=end)
-                if piece:
-                    pieces.append(piece)
-            assert running is not None
-            base = prev.version if prev else 0
+            # From nothing, but as the next version of what is stored (so caches take it).
+            final, pieces = await self._merge_batches(session_id, None, rows, covered=0, target=info.turn_count)
             final = dataclasses.replace(
-                running, version=base + 1, created_at=prev.created_at if prev else running.created_at
+                final,
+                version=(prev.version if prev else 0) + 1,
+                created_at=prev.created_at if prev else final.created_at,
             )
             pieces = [dataclasses.replace(p, summary_version=final.version) for p in pieces]
             if not await self._store.put_summary(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -19,23 +19,33 @@ import aiohttp
 
 from tiered_memory.errors import LlmFailed
 from tiered_memory.model import Message, Role
+from tiered_memory.summarize.payload import check_text, parse_llm_payload
 
 _SPEAKER = {Role.USER: "用户", Role.ASSISTANT: "助手"}
 
 
-def default_prompt() -> str:
-    """The summary prompt of the system this daemon replaces (Chinese, 150 characters)."""
-    return resources.files("tiered_memory").joinpath("prompts/summary_zh.txt").read_text(encoding="utf-8")
+def default_prompt(summary_format: str = "text") -> str:
+    """The built-in system prompt: for text, the prompt of the system this daemon replaces
+    (Chinese, 150 characters); for structured, the JSON memory-merge prompt."""
+    name = "summary_structured_zh.txt" if summary_format == "structured" else "summary_zh.txt"
+    return resources.files("tiered_memory").joinpath(f"prompts/{name}").read_text(encoding="utf-8")
 
 
-def load_prompt(path: Path | None) -> str:
-    return path.read_text(encoding="utf-8") if path is not None else default_prompt()
+def load_prompt(path: Path | None, summary_format: str = "text") -> str:
+    return path.read_text(encoding="utf-8") if path is not None else default_prompt(summary_format)
 
 
 def render_request(previous: str | None, messages: Sequence[Message]) -> str:
     """The user message sent to the LLM: the previous summary, then only the new turns."""
     transcript = "\n".join(f"{_SPEAKER[m.role]}：{m.content}" for m in messages)
     return f"已有摘要：{previous or '无'}\n\n新增对话：\n{transcript}"
+
+
+def render_structured_request(previous: Mapping[str, Any] | None, messages: Sequence[Message]) -> str:
+    """The same for the structured format: the previous payload as JSON, then only the new turns."""
+    transcript = "\n".join(f"{_SPEAKER[m.role]}：{m.content}" for m in messages)
+    memory = json.dumps(previous or {}, ensure_ascii=False)
+    return f"已有长期记忆：{memory}\n\n新增对话：\n{transcript}"
 
 
 class LlmSummarizer:
@@ -66,17 +76,30 @@ class LlmSummarizer:
         self.prompt_id = hashlib.sha256(prompt.encode("utf-8")).hexdigest()[:12]
 
     async def summarize(self, previous: str | None, messages: Sequence[Message]) -> str:
-        """A summary merging `previous` with `messages`, at most max_chars long.
+        """A text summary merging `previous` with `messages`, at most max_chars long.
 
-        Raises LlmFailed on any failure; never waits longer than the configured timeout.
+        Raises LlmFailed on any failure (including a reply that is empty, says there is nothing
+        to summarize, or answers the user); never waits longer than the configured timeout.
         """
+        content = await self._complete(render_request(previous, messages))
+        return check_text(content)[: self._max_chars]
+
+    async def summarize_structured(
+        self, previous: Mapping[str, Any] | None, messages: Sequence[Message]
+    ) -> dict[str, Any]:
+        """A structured payload merging `previous` with `messages`, limits enforced.
+        Raises LlmFailed as `summarize`, and for a reply that is not the JSON object asked for."""
+        content = await self._complete(render_structured_request(previous, messages))
+        return parse_llm_payload(content, max_chars=self._max_chars)
+
+    async def _complete(self, user_content: str) -> str:
         body = {
             "model": self._model,
             "max_tokens": self._max_tokens,
             "temperature": 0.2,
             "messages": [
                 {"role": "system", "content": self._prompt},
-                {"role": "user", "content": render_request(previous, messages)},
+                {"role": "user", "content": user_content},
             ],
         }
         try:
@@ -99,7 +122,6 @@ class LlmSummarizer:
             raise LlmFailed("malformed", type(exc).__name__) from exc
         if not isinstance(content, str):
             raise LlmFailed("malformed", "content is not a string")
-        text = content.strip()
-        if not text:
+        if not content.strip():
             raise LlmFailed("empty", "blank content")
-        return text[: self._max_chars]
+        return content

@@ -344,7 +344,12 @@ async def test_forty_turns_hold_budgets_lose_no_turn_and_cost_flat(
     every completed turn is in the summary or the raw window at every step, and the LLM input per
     summarization does not grow with the session (the summary is incremental)."""
     fake_llm.behaviour = Behaviour(text="摘要：用户问了很多问题。")
-    env = backend_env | {"LLM_BASE_URL": fake_llm.url, "SUMMARY_MODEL": "m", "MEMORY_MODE": mode, "SUMMARY_FORMAT": "text"}
+    env = backend_env | {
+        "LLM_BASE_URL": fake_llm.url,
+        "SUMMARY_MODEL": "m",
+        "MEMORY_MODE": mode,
+        "SUMMARY_FORMAT": "text",
+    }
     d = await _with(env)
     sid = new_sid()
     budget = 1200

@@ -133,6 +133,7 @@ def _summary_json(answer: SummaryAnswer, now: float) -> dict[str, Any]:
         "turn_count": answer.turn_count,
         "covered_turns": s.covered_turns if s else 0,
         "topics": list(s.topics) if s else [],
+        "payload": s.structured.get("payload") if s else None,
         "source": s.source.value if s else None,
         "version": s.version if s else 0,
         "updated_at": s.updated_at if s else None,

@@ -1,0 +1,165 @@
+"""The structured summary payload over HTTP: limits enforced on what the LLM returns, rejected
+replies counted with the rule-based merge standing in, planning fields, and batching."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tests.conftest import Daemon, new_sid
+from tests.conversations import ZH_12_TURNS
+from tests.fake_llm import Behaviour, FakeLlm
+from tiered_memory.summarize.payload import check_text, looks_like_answer, planning_history
+
+
+async def _daemon(env: dict[str, str], llm: FakeLlm, **extra: str) -> Daemon:
+    d = Daemon(env | {"LLM_BASE_URL": llm.url, "SUMMARY_MODEL": "m"} | extra)
+    await d.start()
+    return d
+
+
+async def _play(d: Daemon, sid: str, turns: list[tuple[str, str]]) -> None:
+    for user, assistant in turns:
+        await d.post(sid, "user", user)
+        await d.post(sid, "assistant", assistant)
+
+
+def _payload(**overrides: Any) -> str:
+    doc = {
+        "summary": "用户王小明咨询活力健的用法和价格，偏好不太甜的口味。",
+        "conversation_goal": "了解活力健",
+        "stable_facts": [f"事实{i}" for i in range(10)],
+        "user_preferences": ["不喜欢太甜" + "很" * 100],
+        "resolved_points": ["每天2次，每次1条", "一盒398元"],
+        "pending_questions": ["是否适合高血压人群"],
+        "retrieval_hints": ["活力健", "剂量", "价格"],
+    }
+    return json.dumps(doc | overrides, ensure_ascii=False)
+
+
+async def test_llm_payload_is_stored_with_limits_enforced(backend_env: dict[str, str], fake_llm: FakeLlm) -> None:
+    """A JSON payload (even in a Markdown fence) is stored; lists are cut to 6 items of 80 chars;
+    the summary text is the payload's `summary`; the context exposes planning fields."""
+    fake_llm.behaviour = Behaviour(text="```json\n" + _payload() + "\n```")
+    d = await _daemon(backend_env, fake_llm)
+    try:
+        sid = new_sid()
+        await _play(d, sid, ZH_12_TURNS[:6])
+        await d.settle()
+        answer = await d.get(f"/v1/sessions/{sid}/summary")
+        assert answer["source"] == "llm"
+        assert answer["summary"].startswith("用户王小明咨询活力健")
+        prompt = fake_llm.last_user_prompt()
+        assert prompt.startswith("已有长期记忆：{")
+        assert '"conversation_goal": "了解活力健"' in prompt
+        ctx = await d.get(f"/v1/sessions/{sid}/context")
+        plan = ctx["planning"]
+        assert plan["goal"] == "了解活力健"
+        assert plan["facts"] == [f"事实{i}" for i in range(6)]
+        assert plan["pending_questions"] == ["是否适合高血压人群"]
+        assert plan["retrieval_hints"] == ["活力健", "剂量", "价格"]
+        summary, _ = await d.store.get_summary(sid)
+        assert summary is not None
+        assert len(summary.structured["payload"]["user_preferences"][0]) == 80
+        assert "目标：了解活力健" in ctx["planning_history"]
+        assert len(ctx["planning_history"]) <= 1600
+    finally:
+        await d.stop()
+
+
+@pytest.mark.parametrize(
+    ("reply", "reason"),
+    [
+        ("这不是JSON", "malformed"),
+        ('{"summary": 5}', "malformed"),
+        ('{"summary": "x", "stable_facts": "not a list"}', "malformed"),
+        ('{"summary": "无需摘要"}', "empty"),
+        ('{"summary": ""}', "empty"),
+        ('{"summary": "您好！活力健每天2次，每次1条，您可以饭后服用。"}', "answer"),
+    ],
+)
+async def test_rejected_replies_fall_back_to_the_rule_based_merge(
+    backend_env: dict[str, str], fake_llm: FakeLlm, reply: str, reason: str
+) -> None:
+    """Malformed JSON, an empty or "nothing to summarize" reply, or one that answers the user is
+    rejected and counted; the rule-based payload stands: previous summary plus batch highlights,
+    goal from the latest turn, pending questions accumulated, retrieval hints from keywords."""
+    fake_llm.behaviour = Behaviour(text=reply)
+    d = await _daemon(backend_env, fake_llm)
+    try:
+        sid = new_sid()
+        await _play(d, sid, ZH_12_TURNS[:3])
+        await d.settle()
+        answer = await d.get(f"/v1/sessions/{sid}/summary")
+        assert answer["source"] == "deterministic"
+        assert "398" in answer["summary"]
+        ctx = await d.get(f"/v1/sessions/{sid}/context")
+        plan = ctx["planning"]
+        assert plan["goal"] == ZH_12_TURNS[2][0]
+        assert ZH_12_TURNS[1][0] in plan["pending_questions"]
+        assert plan["retrieval_hints"]
+        assert "请问" not in plan["retrieval_hints"]
+        metrics = await (await d.http.get("/metrics")).text()
+        assert f'tiered_memory_llm_failures_total{{reason="{reason}"}} 1.0' in metrics
+    finally:
+        await d.stop()
+
+
+async def test_a_backlog_is_merged_in_batches(backend_env: dict[str, str], fake_llm: FakeLlm) -> None:
+    """Turns recorded while summaries were off are merged COMPRESSION_BATCH_TURNS at a time: one
+    LLM call and one slice per batch, each call carrying only its batch's turns."""
+    d = Daemon(backend_env | {"MEMORY_MODE": "window"})
+    await d.start()
+    sid = new_sid()
+    # Marked with the session id: other tests' sessions may be summarized by the same sweep.
+    turns = [(f"{user}（{sid}）", assistant) for user, assistant in ZH_12_TURNS[:11]]
+    try:
+        await _play(d, sid, turns)
+    finally:
+        await d.stop()
+    fake_llm.behaviour = Behaviour(text=_payload())
+    d = await _daemon(backend_env, fake_llm, COMPRESSION_BATCH_TURNS="4", SUMMARY_EVERY_N_TURNS="3")
+    try:
+        await d.http.post(f"/v1/sessions/{sid}/close")
+        await d.settle()
+        slices = (await d.get(f"/v1/sessions/{sid}/slices"))["slices"]
+        assert [(s["from_turn"], s["to_turn"]) for s in slices] == [(1, 4), (5, 8), (9, 11)]
+        calls = [r["body"]["messages"][1]["content"] for r in fake_llm.requests]
+        mine = [c for c in calls if sid in c]
+        assert len(mine) == 3
+        assert [sum(turn[0] in c for turn in turns) for c in mine] == [4, 4, 3]
+        assert turns[0][0] in mine[0]
+        assert turns[4][0] in mine[1]
+        assert turns[8][0] in mine[2]
+        assert (await d.get(f"/v1/sessions/{sid}/summary"))["covered_turns"] == 11
+    finally:
+        await d.stop()
+
+
+def test_answer_and_nothing_detection() -> None:
+    """A reply addressed to the user is an answer; one about the user is a summary."""
+    assert looks_like_answer("您好，活力健每天2次。")
+    assert looks_like_answer("Sure! You can take it twice a day.")
+    assert not looks_like_answer("用户询问活力健的用法，助手说明每天2次。")
+    assert not looks_like_answer("The user asked about dosage; the assistant said twice a day.")
+    for text in ("无", "没有可总结的内容", "Nothing to summarize."):
+        with pytest.raises(Exception, match="nothing to summarize"):
+            check_text(text)
+
+
+def test_planning_history_split() -> None:
+    """planning_history keeps about 65% for the newest transcript and the rest for structured facts."""
+    payload = {
+        "conversation_goal": "了解产品",
+        "stable_facts": ["事实" * 100],
+        "pending_questions": [],
+        "retrieval_hints": [],
+    }
+    text = planning_history("旧" * 2000 + "新", payload, max_chars=1600)
+    assert len(text) <= 1600
+    assert text.endswith("新")
+    assert text.startswith("目标：了解产品")
+    recent = text.split("\n\n")[-1]
+    assert len(recent) == 1040

@@ -166,6 +166,8 @@ async def test_reconnect_after_a_gap_says_how_long_ago(backend_env: dict[str, st
         sid = new_sid()
         await _play(d, sid, ZH_12_TURNS[:5])
         await d.settle()
+        # Activity just now (the first summary may have taken a while to load jieba).
+        await d.post(sid, "user", "还有别的吗？")
         fresh = await d.get(f"/v1/sessions/{sid}/context")
         assert fresh["messages"][0]["content"].startswith("[历史对话摘要]")
         await asyncio.sleep(1.2)
@@ -379,5 +381,27 @@ async def test_forty_turns_hold_budgets_lose_no_turn_and_cost_flat(
             assert max(sizes[1:]) <= 1.2 * min(sizes[1:])
         else:
             assert not any(sid in r["body"]["messages"][1]["content"] for r in fake_llm.requests)
+    finally:
+        await d.stop()
+
+
+async def test_reconnect_phrasing_follows_the_summary_language(backend_env: dict[str, str]) -> None:
+    """An English conversation gets the English reconnect template after the gap."""
+    d = await _with(backend_env, RECONNECT_GAP_SECONDS="1")
+    try:
+        sid = new_sid()
+        english = [
+            ("Hi, I'm Sarah and I want the X200 headphones.", "The X200 costs $199 and comes in black."),
+            ("Do they fold?", "Yes, the X200 folds flat."),
+            ("What about battery life?", "About 30 hours per charge."),
+            ("Any discount?", "There is 10% off this week."),
+            ("Great, thanks.", "You're welcome, Sarah."),
+        ]
+        await _play(d, sid, english)
+        await d.settle()
+        await asyncio.sleep(1.2)
+        ctx = await d.get(f"/v1/sessions/{sid}/context")
+        assert ctx["messages"][0]["content"].startswith("Summary of the user's previous conversation (1 minute ago): ")
+        assert "X200" in ctx["messages"][0]["content"]
     finally:
         await d.stop()

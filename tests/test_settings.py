@@ -39,6 +39,14 @@ def test_defaults_are_those_of_the_replaced_system() -> None:
         ({"DATABASE_URL": "postgres://x/y"}, "DATABASE_URL: expected mysql+aiomysql://"),
         ({"REDIS_URL": "http://x"}, "REDIS_URL: expected redis://"),
         ({"SUMMARY_PROMPT_FILE": "/nonexistent/prompt.txt"}, "SUMMARY_PROMPT_FILE: expected a readable file"),
+        ({"COMPRESSION_BATCH_TURNS": "2"}, "COMPRESSION_BATCH_TURNS: expected at least SUMMARY_EVERY_N_TURNS (3)"),
+        ({"COMPRESSION_BATCH_TURNS": "0"}, "COMPRESSION_BATCH_TURNS: input should be greater than or equal to 1"),
+        ({"KEEP_RECENT_TURNS": "0"}, "KEEP_RECENT_TURNS: expected at least 1 in summary mode"),
+        ({"MEMORY_MODE": "summary", "ENABLE_CONVERSATION_SUMMARY": "false"}, "MEMORY_MODE: expected none or window"),
+        ({"MEMORY_MODE": "all"}, "MEMORY_MODE: input should be 'none', 'window' or 'summary'"),
+        ({"SUMMARY_FORMAT": "xml"}, "SUMMARY_FORMAT: input should be 'text' or 'structured'"),
+        ({"RECONNECT_TEMPLATE_EN": "no placeholders"}, "RECONNECT_TEMPLATE_EN: expected a template using"),
+        ({"TOPIC_KEYWORDS_FILE": "/nonexistent/topics.txt"}, "TOPIC_KEYWORDS_FILE: expected a readable file"),
     ],
 )
 def test_bad_values_name_the_variable(env: dict[str, str], expected: str) -> None:

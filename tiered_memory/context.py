@@ -163,12 +163,16 @@ def ago(seconds: float, lang: str) -> str:
     """A coarse, human 'how long ago': minutes under two hours, then hours, then days."""
     minutes = max(1, int(seconds // 60))
     if minutes < 120:
-        return f"{minutes}分钟前" if lang == "zh" else f"{minutes} minutes ago"
+        return f"{minutes}分钟前" if lang == "zh" else _en(minutes, "minute")
     hours = minutes // 60
     if hours < 48:
-        return f"{hours}小时前" if lang == "zh" else f"{hours} hours ago"
+        return f"{hours}小时前" if lang == "zh" else _en(hours, "hour")
     days = hours // 24
-    return f"{days}天前" if lang == "zh" else f"{days} days ago"
+    return f"{days}天前" if lang == "zh" else _en(days, "day")
+
+
+def _en(n: int, unit: str) -> str:
+    return f"{n} {unit}{'' if n == 1 else 's'} ago"
 
 
 def summary_system_text(

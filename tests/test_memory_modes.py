@@ -5,6 +5,7 @@ and the window. Each runs on the embedded backends and on real Redis + MariaDB."
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -345,13 +346,22 @@ async def test_forty_turns_hold_budgets_lose_no_turn_and_cost_flat(
     """A 40-turn conversation in each mode: every context stays within its budget; in summary mode
     every completed turn is in the summary or the raw window at every step, and the LLM input per
     summarization does not grow with the session (the summary is incremental)."""
-    fake_llm.behaviour = Behaviour(text="摘要：用户问了很多问题。")
-    env = backend_env | {
-        "LLM_BASE_URL": fake_llm.url,
-        "SUMMARY_MODEL": "m",
-        "MEMORY_MODE": mode,
-        "SUMMARY_FORMAT": "text",
-    }
+    # The default, structured format: the LLM merges the previous payload with the new turns.
+    fake_llm.behaviour = Behaviour(
+        text=json.dumps(
+            {
+                "summary": "用户逐一询问了多个编号产品的情况和价格。",
+                "conversation_goal": "了解各编号产品",
+                "stable_facts": ["产品编号从001开始"],
+                "user_preferences": [],
+                "resolved_points": ["每个产品都有报价"],
+                "pending_questions": [],
+                "retrieval_hints": ["编号", "价格"],
+            },
+            ensure_ascii=False,
+        )
+    )
+    env = backend_env | {"LLM_BASE_URL": fake_llm.url, "SUMMARY_MODEL": "m", "MEMORY_MODE": mode}
     d = await _with(env)
     sid = new_sid()
     budget = 1200
@@ -378,6 +388,7 @@ async def test_forty_turns_hold_budgets_lose_no_turn_and_cost_flat(
             prompts = [r["body"]["messages"][1]["content"] for r in fake_llm.requests]
             sizes = [len(p) for p in prompts if sid in p]
             assert len(sizes) == 13
+            assert (await d.get(f"/v1/sessions/{sid}/summary"))["source"] == "llm"
             assert max(sizes[1:]) <= 1.2 * min(sizes[1:])
         else:
             assert not any(sid in r["body"]["messages"][1]["content"] for r in fake_llm.requests)

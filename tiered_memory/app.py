@@ -108,7 +108,7 @@ async def _llm_ctx(app: web.Application) -> AsyncIterator[None]:
             base_url=settings.llm_base_url,
             api_key=settings.llm_api_key.get_secret_value() if settings.llm_api_key else None,
             model=settings.summary_model,
-            max_tokens=settings.summary_max_tokens,
+            max_tokens=settings.llm_max_tokens,
             timeout_s=settings.llm_timeout_seconds,
             prompt=load_prompt(settings.summary_prompt_file, settings.summary_format),
             max_chars=settings.summary_max_chars,

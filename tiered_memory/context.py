@@ -7,6 +7,7 @@ raw recent turns, alternating user/assistant and starting with a user message.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import re
@@ -74,37 +75,70 @@ def alternate(messages: Sequence[Message]) -> list[ChatMessage]:
     return out
 
 
-def assemble(summary_text: str | None, recent: Sequence[ChatMessage], *, max_chars: int) -> list[ChatMessage]:
-    """Fit the summary system text and the recent turns into max_chars of content.
+def fit_recent(messages: Sequence[Message], *, room: int) -> tuple[list[Message], list[Message]]:
+    """Split the raw turns into those that fit `room` characters (newest first, whole messages)
+    and the older ones that do not. When the newest message alone is too long, it is cut — and a
+    reply keeps its question beside it (each cut to share the room), never a reply on its own.
+    Unanswered replies (stopped, failed, streaming) are left out; a kept list never starts with
+    an assistant message (its question did not fit), which then counts as not fitting."""
+    answered = [m for m in messages if m.answered]
+    kept: list[Message] = []
+    used = 0
+    for idx in range(len(answered) - 1, -1, -1):
+        m = answered[idx]
+        if used + len(m.content) <= room:
+            kept.append(m)
+            used += len(m.content)
+            continue
+        if not kept and room > 0:
+            question = answered[idx - 1] if idx > 0 and answered[idx - 1].role is Role.USER else None
+            if m.role is Role.ASSISTANT and question is not None:
+                q_room = min(len(question.content), room // 2)
+                kept = [_cut(m, room - q_room), _cut(question, q_room)]
+            else:
+                kept = [_cut(m, room)]
+        break
+    kept.reverse()
+    while kept and kept[0].role is Role.ASSISTANT:
+        kept.pop(0)
+    return kept, answered[: len(answered) - len(kept)]
+
+
+def _cut(m: Message, limit: int) -> Message:
+    """A message cut to `limit` characters: a reply keeps its beginning (where the answer is), a
+    user message its end (the words just spoken)."""
+    if len(m.content) <= limit:
+        return m
+    if limit <= 1:
+        return dataclasses.replace(m, content=m.content[:limit])
+    if m.role is Role.ASSISTANT:
+        return dataclasses.replace(m, content=m.content[: limit - 1] + "…")
+    return dataclasses.replace(m, content="…" + m.content[-(limit - 1) :])
+
+
+def compose(memory_text: str | None, recent: Sequence[ChatMessage], *, max_chars: int) -> list[ChatMessage]:
+    """The system message with the memory text, cut to what the recent messages leave of
+    max_chars (cut at its end), followed by the recent messages."""
+    used = sum(len(m.content) for m in recent)
+    out: list[ChatMessage] = []
+    if memory_text:
+        room = max(0, max_chars - used)
+        if room:
+            out.append(ChatMessage("system", memory_text[:room]))
+    out.extend(recent)
+    return out
+
+
+def assemble(summary_text: str | None, messages: Sequence[Message], *, max_chars: int) -> list[ChatMessage]:
+    """Fit the summary system text and the raw turns into max_chars of content.
 
     The newest turns matter most for the next reply, the summary for everything older: the summary
     is guaranteed up to half the budget, the recent messages take what they need of the rest
-    (newest first, whole messages; the newest is cut only when it alone exceeds the room), and the
+    (newest first, whole messages; the newest cut only when it alone exceeds the room), and the
     summary may then grow into whatever the recent turns left unused.
     """
-    summary_full = summary_text or ""
-    reserved = min(len(summary_full), max_chars // 2)
-    room = max_chars - reserved
-    kept: list[ChatMessage] = []
-    for m in reversed(recent):
-        if len(m.content) <= room:
-            kept.append(m)
-            room -= len(m.content)
-        elif not kept and room > 0:
-            kept.append(ChatMessage(m.role, m.content[-room:]))
-            room = 0
-            break
-        else:
-            break
-    kept.reverse()
-    while kept and kept[0].role != Role.USER.value:
-        kept.pop(0)
-    used = sum(len(m.content) for m in kept)
-    out: list[ChatMessage] = []
-    if summary_full:
-        out.append(ChatMessage("system", summary_full[: max(0, max_chars - used)]))
-    out.extend(kept)
-    return out
+    kept, _ = fit_recent(messages, room=max_chars - min(len(summary_text or ""), max_chars // 2))
+    return compose(summary_text, alternate(kept), max_chars=max_chars)
 
 
 # Per-message caps of the recent transcript: a question is short, an answer may carry detail.

@@ -19,8 +19,9 @@ from tiered_memory.context import (
     ChatMessage,
     alternate,
     answer_transcript,
-    assemble,
+    compose,
     estimate_tokens,
+    fit_recent,
     frame,
     hot_window_complete,
     language_of,
@@ -428,15 +429,24 @@ class MemoryService:
                 reconnect_gap_s=self._s.reconnect_gap_seconds,
                 templates=self._s.reconnect_templates,
             )
+        covered = summary.covered_turns if summary else 0
         if mode == "summary":
-            covered = summary.covered_turns if summary else 0
-            recent, memory_text = await self._close_gap(
-                session_id, covered, turn_count, recent, available, memory_text, max_chars=max_chars
-            )
+            recent = await self._with_gap(session_id, covered, turn_count, recent, available)
         if memory_text is not None and recent and recent[0].turn <= 1 and _chars(recent) <= max_chars:
             # The raw turns hold the whole conversation: a summary of them would only repeat them.
             memory_text = None
-        messages = assemble(memory_text, alternate(recent), max_chars=max_chars)
+        kept, dropped = fit_recent(recent, room=max_chars - min(len(memory_text or ""), max_chars // 2))
+        uncovered = [m for m in dropped if m.turn > covered] if mode == "summary" else []
+        if uncovered:
+            # Turns the summary does not hold yet and that did not fit raw: a digest of them leads
+            # the system text, so that a budget cut falls on the (older) summary, not on them.
+            digest = await asyncio.to_thread(
+                self._extractor.extract, uncovered, max_chars=max(50, min(self._s.summary_max_chars, max_chars // 4))
+            )
+            if digest.text:
+                label = "最近几轮：" if language_of(digest.text) == "zh" else "Recent turns: "
+                memory_text = label + digest.text + (f"\n{memory_text}" if memory_text else "")
+        messages = compose(memory_text, alternate(kept), max_chars=max_chars)
         messages = frame(messages, system_prompt=system_prompt, question=question)
         # What sending the whole history instead would cost, framed the same way.
         framing = len(system_prompt or "") + len(question or "")
@@ -465,42 +475,22 @@ class MemoryService:
             ),
         )
 
-    async def _close_gap(
-        self,
-        session_id: str,
-        covered: int,
-        turn_count: int,
-        recent: list[Message],
-        available: list[Message],
-        memory_text: str | None,
-        *,
-        max_chars: int,
-    ) -> tuple[list[Message], str | None]:
-        """Represent turns covered+1 … (window start - 1): raw in front of the window when they
-        fit the budget's recent share, else as a deterministic digest added to the summary text."""
+    async def _with_gap(
+        self, session_id: str, covered: int, turn_count: int, recent: list[Message], available: list[Message]
+    ) -> list[Message]:
+        """The window with the turns covered+1 … (window start - 1) in front of it: turns the
+        summary does not hold yet (it lags behind a slow LLM) and that left the window."""
         first = recent[0].turn if recent else turn_count + 1
         if covered + 1 >= first:
-            return recent, memory_text
+            return recent
         gap = [m for m in available if covered < m.turn < first]
         if not gap or gap[0].turn != covered + 1:
             try:
                 gap = await self._store.messages_in_turns(session_id, after_turn=covered, through_turn=first - 1)
             except SqlUnavailable:
                 self._metrics.tier_errors.labels("sql", "read_gap").inc()
-                return recent, memory_text
-        gap = [m for m in gap if m.answered]
-        raw_chars = _chars([*gap, *recent])
-        reserved = min(len(memory_text or ""), max_chars // 2)
-        if raw_chars <= max_chars - reserved:
-            return [*gap, *recent], memory_text
-        digest = await asyncio.to_thread(
-            self._extractor.extract, gap, max_chars=max(50, min(self._s.summary_max_chars, max_chars // 4))
-        )
-        if not digest.text:
-            return recent, memory_text
-        label = "最近几轮：" if language_of(digest.text) == "zh" else "Recent turns: "
-        addition = label + digest.text
-        return recent, addition if memory_text is None else f"{memory_text}\n{addition}"
+                return recent
+        return [*gap, *recent]
 
     # --- health and background ------------------------------------------------------------
 

@@ -6,6 +6,7 @@ here reads the process environment by itself, so importing this module has no si
 
 from __future__ import annotations
 
+import string
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -31,6 +32,9 @@ class Settings(BaseSettings):
     memory_mode_setting: Literal["none", "window", "summary"] | None = Field(None, alias="MEMORY_MODE")
     summary_every_n_turns: int = Field(3, alias="SUMMARY_EVERY_N_TURNS", ge=1, le=1000)
     summary_max_tokens: int = Field(120, alias="SUMMARY_MAX_TOKENS", ge=16, le=32000)
+    # A JSON payload of seven fields needs far more room than 150 characters of text; a reply cut
+    # at the token limit is broken JSON and would always be rejected.
+    structured_summary_max_tokens: int = Field(1500, alias="STRUCTURED_SUMMARY_MAX_TOKENS", ge=64, le=32000)
     summary_redis_ttl_seconds: int = Field(7200, alias="SUMMARY_REDIS_TTL_SECONDS", ge=1)
     summary_model: str = Field("", alias="SUMMARY_MODEL")
     summary_min_turns_to_persist: int = Field(2, alias="SUMMARY_MIN_TURNS_TO_PERSIST", ge=0)
@@ -139,11 +143,14 @@ class Settings(BaseSettings):
             ("RECONNECT_TEMPLATE_EN", self.reconnect_template_en),
         ):
             try:
-                filled = template.format(ago="1", summary="2")
-            except (KeyError, IndexError, ValueError):
-                filled = ""
-            if "1" not in filled or "2" not in filled:
-                raise ValueError(f"{name}: expected a template using exactly {{ago}} and {{summary}}")
+                fields = [f for _, f, spec, conv in string.Formatter().parse(template) if f is not None]
+                plain = all(spec == "" and conv is None for _, f, spec, conv in string.Formatter().parse(template) if f)
+            except ValueError:
+                fields, plain = [], False
+            if sorted(fields) != ["ago", "summary"] or not plain:
+                raise ValueError(
+                    f"{name}: expected a template using {{ago}} and {{summary}} once each, and nothing else"
+                )
         if self.topic_keywords_file is not None:
             if not self.topic_keywords_file.is_file():
                 raise ValueError(f"TOPIC_KEYWORDS_FILE: expected a readable file, got {self.topic_keywords_file}")
@@ -196,6 +203,11 @@ class Settings(BaseSettings):
         """Whether summaries are made (every N turns, at close, by the sweeper): summary mode only.
         Sessions recorded in another mode are summarized by the sweeper once summary mode is on."""
         return self.memory_mode == "summary"
+
+    @property
+    def llm_max_tokens(self) -> int:
+        """max_tokens of a summary call in the configured format."""
+        return self.structured_summary_max_tokens if self.summary_format == "structured" else self.summary_max_tokens
 
     @property
     def reconnect_templates(self) -> dict[str, str]:

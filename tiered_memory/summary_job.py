@@ -179,7 +179,9 @@ class SummaryJob:
             self._extractor.extract,
             new,
             previous_structured=prev.structured if prev else None,
-            previous_text=prev.text if prev and not prev.structured else None,
+            # The LLM's text is carried into the rule-based merge; a deterministic text is already
+            # in the structured facts.
+            previous_text=prev.text if prev and (prev.source is SummarySource.LLM or not prev.structured) else None,
             max_chars=self._max_chars,
         )
         prev_payload = prev.structured.get("payload") if prev else None

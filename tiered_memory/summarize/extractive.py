@@ -192,6 +192,11 @@ class _State:
             self.items.append(_Item(kind, speaker, rank, self.next, text))
             self.next += 1
 
+    def replace_earlier(self, text: str) -> None:
+        self.items = [i for i in self.items if i.kind != _EARLIER]
+        self.keys = {_NOT_WORD.sub("", i.text.lower()) for i in self.items}
+        self.add(_EARLIER, "", 0, text)
+
     def count_script(self, text: str) -> None:
         self.script[0] += len(_CJK.findall(text))
         self.script[1] += len(_LATIN.findall(text))
@@ -256,8 +261,8 @@ class Extractor:
         max_chars: int = 1400,
     ) -> Extraction:
         """Summarise `messages` (in order), merged into `previous_structured` when given, so the cost
-        grows with the new messages only. `previous_text` (an LLM summary) is used only when there is
-        no usable `previous_structured`; it is kept as a leading item of at most half the budget.
+        grows with the new messages only. `previous_text` (an LLM summary) becomes the leading
+        "earlier summary" item, replacing any earlier one; it is kept to at most half the budget.
         `max_chars` bounds `len(text)` (ValueError if negative); the first call loads jieba's
         dictionary (~1 s)."""
         if max_chars < 0:
@@ -266,9 +271,11 @@ class Extractor:
         state = _State.load(previous_structured) if previous_structured else None
         if state is None:
             state = _State()
-            if previous_text and previous_text.strip():
-                state.count_script(previous_text)
-                state.add(_EARLIER, "", 0, _lead(_SPACES.sub(" ", previous_text).strip(), max_chars))
+        if previous_text and previous_text.strip():
+            # An LLM wrote the previous summary: its text leads (replacing any earlier one), so a
+            # fallback after it keeps what the LLM had condensed instead of dropping it.
+            state.replace_earlier(_lead(_SPACES.sub(" ", previous_text).strip(), max_chars))
+            state.count_script(previous_text)
         for message in messages:
             _read(jb, state, message)
         topics = state.topics(10)

@@ -93,9 +93,20 @@ def looks_like_answer(text: str) -> bool:
     return bool(_SECOND_PERSON.search(head)) and not _THIRD_PERSON.search(head)
 
 
+def _encodable(value: object) -> bool:
+    # JSON can carry a lone surrogate ("\ud800"); no database or UTF-8 encoder takes it.
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def check_text(text: str) -> str:
-    """Reject a plain-text LLM summary that is empty, says there is nothing to summarize, or
-    answers the user; returns the text otherwise."""
+    """Reject a plain-text LLM summary that is not valid Unicode, is empty, says there is
+    nothing to summarize, or answers the user; returns the text otherwise."""
+    if not _encodable(text):
+        raise LlmFailed("malformed", "reply holds invalid Unicode (a lone surrogate)")
     stripped = text.strip()
     if not stripped or _NOTHING.search(stripped):
         raise LlmFailed("empty", "nothing to summarize")
@@ -115,6 +126,8 @@ def parse_llm_payload(raw: str, *, max_chars: int) -> dict[str, Any]:
         raise LlmFailed("malformed", "reply is not an object with a summary string")
     if any(not isinstance(doc.get(f, []), list) for f in LIST_FIELDS):
         raise LlmFailed("malformed", "a list field is not a list")
+    if not _encodable(doc):
+        raise LlmFailed("malformed", "reply holds invalid Unicode (a lone surrogate)")
     check_text(doc["summary"])
     return bounded(doc, max_chars=max_chars)
 
@@ -138,18 +151,40 @@ def rule_payload(
     facts = [i[4] for i in by_priority if i[0] == "fact"]
     user_questions = [m.content for m in new if m.role is Role.USER and _is_question(m.content)]
     latest_user = next((m.content for m in reversed(new) if m.role is Role.USER), None)
+
+    def earlier(name: str) -> list[str]:
+        values = prev.get(name)
+        return [str(v) for v in values] if isinstance(values, list) else []
+
+    hints = [t for t in topics if t.lower() not in _HINT_STOPWORDS and len(t) > 1]
     payload = {
         "summary": text,
         "conversation_goal": latest_user or prev.get("conversation_goal") or "",
-        "stable_facts": [i[4] for i in by_priority if i[0] == "fact" and i[1] != "assistant"] or facts,
-        "user_preferences": [i[4] for i in by_priority if i[0] == "profile"],
-        # The newest conclusions the assistant gave.
-        "resolved_points": [i[4] for i in items if i[0] == "fact" and i[1] == "assistant"][-MAX_ITEMS:],
-        # Accumulated, newest kept.
-        "pending_questions": [*prev.get("pending_questions", []), *user_questions][-MAX_ITEMS:],
-        "retrieval_hints": [t for t in topics if t.lower() not in _HINT_STOPWORDS and len(t) > 1],
+        # What was established stays first: early facts are what memory is for.
+        "stable_facts": [
+            *earlier("stable_facts"),
+            *([i[4] for i in by_priority if i[0] == "fact" and i[1] != "assistant"] or facts),
+        ],
+        "user_preferences": [*earlier("user_preferences"), *(i[4] for i in by_priority if i[0] == "profile")],
+        # The newest conclusions the assistant gave, and the newest open questions.
+        "resolved_points": _newest(
+            [*earlier("resolved_points"), *(i[4] for i in items if i[0] == "fact" and i[1] == "assistant")]
+        ),
+        "pending_questions": _newest([*earlier("pending_questions"), *user_questions]),
+        "retrieval_hints": [*earlier("retrieval_hints"), *hints],
     }
     return bounded(payload, max_chars=max_chars)
+
+
+def _newest(values: list[str]) -> list[str]:
+    """The last MAX_ITEMS distinct values, oldest first."""
+    out: list[str] = []
+    for v in reversed(values):
+        if v not in out:
+            out.append(v)
+        if len(out) == MAX_ITEMS:
+            break
+    return out[::-1]
 
 
 def _is_question(text: str) -> bool:

@@ -195,3 +195,14 @@ async def test_undecodable_redis_values_are_a_miss_not_a_crash(real_servers: Rea
         raw.close()
         await tier.aclose()
         redis_flush_prefix(real_servers.redis_url, prefix)
+
+
+async def test_extend_lock_only_for_its_holder(hot: HotTier) -> None:
+    """extend_lock renews the lock for the token that holds it and for no other."""
+    sid = new_sid()
+    token = await hot.try_lock(sid, 30)
+    assert token
+    assert await hot.extend_lock(sid, token, 60) is True
+    assert await hot.extend_lock(sid, "someone-else", 60) is False
+    await hot.unlock(sid, token)
+    assert await hot.extend_lock(sid, token, 60) is False

@@ -364,25 +364,34 @@ async def test_forty_turns_hold_budgets_lose_no_turn_and_cost_flat(
     env = backend_env | {"LLM_BASE_URL": fake_llm.url, "SUMMARY_MODEL": "m", "MEMORY_MODE": mode}
     d = await _with(env)
     sid = new_sid()
-    budget = 1200
+    budget = 700
     try:
         for turn in range(1, 41):
             await d.post(sid, "user", f"第{turn}个问题：{sid}编号{turn:03d}的产品怎么样？")
-            await d.post(sid, "assistant", f"编号{turn:03d}的产品很好，价格{turn * 10}元。")
+            # Long replies: three raw turns no longer fit next to the summary, so the budget binds.
+            await d.post(sid, "assistant", f"编号{turn:03d}的产品很好，价格{turn * 10}元。" + "详细介绍" * 60)
             await d.settle()
             ctx = await d.get(f"/v1/sessions/{sid}/context?max_chars={budget}")
-            assert sum(len(m["content"]) for m in ctx["messages"]) <= budget
+            used = sum(len(m["content"]) for m in ctx["messages"])
+            assert used <= budget
+            if mode != "none" and turn >= 3:
+                # The budget binds: three raw turns (about 900 characters) do not fit in it.
+                assert used > budget * 0.7
             assert ctx["turn_count"] == turn
             if mode == "none":
                 assert ctx["messages"] == []
                 continue
             raw_turns = {int(c[1 : c.index("个")]) for c in _contents(ctx) if c.startswith("第")}
+            assert max(raw_turns) == turn
+            assert raw_turns == set(range(min(raw_turns), turn + 1))
             if mode == "window":
-                assert raw_turns == set(range(max(1, turn - 2), turn + 1))
+                assert min(raw_turns) >= turn - 2
                 continue
             covered = ctx["covered_turns"]
             assert covered >= turn - turn % 3
-            assert set(range(covered + 1, turn + 1)) <= raw_turns
+            everything = "\n".join(_contents(ctx))
+            for t in range(covered + 1, turn + 1):
+                assert f"编号{t:03d}" in everything, (turn, t)
         if mode == "summary":
             # Only this session's calls (the start-up sweep may summarize other tests' sessions).
             prompts = [r["body"]["messages"][1]["content"] for r in fake_llm.requests]
@@ -416,3 +425,50 @@ async def test_reconnect_phrasing_follows_the_summary_language(backend_env: dict
         assert "X200" in ctx["messages"][0]["content"]
     finally:
         await d.stop()
+
+
+async def test_under_a_tight_budget_uncovered_turns_become_a_digest(
+    backend_env: dict[str, str], fake_llm: FakeLlm
+) -> None:
+    """With a long summary, a summary lagging behind a slow LLM and long replies, the turns it does
+    not cover and that do not fit raw are carried as a digest at the head of the system message;
+    the budget cuts the older summary, not them."""
+    long_summary = "用户早前咨询了活力健。" + "细节" * 600
+    fake_llm.behaviour = Behaviour(text=long_summary)
+    env = backend_env | {"LLM_BASE_URL": fake_llm.url, "SUMMARY_MODEL": "m", "SUMMARY_FORMAT": "text"}
+    d = await _with(env)
+    try:
+        sid = new_sid()
+        await _play(d, sid, ZH_12_TURNS[:3])
+        await d.settle()
+        fake_llm.behaviour = Behaviour(delay_s=5.0, text="later")
+        for turn in range(4, 12):
+            await d.post(sid, "user", f"第{turn}个问题：编号{turn:03d}的型号多少钱？")
+            await d.post(sid, "assistant", f"编号{turn:03d}的型号售价{turn}99元。" + "说明" * 150)
+        ctx = await d.get(f"/v1/sessions/{sid}/context?max_chars=2000")
+        assert ctx["covered_turns"] == 3
+        assert sum(len(c) for c in _contents(ctx)) <= 2000
+        system = ctx["messages"][0]
+        assert system["role"] == "system"
+        assert system["content"].startswith("最近几轮：")
+        everything = "\n".join(_contents(ctx))
+        for turn in range(4, 12):
+            assert f"{turn}99元" in everything, turn
+        assert ctx["messages"][-2]["content"].startswith("第11个问题")
+    finally:
+        await d.stop()
+
+
+async def test_a_long_newest_reply_keeps_its_question(daemon: Daemon) -> None:
+    """A newest reply longer than the budget is cut, and its question stays beside it."""
+    sid = new_sid()
+    await _play(daemon, sid, ZH_12_TURNS[:6])
+    await daemon.post(sid, "user", "详细说说活力健？")
+    await daemon.post(sid, "assistant", "活力健" + "很好" * 2000)
+    await daemon.settle()
+    ctx = await daemon.get(f"/v1/sessions/{sid}/context?max_chars=2000")
+    roles = [m["role"] for m in ctx["messages"]]
+    assert roles[-2:] == ["user", "assistant"]
+    assert ctx["messages"][-2]["content"] == "详细说说活力健？"
+    assert sum(len(c) for c in _contents(ctx)) <= 2000
+    assert sum(len(c) for c in _contents(ctx)) > 1500

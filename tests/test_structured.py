@@ -163,3 +163,58 @@ def test_planning_history_split() -> None:
     assert text.startswith("目标：了解产品")
     recent = text.split("\n\n")[-1]
     assert len(recent) == 1040
+
+
+@pytest.mark.parametrize("summary_format", ["structured", "text"])
+async def test_invalid_unicode_from_the_llm_is_rejected(
+    backend_env: dict[str, str], fake_llm: FakeLlm, summary_format: str
+) -> None:
+    """A reply with a lone surrogate is rejected as malformed and the rule-based merge stands,
+    instead of crashing the summary job."""
+    body = '{"summary": "用户\\ud800咨询活力健。"}' if summary_format == "structured" else "用户\ud800咨询活力健。"
+    fake_llm.behaviour = Behaviour(text=body)
+    d = await _daemon(backend_env, fake_llm, SUMMARY_FORMAT=summary_format)
+    try:
+        sid = new_sid()
+        await _play(d, sid, ZH_12_TURNS[:3])
+        await d.settle()
+        answer = await d.get(f"/v1/sessions/{sid}/summary")
+        assert answer["tier"] == "hot"
+        assert answer["source"] == "deterministic"
+        metrics = await (await d.http.get("/metrics")).text()
+        assert 'tiered_memory_llm_failures_total{reason="malformed"} 1.0' in metrics
+    finally:
+        await d.stop()
+
+
+async def test_a_fallback_after_an_llm_summary_keeps_it(backend_env: dict[str, str], fake_llm: FakeLlm) -> None:
+    """When the LLM fails after it wrote the previous summary, the rule-based merge keeps that
+    summary's text and list fields and adds the new batch; pending questions accumulate."""
+    fake_llm.behaviour = Behaviour(
+        text=_payload(
+            summary="用户是糖尿病患者，对比了竞品ZQ-7。",
+            stable_facts=["用户有糖尿病"],
+            pending_questions=["ZQ-7和活力健哪个好"],
+        )
+    )
+    d = await _daemon(backend_env, fake_llm)
+    try:
+        sid = new_sid()
+        await _play(d, sid, ZH_12_TURNS[:3])
+        await d.settle()
+        fake_llm.behaviour = Behaviour(text="not json")
+        await _play(
+            d, sid, [("我想去爬山，香山人多吗？", "周末香山游客较多，建议早上七点前出发。")] * 1 + ZH_12_TURNS[6:8]
+        )
+        await d.settle()
+        answer = await d.get(f"/v1/sessions/{sid}/summary")
+        assert answer["source"] == "deterministic"
+        assert answer["covered_turns"] == 6
+        assert "ZQ-7" in answer["summary"]
+        assert "糖尿病" in answer["summary"]
+        payload = answer["payload"]
+        assert "用户有糖尿病" in payload["stable_facts"]
+        assert payload["pending_questions"][0] == "ZQ-7和活力健哪个好"
+        assert "我想去爬山，香山人多吗？" in payload["pending_questions"]
+    finally:
+        await d.stop()

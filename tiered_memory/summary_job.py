@@ -98,7 +98,7 @@ class SummaryJob:
         if token is None:
             return JobResult(Outcome.LOCKED)
         try:
-            return await self._run_locked(session_id)
+            return await self._run_locked(session_id, token)
         except SqlUnavailable as exc:
             source = SummarySource.LLM if self._llm else SummarySource.DETERMINISTIC
             self._metrics.tier_errors.labels("sql", "summarize").inc()
@@ -108,7 +108,7 @@ class SummaryJob:
         finally:
             await self._unlock(session_id, token)
 
-    async def _run_locked(self, session_id: str) -> JobResult:
+    async def _run_locked(self, session_id: str, token: str) -> JobResult:
         prev, info = await self._store.get_summary(session_id)
         if info is None:
             return JobResult(Outcome.NO_SESSION)
@@ -119,7 +119,7 @@ class SummaryJob:
             return JobResult(Outcome.UP_TO_DATE, hot_written=cached)
         started = time.perf_counter()
         rows = await self._store.messages_in_turns(session_id, after_turn=covered, through_turn=target)
-        summary, pieces = await self._merge_batches(session_id, prev, rows, covered=covered, target=target)
+        summary, pieces = await self._merge_batches(session_id, token, prev, rows, covered=covered, target=target)
         source = summary.source
         if not await self._store.put_summary(
             session_id, summary, user_id=info.user_id, turn_count=target, slices=pieces
@@ -146,7 +146,7 @@ class SummaryJob:
         return JobResult(Outcome.WRITTEN, hot_written=cached)
 
     async def _merge_batches(
-        self, session_id: str, prev: Summary | None, rows: list[Message], *, covered: int, target: int
+        self, session_id: str, token: str, prev: Summary | None, rows: list[Message], *, covered: int, target: int
     ) -> tuple[Summary, list[Slice]]:
         """Merge turns covered+1..target into `prev`, at most COMPRESSION_BATCH_TURNS turns per
         call, one slice per batch. The result is one new version (the stored one plus one)."""
@@ -154,6 +154,8 @@ class SummaryJob:
         pieces: list[Slice] = []
         start = covered
         while start < target:
+            if start > covered:
+                await self._keep_lock(session_id, token)
             end = min(start + self._batch, target)
             batch = [m for m in rows if start < m.turn <= end]
             running, piece = await self._merge(session_id, running, batch, covered=start, target=end)
@@ -250,7 +252,7 @@ class SummaryJob:
                 return None
             rows = await self._store.messages_in_turns(session_id, after_turn=0, through_turn=info.turn_count)
             # From nothing, but as the next version of what is stored (so caches take it).
-            final, pieces = await self._merge_batches(session_id, None, rows, covered=0, target=info.turn_count)
+            final, pieces = await self._merge_batches(session_id, token, None, rows, covered=0, target=info.turn_count)
             final = dataclasses.replace(
                 final,
                 version=(prev.version if prev else 0) + 1,
@@ -266,6 +268,17 @@ class SummaryJob:
             return final
         finally:
             await self._unlock(session_id, token)
+
+    async def _keep_lock(self, session_id: str, token: str) -> None:
+        # The lock lasts about one LLM call; a backlog of several batches renews it before each
+        # further batch, so another replica does not start on the same turns meanwhile.
+        if not token:
+            return
+        try:
+            if not await self._hot.extend_lock(session_id, token, self._lock_ttl):
+                log.warning("summary_lock_lost", session_id=session_id)
+        except HotUnavailable:
+            self._metrics.tier_errors.labels("hot", "lock").inc()
 
     async def _unlock(self, session_id: str, token: str) -> None:
         # "" means the lock could not be taken because Redis was down: nothing to release.

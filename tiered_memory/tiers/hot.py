@@ -64,6 +64,10 @@ class HotTier(Protocol):
         """Take the session's summarization lock; a token when taken, None when someone holds it."""
         ...
 
+    async def extend_lock(self, session_id: str, token: str, ttl_seconds: float) -> bool:
+        """Give the lock ttl_seconds more if this token still holds it; False when it does not."""
+        ...
+
     async def unlock(self, session_id: str, token: str) -> None:
         """Release the lock if this token still holds it."""
         ...

@@ -160,6 +160,13 @@ class MemoryHot:
         entry.lock_until = self._clock() + ttl_seconds
         return entry.lock_token
 
+    async def extend_lock(self, session_id: str, token: str, ttl_seconds: float) -> bool:
+        entry = self._get(session_id)
+        if entry is None or entry.lock_token != token:
+            return False
+        entry.lock_until = self._clock() + ttl_seconds
+        return True
+
     async def unlock(self, session_id: str, token: str) -> None:
         entry = self._entries.get(session_id)
         if entry is not None and entry.lock_token == token:

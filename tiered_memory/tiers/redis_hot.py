@@ -56,6 +56,14 @@ redis.call('EXPIRE', KEYS[3], ARGV[3])
 return 1
 """
 
+# Extends the lock only if our token still holds it.
+_EXTEND_LUA = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
 # Deletes the lock only if our token still holds it (the classic safe release).
 _UNLOCK_LUA = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -89,6 +97,7 @@ class RedisHot:
         self._put_summary = client.register_script(_PUT_SUMMARY_LUA)
         self._unlock = client.register_script(_UNLOCK_LUA)
         self._backfill = client.register_script(_BACKFILL_LUA)
+        self._extend = client.register_script(_EXTEND_LUA)
 
     @classmethod
     def from_url(
@@ -235,6 +244,12 @@ class RedisHot:
             return await self._r.set(self._keys.lock(session_id), token, nx=True, px=int(ttl_seconds * 1000))
 
         return token if await self._call(op) else None
+
+    async def extend_lock(self, session_id: str, token: str, ttl_seconds: float) -> bool:
+        async def op() -> object:
+            return await self._extend(keys=[self._keys.lock(session_id)], args=[token, int(ttl_seconds * 1000)])
+
+        return bool(await self._call(op))
 
     async def unlock(self, session_id: str, token: str) -> None:
         async def op() -> object:

@@ -472,3 +472,31 @@ async def test_a_long_newest_reply_keeps_its_question(daemon: Daemon) -> None:
     assert ctx["messages"][-2]["content"] == "详细说说活力健？"
     assert sum(len(c) for c in _contents(ctx)) <= 2000
     assert sum(len(c) for c in _contents(ctx)) > 1500
+
+
+async def test_transcript_budgets_bind_from_the_oldest_end(backend_env: dict[str, str]) -> None:
+    """With long turns, recent_transcript stays within RECENT_TRANSCRIPT_MAX_CHARS and
+    answer_transcript within ANSWER_HISTORY_MAX_CHARS, both dropping the oldest lines first, and
+    planning_history within PLANNING_HISTORY_MAX_CHARS with the newest transcript at its end."""
+    d = await _with(backend_env, KEEP_RECENT_TURNS="12", COMPRESSION_BATCH_TURNS="6")
+    try:
+        sid = new_sid()
+        for turn in range(1, 13):
+            await d.post(sid, "user", f"问题{turn:02d}：" + "问" * 150)
+            await d.post(sid, "assistant", f"回答{turn:02d}：" + "答" * 400)
+        await d.settle()
+        ctx = await d.get(f"/v1/sessions/{sid}/context?max_chars=100000")
+        recent, answers, plan = ctx["recent_transcript"], ctx["answer_transcript"], ctx["planning_history"]
+        assert 1700 < len(recent) <= 2200
+        assert recent.rstrip().endswith("…")
+        assert "回答12" in recent
+        assert "问题01" not in recent
+        assert all(len(line) <= 3 + 320 for line in recent.split("\n"))
+        assert 800 < len(answers) <= 1000
+        assert "问题12" in answers
+        assert "问题01" not in answers
+        assert "回答" not in answers
+        assert len(plan) <= 1600
+        assert "回答12" in plan
+    finally:
+        await d.stop()

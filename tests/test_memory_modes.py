@@ -478,7 +478,7 @@ async def test_transcript_budgets_bind_from_the_oldest_end(backend_env: dict[str
     """With long turns, recent_transcript stays within RECENT_TRANSCRIPT_MAX_CHARS and
     answer_transcript within ANSWER_HISTORY_MAX_CHARS, both dropping the oldest lines first, and
     planning_history within PLANNING_HISTORY_MAX_CHARS with the newest transcript at its end."""
-    d = await _with(backend_env, KEEP_RECENT_TURNS="12", COMPRESSION_BATCH_TURNS="6")
+    d = await _with(backend_env, KEEP_RECENT_TURNS="12", SUMMARY_EVERY_N_TURNS="12", COMPRESSION_BATCH_TURNS="12")
     try:
         sid = new_sid()
         for turn in range(1, 13):
@@ -500,3 +500,21 @@ async def test_transcript_budgets_bind_from_the_oldest_end(backend_env: dict[str
         assert "回答12" in plan
     finally:
         await d.stop()
+
+
+async def test_a_late_reply_part_is_summarized_with_the_next_turn(daemon: Daemon) -> None:
+    """A further part of a reply that arrives after its turn was summarized is not lost: it goes
+    with the next turn, into the next summary and a slice, and every message is in some slice."""
+    sid = new_sid()
+    await _play(daemon, sid, ZH_12_TURNS[:3])
+    await daemon.settle()
+    late = await daemon.post(sid, "assistant", "补充一下：活力健的保质期是24个月。")
+    assert late["turn_count"] == 3
+    await _play(daemon, sid, ZH_12_TURNS[3:6])
+    await daemon.settle()
+    answer = await daemon.get(f"/v1/sessions/{sid}/summary")
+    assert answer["covered_turns"] == 6
+    assert "24个月" in answer["summary"]
+    slices = (await daemon.get(f"/v1/sessions/{sid}/slices"))["slices"]
+    seqs = [(s["first_seq"], s["last_seq"]) for s in slices]
+    assert seqs == [(1, 6), (7, 13)]

@@ -42,6 +42,7 @@ def test_defaults_are_those_of_the_replaced_system() -> None:
         ({"COMPRESSION_BATCH_TURNS": "2"}, "COMPRESSION_BATCH_TURNS: expected at least SUMMARY_EVERY_N_TURNS (3)"),
         ({"COMPRESSION_BATCH_TURNS": "0"}, "COMPRESSION_BATCH_TURNS: input should be greater than or equal to 1"),
         ({"KEEP_RECENT_TURNS": "0"}, "KEEP_RECENT_TURNS: expected at least 1 in summary mode"),
+        ({"KEEP_RECENT_TURNS": "5"}, "SUMMARY_EVERY_N_TURNS: expected at least KEEP_RECENT_TURNS (5)"),
         ({"MEMORY_MODE": "summary", "ENABLE_CONVERSATION_SUMMARY": "false"}, "MEMORY_MODE: expected none or window"),
         ({"MEMORY_MODE": "all"}, "MEMORY_MODE: input should be 'none', 'window' or 'summary'"),
         ({"SUMMARY_FORMAT": "xml"}, "SUMMARY_FORMAT: input should be 'text' or 'structured'"),

@@ -125,6 +125,12 @@ class Settings(BaseSettings):
                 )
             if self.keep_recent_turns < 1:
                 raise ValueError("KEEP_RECENT_TURNS: expected at least 1 in summary mode (the latest turn stays raw)")
+            if self.summary_every_n_turns < self.keep_recent_turns:
+                # While the raw window still holds the whole conversation a summary only repeats it.
+                raise ValueError(
+                    f"SUMMARY_EVERY_N_TURNS: expected at least KEEP_RECENT_TURNS ({self.keep_recent_turns}),"
+                    " so that the first summary starts once the window is full"
+                )
         if self.history_ttl_seconds > self.summary_redis_ttl_seconds:
             raise ValueError(
                 "HISTORY_TTL_SECONDS: expected at most SUMMARY_REDIS_TTL_SECONDS "

@@ -95,8 +95,8 @@ def row_to_slice(r: sa.Row[*tuple[Any, ...]]) -> Slice:
 
 def append_result_of(message: Message, *, completed_turn: bool, duplicate: bool) -> AppendResult:
     """The result an append of `message` returned: rebuilt exactly from the stored row on a retry.
-    A user message opens turn n (n-1 completed); an assistant message belongs to a completed turn."""
-    turns = message.turn if message.role is Role.ASSISTANT else message.turn - 1
+    A message of turn n leaves n-1 turns completed, unless it is the reply that completed turn n."""
+    turns = message.turn if completed_turn else message.turn - 1
     return AppendResult(
         message=message,
         turn_count=turns,

@@ -167,14 +167,14 @@ class SqlStore:
                 turn, turns_after, completes, pending_after = completed + 1, completed, False, True
             elif new.status is not MessageStatus.COMPLETED:
                 # A stopped, failed or streaming reply leaves the question open.
-                turn = completed + 1 if pending_user else completed
-                turns_after, completes, pending_after = completed, False, pending_user
+                turn, turns_after, completes, pending_after = completed + 1, completed, False, pending_user
             elif pending_user:
                 turn, turns_after, completes, pending_after = completed + 1, completed + 1, True, False
             else:
-                # A greeting before any question, or a further part of a reply already given:
-                # it belongs to the last completed turn (0 for a greeting) and completes nothing.
-                turn, turns_after, completes, pending_after = completed, completed, False, False
+                # A greeting before any question, or a further part of a reply already given: it
+                # completes nothing and goes with the next turn, so that the summary of that turn
+                # takes it in (the turn it followed may be summarized already).
+                turn, turns_after, completes, pending_after = completed + 1, completed, False, False
             message = Message(
                 session_id=new.session_id,
                 seq=seq,

@@ -57,6 +57,8 @@ async def test_the_three_modes_serve_the_same_recorded_session(backend_env: dict
             assert ctx["messages"][0]["role"] == "system"
             assert ctx["covered_turns"] == 6
             assert "活力健" in ctx["messages"][0]["content"]
+            assert [m["role"] for m in ctx["messages"][1:]] == ["user", "assistant"] * 3
+            assert _contents(ctx)[1] == ZH_12_TURNS[3][0]
     finally:
         await d.stop()
 

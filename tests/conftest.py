@@ -199,5 +199,14 @@ async def daemon(backend_env: dict[str, str]) -> AsyncIterator[Daemon]:
     await d.stop()
 
 
+async def play(d: Daemon, sid: str, turns: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    """Post each (user, assistant) pair in order; the answers to the assistant messages."""
+    replies = []
+    for user, assistant in turns:
+        await d.post(sid, "user", user)
+        replies.append(await d.post(sid, "assistant", assistant))
+    return replies
+
+
 def new_sid() -> str:
     return f"s-{uuid.uuid4().hex[:12]}"

@@ -8,16 +8,8 @@ from typing import Any
 import pytest
 from sqlalchemy import event as sa_event
 
-from tests.conftest import Daemon, new_sid
+from tests.conftest import Daemon, new_sid, play
 from tests.conversations import ZH_12_TURNS, ZH_EARLY_EVIDENCE
-
-
-async def play(d: Daemon, sid: str, turns: list[tuple[str, str]]) -> list[dict[str, Any]]:
-    replies = []
-    for user, assistant in turns:
-        await d.post(sid, "user", user, user_id="u1")
-        replies.append(await d.post(sid, "assistant", assistant))
-    return replies
 
 
 async def test_summaries_are_scheduled_every_third_turn(daemon: Daemon) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Daemon, new_sid
+from tests.conftest import Daemon, new_sid, play
 from tests.conversations import ZH_12_TURNS
 from tests.fake_llm import Behaviour, FakeLlm
 
@@ -20,12 +20,6 @@ async def _with(env: dict[str, str], **extra: str) -> Daemon:
     d = Daemon(env | extra)
     await d.start()
     return d
-
-
-async def _play(d: Daemon, sid: str, turns: list[tuple[str, str]]) -> None:
-    for user, assistant in turns:
-        await d.post(sid, "user", user)
-        await d.post(sid, "assistant", assistant)
 
 
 def _contents(ctx: dict[str, Any]) -> list[str]:
@@ -39,7 +33,7 @@ async def test_the_three_modes_serve_the_same_recorded_session(backend_env: dict
     recorder = await _with(backend_env)
     sid = new_sid()
     try:
-        await _play(recorder, sid, ZH_12_TURNS[:6])
+        await play(recorder, sid, ZH_12_TURNS[:6])
         await recorder.settle()
     finally:
         await recorder.stop()
@@ -92,7 +86,7 @@ async def test_an_unfinished_reply_leaves_the_question_alone(daemon: Daemon) -> 
     """A stopped, failed or streaming assistant reply completes no turn, is kept in the cold tier,
     and is neither shown in the context nor summarized: the question stands alone."""
     sid = new_sid()
-    await _play(daemon, sid, ZH_12_TURNS[:2])
+    await play(daemon, sid, ZH_12_TURNS[:2])
     await daemon.post(sid, "user", "那价格呢？")
     for status in ("streaming", "stopped", "failed"):
         r = await daemon.post(sid, "assistant", f"活力健的价格是（{status}）", status=status)
@@ -119,7 +113,7 @@ async def test_load_then_append_returns_the_context_before_the_message(daemon: D
     """POST /turns answers the context as it was before the user's message, with that message as
     the closing question exactly once, then records it; a retry does not repeat the question."""
     sid = new_sid()
-    await _play(daemon, sid, ZH_12_TURNS[:2])
+    await play(daemon, sid, ZH_12_TURNS[:2])
     body = {"content": "那价格呢？", "message_id": "t-3", "system_prompt": "你是健康顾问。"}
     resp = await daemon.http.post(f"/v1/sessions/{sid}/turns", json=body)
     assert resp.status == 201
@@ -144,7 +138,7 @@ async def test_transcripts_and_token_estimates(daemon: Daemon) -> None:
     """recent_transcript caps each line and keeps the newest within its budget; answer_transcript
     holds the user's words only; estimated_tokens compares the context with the whole history."""
     sid = new_sid()
-    await _play(daemon, sid, ZH_12_TURNS[:5])
+    await play(daemon, sid, ZH_12_TURNS[:5])
     await daemon.post(sid, "user", "长" * 500)
     await daemon.settle()
     ctx = await daemon.get(f"/v1/sessions/{sid}/context?max_chars=800")
@@ -167,7 +161,7 @@ async def test_reconnect_after_a_gap_says_how_long_ago(backend_env: dict[str, st
     d = await _with(backend_env, RECONNECT_GAP_SECONDS="1")
     try:
         sid = new_sid()
-        await _play(d, sid, ZH_12_TURNS[:5])
+        await play(d, sid, ZH_12_TURNS[:5])
         await d.settle()
         # Activity just now (the first summary may have taken a while to load jieba).
         await d.post(sid, "user", "还有别的吗？")
@@ -195,10 +189,10 @@ async def test_no_turn_falls_between_a_lagging_summary_and_the_window(
     d = await _with(env)
     try:
         sid = new_sid()
-        await _play(d, sid, ZH_12_TURNS[:3])
+        await play(d, sid, ZH_12_TURNS[:3])
         await d.settle()
         fake_llm.behaviour = Behaviour(delay_s=3.0, text="later")
-        await _play(d, sid, ZH_12_TURNS[3:11])
+        await play(d, sid, ZH_12_TURNS[3:11])
         ctx = await d.get(f"/v1/sessions/{sid}/context")
         assert ctx["covered_turns"] == 3
         assert ctx["turn_count"] == 11
@@ -243,7 +237,7 @@ async def test_reset_summary_keeps_the_messages(daemon: Daemon) -> None:
     """DELETE /v1/sessions/{sid}/summary forgets the summary in both tiers; the messages stay, so
     the cold tier answers, and the next sweep rebuilds the summary."""
     sid = new_sid()
-    await _play(daemon, sid, ZH_12_TURNS[:3])
+    await play(daemon, sid, ZH_12_TURNS[:3])
     await daemon.settle()
     assert (await daemon.get(f"/v1/sessions/{sid}/summary"))["tier"] == "hot"
     assert (await daemon.http.delete(f"/v1/sessions/{sid}/summary")).status == 204
@@ -265,11 +259,11 @@ async def test_topic_keywords_come_first(backend_env: dict[str, str], tmp_path: 
     d = await _with(backend_env, TOPIC_KEYWORDS_FILE=str(keywords))
     try:
         sid = new_sid()
-        await _play(d, sid, ZH_12_TURNS[:2])
+        await play(d, sid, ZH_12_TURNS[:2])
         cold = await d.get(f"/v1/sessions/{sid}/summary")
         assert cold["tier"] == "cold"
         assert cold["topics"][0] == "活力健"
-        await _play(d, sid, ZH_12_TURNS[2:6])
+        await play(d, sid, ZH_12_TURNS[2:6])
         await d.settle()
         hot = await d.get(f"/v1/sessions/{sid}/summary")
         assert hot["topics"][:2] == ["活力健", "香山"]
@@ -283,7 +277,7 @@ async def test_a_short_conversation_is_sent_raw_without_a_summary(daemon: Daemon
     """While every turn fits in the window and the budget, the context carries them raw and no
     summary message repeating them."""
     sid = new_sid()
-    await _play(daemon, sid, ZH_12_TURNS[:3])
+    await play(daemon, sid, ZH_12_TURNS[:3])
     await daemon.settle()
     ctx = await daemon.get(f"/v1/sessions/{sid}/context")
     assert ctx["summary_tier"] == "hot"
@@ -419,7 +413,7 @@ async def test_reconnect_phrasing_follows_the_summary_language(backend_env: dict
             ("Any discount?", "There is 10% off this week."),
             ("Great, thanks.", "You're welcome, Sarah."),
         ]
-        await _play(d, sid, english)
+        await play(d, sid, english)
         await d.settle()
         await asyncio.sleep(1.2)
         ctx = await d.get(f"/v1/sessions/{sid}/context")
@@ -441,7 +435,7 @@ async def test_under_a_tight_budget_uncovered_turns_become_a_digest(
     d = await _with(env)
     try:
         sid = new_sid()
-        await _play(d, sid, ZH_12_TURNS[:3])
+        await play(d, sid, ZH_12_TURNS[:3])
         await d.settle()
         fake_llm.behaviour = Behaviour(delay_s=5.0, text="later")
         for turn in range(4, 12):
@@ -464,7 +458,7 @@ async def test_under_a_tight_budget_uncovered_turns_become_a_digest(
 async def test_a_long_newest_reply_keeps_its_question(daemon: Daemon) -> None:
     """A newest reply longer than the budget is cut, and its question stays beside it."""
     sid = new_sid()
-    await _play(daemon, sid, ZH_12_TURNS[:6])
+    await play(daemon, sid, ZH_12_TURNS[:6])
     await daemon.post(sid, "user", "详细说说活力健？")
     await daemon.post(sid, "assistant", "活力健" + "很好" * 2000)
     await daemon.settle()
@@ -508,11 +502,11 @@ async def test_a_late_reply_part_is_summarized_with_the_next_turn(daemon: Daemon
     """A further part of a reply that arrives after its turn was summarized is not lost: it goes
     with the next turn, into the next summary and a slice, and every message is in some slice."""
     sid = new_sid()
-    await _play(daemon, sid, ZH_12_TURNS[:3])
+    await play(daemon, sid, ZH_12_TURNS[:3])
     await daemon.settle()
     late = await daemon.post(sid, "assistant", "补充一下：活力健的保质期是24个月。")
     assert late["turn_count"] == 3
-    await _play(daemon, sid, ZH_12_TURNS[3:6])
+    await play(daemon, sid, ZH_12_TURNS[3:6])
     await daemon.settle()
     answer = await daemon.get(f"/v1/sessions/{sid}/summary")
     assert answer["covered_turns"] == 6

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Daemon, new_sid
+from tests.conftest import Daemon, new_sid, play
 from tests.conversations import ZH_12_TURNS
 from tests.fake_llm import Behaviour, FakeLlm
 from tiered_memory.summarize.payload import check_text, looks_like_answer, planning_history
@@ -18,12 +18,6 @@ async def _daemon(env: dict[str, str], llm: FakeLlm, **extra: str) -> Daemon:
     d = Daemon(env | {"LLM_BASE_URL": llm.url, "SUMMARY_MODEL": "m"} | extra)
     await d.start()
     return d
-
-
-async def _play(d: Daemon, sid: str, turns: list[tuple[str, str]]) -> None:
-    for user, assistant in turns:
-        await d.post(sid, "user", user)
-        await d.post(sid, "assistant", assistant)
 
 
 def _payload(**overrides: Any) -> str:
@@ -46,7 +40,7 @@ async def test_llm_payload_is_stored_with_limits_enforced(backend_env: dict[str,
     d = await _daemon(backend_env, fake_llm)
     try:
         sid = new_sid()
-        await _play(d, sid, ZH_12_TURNS[:6])
+        await play(d, sid, ZH_12_TURNS[:6])
         await d.settle()
         answer = await d.get(f"/v1/sessions/{sid}/summary")
         assert answer["source"] == "llm"
@@ -90,7 +84,7 @@ async def test_rejected_replies_fall_back_to_the_rule_based_merge(
     d = await _daemon(backend_env, fake_llm)
     try:
         sid = new_sid()
-        await _play(d, sid, ZH_12_TURNS[:3])
+        await play(d, sid, ZH_12_TURNS[:3])
         await d.settle()
         answer = await d.get(f"/v1/sessions/{sid}/summary")
         assert answer["source"] == "deterministic"
@@ -116,7 +110,7 @@ async def test_a_backlog_is_merged_in_batches(backend_env: dict[str, str], fake_
     # Marked with the session id: other tests' sessions may be summarized by the same sweep.
     turns = [(f"{user}（{sid}）", assistant) for user, assistant in ZH_12_TURNS[:11]]
     try:
-        await _play(d, sid, turns)
+        await play(d, sid, turns)
     finally:
         await d.stop()
     fake_llm.behaviour = Behaviour(text=_payload())
@@ -176,7 +170,7 @@ async def test_invalid_unicode_from_the_llm_is_rejected(
     d = await _daemon(backend_env, fake_llm, SUMMARY_FORMAT=summary_format)
     try:
         sid = new_sid()
-        await _play(d, sid, ZH_12_TURNS[:3])
+        await play(d, sid, ZH_12_TURNS[:3])
         await d.settle()
         answer = await d.get(f"/v1/sessions/{sid}/summary")
         assert answer["tier"] == "hot"
@@ -200,10 +194,10 @@ async def test_a_fallback_after_an_llm_summary_keeps_it(backend_env: dict[str, s
     d = await _daemon(backend_env, fake_llm)
     try:
         sid = new_sid()
-        await _play(d, sid, ZH_12_TURNS[:3])
+        await play(d, sid, ZH_12_TURNS[:3])
         await d.settle()
         fake_llm.behaviour = Behaviour(text="not json")
-        await _play(
+        await play(
             d, sid, [("我想去爬山，香山人多吗？", "周末香山游客较多，建议早上七点前出发。")] * 1 + ZH_12_TURNS[6:8]
         )
         await d.settle()

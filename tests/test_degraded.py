@@ -5,7 +5,7 @@ from __future__ import annotations
 import pymysql
 import pytest
 
-from tests.conftest import Daemon, RealServers, new_sid
+from tests.conftest import Daemon, RealServers, new_sid, play
 from tests.conversations import ZH_12_TURNS, ZH_EARLY_EVIDENCE
 from tiered_memory.errors import ConfigError
 
@@ -44,9 +44,7 @@ async def test_redis_down_falls_through_to_sql(real_servers: RealServers) -> Non
     await d.start()
     try:
         sid = new_sid()
-        for user, assistant in ZH_12_TURNS[:3]:
-            await d.post(sid, "user", user)
-            await d.post(sid, "assistant", assistant)
+        await play(d, sid, ZH_12_TURNS[:3])
         await d.settle()
         answer = await d.get(f"/v1/sessions/{sid}/summary")
         assert answer["tier"] == "warm"

@@ -7,7 +7,7 @@ import asyncio
 import aiohttp
 import pytest
 
-from tests.conftest import Daemon, new_sid
+from tests.conftest import Daemon, new_sid, play
 from tests.conversations import ZH_12_TURNS, ZH_EARLY_EVIDENCE
 from tests.fake_llm import Behaviour, FakeLlm
 from tiered_memory.errors import LlmFailed
@@ -129,9 +129,7 @@ async def test_failed_llm_leaves_a_deterministic_summary(
     await d.start()
     try:
         sid = new_sid()
-        for user, assistant in ZH_12_TURNS[:3]:
-            await d.post(sid, "user", user)
-            await d.post(sid, "assistant", assistant)
+        await play(d, sid, ZH_12_TURNS[:3])
         await d.settle()
         answer = await d.get(f"/v1/sessions/{sid}/summary")
         assert answer["tier"] == "hot"
@@ -153,10 +151,8 @@ async def test_append_does_not_wait_for_a_slow_llm(backend_env: dict[str, str], 
     await d.start()
     try:
         sid = new_sid()
-        for user, assistant in ZH_12_TURNS[:3]:
-            await d.post(sid, "user", user)
-            reply = await d.post(sid, "assistant", assistant)
-        assert reply["summary_scheduled"] is True
+        replies = await play(d, sid, ZH_12_TURNS[:3])
+        assert replies[-1]["summary_scheduled"] is True
         for _ in range(500):
             if fake_llm.in_flight:
                 break

@@ -63,10 +63,8 @@ async def test_window_mode_makes_no_summaries_and_summary_mode_catches_up(backen
     d = await _with(backend_env, ENABLE_CONVERSATION_SUMMARY="false")
     sid = new_sid()
     try:
-        for user, assistant in ZH_12_TURNS[:3]:
-            await d.post(sid, "user", user)
-            reply = await d.post(sid, "assistant", assistant)
-        assert reply["summary_scheduled"] is False
+        replies = await play(d, sid, ZH_12_TURNS[:3])
+        assert [r["summary_scheduled"] for r in replies] == [False, False, False]
         assert (await d.store.get_summary(sid))[0] is None
     finally:
         await d.stop()

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+
+_MARKER = re.compile(r"«([A-Za-z0-9_-]+)»")
 
 
 @dataclass
@@ -31,10 +34,19 @@ class FakeLlm:
     in_flight: int = 0
     completed: int = 0
     url: str = ""
+    # Calls in flight per conversation, keyed by the «marker» its messages carry, and the most
+    # seen at once: a test of "one summarization per session at a time" across processes.
+    in_flight_by_marker: dict[str, int] = field(default_factory=dict)
+    max_in_flight_by_marker: dict[str, int] = field(default_factory=dict)
     _runner: web.AppRunner | None = None
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
-        self.requests.append({"body": await request.json(), "headers": dict(request.headers)})
+        body = await request.json()
+        self.requests.append({"body": body, "headers": dict(request.headers)})
+        markers = set(_MARKER.findall(str(body["messages"][-1]["content"])))
+        for m in markers:
+            self.in_flight_by_marker[m] = self.in_flight_by_marker.get(m, 0) + 1
+            self.max_in_flight_by_marker[m] = max(self.max_in_flight_by_marker.get(m, 0), self.in_flight_by_marker[m])
         self.in_flight += 1
         try:
             b = self.behaviour
@@ -57,6 +69,8 @@ class FakeLlm:
         finally:
             self.in_flight -= 1
             self.completed += 1
+            for m in markers:
+                self.in_flight_by_marker[m] -= 1
 
     async def start(self) -> None:
         app = web.Application()

@@ -77,7 +77,8 @@ async def test_restart_keeps_summary_and_context(daemon: Daemon) -> None:
     await daemon.restart()
     after = await daemon.get(f"/v1/sessions/{sid}/summary")
     assert after["summary"] == before["summary"]
-    assert after["covered_turns"] == before["covered_turns"] == 6
+    # The pass scheduled at turn 6 may start after turn 7 is committed and cover it too.
+    assert after["covered_turns"] == before["covered_turns"] >= 6
     ctx_after = await daemon.get(f"/v1/sessions/{sid}/context")
     assert ctx_after["messages"] == ctx_before["messages"]
 

@@ -206,3 +206,21 @@ async def test_extend_lock_only_for_its_holder(hot: HotTier) -> None:
     assert await hot.extend_lock(sid, "someone-else", 60) is False
     await hot.unlock(sid, token)
     assert await hot.extend_lock(sid, token, 60) is False
+
+
+async def test_appends_apply_in_seq_order_only(hot: HotTier) -> None:
+    """A repeated or late append changes nothing; an append past a gap (earlier ones never
+    arrived) drops the window and counters, so the read path goes to SQL instead."""
+    sid = new_sid()
+    for seq in range(1, 4):
+        await hot.record_append(msg(sid, seq), turn_count=seq // 2, message_count=seq, last_activity=100.0 + seq)
+    await hot.record_append(msg(sid, 2), turn_count=1, message_count=2, last_activity=102.0)
+    snap = await hot.read_session(sid)
+    assert [m.seq for m in snap.recent] == [1, 2, 3]
+    assert (snap.message_count, snap.turn_count) == (3, 1)
+
+    await hot.record_append(msg(sid, 6), turn_count=3, message_count=6, last_activity=106.0)
+    snap = await hot.read_session(sid)
+    assert snap.recent == ()
+    assert snap.message_count is None
+    assert snap.turn_count is None

@@ -39,7 +39,7 @@ HOT_KEY = web.AppKey("hot", HotTier)
 LLM_KEY = web.AppKey("llm", LlmSummarizer)
 
 
-def build_hot(settings: Settings) -> HotTier:
+def build_hot(settings: Settings, metrics: Metrics) -> HotTier:
     """Redis when REDIS_URL is set, the bounded in-process cache otherwise."""
     if settings.redis_url:
         return RedisHot.from_url(
@@ -49,6 +49,9 @@ def build_hot(settings: Settings) -> HotTier:
             summary_ttl_s=settings.summary_redis_ttl_seconds,
             history_ttl_s=settings.history_ttl_seconds,
             recent_max=settings.hot_recent_messages,
+            breaker=metrics.breaker(
+                "redis", failures=settings.redis_breaker_failures, reset_s=settings.redis_breaker_reset_seconds
+            ),
         )
     return MemoryHot(
         max_sessions=settings.hot_max_sessions,
@@ -79,7 +82,10 @@ async def _sql_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS_KEY]
     if settings.embedded_sql:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-    store = SqlStore(create_engine(settings.sqlalchemy_url), timeout_s=settings.sql_timeout_ms / 1000)
+    breaker = app[METRICS_KEY].breaker(
+        "sql", failures=settings.sql_breaker_failures, reset_s=settings.sql_breaker_reset_seconds
+    )
+    store = SqlStore(create_engine(settings.sqlalchemy_url), timeout_s=settings.sql_timeout_ms / 1000, breaker=breaker)
     if settings.migrate_on_start:
         version = await store.migrate(now=time.time())
         log.info("schema_ready", dialect=store.dialect, version=version)
@@ -91,7 +97,7 @@ async def _sql_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _hot_ctx(app: web.Application) -> AsyncIterator[None]:
-    hot = build_hot(app[SETTINGS_KEY])
+    hot = build_hot(app[SETTINGS_KEY], app[METRICS_KEY])
     app[HOT_KEY] = hot
     yield
     await hot.aclose()
@@ -112,6 +118,9 @@ async def _llm_ctx(app: web.Application) -> AsyncIterator[None]:
             timeout_s=settings.llm_timeout_seconds,
             prompt=load_prompt(settings.summary_prompt_file, settings.summary_format),
             max_chars=settings.summary_max_chars,
+            breaker=app[METRICS_KEY].breaker(
+                "llm", failures=settings.llm_breaker_failures, reset_s=settings.llm_breaker_reset_seconds
+            ),
         )
         yield
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from tiered_memory.breaker import BreakerState, CircuitBreaker
+
 # Request latencies of a memory daemon live between a fraction of a millisecond and a few seconds.
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _SUMMARY_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -70,9 +72,32 @@ class Metrics:
             "Summarizations scheduled or running in this process.",
             registry=registry,
         )
+        self.breaker_state = Gauge(
+            "tiered_memory_breaker_state",
+            "Circuit breaker of a dependency (redis, sql, llm): 0 closed, 1 half-open (probing), 2 open.",
+            ["dependency"],
+            registry=registry,
+        )
+        self.breaker_rejections = Counter(
+            "tiered_memory_breaker_rejections_total",
+            "Calls not made to a dependency because its circuit breaker was open (the fallback answered).",
+            ["dependency"],
+            registry=registry,
+        )
         self.sessions_closed = Counter(
             "tiered_memory_sessions_closed_total",
             "Sessions closed, by reason (client, idle).",
             ["reason"],
             registry=registry,
+        )
+
+    def breaker(self, name: str, *, failures: int, reset_s: float) -> CircuitBreaker:
+        """A circuit breaker for one dependency whose state and refusals are exported."""
+        self.breaker_state.labels(name).set(BreakerState.CLOSED)
+        return CircuitBreaker(
+            name,
+            failures=failures,
+            reset_s=reset_s,
+            on_change=lambda dep, state: self.breaker_state.labels(dep).set(state),
+            on_reject=lambda dep: self.breaker_rejections.labels(dep).inc(),
         )

@@ -132,9 +132,9 @@ class MemoryService:
         result = await self._store.append(new, now=self._clock())
         self._metrics.appends.labels(new.role.value, "duplicate" if result.duplicate else "created").inc()
         due = self._summary_due(result)
-        if result.duplicate:
-            return AppendOutcome(result, due)
         try:
+            # A retry too: if the first attempt committed but died before its hot write, this
+            # puts the message in Redis; if the hot tier has it, the write changes nothing.
             await self._hot.record_append(
                 result.message,
                 turn_count=result.turn_count,
@@ -143,11 +143,12 @@ class MemoryService:
                 content_chars=result.content_chars,
             )
         except HotUnavailable as exc:
-            # SQL has it; the hot list now has a gap, which the read path detects (seq) and
-            # serves from SQL instead.
+            # SQL has it; the hot entry is now behind. The hot tier drops it before its next
+            # read (or at the next append, by the seq gap), so SQL answers and backfills.
             self._metrics.tier_errors.labels("hot", "append").inc()
             log.warning("hot_append_failed", error=str(exc))
         if due:
+            # On a retry too: the first attempt may have died before it scheduled the summary.
             self.summaries.schedule(new.session_id)
         return AppendOutcome(result, due)
 
@@ -514,7 +515,15 @@ class MemoryService:
 
     async def sweep(self) -> None:
         """Close idle sessions and schedule every summary that is due but not done (after a
-        crash, a lost lock, or an SQL outage during a summary)."""
+        crash, a lost lock, or an SQL outage during a summary). While SQL is down there is nothing
+        to find: the next sweep after it returns does the work."""
+        try:
+            await self._sweep()
+        except SqlUnavailable as exc:
+            self._metrics.tier_errors.labels("sql", "sweep").inc()
+            log.warning("sweep_skipped", error=str(exc))
+
+    async def _sweep(self) -> None:
         if self._s.summaries_enabled:
             due = await self._store.sessions_due(
                 every_n=self._s.summary_every_n_turns,

@@ -60,11 +60,19 @@ class Settings(BaseSettings):
     data_dir: Path = Field(Path("data"), alias="DATA_DIR")
     auto_migrate: bool | None = Field(None, alias="AUTO_MIGRATE")
     hot_max_sessions: int = Field(10_000, alias="HOT_MAX_SESSIONS", ge=1)
+    # Circuit breakers: after this many consecutive failures a dependency is not called for
+    # *_BREAKER_RESET_SECONDS (its fallback answers at once), then one call probes it.
+    redis_breaker_failures: int = Field(3, alias="REDIS_BREAKER_FAILURES", ge=1, le=1000)
+    redis_breaker_reset_seconds: float = Field(2.0, alias="REDIS_BREAKER_RESET_SECONDS", gt=0, le=3600)
+    sql_breaker_failures: int = Field(5, alias="SQL_BREAKER_FAILURES", ge=1, le=1000)
+    sql_breaker_reset_seconds: float = Field(2.0, alias="SQL_BREAKER_RESET_SECONDS", gt=0, le=3600)
 
     # --- LLM (OpenAI-compatible chat completions) ---
     llm_base_url: str | None = Field(None, alias="LLM_BASE_URL", pattern=r"^https?://\S+$")
     llm_api_key: SecretStr | None = Field(None, alias="LLM_API_KEY")
     llm_timeout_seconds: float = Field(15.0, alias="LLM_TIMEOUT_SECONDS", gt=0, le=600)
+    llm_breaker_failures: int = Field(3, alias="LLM_BREAKER_FAILURES", ge=1, le=1000)
+    llm_breaker_reset_seconds: float = Field(30.0, alias="LLM_BREAKER_RESET_SECONDS", gt=0, le=86_400)
 
     # --- hot-tier shape ---
     history_ttl_seconds: int = Field(1800, alias="HISTORY_TTL_SECONDS", ge=1)

@@ -208,7 +208,9 @@ class SummaryJob:
             except LlmFailed as exc:
                 # Rejected or failed: the rule-based merge above stands, and the reason is counted.
                 self._metrics.llm_failures.labels(exc.reason).inc()
-                log.warning("llm_summary_failed", session_id=session_id, reason=exc.reason, error=str(exc))
+                # While the breaker is open every summary lands here; the opening was logged.
+                level = log.debug if exc.reason == "circuit_open" else log.warning
+                level("llm_summary_failed", session_id=session_id, reason=exc.reason, error=str(exc))
         now = self._clock()
         summary = Summary(
             text=text,

@@ -2,7 +2,8 @@
 
 The LLM is an optional improvement, never a dependency: every way it can fail (timeout, HTTP
 error, broken connection, malformed or empty reply) raises LlmFailed with a reason, and the
-caller falls back to the deterministic summarizer.
+caller falls back to the deterministic summarizer. A circuit breaker stops calling an LLM that
+keeps failing, so a dead endpoint costs one timeout per probe, not one per summary.
 """
 
 from __future__ import annotations
@@ -10,16 +11,19 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 
+from tiered_memory.breaker import CircuitBreaker
 from tiered_memory.errors import LlmFailed
 from tiered_memory.model import Message, Role
 from tiered_memory.summarize.payload import check_text, parse_llm_payload
+
+T = TypeVar("T")
 
 _SPEAKER = {Role.USER: "用户", Role.ASSISTANT: "助手"}
 
@@ -62,8 +66,10 @@ class LlmSummarizer:
         timeout_s: float,
         prompt: str,
         max_chars: int,
+        breaker: CircuitBreaker | None = None,
     ) -> None:
         self._session = session
+        self._breaker = breaker
         self._url = base_url.rstrip("/") + "/chat/completions"
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._model = model
@@ -81,16 +87,38 @@ class LlmSummarizer:
         Raises LlmFailed on any failure (including a reply that is empty, says there is nothing
         to summarize, or answers the user); never waits longer than the configured timeout.
         """
-        content = await self._complete(render_request(previous, messages))
-        return check_text(content)[: self._max_chars]
+        return await self._guarded(
+            lambda: self._complete_text(render_request(previous, messages)),
+        )
 
     async def summarize_structured(
         self, previous: Mapping[str, Any] | None, messages: Sequence[Message]
     ) -> dict[str, Any]:
         """A structured payload merging `previous` with `messages`, limits enforced.
         Raises LlmFailed as `summarize`, and for a reply that is not the JSON object asked for."""
-        content = await self._complete(render_structured_request(previous, messages))
-        return parse_llm_payload(content, max_chars=self._max_chars)
+        return await self._guarded(lambda: self._complete_payload(render_structured_request(previous, messages)))
+
+    async def _complete_text(self, user_content: str) -> str:
+        return check_text(await self._complete(user_content))[: self._max_chars]
+
+    async def _complete_payload(self, user_content: str) -> dict[str, Any]:
+        return parse_llm_payload(await self._complete(user_content), max_chars=self._max_chars)
+
+    async def _guarded(self, call: Callable[[], Awaitable[T]]) -> T:
+        # A garbage reply counts like no reply: an LLM that answers nonsense for every call is
+        # as down as one that times out, and each call still costs its latency.
+        breaker = self._breaker
+        if breaker is not None and not breaker.allow():
+            raise LlmFailed("circuit_open", "the LLM failed repeatedly; not called until the breaker probes it")
+        try:
+            result = await call()
+        except LlmFailed:
+            if breaker is not None:
+                breaker.failure()
+            raise
+        if breaker is not None:
+            breaker.success()
+        return result
 
     async def _complete(self, user_content: str) -> str:
         body = {

@@ -33,7 +33,11 @@ class HotTier(Protocol):
         last_activity: float,
         content_chars: int = 0,
     ) -> None:
-        """Push a committed message onto the recent list (trimmed) and set the counters SQL reported."""
+        """Push a committed message onto the recent list (trimmed) and set the counters SQL reported.
+
+        In seq order only: a message at or below the cached count changes nothing (a retry, or a
+        write that arrived late), and one past a gap drops the recent list and counters, so the
+        next read goes to SQL rather than serving a window with messages missing."""
         ...
 
     async def put_summary(self, session_id: str, summary: Summary) -> bool:

@@ -112,6 +112,15 @@ class MemoryHot:
     ) -> None:
         entry = self._get_or_create(message.session_id)
         now = self._clock()
+        # The same ordering rule as Redis: a repeated write changes nothing, and a gap (a write
+        # that never arrived) drops the window so the next read rebuilds it from SQL.
+        if entry.msgs is not None and entry.msgs >= message.seq:
+            return
+        if entry.msgs is not None and entry.msgs < message.seq - 1:
+            entry.recent = []
+            entry.turns = entry.msgs = entry.chars = None
+            entry.last = None
+            return
         entry.recent.append(message)
         del entry.recent[: -self._recent_max]
         entry.recent_until = now + self._history_ttl

@@ -10,12 +10,15 @@ from typing import TypeVar
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from tiered_memory.breaker import CircuitBreaker
 from tiered_memory.errors import HotUnavailable
 from tiered_memory.model import HotSession, Message, Summary
 from tiered_memory.tiers.codec import decode_message, decode_summary, encode_message, encode_summary
 from tiered_memory.tiers.keys import Keys
 
 T = TypeVar("T")
+
+_DIRTY_MAX = 1_000_000
 
 # Writes a summary only when no newer version is cached: a backfill from SQL racing a fresh
 # summarization must not put the older text back. One key, so it is cluster-safe.
@@ -56,6 +59,31 @@ redis.call('EXPIRE', KEYS[3], ARGV[3])
 return 1
 """
 
+# Appends one committed message, in order or not at all. Keys: recent, state. A write that arrives
+# late (it timed out here but Redis got it after newer ones) finds a count at or past its seq and
+# changes nothing; a write that finds a gap (earlier appends never reached Redis) drops the
+# session's hot entry, so the next read rebuilds it from SQL instead of trusting a stale window.
+# ARGV[10] = '1' drops the entry first: this process failed a write of the session before.
+_APPEND_LUA = """
+if ARGV[10] == '1' then redis.call('DEL', KEYS[1], KEYS[2]) end
+local seq = tonumber(ARGV[2])
+local have = redis.call('HGET', KEYS[2], 'msgs')
+if have then
+  have = tonumber(have)
+  if have >= seq then return 0 end
+  if have < seq - 1 then
+    redis.call('DEL', KEYS[1], KEYS[2])
+    return -1
+  end
+end
+redis.call('RPUSH', KEYS[1], ARGV[1])
+redis.call('LTRIM', KEYS[1], -tonumber(ARGV[7]), -1)
+redis.call('EXPIRE', KEYS[1], ARGV[8])
+redis.call('HSET', KEYS[2], 'turns', ARGV[3], 'msgs', ARGV[4], 'last', ARGV[5], 'chars', ARGV[6])
+redis.call('EXPIRE', KEYS[2], ARGV[9])
+return 1
+"""
+
 # Extends the lock only if our token still holds it.
 _EXTEND_LUA = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -87,8 +115,10 @@ class RedisHot:
         summary_ttl_s: int,
         history_ttl_s: int,
         recent_max: int,
+        breaker: CircuitBreaker | None = None,
     ) -> None:
         self._r = client
+        self._breaker = breaker
         self._keys = keys
         self._timeout = timeout_s
         self._summary_ttl = summary_ttl_s
@@ -98,10 +128,25 @@ class RedisHot:
         self._unlock = client.register_script(_UNLOCK_LUA)
         self._backfill = client.register_script(_BACKFILL_LUA)
         self._extend = client.register_script(_EXTEND_LUA)
+        self._append = client.register_script(_APPEND_LUA)
+        # Sessions whose append this process could not write to Redis (failed, timed out, or
+        # refused by the open breaker): their hot entry may be stale, or complete a write late.
+        # Their next hot read drops the entry and misses, so SQL answers and backfills it.
+        # Bounded far above any outage's set of active sessions; past the bound a session is
+        # not tracked, and the gap check of its next append is what repairs it.
+        self._dirty: set[str] = set()
 
     @classmethod
     def from_url(
-        cls, url: str, *, keys: Keys, timeout_s: float, summary_ttl_s: int, history_ttl_s: int, recent_max: int
+        cls,
+        url: str,
+        *,
+        keys: Keys,
+        timeout_s: float,
+        summary_ttl_s: int,
+        history_ttl_s: int,
+        recent_max: int,
+        breaker: CircuitBreaker | None = None,
     ) -> RedisHot:
         client = aioredis.Redis.from_url(
             url,
@@ -118,20 +163,50 @@ class RedisHot:
             summary_ttl_s=summary_ttl_s,
             history_ttl_s=history_ttl_s,
             recent_max=recent_max,
+            breaker=breaker,
         )
 
     async def _call(self, op: Callable[[], Awaitable[T]]) -> T:
+        breaker = self._breaker
+        if breaker is not None and not breaker.allow():
+            # Down a moment ago: the caller's fallback answers now instead of after a timeout.
+            raise HotUnavailable("redis: circuit open")
         try:
             async with asyncio.timeout(self._timeout):
-                return await op()
+                result = await op()
         except (RedisError, OSError, TimeoutError) as exc:
+            if breaker is not None:
+                breaker.failure()
             raise HotUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc
         except (ValueError, KeyError, TypeError) as exc:
+            # Redis answered: the connection is fine even though the value is not.
+            if breaker is not None:
+                breaker.success()
             # A value we cannot decode (written by another version, or damaged) is a miss of
             # this tier, not a failed request: the next tier answers.
             raise HotUnavailable(f"redis: undecodable value: {type(exc).__name__}: {exc}") from exc
+        if breaker is not None:
+            breaker.success()
+        return result
+
+    async def _drop_if_dirty(self, session_id: str) -> bool:
+        """Drop the hot entry of a session this process failed to write; True when it did."""
+        if session_id not in self._dirty:
+            return False
+
+        async def op() -> object:
+            # Not the lock: a summarization elsewhere may hold it.
+            k = self._keys
+            return await self._r.delete(k.recent(session_id), k.summary(session_id), k.state(session_id))
+
+        await self._call(op)
+        self._dirty.discard(session_id)
+        return True
 
     async def read_summary(self, session_id: str) -> tuple[Summary | None, int | None]:
+        if await self._drop_if_dirty(session_id):
+            return None, None
+
         async def op() -> tuple[Summary | None, int | None]:
             async with self._r.pipeline(transaction=False) as p:
                 p.get(self._keys.summary(session_id))
@@ -145,6 +220,9 @@ class RedisHot:
         return await self._call(op)
 
     async def read_session(self, session_id: str) -> HotSession:
+        if await self._drop_if_dirty(session_id):
+            return HotSession(summary=None, recent=(), turn_count=None, message_count=None, last_activity=None)
+
         async def op() -> HotSession:
             async with self._r.pipeline(transaction=False) as p:
                 p.get(self._keys.summary(session_id))
@@ -173,23 +251,33 @@ class RedisHot:
         content_chars: int = 0,
     ) -> None:
         sid = message.session_id
-        recent, state = self._keys.recent(sid), self._keys.state(sid)
+        dirty = sid in self._dirty
+        args: list[str | int | float] = [
+            encode_message(message),
+            message.seq,
+            # Counters are SQL's values, set rather than incremented, so a lost or repeated
+            # write can never make them drift.
+            turn_count,
+            message_count,
+            last_activity,
+            content_chars,
+            self._recent_max,
+            self._history_ttl,
+            self._summary_ttl,
+            "1" if dirty else "0",
+        ]
 
-        async def op() -> None:
-            async with self._r.pipeline(transaction=False) as p:
-                p.rpush(recent, encode_message(message))
-                p.ltrim(recent, -self._recent_max, -1)
-                p.expire(recent, self._history_ttl)
-                # Counters are SQL's values, set rather than incremented, so a lost or
-                # repeated write can never make them drift.
-                p.hset(
-                    state,
-                    mapping={"turns": turn_count, "msgs": message_count, "last": last_activity, "chars": content_chars},
-                )
-                p.expire(state, self._summary_ttl)
-                await p.execute()
+        async def op() -> object:
+            return await self._append(keys=[self._keys.recent(sid), self._keys.state(sid)], args=args)
 
-        await self._call(op)
+        try:
+            await self._call(op)
+        except HotUnavailable:
+            if len(self._dirty) < _DIRTY_MAX:
+                self._dirty.add(sid)
+            raise
+        if dirty:
+            self._dirty.discard(sid)
 
     async def put_summary(self, session_id: str, summary: Summary) -> bool:
         async def op() -> object:

@@ -18,6 +18,7 @@ from sqlalchemy.dialects.mysql import insert as mysql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from tiered_memory.breaker import CircuitBreaker
 from tiered_memory.errors import Conflict, Forbidden, SqlUnavailable
 from tiered_memory.model import (
     AppendResult,
@@ -51,8 +52,9 @@ _TX_ATTEMPTS = 3
 class SqlStore:
     """Cold messages, warm summaries and session rows on one SQLAlchemy async engine."""
 
-    def __init__(self, engine: AsyncEngine, *, timeout_s: float) -> None:
+    def __init__(self, engine: AsyncEngine, *, timeout_s: float, breaker: CircuitBreaker | None = None) -> None:
         self._engine = engine
+        self._breaker = breaker
         self._timeout = timeout_s
         self._dialect = engine.dialect.name
         # SQLite has one writer at a time; queueing writers here avoids "database is locked".
@@ -77,14 +79,30 @@ class SqlStore:
 
     async def _bounded(self, op: Callable[[], Awaitable[T]], *, timeout_s: float | None = None) -> T:
         """Run op within the timeout; every driver or pool failure becomes SqlUnavailable, whose
-        message names the driver error but never the statement's parameters (message content)."""
+        message names the driver error but never the statement's parameters (message content).
+        While the breaker is open it raises at once: a write answers 503 without waiting."""
+        breaker = self._breaker
+        if breaker is not None and not breaker.allow():
+            raise SqlUnavailable("sql: circuit open")
         try:
             async with asyncio.timeout(timeout_s or self._timeout):
-                return await op()
+                result = await op()
+        except (sa.exc.IntegrityError, sa.exc.DataError) as exc:
+            # The server answered and refused the statement: it is up.
+            if breaker is not None:
+                breaker.success()
+            raise SqlUnavailable(f"sql: {type(exc.orig).__name__}: {exc.orig}") from exc
         except sa.exc.DBAPIError as exc:
+            if breaker is not None:
+                breaker.failure()
             raise SqlUnavailable(f"sql: {type(exc.orig).__name__}: {exc.orig}") from exc
         except (sa.exc.SQLAlchemyError, TimeoutError, OSError) as exc:
+            if breaker is not None:
+                breaker.failure()
             raise SqlUnavailable(f"sql: {type(exc).__name__}: {exc}") from exc
+        if breaker is not None:
+            breaker.success()
+        return result
 
     @contextlib.asynccontextmanager
     async def _write(self) -> AsyncIterator[AsyncConnection]:

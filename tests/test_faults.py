@@ -1,0 +1,415 @@
+"""Faults injected against real servers: Redis killed, hung, slow or flushed; SQL cut or slow;
+the LLM down, slow or answering garbage. Each test fails if an acknowledged message is lost or
+stored twice, if a read answers wrong, or if a breaker keeps paying a dead dependency's timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import pymysql
+import pytest
+
+from tests.conftest import Daemon, RealServers, new_sid, play
+from tests.conversations import ZH_12_TURNS, ZH_EARLY_EVIDENCE
+from tests.fake_llm import FakeLlm
+from tests.faults import RedisProcess, TcpProxy, proxied
+
+pytestmark = pytest.mark.real
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[RedisProcess]:
+    server = RedisProcess(tmp_path / "redis").start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture
+def redis_proxy(private_redis: RedisProcess) -> Iterator[TcpProxy]:
+    with proxied("127.0.0.1", private_redis.port) as proxy:
+        yield proxy
+
+
+@pytest.fixture
+def sql_proxy(real_servers: RealServers) -> Iterator[TcpProxy]:
+    url = urlparse(real_servers.mysql_url)
+    with proxied(url.hostname or "127.0.0.1", url.port or 3306) as proxy:
+        yield proxy
+
+
+def _via(mysql_url: str, port: int) -> str:
+    """The same database, reached through the proxy on `port`."""
+    url = urlparse(mysql_url)
+    userinfo = url.netloc.rpartition("@")[0]
+    return url._replace(netloc=f"{userinfo}@127.0.0.1:{port}").geturl()
+
+
+def _env(real_servers: RealServers, **extra: str) -> dict[str, str]:
+    env = {
+        "REDIS_URL": real_servers.redis_url,
+        "REDIS_KEY_PREFIX": f"tmt{real_servers.run_id}{new_sid()[2:8]}",
+        "DATABASE_URL": real_servers.mysql_url,
+        "AUTO_MIGRATE": "true",
+        "SWEEP_INTERVAL_SECONDS": "3600",
+        "REDIS_TIMEOUT_MS": "200",
+        "SQL_TIMEOUT_MS": "1000",
+    }
+    return env | extra
+
+
+def _gauge(d: Daemon, name: str, **labels: str) -> float | None:
+    return d.registry.get_sample_value(name, labels)
+
+
+def _sql_rows(mysql_url: str, query: str, *args: object) -> list[tuple[Any, ...]]:
+    url = urlparse(mysql_url)
+    conn = pymysql.connect(
+        host=url.hostname or "127.0.0.1",
+        port=url.port or 3306,
+        user=url.username or "root",
+        password=url.password or "",
+        database=url.path.lstrip("/"),
+    )
+    try:
+        with conn.cursor() as cur:
+            cur.execute(query, args)
+            return list(cur.fetchall())
+    finally:
+        conn.close()
+
+
+async def _eventually(check: Any, *, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await check():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.05)
+
+
+# --- Redis ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fault", ["killed", "hung", "slow"])
+async def test_redis_fault_falls_through_breaker_opens_and_hot_refills(
+    real_servers: RealServers, private_redis: RedisProcess, redis_proxy: TcpProxy, fault: str
+) -> None:
+    """While Redis is down (killed), hung (accepts, never answers) or slower than REDIS_TIMEOUT_MS,
+    appends commit to SQL and reads answer from SQL with the right content; after a few
+    failures the breaker opens and Redis is no longer called on every request; when Redis is
+    back, the first probe closes the breaker and backfill refills the hot tier."""
+    reset_s = 1.0
+    d = Daemon(
+        _env(
+            real_servers,
+            REDIS_URL=f"redis://127.0.0.1:{redis_proxy.port}/0",
+            REDIS_BREAKER_FAILURES="3",
+            REDIS_BREAKER_RESET_SECONDS=str(reset_s),
+        )
+    )
+    await d.start()
+    try:
+        sid = new_sid()
+        await play(d, sid, ZH_12_TURNS[:3])
+        await d.settle()
+        assert (await d.get(f"/v1/sessions/{sid}/summary"))["tier"] == "hot"
+
+        if fault == "killed":
+            private_redis.kill()
+        elif fault == "hung":
+            redis_proxy.blackhole()
+        else:
+            redis_proxy.delay_s = 0.5
+        await play(d, sid, ZH_12_TURNS[3:5])
+        assert _gauge(d, "tiered_memory_breaker_state", dependency="redis") == 2
+
+        # Open: ten requests (twenty Redis calls without a breaker), and only the probes, one
+        # per reset period (each with redis-py's own reconnect attempts), reach Redis.
+        started, accepted_before = time.monotonic(), redis_proxy.accepted
+        for _ in range(10):
+            ctx = await d.get(f"/v1/sessions/{sid}/context")
+            assert ctx["messages"][-1]["content"] == ZH_12_TURNS[4][1]
+            assert ctx["summary_tier"] == "warm"
+            assert ctx["turn_count"] == 5
+        probes_allowed = int((time.monotonic() - started) / reset_s) + 1
+        assert redis_proxy.accepted - accepted_before <= probes_allowed * 4
+        assert (_gauge(d, "tiered_memory_breaker_rejections_total", dependency="redis") or 0) >= 10
+
+        if fault == "killed":
+            private_redis.start()
+        else:
+            redis_proxy.heal()
+        await asyncio.sleep(reset_s + 0.1)
+        ctx = await d.get(f"/v1/sessions/{sid}/context")
+        assert ctx["messages"][-1]["content"] == ZH_12_TURNS[4][1]
+        assert _gauge(d, "tiered_memory_breaker_state", dependency="redis") == 0
+        # Backfill put the session back: the recent list and the summary are in Redis again.
+        with private_redis.client() as r:
+            assert r.llen(f"{d.settings.redis_key_prefix}:{{{sid}}}:recent") > 0
+        assert (await d.get(f"/v1/sessions/{sid}/summary"))["tier"] == "hot"
+        stored = _sql_rows(real_servers.mysql_url, "SELECT COUNT(*) FROM messages WHERE session_id=%s", sid)
+        assert stored == [(10,)]
+    finally:
+        await d.stop()
+
+
+async def test_redis_slower_than_usual_but_within_timeout_still_answers_hot(
+    real_servers: RealServers, redis_proxy: TcpProxy
+) -> None:
+    d = Daemon(_env(real_servers, REDIS_URL=f"redis://127.0.0.1:{redis_proxy.port}/0"))
+    await d.start()
+    try:
+        sid = new_sid()
+        await play(d, sid, ZH_12_TURNS[:3])
+        await d.settle()
+        redis_proxy.delay_s = 0.02
+        assert (await d.get(f"/v1/sessions/{sid}/summary"))["tier"] == "hot"
+        assert (await d.get(f"/v1/sessions/{sid}/context"))["summary_tier"] == "hot"
+        assert _gauge(d, "tiered_memory_breaker_state", dependency="redis") == 0
+    finally:
+        await d.stop()
+
+
+async def test_redis_flushed_answers_warm_then_hot_again(
+    real_servers: RealServers, private_redis: RedisProcess
+) -> None:
+    """A FLUSHALL (or a Redis restart without persistence) loses nothing: the next read answers
+    from the warm row with the whole recent window from SQL, and refills Redis."""
+    d = Daemon(_env(real_servers, REDIS_URL=private_redis.url))
+    await d.start()
+    try:
+        sid = new_sid()
+        await play(d, sid, ZH_12_TURNS[:4])
+        await d.settle()
+        with private_redis.client() as r:
+            r.flushall()
+        answer = await d.get(f"/v1/sessions/{sid}/summary")
+        assert answer["tier"] == "warm"
+        for evidence in ZH_EARLY_EVIDENCE:
+            assert evidence in answer["summary"]
+        assert (await d.get(f"/v1/sessions/{sid}/summary"))["tier"] == "hot"
+        ctx = await d.get(f"/v1/sessions/{sid}/context")
+        assert ctx["messages"][-1]["content"] == ZH_12_TURNS[3][1]
+        assert ctx["turn_count"] == 4
+    finally:
+        await d.stop()
+
+
+# --- SQL --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fault", ["cut", "slow"])
+async def test_sql_fault_refuses_writes_serves_hot_reads_and_loses_nothing(
+    real_servers: RealServers, sql_proxy: TcpProxy, fault: str
+) -> None:
+    """With SQL cut off or slower than SQL_TIMEOUT_MS: an append answers 503 with Retry-After and
+    is not stored; reads answer from Redis (tier hot); /readyz says SQL is degraded. Afterwards
+    the gateway's retry with the same message_id stores the message exactly once."""
+    reset_s = 0.5
+    d = Daemon(
+        _env(
+            real_servers,
+            DATABASE_URL=_via(real_servers.mysql_url, sql_proxy.port),
+            SQL_BREAKER_FAILURES="3",
+            SQL_BREAKER_RESET_SECONDS=str(reset_s),
+        )
+    )
+    await d.start()
+    try:
+        sid = new_sid()
+        await play(d, sid, ZH_12_TURNS[:3])
+        await d.settle()
+        if fault == "cut":
+            sql_proxy.cut()
+        else:
+            sql_proxy.delay_s = 1.5
+        for _ in range(4):
+            resp = await d.http.post(
+                f"/v1/sessions/{sid}/messages", json={"role": "user", "content": "还在吗？", "message_id": "m-outage"}
+            )
+            assert resp.status == 503, await resp.text()
+            assert resp.headers["Retry-After"] == "1"
+            assert (await resp.json())["error"]["code"] == "sql_unavailable"
+        assert _gauge(d, "tiered_memory_breaker_state", dependency="sql") == 2
+
+        summary = await d.get(f"/v1/sessions/{sid}/summary")
+        assert summary["tier"] == "hot"
+        assert summary["covered_turns"] == 3
+        ctx = await d.get(f"/v1/sessions/{sid}/context")
+        assert ctx["summary_tier"] == "hot"
+        assert ctx["messages"][-1]["content"] == ZH_12_TURNS[2][1]
+        ready = await d.http.get("/readyz")
+        assert ready.status == 503
+        assert (await ready.json())["tiers"] == {"hot": "ok", "sql": "degraded"}
+
+        sql_proxy.heal()
+        await asyncio.sleep(reset_s + 0.1)
+
+        async def retried() -> bool:
+            resp = await d.http.post(
+                f"/v1/sessions/{sid}/messages", json={"role": "user", "content": "还在吗？", "message_id": "m-outage"}
+            )
+            return resp.status in (200, 201)
+
+        await _eventually(retried, timeout_s=15)
+        rows = _sql_rows(
+            real_servers.mysql_url,
+            "SELECT COUNT(*) FROM messages WHERE session_id=%s AND message_id=%s",
+            sid,
+            "m-outage",
+        )
+        assert rows == [(1,)]
+        assert _sql_rows(real_servers.mysql_url, "SELECT COUNT(*) FROM messages WHERE session_id=%s", sid) == [(7,)]
+        ctx = await d.get(f"/v1/sessions/{sid}/context")
+        assert ctx["messages"][-1]["content"] == "还在吗？"
+        assert (await d.http.get("/readyz")).status == 200
+    finally:
+        await d.stop()
+
+
+async def test_summary_lost_to_an_sql_outage_is_retried(
+    real_servers: RealServers, sql_proxy: TcpProxy, fake_llm: FakeLlm
+) -> None:
+    """A summarization whose SQL write fails is not dropped: the sweeper finds the session due
+    again once SQL is back, and the summary gets written."""
+    fake_llm.behaviour.delay_s = 1.0
+    d = Daemon(
+        _env(
+            real_servers,
+            DATABASE_URL=_via(real_servers.mysql_url, sql_proxy.port),
+            LLM_BASE_URL=fake_llm.url,
+            SUMMARY_MODEL="fake",
+            SUMMARY_FORMAT="text",
+            SWEEP_INTERVAL_SECONDS="0.5",
+            SQL_BREAKER_RESET_SECONDS="0.5",
+        )
+    )
+    await d.start()
+    try:
+        sid = new_sid()
+        await play(d, sid, ZH_12_TURNS[:3])
+
+        async def llm_called() -> bool:
+            return fake_llm.in_flight == 1
+
+        await _eventually(llm_called)
+        sql_proxy.cut()
+
+        async def failed() -> bool:
+            return (_gauge(d, "tiered_memory_summarizations_total", source="llm", outcome="failed") or 0) >= 1
+
+        await _eventually(failed)
+        sql_proxy.heal()
+
+        async def written() -> bool:
+            query = "SELECT covered_turns FROM conversation_summaries WHERE session_id=%s"
+            return _sql_rows(real_servers.mysql_url, query, sid) == [(3,)]
+
+        await _eventually(written)
+        answer = await d.get(f"/v1/sessions/{sid}/summary")
+        assert (answer["tier"], answer["covered_turns"], answer["source"]) == ("hot", 3, "llm")
+    finally:
+        await d.stop()
+
+
+# --- LLM --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["status", "malformed", "timeout"])
+async def test_llm_breaker_stops_calling_a_failing_llm(
+    backend_env: dict[str, str], fake_llm: FakeLlm, mode: str
+) -> None:
+    """An LLM answering 500s, garbage, or nothing in time is called LLM_BREAKER_FAILURES times,
+    then not at all while the breaker is open; every summary meanwhile is deterministic and
+    still holds what was said."""
+    if mode == "timeout":
+        fake_llm.behaviour.delay_s = 2.0
+    else:
+        fake_llm.behaviour.mode = mode
+    d = Daemon(
+        backend_env
+        | {
+            "LLM_BASE_URL": fake_llm.url,
+            "SUMMARY_MODEL": "fake",
+            "LLM_TIMEOUT_SECONDS": "0.3",
+            "LLM_BREAKER_FAILURES": "2",
+            "LLM_BREAKER_RESET_SECONDS": "600",
+        }
+    )
+    await d.start()
+    try:
+        sid = new_sid()
+        for start in range(0, 12, 3):
+            await play(d, sid, ZH_12_TURNS[start : start + 3])
+            await d.settle()
+        assert len(fake_llm.requests) == 2
+        assert _gauge(d, "tiered_memory_breaker_state", dependency="llm") == 2
+        assert _gauge(d, "tiered_memory_llm_failures_total", reason="circuit_open") == 2
+        slices = (await d.get(f"/v1/sessions/{sid}/slices"))["slices"]
+        assert [s["source"] for s in slices] == ["deterministic"] * 4
+        answer = await d.get(f"/v1/sessions/{sid}/summary")
+        assert answer["covered_turns"] == 12
+        for evidence in ZH_EARLY_EVIDENCE:
+            assert evidence in answer["summary"]
+    finally:
+        await d.stop()
+
+
+async def test_llm_breaker_probes_and_recovers(backend_env: dict[str, str], fake_llm: FakeLlm) -> None:
+    fake_llm.behaviour.mode = "status"
+    d = Daemon(
+        backend_env
+        | {
+            "LLM_BASE_URL": fake_llm.url,
+            "SUMMARY_MODEL": "fake",
+            "SUMMARY_FORMAT": "text",
+            "LLM_BREAKER_FAILURES": "1",
+            "LLM_BREAKER_RESET_SECONDS": "0.5",
+        }
+    )
+    await d.start()
+    try:
+        sid = new_sid()
+        await play(d, sid, ZH_12_TURNS[:3])
+        await d.settle()
+        assert _gauge(d, "tiered_memory_breaker_state", dependency="llm") == 2
+        fake_llm.behaviour.mode = "ok"
+        await asyncio.sleep(0.6)
+        await play(d, sid, ZH_12_TURNS[3:6])
+        await d.settle()
+        slices = (await d.get(f"/v1/sessions/{sid}/slices"))["slices"]
+        assert [s["source"] for s in slices] == ["deterministic", "llm"]
+        assert _gauge(d, "tiered_memory_breaker_state", dependency="llm") == 0
+    finally:
+        await d.stop()
+
+
+async def test_no_utterance_request_waits_on_a_slow_llm(backend_env: dict[str, str], fake_llm: FakeLlm) -> None:
+    """With a summary call outstanding for seconds, appends, context and summary reads of the
+    same session are answered meanwhile (the LLM call is still in flight when they return)."""
+    fake_llm.behaviour.delay_s = 3.0
+    d = Daemon(backend_env | {"LLM_BASE_URL": fake_llm.url, "SUMMARY_MODEL": "fake", "LLM_TIMEOUT_SECONDS": "10"})
+    await d.start()
+    try:
+        sid = new_sid()
+        replies = await play(d, sid, ZH_12_TURNS[:3])
+        assert replies[-1]["summary_scheduled"] is True
+
+        async def llm_called() -> bool:
+            return fake_llm.in_flight == 1
+
+        await _eventually(llm_called)
+        await play(d, sid, ZH_12_TURNS[3:4])
+        ctx = await d.get(f"/v1/sessions/{sid}/context")
+        assert ctx["messages"][-1]["content"] == ZH_12_TURNS[3][1]
+        resp = await d.http.post(f"/v1/sessions/{sid}/turns", json={"content": "好的"})
+        assert resp.status == 201
+        await d.get(f"/v1/sessions/{sid}/summary")
+        assert fake_llm.in_flight == 1
+        await d.settle()
+    finally:
+        await d.stop()

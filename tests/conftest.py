@@ -92,6 +92,24 @@ def redis_flush_prefix(redis_url: str, prefix: str) -> int:
         r.close()
 
 
+def sql_rows(mysql_url: str, query: str, *args: object) -> list[tuple[Any, ...]]:
+    """Rows of one query on the real database, read directly (not through the daemon)."""
+    url = urlparse(mysql_url)
+    conn = pymysql.connect(
+        host=url.hostname or "127.0.0.1",
+        port=url.port or 3306,
+        user=url.username or "root",
+        password=url.password or "",
+        database=url.path.lstrip("/"),
+    )
+    try:
+        with conn.cursor() as cur:
+            cur.execute(query, args)
+            return list(cur.fetchall())
+    finally:
+        conn.close()
+
+
 @pytest.fixture(params=["embedded", "real"])
 def backend_env(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
     """Environment for the daemon on one backend: the embedded default, or real Redis + MariaDB."""

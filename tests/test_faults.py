@@ -12,10 +12,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-import pymysql
 import pytest
 
-from tests.conftest import Daemon, RealServers, new_sid, play
+from tests.conftest import Daemon, RealServers, new_sid, play, sql_rows
 from tests.conversations import ZH_12_TURNS, ZH_EARLY_EVIDENCE
 from tests.fake_llm import FakeLlm
 from tests.faults import RedisProcess, TcpProxy, proxied
@@ -65,23 +64,6 @@ def _env(real_servers: RealServers, **extra: str) -> dict[str, str]:
 
 def _gauge(d: Daemon, name: str, **labels: str) -> float | None:
     return d.registry.get_sample_value(name, labels)
-
-
-def _sql_rows(mysql_url: str, query: str, *args: object) -> list[tuple[Any, ...]]:
-    url = urlparse(mysql_url)
-    conn = pymysql.connect(
-        host=url.hostname or "127.0.0.1",
-        port=url.port or 3306,
-        user=url.username or "root",
-        password=url.password or "",
-        database=url.path.lstrip("/"),
-    )
-    try:
-        with conn.cursor() as cur:
-            cur.execute(query, args)
-            return list(cur.fetchall())
-    finally:
-        conn.close()
 
 
 async def _eventually(check: Any, *, timeout_s: float = 30.0) -> None:
@@ -151,7 +133,7 @@ async def test_redis_fault_falls_through_breaker_opens_and_hot_refills(
         with private_redis.client() as r:
             assert r.llen(f"{d.settings.redis_key_prefix}:{{{sid}}}:recent") > 0
         assert (await d.get(f"/v1/sessions/{sid}/summary"))["tier"] == "hot"
-        stored = _sql_rows(real_servers.mysql_url, "SELECT COUNT(*) FROM messages WHERE session_id=%s", sid)
+        stored = sql_rows(real_servers.mysql_url, "SELECT COUNT(*) FROM messages WHERE session_id=%s", sid)
         assert stored == [(10,)]
     finally:
         await d.stop()
@@ -256,14 +238,14 @@ async def test_sql_fault_refuses_writes_serves_hot_reads_and_loses_nothing(
             return resp.status in (200, 201)
 
         await _eventually(retried, timeout_s=15)
-        rows = _sql_rows(
+        rows = sql_rows(
             real_servers.mysql_url,
             "SELECT COUNT(*) FROM messages WHERE session_id=%s AND message_id=%s",
             sid,
             "m-outage",
         )
         assert rows == [(1,)]
-        assert _sql_rows(real_servers.mysql_url, "SELECT COUNT(*) FROM messages WHERE session_id=%s", sid) == [(7,)]
+        assert sql_rows(real_servers.mysql_url, "SELECT COUNT(*) FROM messages WHERE session_id=%s", sid) == [(7,)]
         ctx = await d.get(f"/v1/sessions/{sid}/context")
         assert ctx["messages"][-1]["content"] == "还在吗？"
         assert (await d.http.get("/readyz")).status == 200
@@ -307,7 +289,7 @@ async def test_summary_lost_to_an_sql_outage_is_retried(
 
         async def written() -> bool:
             query = "SELECT covered_turns FROM conversation_summaries WHERE session_id=%s"
-            return _sql_rows(real_servers.mysql_url, query, sid) == [(3,)]
+            return sql_rows(real_servers.mysql_url, query, sid) == [(3,)]
 
         await _eventually(written)
         answer = await d.get(f"/v1/sessions/{sid}/summary")

@@ -1,0 +1,330 @@
+"""The daemon as real processes on real Redis and MariaDB: killed with SIGKILL mid-work, stopped
+with SIGTERM while summarizing, and run twice side by side on the same stores.
+
+Each gateway here is what a real one is: sequential within its conversation, a client-chosen
+message_id on every message, and a retry of whatever was not acknowledged. The checks read SQL
+directly: the stored messages of a session, in seq order, must be exactly the acknowledged ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import signal
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import redis
+
+from tests.conftest import RealServers, new_sid, sql_rows
+from tests.fake_llm import FakeLlm
+from tests.faults import free_port
+
+pytestmark = [pytest.mark.real, pytest.mark.slow]
+
+
+class DaemonProcess:
+    """`python -m tiered_memory serve` as a child process on a free port."""
+
+    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+        self.port = free_port()
+        self.env = os.environ | env | {"PORT": str(self.port), "LOG_FORMAT": "json"}
+        self.log_path = log_path
+        self.proc: asyncio.subprocess.Process | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        with self.log_path.open("ab") as log:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "tiered_memory", "serve", env=self.env, stdout=log, stderr=log
+            )
+        async with aiohttp.ClientSession() as http:
+            for _ in range(600):
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with http.get(f"{self.url}/readyz") as resp:
+                        if resp.status == 200:
+                            return
+                assert self.proc.returncode is None, self.log_path.read_text()
+                await asyncio.sleep(0.05)
+        raise AssertionError(f"daemon did not become ready:\n{self.log_path.read_text()}")
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+
+    async def terminate(self) -> tuple[int, float]:
+        """SIGTERM; the exit status and how long the exit took."""
+        assert self.proc is not None
+        started = time.monotonic()
+        self.proc.send_signal(signal.SIGTERM)
+        code = await asyncio.wait_for(self.proc.wait(), timeout=60)
+        return code, time.monotonic() - started
+
+    async def wait(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.kill()
+            await self.proc.wait()
+
+
+@contextlib.asynccontextmanager
+async def processes(*daemons: DaemonProcess) -> AsyncIterator[None]:
+    try:
+        for d in daemons:
+            await d.start()
+        yield
+    finally:
+        for d in daemons:
+            await d.wait()
+
+
+def _env(real_servers: RealServers, prefix: str, llm: FakeLlm, **extra: str) -> dict[str, str]:
+    return {
+        "REDIS_URL": real_servers.redis_url,
+        "REDIS_KEY_PREFIX": prefix,
+        "DATABASE_URL": real_servers.mysql_url,
+        "AUTO_MIGRATE": "true",
+        "LLM_BASE_URL": llm.url,
+        "SUMMARY_MODEL": "fake",
+        "SUMMARY_FORMAT": "text",
+        "SUMMARY_EVERY_N_TURNS": "3",
+        "SWEEP_INTERVAL_SECONDS": "0.5",
+    } | extra
+
+
+class Gateway:
+    """One conversation as a gateway drives it: turns in order, each message retried with its
+    message_id until the daemon acknowledges it; `acked` is what the daemon acknowledged."""
+
+    def __init__(self, sid: str) -> None:
+        self.sid = sid
+        self.acked: list[str] = []
+        self.pending: tuple[str, str, str] | None = None  # message_id, role, content
+
+    def message(self, turn: int, role: str) -> tuple[str, str, str]:
+        text = f"«{self.sid}» 第{turn}轮{'问题' if role == 'user' else '回答'}：编号{turn * 7 + 3}"
+        return f"{self.sid}-{turn}-{role}", role, text
+
+    async def send(self, http: aiohttp.ClientSession, base_url: str, message: tuple[str, str, str]) -> bool:
+        """One attempt; True when acknowledged."""
+        message_id, role, content = message
+        self.pending = message
+        body = {"role": role, "content": content, "message_id": message_id}
+        try:
+            async with http.post(f"{base_url}/v1/sessions/{self.sid}/messages", json=body) as resp:
+                if resp.status not in (200, 201):
+                    return False
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+        self.acked.append(message_id)
+        self.pending = None
+        return True
+
+
+def _stored(real_servers: RealServers, sid: str) -> list[str]:
+    query = "SELECT message_id FROM messages WHERE session_id=%s ORDER BY seq"
+    return [r[0] for r in sql_rows(real_servers.mysql_url, query, sid)]
+
+
+def _covered(real_servers: RealServers, sid: str) -> int:
+    rows = sql_rows(real_servers.mysql_url, "SELECT covered_turns FROM conversation_summaries WHERE session_id=%s", sid)
+    return int(rows[0][0]) if rows else 0
+
+
+def _turns(real_servers: RealServers, sid: str) -> int:
+    return int(sql_rows(real_servers.mysql_url, "SELECT turn_count FROM sessions WHERE session_id=%s", sid)[0][0])
+
+
+async def _until(check: Any, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.1)
+
+
+def _cleanup(real_servers: RealServers, prefix: str) -> None:
+    r = redis.Redis.from_url(real_servers.redis_url)
+    try:
+        keys = list(r.scan_iter(match=f"{prefix}:*", count=1000))
+        if keys:
+            r.delete(*keys)
+    finally:
+        r.close()
+
+
+async def test_sigkill_mid_work_loses_nothing_and_stores_nothing_twice(
+    real_servers: RealServers, fake_llm: FakeLlm, tmp_path: Path
+) -> None:
+    """SIGKILL while appends and summarizations are in flight. After a restart and the gateways'
+    retries, every session's stored messages are exactly its acknowledged ones, in order; every
+    due summary gets done; and the hot tier serves each session's true last message."""
+    fake_llm.behaviour.delay_s = 0.4
+    prefix = f"tmt{real_servers.run_id}{uuid.uuid4().hex[:6]}"
+    daemon = DaemonProcess(_env(real_servers, prefix, fake_llm), tmp_path / "daemon.log")
+    gateways = [Gateway(new_sid()) for _ in range(8)]
+
+    async def converse(g: Gateway, http: aiohttp.ClientSession, first_turn: int, last_turn: int) -> None:
+        for turn in range(first_turn, last_turn + 1):
+            for role in ("user", "assistant"):
+                if not await g.send(http, daemon.url, g.message(turn, role)):
+                    return  # the daemon is gone; the retry comes after the restart
+
+    try:
+        async with processes(daemon), aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+            tasks = [asyncio.create_task(converse(g, http, 1, 40)) for g in gateways]
+            await _until(lambda: fake_llm.in_flight >= 1 and sum(len(g.acked) for g in gateways) >= 60)
+            daemon.kill()
+            await asyncio.gather(*tasks)
+            acked_before_kill = sum(len(g.acked) for g in gateways)
+
+            await daemon.start()
+            for g in gateways:
+                if g.pending is not None:
+                    assert await g.send(http, daemon.url, g.pending)
+            # Each conversation goes on from where it stopped, a few turns more.
+            for g in gateways:
+                last = g.acked[-1]
+                turn, role = int(last.split("-")[-2]), last.split("-")[-1]
+                if role == "user":
+                    assert await g.send(http, daemon.url, g.message(turn, "assistant"))
+                await converse(g, http, turn + 1, turn + 2)
+
+            for g in gateways:
+                assert _stored(real_servers, g.sid) == g.acked, g.sid
+            assert sum(len(g.acked) for g in gateways) > acked_before_kill
+            for g in gateways:
+                turns = _turns(real_servers, g.sid)
+                await _until(lambda g=g, turns=turns: _covered(real_servers, g.sid) >= turns - turns % 3)
+                async with http.get(f"{daemon.url}/v1/sessions/{g.sid}/context") as resp:
+                    ctx = await resp.json()
+                assert ctx["messages"][-1]["content"] == g.message(turns, "assistant")[2]
+    finally:
+        _cleanup(real_servers, prefix)
+
+
+async def test_sigterm_drains_a_running_summary_within_the_grace(
+    real_servers: RealServers, fake_llm: FakeLlm, tmp_path: Path
+) -> None:
+    """SIGTERM while a summary waits on the LLM: the summary finishes and is stored, then the
+    process exits 0, within SHUTDOWN_GRACE_SECONDS."""
+    fake_llm.behaviour.delay_s = 2.0
+    prefix = f"tmt{real_servers.run_id}{uuid.uuid4().hex[:6]}"
+    daemon = DaemonProcess(
+        _env(real_servers, prefix, fake_llm, SHUTDOWN_GRACE_SECONDS="10", SWEEP_INTERVAL_SECONDS="3600"),
+        tmp_path / "daemon.log",
+    )
+    g = Gateway(new_sid())
+    try:
+        async with processes(daemon), aiohttp.ClientSession() as http:
+            for turn in range(1, 4):
+                for role in ("user", "assistant"):
+                    assert await g.send(http, daemon.url, g.message(turn, role))
+            await _until(lambda: fake_llm.in_flight == 1)
+            code, elapsed = await daemon.terminate()
+        assert code == 0
+        assert elapsed < 10
+        assert _covered(real_servers, g.sid) == 3
+        assert fake_llm.completed == 1
+    finally:
+        _cleanup(real_servers, prefix)
+
+
+async def test_sigterm_past_the_grace_cancels_and_the_restart_finishes_it(
+    real_servers: RealServers, fake_llm: FakeLlm, tmp_path: Path
+) -> None:
+    """With the LLM slower than the grace, SIGTERM cancels the summary instead of waiting for it,
+    and the next start-up's sweep does it."""
+    fake_llm.behaviour.delay_s = 30.0
+    prefix = f"tmt{real_servers.run_id}{uuid.uuid4().hex[:6]}"
+    env = _env(real_servers, prefix, fake_llm, SHUTDOWN_GRACE_SECONDS="1", LLM_TIMEOUT_SECONDS="60")
+    daemon = DaemonProcess(env, tmp_path / "daemon.log")
+    g = Gateway(new_sid())
+    try:
+        async with processes(daemon), aiohttp.ClientSession() as http:
+            for turn in range(1, 4):
+                for role in ("user", "assistant"):
+                    assert await g.send(http, daemon.url, g.message(turn, role))
+            await _until(lambda: fake_llm.in_flight == 1)
+            code, elapsed = await daemon.terminate()
+            assert code == 0
+            assert elapsed < 15  # the grace and the HTTP shutdown, never the LLM's 30 s
+            assert _covered(real_servers, g.sid) == 0
+            log_events = [
+                json.loads(line)["event"] for line in daemon.log_path.read_text().splitlines() if line[:1] == "{"
+            ]
+            assert "summaries_cancelled_at_shutdown" in log_events
+
+            fake_llm.behaviour.delay_s = 0.0
+            await daemon.start()
+            await _until(lambda: _covered(real_servers, g.sid) == 3)
+    finally:
+        _cleanup(real_servers, prefix)
+
+
+async def test_two_processes_share_sessions_without_losing_order_or_summaries(
+    real_servers: RealServers, fake_llm: FakeLlm, tmp_path: Path
+) -> None:
+    """Two daemons on the same Redis and MariaDB, every conversation's messages alternating
+    between them: order and turn counts are exact, one summarization per session runs at a time,
+    the summaries' slices tile the turns with increasing versions, the hot copy is the newest
+    version, and close is idempotent from either process."""
+    fake_llm.behaviour.delay_s = 0.3
+    prefix = f"tmt{real_servers.run_id}{uuid.uuid4().hex[:6]}"
+    a = DaemonProcess(_env(real_servers, prefix, fake_llm), tmp_path / "a.log")
+    b = DaemonProcess(_env(real_servers, prefix, fake_llm), tmp_path / "b.log")
+    gateways = [Gateway(new_sid()) for _ in range(6)]
+    turns = 12
+
+    async def converse(g: Gateway, http: aiohttp.ClientSession) -> None:
+        # Each message goes to the other process, and so does each turn's closing reply (which
+        # schedules the summaries), so both processes summarize every session.
+        for turn in range(1, turns + 1):
+            for role, target in (("user", (a, b)[turn % 2]), ("assistant", (a, b)[(turn + 1) % 2])):
+                assert await g.send(http, target.url, g.message(turn, role))
+
+    try:
+        async with processes(a, b), aiohttp.ClientSession() as http:
+            await asyncio.gather(*(converse(g, http) for g in gateways))
+            for g in gateways:
+                closes = []
+                for d in (a, b, a):
+                    async with http.post(f"{d.url}/v1/sessions/{g.sid}/close") as resp:
+                        assert resp.status == 200
+                        closes.append(await resp.json())
+                assert all(c == closes[0] for c in closes), closes
+                assert closes[0]["persisted"] is True
+
+            r = redis.Redis.from_url(real_servers.redis_url)
+            try:
+                for g in gateways:
+                    assert _stored(real_servers, g.sid) == g.acked
+                    assert _turns(real_servers, g.sid) == turns
+                    assert fake_llm.max_in_flight_by_marker.get(g.sid, 0) == 1, g.sid
+                    async with http.get(f"{a.url}/v1/sessions/{g.sid}/slices") as resp:
+                        slices = (await resp.json())["slices"]
+                    assert slices[0]["from_turn"] == 1
+                    assert slices[-1]["to_turn"] == turns
+                    for before, after in itertools.pairwise(slices):
+                        assert after["from_turn"] == before["to_turn"] + 1
+                        assert after["summary_version"] >= before["summary_version"]
+                    version = sql_rows(
+                        real_servers.mysql_url, "SELECT version FROM conversation_summaries WHERE session_id=%s", g.sid
+                    )[0][0]
+                    cached = r.get(f"{prefix}:{{{g.sid}}}:summary")
+                    assert cached is not None
+                    assert json.loads(cached)["version"] == version
+            finally:
+                r.close()
+    finally:
+        _cleanup(real_servers, prefix)

@@ -28,6 +28,17 @@ def _settings() -> Settings:
 
 
 def _serve(settings: Settings) -> int:
+    if settings.workers > 1:
+        from tiered_memory.logging import configure_logging
+        from tiered_memory.workers import supervise
+
+        configure_logging(settings.log_level, settings.log_format)
+        return supervise(settings, serve_one)
+    return serve_one(settings, False)
+
+
+def serve_one(settings: Settings, reuse_port: bool) -> int:
+    """One serving process; with reuse_port, one of several WORKERS on the same port."""
     from aiohttp import web
 
     from tiered_memory.app import create_app
@@ -42,6 +53,7 @@ def _serve(settings: Settings) -> int:
             host=settings.host,
             port=settings.port,
             shutdown_timeout=settings.shutdown_grace_seconds,
+            reuse_port=reuse_port or None,
             access_log=None,
             print=lambda msg: print(msg, file=sys.stderr),
         )

@@ -86,6 +86,8 @@ class Settings(BaseSettings):
     # --- HTTP and input limits ---
     host: str = Field(_LOOPBACK_DEFAULT, alias="HOST", min_length=1)
     port: int = Field(8080, alias="PORT", ge=0, le=65535)
+    # Serving processes on the one port (SO_REUSEPORT); more than one needs Redis and a SQL server.
+    workers: int = Field(1, alias="WORKERS", ge=1, le=64)
     max_message_chars: int = Field(32_000, alias="MAX_MESSAGE_CHARS", ge=1)
 
     # --- context assembly ---
@@ -144,6 +146,12 @@ class Settings(BaseSettings):
                 "HISTORY_TTL_SECONDS: expected at most SUMMARY_REDIS_TTL_SECONDS "
                 f"({self.summary_redis_ttl_seconds}); recent turns must not outlive the summary"
             )
+        if self.workers > 1 and self.port == 0:
+            raise ValueError("WORKERS: expected 1 with PORT=0 (each worker would listen on a port of its own)")
+        if self.workers > 1 and (not self.redis_url or self.embedded_sql):
+            # Each worker would have its own in-process cache: one would serve a window another
+            # had already moved past. And SQLite serializes writers per process only.
+            raise ValueError("WORKERS: expected 1 unless REDIS_URL and a MySQL/MariaDB DATABASE_URL are set")
         if self.llm_base_url and not self.summary_model:
             raise ValueError("SUMMARY_MODEL: expected a model name when LLM_BASE_URL is set")
         if self.database_url and not self.database_url.startswith(("mysql+aiomysql://", "sqlite+aiosqlite://")):

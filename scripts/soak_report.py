@@ -296,7 +296,7 @@ def show(report: dict[str, Any]) -> None:
     )
     print(f"requests: {j(report['requests'])}")
     for kind, lat in report["latency"].items():
-        print(f"  {kind:<12} p50 {lat['p50_ms']:>7} ms  p99 {lat['p99_ms']:>7} ms  max {lat['max_ms']:>7} ms")
+        print(f"  {kind:<20} p50 {lat['p50_ms']:>7} ms  p99 {lat['p99_ms']:>7} ms  max {lat['max_ms']:>7} ms")
     print(f"errors: {j(report['errors'])}\nretries: {j(report['retries'])}")
     print(f"slowest: {j(report['slowest'])}")
     print(f"resends of acknowledged messages: {j(report['resends'])}")

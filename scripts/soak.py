@@ -204,7 +204,8 @@ class Gateway:
         while True:
             if n:
                 self.rec.retries[kind] += 1
-            timeout = aiohttp.ClientTimeout(total=first_timeout if first_timeout and not n else bound)
+            short = bool(first_timeout) and not n
+            timeout = aiohttp.ClientTimeout(total=first_timeout if short else bound)
             started = time.monotonic()
             status, doc, retry_after = 0, None, None
             try:
@@ -216,7 +217,7 @@ class Gateway:
                     doc = await r.json() if r.content_type == "application/json" else None
                 outcome = str(status)
             except (aiohttp.ClientError, TimeoutError) as exc:
-                outcome = type(exc).__name__
+                outcome = type(exc).__name__ + (" (short first attempt)" if short else "")
             tier = doc.get("summary_tier") if isinstance(doc, dict) else None
             elapsed = time.monotonic() - started
             self.rec.attempts.append(rep.Attempt(started - self.t0, kind, outcome, elapsed, tier, bool(retry_after)))

@@ -232,6 +232,10 @@ def build(rec: Records, sessions: list[Session], faults: list[Fault], load_s: fl
         "latency": latencies(rec.attempts),
         "errors": dict(sorted(errors.items())),
         "retries": dict(sorted(rec.retries.items())),
+        # A retried append answered 200: the attempt the client gave up on had committed.
+        "retries_found_committed": sum(
+            1 for x in rec.attempts if x.kind in ("turns", "user_message", "reply") and x.outcome == "200"
+        ),
         "given_up": sum(len(s.given_up) for s in sessions),
         "unexpected_5xx": [
             f"{x.t:.1f}s {x.kind} {x.outcome}"
@@ -298,6 +302,7 @@ def show(report: dict[str, Any]) -> None:
     for kind, lat in report["latency"].items():
         print(f"  {kind:<20} p50 {lat['p50_ms']:>7} ms  p99 {lat['p99_ms']:>7} ms  max {lat['max_ms']:>7} ms")
     print(f"errors: {j(report['errors'])}\nretries: {j(report['retries'])}")
+    print(f"retried appends answered 200 (the attempt given up on had committed): {report['retries_found_committed']}")
     print(f"slowest: {j(report['slowest'])}")
     print(f"resends of acknowledged messages: {j(report['resends'])}")
     print(f"close answers: {j(report['close_answers'])}")

@@ -349,8 +349,8 @@ def schedule(duration: float) -> list[rep.Fault]:
         rep.Fault("llm_http_500", duration * 0.40, duration * 0.10),
         rep.Fault("llm_timeout", duration * 0.50, duration * 0.10),
         rep.Fault("llm_garbage", duration * 0.60, duration * 0.10),
-        rep.Fault("redis_flushall", duration * 0.80, 0.0),
-        rep.Fault("redis_restart", duration * 0.90, down),
+        rep.Fault("redis_flushall", duration * 0.78, 0.0),
+        rep.Fault("redis_restart", duration * 0.86, down),
     ]
 
 

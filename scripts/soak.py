@@ -16,7 +16,7 @@ a closed session lacks its final summary, a context misses the previous turn, a 
 the daemon answers a 5xx other than 503 with Retry-After, or it does not exit cleanly on SIGTERM.
 
     .venv/bin/python scripts/soak.py
-    .venv/bin/python scripts/soak.py --sessions 200 --turns 15 --duration 300 --json soak.json
+    .venv/bin/python scripts/soak.py --sessions 240 --concurrency 32 --json soak.json
 """
 
 from __future__ import annotations
@@ -468,20 +468,20 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
             gw = Gateway(http, daemon, concurrency=args.concurrency, t0=time.monotonic())
             say(gw.t0, f"seed {seed}: {len(sessions)} sessions of up to {args.turns} turns over {args.duration:.0f} s")
             say(gw.t0, f"daemon {daemon.base}, redis {redis_srv.url}, database {db}, llm {llm.url}")
+            say(gw.t0, f"daemon log {daemon.log_path} (kept unless the soak passes)")
             for f in faults:
                 say(gw.t0, f"scheduled: {f.name} at {f.at:.0f} s" + (f" for {f.length:.0f} s" if f.length else ""))
             stop = asyncio.Event()
             watch = asyncio.create_task(gw.monitor(stop))
-            tasks = [asyncio.create_task(gw.play(s, random.Random(rng.random()), think)) for s in sessions]
-            tasks += [
-                asyncio.create_task(inject(gw, faults, redis_srv, llm, dry=args.no_faults)),
-                asyncio.create_task(progress(gw, sessions)),
-            ]
+            work_done = [asyncio.create_task(gw.play(s, random.Random(rng.random()), think)) for s in sessions]
+            work_done.append(asyncio.create_task(inject(gw, faults, redis_srv, llm, dry=args.no_faults)))
+            tasks = [watch, *work_done, asyncio.create_task(progress(gw, sessions))]
 
             async def load() -> None:
-                await asyncio.gather(*tasks[:-1])
+                await asyncio.gather(*work_done)
 
             loaded = asyncio.create_task(load())
+            tasks.append(loaded)
             await asyncio.wait([loaded, watch], return_when=asyncio.FIRST_COMPLETED)
             if watch.done():
                 watch.result()  # the daemon died: raises SoakFailed

@@ -28,6 +28,7 @@ from tiered_memory.api import SERVICE_KEY
 from tiered_memory.app import HOT_KEY, STORE_KEY, create_app
 from tiered_memory.service import MemoryService
 from tiered_memory.settings import Settings
+from tiered_memory.summarize.extractive import Extractor
 from tiered_memory.tiers.sql_store import SqlStore
 
 
@@ -125,6 +126,11 @@ def backend_env(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str
     return env
 
 
+# One loaded jieba dictionary for every daemon these tests start in this process (each app
+# would otherwise load its own, a second apiece).
+_EXTRACTOR = Extractor()
+
+
 class Daemon:
     """The daemon under test, served over real HTTP on loopback, restartable with the same settings."""
 
@@ -137,7 +143,7 @@ class Daemon:
 
     async def start(self) -> None:
         self.registry = CollectorRegistry()
-        self.app = create_app(self.settings, registry=self.registry)
+        self.app = create_app(self.settings, registry=self.registry, extractor=_EXTRACTOR)
         self.client = TestClient(TestServer(self.app))
         try:
             await self.client.start_server()

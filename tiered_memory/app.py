@@ -6,6 +6,7 @@ unwound in reverse on shutdown, after in-flight summaries have had SHUTDOWN_GRAC
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 
@@ -37,6 +38,7 @@ log = structlog.get_logger("tiered_memory.app")
 STORE_KEY = web.AppKey("store", SqlStore)
 HOT_KEY = web.AppKey("hot", HotTier)
 LLM_KEY = web.AppKey("llm", LlmSummarizer)
+EXTRACTOR_KEY = web.AppKey("extractor", Extractor)
 
 
 def build_hot(settings: Settings, metrics: Metrics) -> HotTier:
@@ -127,7 +129,10 @@ async def _llm_ctx(app: web.Application) -> AsyncIterator[None]:
 
 async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS_KEY]
-    extractor = Extractor()
+    extractor = app[EXTRACTOR_KEY]
+    # jieba's dictionary takes about a second to load. Loaded here, before the app serves, the
+    # first cold read or summary does not stall every request behind it (the load holds the GIL).
+    await asyncio.to_thread(extractor.warm_up)
     tagger = TopicTagger(load_keyword_groups(settings.topic_keywords_file) if settings.topic_keywords_file else None)
     job = SummaryJob(
         store=app[STORE_KEY],
@@ -165,11 +170,15 @@ async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
         log.warning("summaries_cancelled_at_shutdown", count=cancelled)
 
 
-def create_app(settings: Settings, *, registry: CollectorRegistry | None = None) -> web.Application:
-    """The daemon as an aiohttp application; nothing connects until the app starts."""
+def create_app(
+    settings: Settings, *, registry: CollectorRegistry | None = None, extractor: Extractor | None = None
+) -> web.Application:
+    """The daemon as an aiohttp application; nothing connects until the app starts. An extractor
+    may be handed in to share its loaded dictionary (tests start many apps in one process)."""
     app = web.Application(middlewares=[observe], client_max_size=max(1024**2, settings.max_message_chars * 8))
     app[SETTINGS_KEY] = settings
     app[METRICS_KEY] = Metrics(registry if registry is not None else CollectorRegistry())
+    app[EXTRACTOR_KEY] = extractor if extractor is not None else Extractor()
     app.cleanup_ctx.extend([_sql_ctx, _hot_ctx, _llm_ctx, _service_ctx])
     add_routes(app)
     return app

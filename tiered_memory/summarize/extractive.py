@@ -245,6 +245,10 @@ class Extractor:
         self._lock = threading.Lock()
         self._jieba: _Jieba | None = None
 
+    def warm_up(self) -> None:
+        """Load the dictionary now (blocking, about a second) rather than on first use."""
+        self._loaded()
+
     def _loaded(self) -> _Jieba:
         if self._jieba is None:
             with self._lock:

@@ -70,7 +70,11 @@ async def test_tier_walk_hot_warm_hot_cold(daemon: Daemon) -> None:
 async def test_restart_keeps_summary_and_context(daemon: Daemon) -> None:
     """A gateway reconnecting after a daemon restart gets the same summary and recent turns."""
     sid = new_sid()
-    await play(daemon, sid, ZH_12_TURNS[:7])
+    # Settled at turn 6, so that a slow first summary cannot still be running when turn 7 lands
+    # (its rerun would then cover 7 turns, not the 6 of the cadence point).
+    await play(daemon, sid, ZH_12_TURNS[:6])
+    await daemon.settle()
+    await play(daemon, sid, ZH_12_TURNS[6:7])
     await daemon.settle()
     before = await daemon.get(f"/v1/sessions/{sid}/summary")
     ctx_before = await daemon.get(f"/v1/sessions/{sid}/context")

@@ -100,4 +100,4 @@ def test_migrate_command_is_idempotent(
     monkeypatch.setenv("DATA_DIR", str(tmp_path))
     assert main(["migrate"]) == 0
     assert main(["migrate"]) == 0
-    assert capsys.readouterr().out.splitlines() == ["schema version 2 (sqlite)"] * 2
+    assert capsys.readouterr().out.splitlines() == ["schema version 3 (sqlite)"] * 2

@@ -132,10 +132,12 @@ _EXTRACTOR = Extractor()
 
 
 class Daemon:
-    """The daemon under test, served over real HTTP on loopback, restartable with the same settings."""
+    """The daemon under test, served over real HTTP on loopback, restartable with the same settings.
+    `headers` go with every request of `http` (a request's own headers take precedence)."""
 
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], headers: dict[str, str] | None = None) -> None:
         self.env = env
+        self.headers = headers or {}
         self.settings = Settings.from_env(env)
         self.client: TestClient[Any, Any] | None = None
         self.registry = CollectorRegistry()
@@ -144,7 +146,7 @@ class Daemon:
     async def start(self) -> None:
         self.registry = CollectorRegistry()
         self.app = create_app(self.settings, registry=self.registry, extractor=_EXTRACTOR)
-        self.client = TestClient(TestServer(self.app))
+        self.client = TestClient(TestServer(self.app), headers=self.headers)
         try:
             await self.client.start_server()
         except BaseException:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
+import redis
 from sqlalchemy import event as sa_event
 
 from tests.conftest import Daemon, new_sid, play
 from tests.conversations import ZH_12_TURNS, ZH_EARLY_EVIDENCE
+from tiered_memory.app import HOT_KEY
 
 
 async def test_summaries_are_scheduled_every_third_turn(daemon: Daemon) -> None:
@@ -70,7 +73,11 @@ async def test_tier_walk_hot_warm_hot_cold(daemon: Daemon) -> None:
 async def test_restart_keeps_summary_and_context(daemon: Daemon) -> None:
     """A gateway reconnecting after a daemon restart gets the same summary and recent turns."""
     sid = new_sid()
-    await play(daemon, sid, ZH_12_TURNS[:7])
+    # Settled at turn 6, so that a slow first summary cannot still be running when turn 7 lands
+    # (its rerun would then cover 7 turns, not the 6 of the cadence point).
+    await play(daemon, sid, ZH_12_TURNS[:6])
+    await daemon.settle()
+    await play(daemon, sid, ZH_12_TURNS[6:7])
     await daemon.settle()
     before = await daemon.get(f"/v1/sessions/{sid}/summary")
     ctx_before = await daemon.get(f"/v1/sessions/{sid}/context")
@@ -225,17 +232,39 @@ async def test_other_user_is_forbidden(daemon: Daemon) -> None:
     assert (await daemon.get(f"/v1/sessions/{sid}"))["message_count"] == 1
 
 
+async def _hot_keys(daemon: Daemon, sid: str) -> list[str]:
+    """The hot tier's keys of a session: Redis keys, or the parts of the in-process entry."""
+    if daemon.settings.redis_url:
+        r = redis.Redis.from_url(daemon.settings.redis_url)
+        try:
+            return sorted(k.decode() for k in r.scan_iter(match=f"{daemon.settings.redis_key_prefix}:{{{sid}}}:*"))
+        finally:
+            r.close()
+    assert daemon.app is not None
+    hot = await daemon.app[HOT_KEY].read_session(sid)
+    parts = {"summary": hot.summary, "recent": hot.recent or None, "state": hot.message_count}
+    return sorted(name for name, value in parts.items() if value is not None)
+
+
 async def test_delete_removes_every_tier(daemon: Daemon) -> None:
-    """DELETE removes messages and summaries everywhere; repeating it is still a 204."""
+    """DELETE removes messages, the summary row, its slices and every hot key; reads then find
+    nothing; repeating it is still a 204."""
     sid = new_sid()
     await play(daemon, sid, ZH_12_TURNS[:3])
     await daemon.settle()
+    assert len(await daemon.store.slices(sid)) == 1
+    assert (await daemon.store.get_summary(sid))[0] is not None
+    assert len(await _hot_keys(daemon, sid)) == 3
     assert (await daemon.http.delete(f"/v1/sessions/{sid}")).status == 204
+    assert await _hot_keys(daemon, sid) == []
+    assert await daemon.store.get_summary(sid) == (None, None)
+    assert await daemon.store.slices(sid) == []
+    assert await daemon.store.count_messages(sid) == 0
     assert (await daemon.http.get(f"/v1/sessions/{sid}")).status == 404
     assert (await daemon.get(f"/v1/sessions/{sid}/summary"))["tier"] == "none"
     assert (await daemon.get(f"/v1/sessions/{sid}/context"))["messages"] == []
-    assert await daemon.store.count_messages(sid) == 0
     assert (await daemon.http.delete(f"/v1/sessions/{sid}")).status == 204
+    assert await _hot_keys(daemon, sid) == []
 
 
 async def test_health_ready_and_metrics(daemon: Daemon) -> None:
@@ -370,3 +399,110 @@ async def test_more_bad_input_is_a_400(daemon: Daemon) -> None:
     resp = await daemon.http.post(f"/v1/sessions/{sid}/messages", data=b"[" * 100_000 + b"]" * 100_000)
     assert resp.status == 400
     assert (await daemon.http.get(f"/v1/sessions/{sid}")).status == 404
+
+
+async def test_message_size_is_counted_in_utf8_bytes(backend_env: dict[str, str]) -> None:
+    """MAX_MESSAGE_BYTES bounds the UTF-8 bytes of content, system_prompt and question: 100 CJK
+    characters (300 bytes) fit a 300-byte limit, 101 do not (and the 400 names both sizes)."""
+    d = Daemon(backend_env | {"MAX_MESSAGE_BYTES": "300"})
+    await d.start()
+    try:
+        sid = new_sid()
+        await d.post(sid, "user", "汉" * 100)
+        resp = await d.http.post(f"/v1/sessions/{sid}/messages", json={"role": "user", "content": "汉" * 101})
+        assert resp.status == 400
+        message = (await resp.json())["error"]["message"]
+        assert message.startswith("content: expected at most 300 bytes")
+        assert "got 303" in message
+        resp = await d.http.post(f"/v1/sessions/{sid}/turns", json={"content": "好", "system_prompt": "规" * 101})
+        assert resp.status == 400
+        assert "system_prompt" in (await resp.json())["error"]["message"]
+        resp = await d.http.get(f"/v1/sessions/{sid}/context", params={"question": "问" * 101})
+        assert resp.status == 400
+        assert "question" in (await resp.json())["error"]["message"]
+        assert (await d.get(f"/v1/sessions/{sid}"))["message_count"] == 1
+    finally:
+        await d.stop()
+
+
+async def test_the_body_limit_follows_the_message_limit(backend_env: dict[str, str]) -> None:
+    """A body beyond 12 × MAX_MESSAGE_BYTES + 64 KiB is a 413 in the JSON error shape and stores
+    nothing; the largest message still fits even when every byte needs a JSON escape."""
+    d = Daemon(backend_env | {"MAX_MESSAGE_BYTES": "100"})
+    await d.start()
+    try:
+        sid = new_sid()
+        body = json.dumps({"role": "user", "content": "a" * (12 * 100 + 64 * 1024)})
+        resp = await d.http.post(
+            f"/v1/sessions/{sid}/messages", data=body, headers={"Content-Type": "application/json"}
+        )
+        assert resp.status == 413
+        assert await resp.json() == {
+            "error": {
+                "code": "request_entity_too_large",
+                "message": f"body: expected at most {12 * 100 + 64 * 1024} bytes",
+            }
+        }
+        assert (await d.http.get(f"/v1/sessions/{sid}")).status == 404
+        escaped = json.dumps({"content": "\x01" * 100, "system_prompt": "\x02" * 100})
+        resp = await d.http.post(
+            f"/v1/sessions/{sid}/turns", data=escaped, headers={"Content-Type": "application/json"}
+        )
+        assert resp.status == 201, await resp.text()
+    finally:
+        await d.stop()
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/v1/sessions/{sid}/summary?colour=red"),
+        ("GET", "/v1/sessions/{sid}/context?max_chars=100&colour=red"),
+        ("GET", "/v1/sessions/{sid}/messages?from_seq=1&colour=red"),
+        ("GET", "/v1/sessions/{sid}/slices?colour=red"),
+        ("GET", "/v1/sessions/{sid}?colour=red"),
+        ("GET", "/v1/users/u1/summaries?limit=5&colour=red"),
+        ("POST", "/v1/sessions/{sid}/turns?maxchars=100&colour=red"),
+        ("POST", "/v1/sessions/{sid}/close?colour=red"),
+        ("DELETE", "/v1/sessions/{sid}?colour=red"),
+    ],
+)
+async def test_unknown_query_parameters_are_refused(daemon: Daemon, method: str, path: str) -> None:
+    """A query parameter the route does not read (a misspelt one, say) is a 400 naming it, and
+    changes nothing."""
+    sid = new_sid()
+    await daemon.post(sid, "user", "你好")
+    body = {"content": "再问"} if method == "POST" else None
+    resp = await daemon.http.request(method, path.format(sid=sid), json=body)
+    assert resp.status == 400
+    message = (await resp.json())["error"]["message"]
+    assert message.startswith("unknown query parameter(s): colour")
+    assert (await daemon.get(f"/v1/sessions/{sid}"))["message_count"] == 1
+
+
+@pytest.mark.parametrize(
+    ("path", "name"),
+    [
+        ("/v1/sessions/{sid}/context?max_chars=0", "max_chars"),
+        ("/v1/sessions/{sid}/context?max_chars=-1", "max_chars"),
+        ("/v1/sessions/{sid}/context?max_chars=1000001", "max_chars"),
+        ("/v1/sessions/{sid}/context?max_chars=1e3", "max_chars"),
+        ("/v1/sessions/{sid}/context?max_chars=10&max_chars=20", "max_chars"),
+        ("/v1/sessions/{sid}/messages?from_seq=0", "from_seq"),
+        ("/v1/sessions/{sid}/messages?from_seq=-1", "from_seq"),
+        ("/v1/sessions/{sid}/messages?to_seq=2147483648", "to_seq"),
+        ("/v1/sessions/{sid}/messages?to_seq=abc", "to_seq"),
+        ("/v1/sessions/{sid}/messages?limit=0", "limit"),
+        ("/v1/sessions/{sid}/messages?limit=1001", "limit"),
+        ("/v1/users/u1/summaries?limit=0", "limit"),
+        ("/v1/users/u1/summaries?limit=101", "limit"),
+        ("/v1/users/u1/summaries?limit=-5", "limit"),
+    ],
+)
+async def test_numbers_out_of_range_are_refused(daemon: Daemon, path: str, name: str) -> None:
+    """Zero, negative, absurd, non-integer or repeated numbers are a 400 naming the parameter."""
+    sid = new_sid()
+    await daemon.post(sid, "user", "你好")
+    resp = await daemon.http.get(path.format(sid=sid))
+    assert resp.status == 400
+    assert (await resp.json())["error"]["message"].startswith(f"{name}: expected")

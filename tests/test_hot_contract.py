@@ -11,7 +11,7 @@ import redis
 
 from tests.conftest import RealServers, new_sid, redis_flush_prefix
 from tiered_memory.errors import HotUnavailable
-from tiered_memory.model import Message, Role, Summary, SummarySource
+from tiered_memory.model import Message, Owner, Role, Summary, SummarySource
 from tiered_memory.tiers.hot import HotTier
 from tiered_memory.tiers.keys import Keys
 from tiered_memory.tiers.memory_hot import MemoryHot
@@ -20,6 +20,7 @@ from tiered_memory.tiers.redis_hot import RedisHot
 RECENT_MAX = 4
 SUMMARY_TTL = 7200
 HISTORY_TTL = 1800
+OWNER = Owner("acme", "u1")
 
 
 def _redis_tier(url: str, prefix: str) -> RedisHot:
@@ -65,22 +66,26 @@ def summary(version: int, text: str = "summary") -> Summary:
 async def test_empty_session_reads_nothing(hot: HotTier) -> None:
     """An unknown session has no summary, no recent messages and no counters."""
     sid = new_sid()
-    assert await hot.read_summary(sid) == (None, None)
+    assert await hot.read_summary(sid) == (None, None, None)
     snap = await hot.read_session(sid)
     assert snap.summary is None
     assert snap.recent == ()
     assert snap.turn_count is None
+    assert snap.owner is None
 
 
 async def test_recent_list_is_trimmed_and_ordered(hot: HotTier) -> None:
     """record_append keeps the newest RECENT_MAX messages, oldest first, with SQL's counters."""
     sid = new_sid()
     for seq in range(1, 8):
-        await hot.record_append(msg(sid, seq), turn_count=seq // 2, message_count=seq, last_activity=100.0 + seq)
+        await hot.record_append(
+            msg(sid, seq), turn_count=seq // 2, message_count=seq, last_activity=100.0 + seq, owner=OWNER
+        )
     snap = await hot.read_session(sid)
     assert [m.seq for m in snap.recent] == [4, 5, 6, 7]
     assert snap.recent[-1] == msg(sid, 7)
     assert (snap.turn_count, snap.message_count, snap.last_activity) == (3, 7, 107.0)
+    assert snap.owner == OWNER
 
 
 async def test_summary_round_trip_and_version_guard(hot: HotTier) -> None:
@@ -88,9 +93,10 @@ async def test_summary_round_trip_and_version_guard(hot: HotTier) -> None:
     sid = new_sid()
     assert await hot.put_summary(sid, summary(2, "newer")) is True
     assert await hot.put_summary(sid, summary(1, "older")) is False
-    got, turns = await hot.read_summary(sid)
+    got, turns, owner = await hot.read_summary(sid)
     assert got == summary(2, "newer")
     assert turns is None
+    assert owner is None
     assert await hot.put_summary(sid, summary(2, "same version rewrites")) is True
     assert await hot.put_summary(sid, summary(3, "newest")) is True
     assert (await hot.read_session(sid)).summary == summary(3, "newest")
@@ -111,13 +117,14 @@ async def test_lock_is_exclusive_and_token_guarded(hot: HotTier) -> None:
 async def test_delete_forgets_the_session(hot: HotTier) -> None:
     """delete removes summary, recent list and counters."""
     sid = new_sid()
-    await hot.record_append(msg(sid, 1), turn_count=0, message_count=1, last_activity=1.0)
+    await hot.record_append(msg(sid, 1), turn_count=0, message_count=1, last_activity=1.0, owner=OWNER)
     await hot.put_summary(sid, summary(1))
     await hot.delete(sid)
     snap = await hot.read_session(sid)
     assert snap.summary is None
     assert snap.recent == ()
     assert snap.message_count is None
+    assert snap.owner is None
     await hot.ping()
 
 
@@ -127,7 +134,7 @@ async def test_redis_keys_are_hash_tagged_with_ttls(real_servers: RealServers) -
     tier = _redis_tier(real_servers.redis_url, prefix)
     sid = new_sid()
     try:
-        await tier.record_append(msg(sid, 1), turn_count=0, message_count=1, last_activity=1.0)
+        await tier.record_append(msg(sid, 1), turn_count=0, message_count=1, last_activity=1.0, owner=OWNER)
         await tier.put_summary(sid, summary(1))
         raw = redis.Redis.from_url(real_servers.redis_url)
         keys = sorted(k.decode() for k in raw.scan_iter(match=f"{prefix}:*"))
@@ -146,13 +153,14 @@ async def test_memory_ttls_and_bound() -> None:
     SUMMARY_TTL, like Redis, and evicts the least recently used session past its bound."""
     clock = Clock()
     hot = MemoryHot(max_sessions=2, summary_ttl_s=100, history_ttl_s=10, recent_max=4, clock=clock)
-    await hot.record_append(msg("a", 1), turn_count=0, message_count=1, last_activity=1.0)
+    await hot.record_append(msg("a", 1), turn_count=0, message_count=1, last_activity=1.0, owner=OWNER)
     await hot.put_summary("a", summary(1))
     clock.now += 11
     snap = await hot.read_session("a")
     assert snap.recent == ()
     assert snap.summary == summary(1)
     assert snap.turn_count == 0
+    assert snap.owner == OWNER
     clock.now += 90
     assert (await hot.read_session("a")).summary is None
     for sid in ("x", "y", "z"):
@@ -167,15 +175,35 @@ async def test_backfill_refills_unless_newer_data_arrived(hot: HotTier) -> None:
     counters or the list when an append newer than its SQL read is already there."""
     sid = new_sid()
     msgs = [msg(sid, seq) for seq in range(1, 4)]
-    await hot.backfill(sid, summary=summary(1), recent=msgs, turn_count=1, message_count=3, last_activity=5.0)
+    await hot.backfill(
+        sid, summary=summary(1), recent=msgs, turn_count=1, message_count=3, last_activity=5.0, owner=OWNER
+    )
     snap = await hot.read_session(sid)
     assert snap.recent == tuple(msgs)
     assert (snap.turn_count, snap.message_count, snap.summary) == (1, 3, summary(1))
-    await hot.record_append(msg(sid, 4), turn_count=2, message_count=4, last_activity=6.0)
-    await hot.backfill(sid, summary=None, recent=msgs, turn_count=1, message_count=3, last_activity=5.0)
+    await hot.record_append(msg(sid, 4), turn_count=2, message_count=4, last_activity=6.0, owner=OWNER)
+    await hot.backfill(sid, summary=None, recent=msgs, turn_count=1, message_count=3, last_activity=5.0, owner=OWNER)
     snap = await hot.read_session(sid)
     assert [m.seq for m in snap.recent] == [1, 2, 3, 4]
     assert snap.message_count == 4
+
+
+async def test_owner_goes_with_the_counters(hot: HotTier) -> None:
+    """The owner SQL reported is read back by both reads, a session without a user or tenant
+    keeps that (not 'unknown'), and a later append that claimed the session updates it; a
+    backfill older than that append does not roll it back."""
+    sid = new_sid()
+    unowned = Owner("", None)
+    await hot.backfill(
+        sid, summary=summary(1), recent=None, turn_count=0, message_count=1, last_activity=1.0, owner=unowned
+    )
+    assert (await hot.read_session(sid)).owner == unowned
+    assert await hot.read_summary(sid) == (summary(1), 0, unowned)
+    claimed = Owner("", "alice")
+    await hot.record_append(msg(sid, 2), turn_count=1, message_count=2, last_activity=2.0, owner=claimed)
+    await hot.backfill(sid, summary=None, recent=None, turn_count=0, message_count=1, last_activity=1.0, owner=unowned)
+    assert (await hot.read_session(sid)).owner == claimed
+    assert (await hot.read_summary(sid))[2] == claimed
 
 
 async def test_undecodable_redis_values_are_a_miss_not_a_crash(real_servers: RealServers) -> None:
@@ -213,13 +241,15 @@ async def test_appends_apply_in_seq_order_only(hot: HotTier) -> None:
     arrived) drops the window and counters, so the read path goes to SQL instead."""
     sid = new_sid()
     for seq in range(1, 4):
-        await hot.record_append(msg(sid, seq), turn_count=seq // 2, message_count=seq, last_activity=100.0 + seq)
-    await hot.record_append(msg(sid, 2), turn_count=1, message_count=2, last_activity=102.0)
+        await hot.record_append(
+            msg(sid, seq), turn_count=seq // 2, message_count=seq, last_activity=100.0 + seq, owner=OWNER
+        )
+    await hot.record_append(msg(sid, 2), turn_count=1, message_count=2, last_activity=102.0, owner=OWNER)
     snap = await hot.read_session(sid)
     assert [m.seq for m in snap.recent] == [1, 2, 3]
     assert (snap.message_count, snap.turn_count) == (3, 1)
 
-    await hot.record_append(msg(sid, 6), turn_count=3, message_count=6, last_activity=106.0)
+    await hot.record_append(msg(sid, 6), turn_count=3, message_count=6, last_activity=106.0, owner=OWNER)
     snap = await hot.read_session(sid)
     assert snap.recent == ()
     assert snap.message_count is None

@@ -7,9 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from tiered_memory.auth import Principal, authenticate
 from tiered_memory.cli import main
 from tiered_memory.errors import ConfigError
 from tiered_memory.settings import Settings
+
+TOKEN = "t0ken-0123456789abcdef"
 
 
 def test_defaults_are_those_of_the_replaced_system() -> None:
@@ -48,6 +51,11 @@ def test_defaults_are_those_of_the_replaced_system() -> None:
         ({"SUMMARY_FORMAT": "xml"}, "SUMMARY_FORMAT: input should be 'text' or 'structured'"),
         ({"RECONNECT_TEMPLATE_EN": "no placeholders"}, "RECONNECT_TEMPLATE_EN: expected a template using"),
         ({"TOPIC_KEYWORDS_FILE": "/nonexistent/topics.txt"}, "TOPIC_KEYWORDS_FILE: expected a readable file"),
+        ({"MAX_MESSAGE_BYTES": "65536"}, "MAX_MESSAGE_BYTES: input should be less than or equal to 65535"),
+        ({"MAX_MESSAGE_BYTES": "0"}, "MAX_MESSAGE_BYTES: input should be greater than or equal to 1"),
+        ({"ALLOW_UNAUTHENTICATED": "perhaps"}, "ALLOW_UNAUTHENTICATED: input should be a valid boolean"),
+        ({"LOG_MESSAGE_CONTENT": "perhaps"}, "LOG_MESSAGE_CONTENT: input should be a valid boolean"),
+        ({"API_TOKENS_FILE": "/nonexistent/tokens"}, "API_TOKENS_FILE: expected a readable UTF-8 file"),
     ],
 )
 def test_bad_values_name_the_variable(env: dict[str, str], expected: str) -> None:
@@ -100,4 +108,103 @@ def test_migrate_command_is_idempotent(
     monkeypatch.setenv("DATA_DIR", str(tmp_path))
     assert main(["migrate"]) == 0
     assert main(["migrate"]) == 0
-    assert capsys.readouterr().out.splitlines() == ["schema version 2 (sqlite)"] * 2
+    assert capsys.readouterr().out.splitlines() == ["schema version 3 (sqlite)"] * 2
+
+
+def test_tokens_from_the_variable_and_the_file(tmp_path: Path) -> None:
+    """API_TOKENS (comma-separated) and API_TOKENS_FILE (one a line, blanks and comments skipped)
+    are used together; `tenant:` restricts a token; no token shows in repr or `masked`."""
+    token_file = tmp_path / "tokens"
+    token_file.write_text(
+        "# one entry a line\n\n  other:other-0123456789abcdef  \n# acme:commented-0123456789ab\n",
+        encoding="utf-8",
+    )
+    s = Settings.from_env({"API_TOKENS": f"{TOKEN}, acme:acme-0123456789abcdef,", "API_TOKENS_FILE": str(token_file)})
+    assert sorted(t.tenant or "" for t in s.api_tokens) == ["", "acme", "other"]
+    assert authenticate(s.api_tokens, TOKEN) == Principal(None)
+    assert authenticate(s.api_tokens, "acme-0123456789abcdef") == Principal("acme")
+    assert authenticate(s.api_tokens, "other-0123456789abcdef") == Principal("other")
+    for refused in ("commented-0123456789ab", "acme:acme-0123456789abcdef", TOKEN[:-1], ""):
+        assert authenticate(s.api_tokens, refused) is None, refused
+    assert s.masked()["API_TOKENS"] == "****"
+    for shown in (repr(s), str(s), repr(s.api_tokens), json.dumps(s.masked())):
+        assert "0123456789abcdef" not in shown
+    # The same token listed twice for the same tenant is one token.
+    assert len(Settings.from_env({"API_TOKENS": f"acme:{TOKEN},acme:{TOKEN}"}).api_tokens) == 1
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("short-secret", "API_TOKENS: entry 1: expected a token of 16 to 1024 characters"),
+        (f"{TOKEN}, acme:short-secret", "API_TOKENS: entry 2: expected a token of 16 to 1024 characters"),
+        (f"bad tenant/short-secret:{TOKEN}", "API_TOKENS: entry 1: expected token or tenant:token"),
+        (f"{'t' * 65}:{TOKEN}", "API_TOKENS: entry 1: expected token or tenant:token"),
+        ("short-secret with spaces", "API_TOKENS: entry 1: expected a token of printable ASCII"),
+        (" , ", "API_TOKENS: expected at least one token"),
+        (f"{TOKEN},acme:{TOKEN}", "API_TOKENS: a token is listed twice with different tenants"),
+    ],
+)
+def test_bad_tokens_name_the_variable_never_the_token(value: str, expected: str) -> None:
+    """A malformed or too short token stops start-up naming the variable and the entry, and the
+    message never repeats the token (nor what might be part of one)."""
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env({"API_TOKENS": value})
+    assert str(info.value).startswith(expected)
+    assert "short-secret" not in str(info.value)
+    assert TOKEN not in str(info.value)
+
+
+def test_bad_token_file_names_the_line(tmp_path: Path) -> None:
+    """In API_TOKENS_FILE the error names the line, not the token; a file of comments only is refused."""
+    token_file = tmp_path / "tokens"
+    token_file.write_text(f"# tokens\n{TOKEN}\nacme:short-secret\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env({"API_TOKENS_FILE": str(token_file)})
+    assert str(info.value).startswith("API_TOKENS_FILE: line 3: expected a token of 16")
+    assert "short-secret" not in str(info.value)
+    token_file.write_text("# nothing yet\n\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"^API_TOKENS_FILE: expected at least one token"):
+        Settings.from_env({"API_TOKENS_FILE": str(token_file)})
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.8.9.10", "localhost", "LOCALHOST", "::1", "::ffff:127.0.0.1"])
+def test_loopback_hosts_need_no_token(host: str) -> None:
+    """Without tokens the daemon may listen on any loopback address."""
+    assert Settings.from_env({"HOST": host}).api_tokens == ()
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3", "::ffff:10.1.2.3", "memory.internal"])
+def test_other_hosts_need_a_token_or_an_explicit_opt_out(host: str) -> None:
+    """Listening beyond loopback without tokens is refused naming HOST, unless tokens are set or
+    ALLOW_UNAUTHENTICATED=true says it is meant."""
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env({"HOST": host})
+    assert str(info.value).startswith(f"HOST: {host} is not a loopback address")
+    assert Settings.from_env({"HOST": host, "ALLOW_UNAUTHENTICATED": "true"}).host == host
+    assert len(Settings.from_env({"HOST": host, "API_TOKENS": TOKEN}).api_tokens) == 1
+
+
+@pytest.mark.parametrize("command", [["config"], ["check"]])
+def test_cli_refuses_an_open_public_host(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    """`config` and `check` refuse a non-loopback HOST without tokens like start-up does (exit 2)."""
+    monkeypatch.setenv("HOST", "0.0.0.0")
+    monkeypatch.delenv("API_TOKENS", raising=False)
+    monkeypatch.delenv("API_TOKENS_FILE", raising=False)
+    monkeypatch.delenv("ALLOW_UNAUTHENTICATED", raising=False)
+    with pytest.raises(SystemExit) as info:
+        main(command)
+    assert info.value.code == 2
+    assert capsys.readouterr().err.startswith("tiered-memory: configuration error: HOST: 0.0.0.0")
+
+
+def test_config_command_masks_tokens(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`tiered-memory config` shows that tokens are set, never what they are."""
+    monkeypatch.setenv("API_TOKENS", f"acme:{TOKEN}")
+    monkeypatch.setenv("HOST", "0.0.0.0")
+    assert main(["config"]) == 0
+    out = capsys.readouterr().out
+    assert json.loads(out)["API_TOKENS"] == "****"
+    assert TOKEN not in out

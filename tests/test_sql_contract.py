@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import RealServers, new_sid
 from tiered_memory.errors import Conflict, Forbidden, SqlUnavailable
-from tiered_memory.model import NewMessage, Role, Summary, SummarySource
+from tiered_memory.model import Caller, NewMessage, Owner, Role, Summary, SummarySource
 from tiered_memory.tiers.sql_engine import create_engine
 from tiered_memory.tiers.sql_schema import SCHEMA_VERSION, current_version
 from tiered_memory.tiers.sql_store import SqlStore
@@ -72,6 +72,54 @@ async def test_append_is_idempotent_and_checks_owner(store: SqlStore) -> None:
     with pytest.raises(Forbidden):
         await store.append(new(sid, Role.USER, "hi", "m2", user="other"), now=6.0)
     assert await store.count_messages(sid) == 1
+
+
+async def test_sessions_belong_to_a_tenant(store: SqlStore) -> None:
+    """A session takes the tenant of the caller that created it ('' for an unrestricted one).
+    Another tenant's append, delete or summary reset is Forbidden under the row lock and changes
+    nothing; the owner's, or an unrestricted caller's, goes through."""
+    acme, other = Caller(tenant="acme"), Caller(tenant="other")
+    sid = new_sid()
+    first = await store.append(new(sid, Role.USER, "你好", "m1"), now=1.0, caller=acme)
+    assert first.owner == Owner("acme", "u1")
+    info = await store.get_session(sid)
+    assert info is not None
+    assert info.owner == Owner("acme", "u1")
+    for attempt in (
+        store.append(new(sid, Role.USER, "hi", "m2"), now=2.0, caller=other),
+        # A retry of a stored message_id is no way around it either.
+        store.append(new(sid, Role.USER, "你好", "m1"), now=2.0, caller=other),
+        store.append(new(sid, Role.USER, "hi", "m2"), now=2.0, caller=Caller(user_id="u2")),
+        store.delete_session(sid, caller=other),
+        store.delete_summary(sid, caller=other),
+    ):
+        with pytest.raises(Forbidden):
+            await attempt
+    assert await store.count_messages(sid) == 1
+    assert await store.get_session(sid) == info
+    await store.append(new(sid, Role.ASSISTANT, "您好", "m2"), now=3.0, caller=Caller(tenant="acme", user_id="u1"))
+    assert await store.delete_summary(sid, caller=Caller()) is True
+    assert await store.delete_summary(new_sid(), caller=acme) is False
+    unrestricted = new_sid()
+    assert (await store.append(new(unrestricted, Role.USER, "x", "m1"), now=1.0)).owner == Owner("", "u1")
+    with pytest.raises(Forbidden):
+        await store.append(new(unrestricted, Role.USER, "y", "m2"), now=2.0, caller=acme)
+    await store.delete_session(sid, caller=acme)
+    assert await store.get_session(sid) is None
+
+
+async def test_user_summaries_of_one_tenant(store: SqlStore) -> None:
+    """user_summaries with a tenant lists only that tenant's sessions of the user."""
+    mine, theirs = new_sid(), new_sid()
+    for sid, tenant in ((mine, "acme"), (theirs, "other")):
+        await store.append(new(sid, Role.USER, "问", "m1"), now=1.0, caller=Caller(tenant=tenant))
+        s = Summary(f"摘要 {tenant}", 1, 1, SummarySource.DETERMINISTIC, 1.0, 1.0)
+        assert await store.put_summary(sid, s, user_id="u1", turn_count=1)
+    listed = {sid for sid, _, _ in await store.user_summaries("u1", limit=100)}
+    assert {mine, theirs} <= listed
+    assert [
+        sid for sid, _, _ in await store.user_summaries("u1", limit=100, tenant="acme") if sid in (mine, theirs)
+    ] == [mine]
 
 
 async def test_concurrent_appends_get_distinct_seqs(store: SqlStore) -> None:
@@ -198,3 +246,20 @@ async def test_upgrade_from_version_1_keeps_every_row(store: SqlStore) -> None:
     assert [m.content for m in got] == ["问题1", "回答1", "问题2", "回答2", "问题3", "回答3"]
     assert {m.status.value for m in got} == {"completed"}
     assert (await store.get_summary(sid))[0] == s1
+
+
+async def test_upgrade_from_version_2_adds_the_tenant(store: SqlStore) -> None:
+    """A version-2 database (no sessions.tenant) is upgraded in place: its sessions belong to
+    tenant '' (they were made without tenant tokens) and keep their owner and messages."""
+    sid = new_sid()
+    await turns(store, sid, 2)
+    async with store._engine.begin() as conn:
+        await conn.exec_driver_sql("ALTER TABLE sessions DROP COLUMN tenant")
+        await conn.exec_driver_sql("DELETE FROM schema_version WHERE version > 2")
+    assert await store.schema_version() == 2
+    assert await store.migrate(now=time.time()) == SCHEMA_VERSION == 3
+    info = await store.get_session(sid)
+    assert info is not None
+    assert (info.owner, info.turn_count, info.message_count) == (Owner("", "u1"), 2, 4)
+    with pytest.raises(Forbidden):
+        await store.append(new(sid, Role.USER, "x", "m9"), now=9.0, caller=Caller(tenant="acme"))

@@ -1,11 +1,13 @@
 """HTTP API v1: parse and validate requests, call the MemoryService, shape the JSON replies.
 
 Errors are `{"error": {"code", "message"}}`. Domain errors map to status codes here and only here;
-bad input is refused with a 4xx that names what was wrong, before anything is changed.
+bad input is refused with a 4xx that names what was wrong, before anything is changed. Who is
+asking (the token's tenant, the stated user) becomes a Caller here; the service checks it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import re
@@ -18,9 +20,18 @@ import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from tiered_memory.errors import Conflict, Forbidden, InvalidInput, NotFound, SqlUnavailable, TierUnavailable
+from tiered_memory.auth import PRINCIPAL_KEY
+from tiered_memory.errors import (
+    Conflict,
+    Forbidden,
+    InvalidInput,
+    NotFound,
+    SqlUnavailable,
+    TierUnavailable,
+    Unauthorized,
+)
 from tiered_memory.metrics import Metrics
-from tiered_memory.model import Channel, MessageStatus, NewMessage, Role, Slice, SummaryAnswer
+from tiered_memory.model import Caller, Channel, MessageStatus, NewMessage, Role, Slice, SummaryAnswer
 from tiered_memory.service import ContextAnswer, MemoryService
 from tiered_memory.settings import Settings
 
@@ -86,7 +97,40 @@ def _encodable(text: str) -> bool:
     return True
 
 
-def parse_message(session_id: str, body: dict[str, Any], *, max_chars: int) -> NewMessage:
+def _user_id(value: object, name: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 0 < len(value) <= 128 or not _encodable(value):
+        raise InvalidInput(f"{name}: expected a string of 1-128 characters")
+    return value
+
+
+def _caller(request: web.Request, body_user_id: str | None = None) -> Caller:
+    """The token's tenant (none without authentication or with an unrestricted token) and the
+    user stated by the X-User-ID header or the body's user_id (which must then agree)."""
+    principal = request.get(PRINCIPAL_KEY)
+    headers = request.headers.getall("X-User-ID", [])
+    if len(headers) > 1:
+        raise InvalidInput("X-User-ID: expected one header")
+    stated = _user_id(headers[0], "X-User-ID") if headers else None
+    if stated is not None and body_user_id is not None and stated != body_user_id:
+        raise InvalidInput("user_id: expected the same user as the X-User-ID header")
+    return Caller(tenant=principal.tenant if principal else None, user_id=stated or body_user_id)
+
+
+def _query(request: web.Request, *allowed: str) -> None:
+    """Refuse query parameters the route does not read, or read twice: a misspelt one would
+    otherwise be ignored without a word."""
+    unknown = sorted({name[:64] for name in request.query if name not in allowed})
+    if unknown:
+        expected = ", ".join(allowed) if allowed else "none"
+        raise InvalidInput(f"unknown query parameter(s): {', '.join(unknown)}; expected {expected}")
+    for name in allowed:
+        if len(request.query.getall(name, [])) > 1:
+            raise InvalidInput(f"{name}: expected at most one value")
+
+
+def parse_message(session_id: str, body: dict[str, Any], *, max_bytes: int) -> NewMessage:
     """Validate an append body; raises InvalidInput naming the first bad field."""
     unknown = sorted(set(body) - _MESSAGE_FIELDS)
     if unknown:
@@ -97,16 +141,15 @@ def parse_message(session_id: str, body: dict[str, Any], *, max_chars: int) -> N
     content = body.get("content")
     if not isinstance(content, str) or not content.strip():
         raise InvalidInput("content: expected a non-empty string")
-    if len(content) > max_chars:
-        raise InvalidInput(f"content: expected at most {max_chars} characters, got {len(content)}")
     if not _encodable(content):
         raise InvalidInput("content: expected valid Unicode text (it holds a lone surrogate)")
+    size = len(content.encode("utf-8"))
+    if size > max_bytes:
+        raise InvalidInput(f"content: expected at most {max_bytes} bytes of UTF-8 (MAX_MESSAGE_BYTES), got {size}")
     channel = body.get("channel", "chat")
     if channel not in ("voice", "chat"):
         raise InvalidInput("channel: expected 'voice' or 'chat'")
-    user_id = body.get("user_id")
-    if user_id is not None and (not isinstance(user_id, str) or not 0 < len(user_id) <= 128 or not _encodable(user_id)):
-        raise InvalidInput("user_id: expected a string of 1-128 characters")
+    user_id = _user_id(body.get("user_id"), "user_id")
     status = body.get("status", "completed")
     if status not in ("completed", "stopped", "failed", "streaming"):
         raise InvalidInput("status: expected 'completed', 'stopped', 'failed' or 'streaming'")
@@ -142,10 +185,12 @@ def _summary_json(answer: SummaryAnswer, now: float) -> dict[str, Any]:
 
 
 async def post_message(request: web.Request) -> web.Response:
+    _query(request)
     service = request.app[SERVICE_KEY]
     sid = _session_id(request)
-    new = parse_message(sid, await _json_object(request), max_chars=request.app[SETTINGS_KEY].max_message_chars)
-    outcome = await service.append(new)
+    new = parse_message(sid, await _json_object(request), max_bytes=request.app[SETTINGS_KEY].max_message_bytes)
+    caller = _caller(request, new.user_id)
+    outcome = await service.append(dataclasses.replace(new, user_id=caller.user_id), caller=caller)
     r = outcome.result
     return reply(
         {
@@ -159,7 +204,8 @@ async def post_message(request: web.Request) -> web.Response:
 
 
 async def get_summary(request: web.Request) -> web.Response:
-    answer = await request.app[SERVICE_KEY].load_best_summary(_session_id(request))
+    _query(request)
+    answer = await request.app[SERVICE_KEY].load_best_summary(_session_id(request), caller=_caller(request))
     return reply(_summary_json(answer, time.time()))
 
 
@@ -172,11 +218,11 @@ def _max_chars(request: web.Request) -> int:
     return int(raw)
 
 
-def _framing_text(value: object, name: str, max_chars: int) -> str | None:
+def _framing_text(value: object, name: str, max_bytes: int) -> str | None:
     if value is None:
         return None
-    if not isinstance(value, str) or not _encodable(value) or len(value) > max_chars:
-        raise InvalidInput(f"{name}: expected a string of at most {max_chars} characters")
+    if not isinstance(value, str) or not _encodable(value) or len(value.encode("utf-8")) > max_bytes:
+        raise InvalidInput(f"{name}: expected a string of at most {max_bytes} bytes of UTF-8 (MAX_MESSAGE_BYTES)")
     return value or None
 
 
@@ -198,9 +244,11 @@ def _context_json(ctx: ContextAnswer) -> dict[str, Any]:
 
 
 async def get_context(request: web.Request) -> web.Response:
-    limit = request.app[SETTINGS_KEY].max_message_chars
+    _query(request, "max_chars", "system_prompt", "question")
+    limit = request.app[SETTINGS_KEY].max_message_bytes
     ctx = await request.app[SERVICE_KEY].context(
         _session_id(request),
+        caller=_caller(request),
         max_chars=_max_chars(request),
         system_prompt=_framing_text(request.query.get("system_prompt"), "system_prompt", limit),
         question=_framing_text(request.query.get("question"), "question", limit),
@@ -211,23 +259,27 @@ async def get_context(request: web.Request) -> web.Response:
 async def post_turn(request: web.Request) -> web.Response:
     """Load-then-append: the context as it was before the user's new message (with that message
     as the closing question), then the message recorded. One round trip per utterance."""
+    _query(request, "max_chars")
     settings = request.app[SETTINGS_KEY]
     sid = _session_id(request)
     body = await _json_object(request)
-    system_prompt = _framing_text(body.pop("system_prompt", None), "system_prompt", settings.max_message_chars)
+    system_prompt = _framing_text(body.pop("system_prompt", None), "system_prompt", settings.max_message_bytes)
     body.setdefault("role", "user")
     if body["role"] != "user":
         raise InvalidInput("role: a turn starts with the user's message; expected 'user'")
-    new = parse_message(sid, body, max_chars=settings.max_message_chars)
+    new = parse_message(sid, body, max_bytes=settings.max_message_bytes)
+    caller = _caller(request, new.user_id)
+    new = dataclasses.replace(new, user_id=caller.user_id)
     service = request.app[SERVICE_KEY]
     ctx = await service.context(
         sid,
+        caller=caller,
         max_chars=_max_chars(request),
         system_prompt=system_prompt,
         question=new.content,
         exclude_message_id=new.message_id if "message_id" in body else None,
     )
-    outcome = await service.append(new)
+    outcome = await service.append(new, caller=caller)
     r = outcome.result
     return reply(
         {
@@ -241,7 +293,8 @@ async def post_turn(request: web.Request) -> web.Response:
 
 
 async def post_close(request: web.Request) -> web.Response:
-    result = await request.app[SERVICE_KEY].close(_session_id(request))
+    _query(request)
+    result = await request.app[SERVICE_KEY].close(_session_id(request), caller=_caller(request))
     return reply(
         {
             "session_id": result.session_id,
@@ -253,7 +306,8 @@ async def post_close(request: web.Request) -> web.Response:
 
 
 async def get_session(request: web.Request) -> web.Response:
-    info = await request.app[SERVICE_KEY].session(_session_id(request))
+    _query(request)
+    info = await request.app[SERVICE_KEY].session(_session_id(request), caller=_caller(request))
     return reply(
         {
             "session_id": info.session_id,
@@ -270,23 +324,24 @@ async def get_session(request: web.Request) -> web.Response:
 
 
 async def delete_session(request: web.Request) -> web.Response:
-    await request.app[SERVICE_KEY].delete(_session_id(request))
+    _query(request)
+    await request.app[SERVICE_KEY].delete(_session_id(request), caller=_caller(request))
     return web.Response(status=204)
 
 
 async def delete_summary(request: web.Request) -> web.Response:
-    await request.app[SERVICE_KEY].reset_summary(_session_id(request))
+    _query(request)
+    await request.app[SERVICE_KEY].reset_summary(_session_id(request), caller=_caller(request))
     return web.Response(status=204)
 
 
 async def get_user_summaries(request: web.Request) -> web.Response:
+    _query(request, "limit")
     user_id = request.match_info["user_id"]
     if not 0 < len(user_id) <= 128 or not _encodable(user_id):
         raise InvalidInput("user_id: expected 1-128 characters")
-    raw = request.query.get("limit", "10")
-    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= 100:
-        raise InvalidInput("limit: expected an integer from 1 to 100")
-    rows = await request.app[SERVICE_KEY].user_summaries(user_id, limit=int(raw))
+    limit = _int_query(request, "limit", 10, 1, 100)
+    rows = await request.app[SERVICE_KEY].user_summaries(user_id, caller=_caller(request), limit=limit)
     now = time.time()
     return reply(
         {
@@ -325,8 +380,9 @@ def _slice_json(sid: str, s: Slice) -> dict[str, Any]:
 
 
 async def get_slices(request: web.Request) -> web.Response:
+    _query(request)
     sid = _session_id(request)
-    slices = await request.app[SERVICE_KEY].slices(sid)
+    slices = await request.app[SERVICE_KEY].slices(sid, caller=_caller(request))
     return reply({"session_id": sid, "slices": [_slice_json(sid, s) for s in slices]})
 
 
@@ -340,11 +396,14 @@ def _int_query(request: web.Request, name: str, default: int, low: int, high: in
 
 
 async def get_messages(request: web.Request) -> web.Response:
+    _query(request, "from_seq", "to_seq", "limit")
     sid = _session_id(request)
     first = _int_query(request, "from_seq", 1, 1, 2**31 - 1)
     last = _int_query(request, "to_seq", 2**31 - 1, 1, 2**31 - 1)
     limit = _int_query(request, "limit", 1000, 1, 1000)
-    rows = await request.app[SERVICE_KEY].messages(sid, first_seq=first, last_seq=last, limit=limit)
+    rows = await request.app[SERVICE_KEY].messages(
+        sid, caller=_caller(request), first_seq=first, last_seq=last, limit=limit
+    )
     return reply(
         {
             "session_id": sid,
@@ -366,8 +425,9 @@ async def get_messages(request: web.Request) -> web.Response:
 
 
 async def post_rebuild(request: web.Request) -> web.Response:
+    _query(request)
     sid = _session_id(request)
-    summary, slices = await request.app[SERVICE_KEY].rebuild_summary(sid)
+    summary, slices = await request.app[SERVICE_KEY].rebuild_summary(sid, caller=_caller(request))
     return reply(
         {
             "session_id": sid,
@@ -442,10 +502,13 @@ async def _mapped(request: web.Request, handler: Handler) -> web.StreamResponse:
         return await handler(request)
     except InvalidInput as exc:
         return error_response(400, "invalid_input", str(exc))
+    except Unauthorized as exc:
+        return error_response(401, "unauthorized", str(exc), {"WWW-Authenticate": "Bearer"})
     except NotFound as exc:
         return error_response(404, "not_found", str(exc))
-    except Forbidden as exc:
-        return error_response(403, "forbidden", str(exc))
+    except Forbidden:
+        # One body whatever the reason: it must not tell whose the session is.
+        return error_response(403, "forbidden", Forbidden.message)
     except Conflict as exc:
         return error_response(409, "conflict", str(exc))
     except SqlUnavailable as exc:
@@ -456,6 +519,9 @@ async def _mapped(request: web.Request, handler: Handler) -> web.StreamResponse:
     except TierUnavailable as exc:
         log.warning("tier_unavailable", tier=exc.tier, error=str(exc))
         return error_response(503, "unavailable", str(exc), {"Retry-After": _RETRY_AFTER_S})
+    except web.HTTPRequestEntityTooLarge:
+        limit = request.app[SETTINGS_KEY].max_body_bytes
+        return error_response(413, "request_entity_too_large", f"body: expected at most {limit} bytes")
     except web.HTTPException as exc:
         if exc.status >= 400:
             return error_response(exc.status, exc.reason.lower().replace(" ", "_"), exc.reason)

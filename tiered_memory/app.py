@@ -16,6 +16,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from tiered_memory.api import METRICS_KEY, SERVICE_KEY, SETTINGS_KEY, add_routes, observe
+from tiered_memory.auth import auth_middleware
 from tiered_memory.errors import ConfigError, SqlUnavailable
 from tiered_memory.metrics import Metrics
 from tiered_memory.service import MemoryService
@@ -173,9 +174,12 @@ async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
 def create_app(
     settings: Settings, *, registry: CollectorRegistry | None = None, extractor: Extractor | None = None
 ) -> web.Application:
-    """The daemon as an aiohttp application; nothing connects until the app starts. An extractor
-    may be handed in to share its loaded dictionary (tests start many apps in one process)."""
-    app = web.Application(middlewares=[observe], client_max_size=max(1024**2, settings.max_message_chars * 8))
+    """The daemon as an aiohttp application; nothing connects until the app starts. With
+    API_TOKENS or API_TOKENS_FILE set, every route but the probes and /metrics needs a token. An
+    extractor may be handed in to share its loaded dictionary (tests start many apps in one process)."""
+    # observe is outermost, so that a refused token is logged, timed and answered like any error.
+    middlewares = [observe, auth_middleware(settings.api_tokens)] if settings.api_tokens else [observe]
+    app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
     app[SETTINGS_KEY] = settings
     app[METRICS_KEY] = Metrics(registry if registry is not None else CollectorRegistry())
     app[EXTRACTOR_KEY] = extractor if extractor is not None else Extractor()

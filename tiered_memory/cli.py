@@ -44,7 +44,7 @@ def serve_one(settings: Settings, reuse_port: bool) -> int:
     from tiered_memory.app import create_app
     from tiered_memory.logging import configure_logging
 
-    configure_logging(settings.log_level, settings.log_format)
+    configure_logging(settings.log_level, settings.log_format, message_content=settings.log_message_content)
     app = create_app(settings)
     # run_app turns SIGTERM and SIGINT into a graceful shutdown: cleanup_ctx drains summaries.
     try:

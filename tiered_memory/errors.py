@@ -3,8 +3,9 @@
 TieredMemoryError
 ├── ConfigError            a setting is missing or malformed (start-up stops)
 ├── InvalidInput           a request is malformed (→ 400)
+├── Unauthorized           no valid bearer token where one is required (→ 401)
 ├── NotFound               the session does not exist (→ 404)
-├── Forbidden              the session belongs to another user (→ 403)
+├── Forbidden              the session belongs to another tenant or user (→ 403)
 ├── Conflict               a message_id was reused for different content (→ 409)
 ├── LlmFailed              the LLM gave no usable summary (→ deterministic fallback)
 └── TierUnavailable        a store did not answer in time or failed (→ 503 on writes)
@@ -27,12 +28,22 @@ class InvalidInput(TieredMemoryError):
     """A request is malformed; the message says what was wrong."""
 
 
+class Unauthorized(TieredMemoryError):
+    """The request carries no valid bearer token; the message never says which part was wrong."""
+
+
 class NotFound(TieredMemoryError):
     """The session does not exist."""
 
 
 class Forbidden(TieredMemoryError):
-    """The session belongs to another user."""
+    """The session belongs to another tenant or user than the caller's. It takes no message: the
+    answer is the same whatever the reason, so that it tells a caller nothing about the owner."""
+
+    message = "session not accessible with these credentials"
+
+    def __init__(self) -> None:
+        super().__init__(self.message)
 
 
 class Conflict(TieredMemoryError):

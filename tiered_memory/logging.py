@@ -13,8 +13,13 @@ from typing import Literal
 import structlog
 
 
-def configure_logging(level: str, fmt: Literal["auto", "json", "console"]) -> None:
-    """Route structlog and stdlib logging to stderr at `level` in the chosen format."""
+def configure_logging(level: str, fmt: Literal["auto", "json", "console"], *, message_content: bool = False) -> None:
+    """Route structlog and stdlib logging to stderr at `level` in the chosen format.
+
+    DEBUG applies to the daemon's own loggers; libraries log from INFO up unless
+    `message_content` (LOG_MESSAGE_CONTENT) is on, because their debug output can carry
+    message content (aiosqlite logs every statement with its parameters).
+    """
     use_console = fmt == "console" or (fmt == "auto" and sys.stderr.isatty())
     renderer: structlog.typing.Processor = (
         structlog.dev.ConsoleRenderer() if use_console else structlog.processors.JSONRenderer(ensure_ascii=False)
@@ -44,6 +49,8 @@ def configure_logging(level: str, fmt: Literal["auto", "json", "console"]) -> No
     )
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level)
+    numeric = logging.getLevelName(level)
+    root.setLevel(numeric if message_content else max(numeric, logging.INFO))
+    logging.getLogger("tiered_memory").setLevel(numeric)
     # jieba announces its dictionary load at INFO; it is not an event of ours.
     logging.getLogger("jieba").setLevel(logging.WARNING)

@@ -45,6 +45,39 @@ class SummarySource(enum.StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class Owner:
+    """Whose a session is: the tenant of the token that created it ('' for an unrestricted token or
+    a daemon without tokens) and the user_id it was created for (None: not user-restricted)."""
+
+    tenant: str
+    user_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who is asking, as the HTTP edge established it: the tenant its token is restricted to (None:
+    an unrestricted token, or no authentication) and the user it speaks for (None: not stated).
+
+    An unrestricted caller that states no user may touch every session: that is the trusted
+    gateway (or operator) mode, and what every caller is on a daemon without tokens.
+    """
+
+    tenant: str | None = None
+    user_id: str | None = None
+
+    @property
+    def unrestricted(self) -> bool:
+        return self.tenant is None and self.user_id is None
+
+    def may_access(self, owner: Owner) -> bool:
+        """Whether this caller may read or change a session of `owner`. A session without a user_id
+        is not restricted to a user, only to its tenant."""
+        if self.tenant is not None and owner.tenant != self.tenant:
+            return False
+        return self.user_id is None or owner.user_id is None or owner.user_id == self.user_id
+
+
+@dataclass(frozen=True, slots=True)
 class NewMessage:
     """A message as a gateway hands it in, validated but not yet stored."""
 
@@ -91,6 +124,8 @@ class AppendResult:
     completed_turn: bool = False
     content_chars: int = 0
     """Characters of all the session's messages after this one."""
+    owner: Owner = Owner("", None)
+    """The session's owner after this append (it may have just claimed a session without a user)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,10 +141,15 @@ class SessionInfo:
     closed_at: float | None
     covered_turns: int = 0
     content_chars: int = 0
+    tenant: str = ""
 
     @property
     def closed(self) -> bool:
         return self.closed_at is not None
+
+    @property
+    def owner(self) -> Owner:
+        return Owner(self.tenant, self.user_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +198,8 @@ class SummaryAnswer:
 @dataclass(frozen=True, slots=True)
 class HotSession:
     """What the hot tier holds for one session, read in one round trip.
-    `recent` is ordered by seq; `message_count` is the count SQL had at the last hot write."""
+    `recent` is ordered by seq; `message_count` is the count SQL had at the last hot write;
+    `owner` is None when the hot tier does not know it (the counters expired, or were never set)."""
 
     summary: Summary | None
     recent: tuple[Message, ...]
@@ -166,3 +207,4 @@ class HotSession:
     message_count: int | None
     last_activity: float | None
     content_chars: int | None = None
+    owner: Owner | None = None

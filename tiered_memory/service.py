@@ -30,13 +30,15 @@ from tiered_memory.context import (
     window,
     window_start_turn,
 )
-from tiered_memory.errors import HotUnavailable, NotFound, SqlUnavailable
+from tiered_memory.errors import Forbidden, HotUnavailable, NotFound, SqlUnavailable
 from tiered_memory.metrics import Metrics
 from tiered_memory.model import (
     AppendResult,
+    Caller,
     HotSession,
     Message,
     NewMessage,
+    Owner,
     SessionInfo,
     Slice,
     Summary,
@@ -123,14 +125,27 @@ class MemoryService:
 
     # --- writes ---------------------------------------------------------------------------
 
-    async def append(self, new: NewMessage) -> AppendOutcome:
+    async def append(self, new: NewMessage, *, caller: Caller) -> AppendOutcome:
         """Commit a message to SQL, then the hot tier; schedule a summary at every Nth turn.
 
-        Raises SqlUnavailable when the commit cannot be made (nothing is acknowledged then).
+        Raises SqlUnavailable when the commit cannot be made (nothing is acknowledged then), and
+        Forbidden when the session is not the caller's (nothing is stored then).
         A retry of a stored message_id returns the original result and changes nothing.
         """
-        result = await self._store.append(new, now=self._clock())
+        result = await self._store.append(new, now=self._clock(), caller=caller)
         self._metrics.appends.labels(new.role.value, "duplicate" if result.duplicate else "created").inc()
+        log.debug(
+            "append",
+            session_id=new.session_id,
+            message_id=new.message_id,
+            role=new.role.value,
+            seq=result.message.seq,
+            turn=result.message.turn,
+            chars=len(new.content),
+            duplicate=result.duplicate,
+            # Conversations are personal data: only an operator who asked for them sees them.
+            **({"content": new.content} if self._s.log_message_content else {}),
+        )
         due = self._summary_due(result)
         try:
             # A retry too: if the first attempt committed but died before its hot write, this
@@ -140,6 +155,7 @@ class MemoryService:
                 turn_count=result.turn_count,
                 message_count=result.message_count,
                 last_activity=result.message.created_at,
+                owner=result.owner,
                 content_chars=result.content_chars,
             )
         except HotUnavailable as exc:
@@ -178,15 +194,14 @@ class MemoryService:
     async def _summarize(self, session_id: str) -> None:
         await self._run_until_unlocked(session_id, background=True)
 
-    async def close(self, session_id: str, *, reason: str = "client") -> CloseResult:
+    async def close(self, session_id: str, *, caller: Caller, reason: str = "client") -> CloseResult:
         """Persist the final summary to both tiers (summarizing the uncovered turns now) when the
         session has at least SUMMARY_MIN_TURNS_TO_PERSIST turns, and mark it closed. Idempotent.
 
         `persisted` means the warm row covers every turn; `cached` that Redis holds it too.
+        Raises NotFound, or Forbidden when the session is not the caller's.
         """
-        info = await self._store.get_session(session_id)
-        if info is None:
-            raise NotFound(f"session {session_id!r} does not exist")
+        info = await self._owned_session(session_id, caller)
         persisted = cached = False
         if self._s.summaries_enabled and info.turn_count >= max(1, self._s.summary_min_turns_to_persist):
             # A pass started now sees every turn committed before close. It does not queue
@@ -200,24 +215,25 @@ class MemoryService:
             log.info("session_closed", session_id=session_id, reason=reason, persisted=persisted, cached=cached)
         return CloseResult(session_id, persisted, cached, info.turn_count)
 
-    async def delete(self, session_id: str) -> None:
+    async def delete(self, session_id: str, *, caller: Caller) -> None:
         """Remove a session from every tier, SQL first. Raises HotUnavailable when Redis could not
         be cleared: the caller must retry (delete is idempotent) rather than leave a deleted
-        conversation readable from the cache until its TTL."""
-        await self._store.delete_session(session_id)
+        conversation readable from the cache until its TTL. Raises Forbidden, deleting nothing,
+        when the session is not the caller's (checked under the session-row lock)."""
+        await self._store.delete_session(session_id, caller=caller)
         try:
             await self._hot.delete(session_id)
         except HotUnavailable:
             self._metrics.tier_errors.labels("hot", "delete").inc()
             raise
 
-    async def reset_summary(self, session_id: str) -> None:
+    async def reset_summary(self, session_id: str, *, caller: Caller) -> None:
         """Forget a session's summary in both tiers and keep its messages. The sweeper then builds
         a new one from the cold tier at the next cadence point (with the current prompt and model).
-        Raises NotFound for an unknown session, HotUnavailable when Redis could not be cleared."""
-        if await self._store.get_session(session_id) is None:
+        Raises NotFound for an unknown session, Forbidden (changing nothing) when it is not the
+        caller's, HotUnavailable when Redis could not be cleared."""
+        if not await self._store.delete_summary(session_id, caller=caller):
             raise NotFound(f"session {session_id!r} does not exist")
-        await self._store.delete_summary(session_id)
         try:
             # The whole hot entry: it is a cache, and the next read refills it from SQL.
             await self._hot.delete(session_id)
@@ -225,58 +241,85 @@ class MemoryService:
             self._metrics.tier_errors.labels("hot", "delete").inc()
             raise
 
-    async def rebuild_summary(self, session_id: str) -> tuple[Summary | None, list[Slice]]:
+    async def rebuild_summary(self, session_id: str, *, caller: Caller) -> tuple[Summary | None, list[Slice]]:
         """Recompute every slice and the summary from the messages, COMPRESSION_BATCH_TURNS turns
-        per slice, with the current prompt and model. Raises NotFound, Conflict, SqlUnavailable."""
-        if await self._store.get_session(session_id) is None:
-            raise NotFound(f"session {session_id!r} does not exist")
+        per slice, with the current prompt and model. Raises NotFound, Forbidden, Conflict,
+        SqlUnavailable."""
+        await self._owned_session(session_id, caller)
         summary = await self._job.rebuild(session_id)
         return summary, await self._store.slices(session_id)
 
     # --- reads ----------------------------------------------------------------------------
 
-    async def slices(self, session_id: str) -> list[Slice]:
+    async def slices(self, session_id: str, *, caller: Caller) -> list[Slice]:
         """Every summarization of the session, oldest first, each leading back to its messages."""
-        if await self._store.get_session(session_id) is None:
-            raise NotFound(f"session {session_id!r} does not exist")
+        await self._owned_session(session_id, caller)
         return await self._store.slices(session_id)
 
-    async def messages(self, session_id: str, *, first_seq: int, last_seq: int, limit: int) -> list[Message]:
+    async def messages(
+        self, session_id: str, *, caller: Caller, first_seq: int, last_seq: int, limit: int
+    ) -> list[Message]:
         """Raw messages by seq range, from the cold tier (the source of truth)."""
-        if await self._store.get_session(session_id) is None:
-            raise NotFound(f"session {session_id!r} does not exist")
+        await self._owned_session(session_id, caller)
         return await self._store.messages_by_seq(session_id, first_seq=first_seq, last_seq=last_seq, limit=limit)
 
-    async def user_summaries(self, user_id: str, *, limit: int) -> list[tuple[str, int, Summary]]:
-        """The user's most recent session summaries (warm tier), newest first."""
-        return await self._store.user_summaries(user_id, limit=limit)
+    async def user_summaries(self, user_id: str, *, caller: Caller, limit: int) -> list[tuple[str, int, Summary]]:
+        """The user's most recent session summaries (warm tier), newest first; for a caller
+        restricted to a tenant, of that tenant's sessions only. Raises Forbidden when the caller
+        speaks for another user."""
+        if caller.user_id is not None and caller.user_id != user_id:
+            raise Forbidden
+        return await self._store.user_summaries(user_id, limit=limit, tenant=caller.tenant)
 
-    async def session(self, session_id: str) -> SessionInfo:
+    async def session(self, session_id: str, *, caller: Caller) -> SessionInfo:
+        """The session's bookkeeping. Raises NotFound, or Forbidden when it is not the caller's."""
+        return await self._owned_session(session_id, caller)
+
+    async def _owned_session(self, session_id: str, caller: Caller) -> SessionInfo:
         info = await self._store.get_session(session_id)
         if info is None:
             raise NotFound(f"session {session_id!r} does not exist")
+        _authorize(caller, info.owner)
         return info
 
-    async def load_best_summary(self, session_id: str) -> SummaryAnswer:
-        """Hot summary → warm row (backfilling hot) → deterministic extraction from messages → none."""
+    async def load_best_summary(self, session_id: str, *, caller: Caller) -> SummaryAnswer:
+        """Hot summary → warm row (backfilling hot) → deterministic extraction from messages → none.
+
+        The owner comes from the same hot round trip; only when the hot tier does not know it is
+        SQL asked, and for a restricted caller that answer is required (SqlUnavailable otherwise).
+        Raises Forbidden when the session is not the caller's.
+        """
         try:
-            summary, turns = await self._hot.read_summary(session_id)
+            summary, turns, owner = await self._hot.read_summary(session_id)
         except HotUnavailable:
             self._metrics.tier_errors.labels("hot", "read_summary").inc()
-            summary, turns = None, None
+            summary, turns, owner = None, None, None
+        if owner is not None:
+            _authorize(caller, owner)
         if summary is not None:
-            if turns is None:
+            info: SessionInfo | None = None
+            if owner is None and not caller.unrestricted:
+                info = await self._store.get_session(session_id)
+                if info is None:
+                    # SQL knows no such session: the cached summary is an orphan, shown to nobody.
+                    return self._answer(session_id, Tier.NONE, None, 0)
+                _authorize(caller, info.owner)
+            elif turns is None:
                 # The counters expired before the summary did; SQL knows the turn count.
                 info = await self._sql_session(session_id)
-                turns = info.turn_count if info else summary.covered_turns
-            return self._answer(session_id, Tier.HOT, summary, turns)
-        answer, info = await self._summary_below_hot(session_id)
-        if answer.tier is Tier.WARM and info is not None:
-            await self._backfill(info, summary=answer.summary, recent=None)
+            if info is not None:
+                # Counters and owner back into the hot tier, so that the next read needs no SQL.
+                await self._backfill(info, summary=None, recent=None)
+                turns = info.turn_count
+            return self._answer(session_id, Tier.HOT, summary, summary.covered_turns if turns is None else turns)
+        answer, info = await self._summary_below_hot(session_id, caller)
+        if info is not None and (answer.tier is Tier.WARM or owner is None):
+            await self._backfill(info, summary=answer.summary if answer.tier is Tier.WARM else None, recent=None)
         return answer
 
-    async def _summary_below_hot(self, session_id: str) -> tuple[SummaryAnswer, SessionInfo | None]:
-        """The warm row, else the cold extraction, else none; with the session SQL returned."""
+    async def _summary_below_hot(self, session_id: str, caller: Caller) -> tuple[SummaryAnswer, SessionInfo | None]:
+        """The warm row, else the cold extraction, else none; with the session SQL returned.
+        Raises Forbidden when SQL says the session is not the caller's."""
         try:
             summary, info = await self._store.get_summary(session_id)
         except SqlUnavailable:
@@ -284,6 +327,7 @@ class MemoryService:
             return self._answer(session_id, Tier.NONE, None, 0), None
         if info is None:
             return self._answer(session_id, Tier.NONE, None, 0), None
+        _authorize(caller, info.owner)
         if summary is not None:
             return self._answer(session_id, Tier.WARM, summary, info.turn_count), info
         cold = await self._cold_summary(info)
@@ -299,6 +343,7 @@ class MemoryService:
                 turn_count=info.turn_count,
                 message_count=info.message_count,
                 last_activity=info.last_activity,
+                owner=info.owner,
                 content_chars=info.content_chars,
             )
         except HotUnavailable:
@@ -355,6 +400,7 @@ class MemoryService:
         self,
         session_id: str,
         *,
+        caller: Caller,
         max_chars: int,
         system_prompt: str | None = None,
         question: str | None = None,
@@ -369,12 +415,30 @@ class MemoryService:
         the window are added raw when they fit, or as a deterministic digest: no turn falls
         between the summary and the window. `system_prompt` and `question` (not counted in
         max_chars) frame the result: rules and summary in one system message, the question last.
+
+        The owner comes from the same hot round trip; only when the hot tier does not know it is
+        SQL asked, and for a restricted caller that answer is required (SqlUnavailable otherwise).
+        Raises Forbidden when the session is not the caller's.
         """
         try:
             hot = await self._hot.read_session(session_id)
         except HotUnavailable:
             self._metrics.tier_errors.labels("hot", "read_session").inc()
-            hot = HotSession(summary=None, recent=(), turn_count=None, message_count=None, last_activity=None)
+            hot = _NO_HOT
+        known: SessionInfo | None = None
+        if hot.owner is not None:
+            _authorize(caller, hot.owner)
+        elif not caller.unrestricted:
+            known = await self._store.get_session(session_id)
+            if known is None:
+                # SQL knows no such session: whatever the cache still holds is shown to nobody.
+                hot = _NO_HOT
+            else:
+                _authorize(caller, known.owner)
+
+        async def sql_session() -> SessionInfo | None:
+            return known if known is not None else await self._sql_session(session_id)
+
         mode = self._s.memory_mode
         keep = 0 if mode == "none" else self._s.keep_recent_turns
         complete = hot_window_complete(
@@ -387,16 +451,16 @@ class MemoryService:
             if hot.summary is not None:
                 turns = hot.turn_count if hot.turn_count is not None else hot.summary.covered_turns
                 return self._answer(session_id, Tier.HOT, hot.summary, turns), None
-            return await self._summary_below_hot(session_id)
+            return await self._summary_below_hot(session_id, caller)
 
         async def recent_part() -> tuple[list[Message], SessionInfo | None, list[Message] | None]:
             """Messages from the window's first turn (hot list, or SQL with one turn more), the SQL
             session when SQL was asked, and the rows to backfill."""
             if keep == 0:
-                return [], None if hot.turn_count is not None else await self._sql_session(session_id), None
+                return [], known if hot.turn_count is not None else await sql_session(), None
             if complete:
-                return list(hot.recent), None, None
-            info = await self._sql_session(session_id)
+                return list(hot.recent), known, None
+            info = await sql_session()
             if info is None:
                 # SQL is down (or the session is unknown): whatever Redis still has beats nothing.
                 return list(hot.recent), None, None
@@ -416,7 +480,7 @@ class MemoryService:
             available = [m for m in available if m.message_id != exclude_message_id]
         sql_info = info or warm_info
         warm_summary = answer.summary if answer.tier is Tier.WARM else None
-        if sql_info is not None and (rows is not None or warm_summary is not None):
+        if sql_info is not None and (rows is not None or warm_summary is not None or hot.owner is None):
             await self._backfill(sql_info, summary=warm_summary, recent=rows)
         turn_count = sql_info.turn_count if sql_info else max(hot.turn_count or 0, answer.turn_count)
         recent = window(available, turn_count=turn_count, keep_recent_turns=keep)
@@ -539,10 +603,19 @@ class MemoryService:
         )
         for sid in idle:
             try:
-                await self.close(sid, reason="idle")
+                # The daemon's own housekeeping acts for no tenant and no user.
+                await self.close(sid, caller=Caller(), reason="idle")
             except NotFound:
                 continue
 
 
 def _chars(messages: list[Message]) -> int:
     return sum(len(m.content) for m in messages)
+
+
+def _authorize(caller: Caller, owner: Owner) -> None:
+    if not caller.may_access(owner):
+        raise Forbidden
+
+
+_NO_HOT = HotSession(summary=None, recent=(), turn_count=None, message_count=None, last_activity=None)

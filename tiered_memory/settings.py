@@ -6,14 +6,16 @@ here reads the process environment by itself, so importing this module has no si
 
 from __future__ import annotations
 
+import ipaddress
 import string
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from tiered_memory.auth import ApiToken, merge_tokens, parse_token_list, read_token_file
 from tiered_memory.errors import ConfigError
 from tiered_memory.summarize.topics import load_keyword_groups
 
@@ -88,7 +90,18 @@ class Settings(BaseSettings):
     port: int = Field(8080, alias="PORT", ge=0, le=65535)
     # Serving processes on the one port (SO_REUSEPORT); more than one needs Redis and a SQL server.
     workers: int = Field(1, alias="WORKERS", ge=1, le=64)
-    max_message_chars: int = Field(32_000, alias="MAX_MESSAGE_CHARS", ge=1)
+    # UTF-8 bytes of one message's content (and of a question or system prompt). The cold column
+    # is MEDIUMTEXT (16 MiB), so storage is not the bound: 64 KiB keeps one request, one entry
+    # of the hot list and the request body limit small for a conversation turn.
+    max_message_bytes: int = Field(32_768, alias="MAX_MESSAGE_BYTES", ge=1, le=65_535)
+
+    # --- authentication ---
+    # `token` or `tenant:token` entries, comma-separated; parsed into `api_tokens` by the cross-check.
+    api_tokens_setting: SecretStr | None = Field(None, alias="API_TOKENS")
+    api_tokens_file: Path | None = Field(None, alias="API_TOKENS_FILE")
+    # Without tokens only a loopback HOST is served, unless this says otherwise on purpose.
+    allow_unauthenticated: bool = Field(False, alias="ALLOW_UNAUTHENTICATED")
+    _api_tokens: tuple[ApiToken, ...] = PrivateAttr(default=())
 
     # --- context assembly ---
     context_max_chars: int = Field(4000, alias="CONTEXT_MAX_CHARS", ge=100)
@@ -105,6 +118,8 @@ class Settings(BaseSettings):
     # --- logs ---
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", alias="LOG_LEVEL")
     log_format: Literal["auto", "json", "console"] = Field("auto", alias="LOG_FORMAT")
+    # Message content, questions, system prompts and LLM replies stay out of the logs unless set.
+    log_message_content: bool = Field(False, alias="LOG_MESSAGE_CONTENT")
 
     @classmethod
     def settings_customise_sources(
@@ -182,7 +197,21 @@ class Settings(BaseSettings):
                 raise ValueError(f"TOPIC_KEYWORDS_FILE: {exc}") from None
         if self.summary_prompt_file is not None and not self.summary_prompt_file.is_file():
             raise ValueError(f"SUMMARY_PROMPT_FILE: expected a readable file, got {self.summary_prompt_file}")
+        self._api_tokens = self._read_tokens()
+        if not self._api_tokens and not self.allow_unauthenticated and not is_loopback(self.host):
+            raise ValueError(
+                f"HOST: {self.host} is not a loopback address and no API_TOKENS or API_TOKENS_FILE is set;"
+                " set tokens, or ALLOW_UNAUTHENTICATED=true to serve it without authentication"
+            )
         return self
+
+    def _read_tokens(self) -> tuple[ApiToken, ...]:
+        groups = []
+        if self.api_tokens_setting is not None:
+            groups.append(("API_TOKENS", parse_token_list(self.api_tokens_setting.get_secret_value())))
+        if self.api_tokens_file is not None:
+            groups.append(("API_TOKENS_FILE", read_token_file(self.api_tokens_file)))
+        return merge_tokens(groups)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Settings:
@@ -196,6 +225,17 @@ class Settings(BaseSettings):
             return cls(**values)
         except ValidationError as exc:
             raise ConfigError(_one_line(exc)) from None
+
+    @property
+    def api_tokens(self) -> tuple[ApiToken, ...]:
+        """The tokens of API_TOKENS and API_TOKENS_FILE together; empty: no authentication."""
+        return self._api_tokens
+
+    @property
+    def max_body_bytes(self) -> int:
+        """Largest request body: two texts of MAX_MESSAGE_BYTES (a turn's content and system
+        prompt) even if every byte needs a six-character JSON escape, plus room for the rest."""
+        return 12 * self.max_message_bytes + 64 * 1024
 
     @property
     def sqlalchemy_url(self) -> str:
@@ -263,6 +303,19 @@ class Settings(BaseSettings):
                 shown = str(value)
             out[f.alias or name] = shown
         return out
+
+
+def is_loopback(host: str) -> bool:
+    """Whether HOST only listens on this machine: localhost, 127.0.0.0/8 or ::1."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.is_loopback
+    return address.is_loopback
 
 
 def _mask_url_password(url: str) -> str:

@@ -9,19 +9,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from tiered_memory.model import HotSession, Message, Summary
+from tiered_memory.model import HotSession, Message, Owner, Summary
 
 
 class HotTier(Protocol):
     backend: str
     """`redis` or `memory`, for logs, metrics and /readyz."""
 
-    async def read_summary(self, session_id: str) -> tuple[Summary | None, int | None]:
-        """The cached summary and turn count of a session (either may be missing)."""
+    async def read_summary(self, session_id: str) -> tuple[Summary | None, int | None, Owner | None]:
+        """The cached summary, turn count and owner of a session (any may be missing)."""
         ...
 
     async def read_session(self, session_id: str) -> HotSession:
-        """Summary, recent messages (ordered by seq) and counters, in one round trip."""
+        """Summary, recent messages (ordered by seq), counters and owner, in one round trip."""
         ...
 
     async def record_append(
@@ -31,9 +31,11 @@ class HotTier(Protocol):
         turn_count: int,
         message_count: int,
         last_activity: float,
+        owner: Owner,
         content_chars: int = 0,
     ) -> None:
-        """Push a committed message onto the recent list (trimmed) and set the counters SQL reported.
+        """Push a committed message onto the recent list (trimmed) and set the counters and the
+        owner SQL reported; the owner lives as long as the counters.
 
         In seq order only: a message at or below the cached count changes nothing (a retry, or a
         write that arrived late), and one past a gap drops the recent list and counters, so the
@@ -53,11 +55,12 @@ class HotTier(Protocol):
         turn_count: int,
         message_count: int,
         last_activity: float,
+        owner: Owner,
         content_chars: int = 0,
     ) -> None:
         """Refill a session from SQL after a miss, in one round trip: the summary (unless a newer
-        version is cached), and the counters and recent list (replacing the list) unless an append
-        newer than this SQL read has already reached the hot tier."""
+        version is cached), and the counters, owner and recent list (replacing the list) unless an
+        append newer than this SQL read has already reached the hot tier."""
         ...
 
     async def delete(self, session_id: str) -> None:

@@ -13,7 +13,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from tiered_memory.model import HotSession, Message, Summary
+from tiered_memory.model import HotSession, Message, Owner, Summary
 
 
 @dataclass(slots=True)
@@ -26,6 +26,7 @@ class _Entry:
     msgs: int | None = None
     last: float | None = None
     chars: int | None = None
+    owner: Owner | None = None
     state_until: float = 0.0
     lock_token: str | None = None
     lock_until: float = 0.0
@@ -67,6 +68,7 @@ class MemoryHot:
         if entry.state_until <= now:
             entry.turns = entry.msgs = entry.chars = None
             entry.last = None
+            entry.owner = None
         if entry.lock_until <= now:
             entry.lock_token = None
         if not entry.recent and entry.summary is None and entry.turns is None and entry.lock_token is None:
@@ -84,9 +86,9 @@ class MemoryHot:
                 self._entries.popitem(last=False)
         return entry
 
-    async def read_summary(self, session_id: str) -> tuple[Summary | None, int | None]:
+    async def read_summary(self, session_id: str) -> tuple[Summary | None, int | None, Owner | None]:
         entry = self._get(session_id)
-        return (entry.summary, entry.turns) if entry else (None, None)
+        return (entry.summary, entry.turns, entry.owner) if entry else (None, None, None)
 
     async def read_session(self, session_id: str) -> HotSession:
         entry = self._get(session_id)
@@ -99,6 +101,7 @@ class MemoryHot:
             message_count=entry.msgs,
             last_activity=entry.last,
             content_chars=entry.chars,
+            owner=entry.owner,
         )
 
     async def record_append(
@@ -108,6 +111,7 @@ class MemoryHot:
         turn_count: int,
         message_count: int,
         last_activity: float,
+        owner: Owner,
         content_chars: int = 0,
     ) -> None:
         entry = self._get_or_create(message.session_id)
@@ -120,11 +124,13 @@ class MemoryHot:
             entry.recent = []
             entry.turns = entry.msgs = entry.chars = None
             entry.last = None
+            entry.owner = None
             return
         entry.recent.append(message)
         del entry.recent[: -self._recent_max]
         entry.recent_until = now + self._history_ttl
         entry.turns, entry.msgs, entry.last, entry.chars = turn_count, message_count, last_activity, content_chars
+        entry.owner = owner
         entry.state_until = now + self._summary_ttl
 
     async def put_summary(self, session_id: str, summary: Summary) -> bool:
@@ -144,6 +150,7 @@ class MemoryHot:
         turn_count: int,
         message_count: int,
         last_activity: float,
+        owner: Owner,
         content_chars: int = 0,
     ) -> None:
         if summary is not None:
@@ -156,6 +163,7 @@ class MemoryHot:
             entry.recent = list(recent[-self._recent_max :])
             entry.recent_until = now + self._history_ttl
         entry.turns, entry.msgs, entry.last, entry.chars = turn_count, message_count, last_activity, content_chars
+        entry.owner = owner
         entry.state_until = now + self._summary_ttl
 
     async def delete(self, session_id: str) -> None:

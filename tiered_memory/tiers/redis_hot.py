@@ -12,7 +12,7 @@ from redis.exceptions import RedisError
 
 from tiered_memory.breaker import CircuitBreaker
 from tiered_memory.errors import HotUnavailable
-from tiered_memory.model import HotSession, Message, Summary
+from tiered_memory.model import HotSession, Message, Owner, Summary
 from tiered_memory.tiers.codec import decode_message, decode_summary, encode_message, encode_summary
 from tiered_memory.tiers.keys import Keys
 
@@ -34,9 +34,11 @@ redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
 return 1
 """
 
-# Refills a session from SQL. The summary is version-guarded like above; the counters and the
-# recent list are replaced only if no append newer than the caller's SQL read (a larger message
-# count) has reached Redis meanwhile. Keys: summary, recent, state (one hash slot).
+# Refills a session from SQL. The summary is version-guarded like above; the counters, the owner
+# and the recent list are replaced only if no append newer than the caller's SQL read (a larger
+# message count) has reached Redis meanwhile. Keys: summary, recent, state (one hash slot).
+# ARGV: summary, version, summary TTL, msgs, turns, last, history TTL, replace list?, chars,
+# tenant, user id ('' for none), then the recent messages.
 _BACKFILL_LUA = """
 if ARGV[1] ~= '' then
   local cur = redis.call('GET', KEYS[1])
@@ -51,10 +53,11 @@ local have = tonumber(redis.call('HGET', KEYS[3], 'msgs') or '-1')
 if have > tonumber(ARGV[4]) then return 0 end
 if ARGV[8] == '1' then
   redis.call('DEL', KEYS[2])
-  for i = 10, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
-  if #ARGV >= 10 then redis.call('EXPIRE', KEYS[2], ARGV[7]) end
+  for i = 12, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
+  if #ARGV >= 12 then redis.call('EXPIRE', KEYS[2], ARGV[7]) end
 end
-redis.call('HSET', KEYS[3], 'turns', ARGV[5], 'msgs', ARGV[4], 'last', ARGV[6], 'chars', ARGV[9])
+redis.call('HSET', KEYS[3], 'turns', ARGV[5], 'msgs', ARGV[4], 'last', ARGV[6], 'chars', ARGV[9],
+  'tenant', ARGV[10], 'uid', ARGV[11])
 redis.call('EXPIRE', KEYS[3], ARGV[3])
 return 1
 """
@@ -79,7 +82,8 @@ end
 redis.call('RPUSH', KEYS[1], ARGV[1])
 redis.call('LTRIM', KEYS[1], -tonumber(ARGV[7]), -1)
 redis.call('EXPIRE', KEYS[1], ARGV[8])
-redis.call('HSET', KEYS[2], 'turns', ARGV[3], 'msgs', ARGV[4], 'last', ARGV[5], 'chars', ARGV[6])
+redis.call('HSET', KEYS[2], 'turns', ARGV[3], 'msgs', ARGV[4], 'last', ARGV[5], 'chars', ARGV[6],
+  'tenant', ARGV[11], 'uid', ARGV[12])
 redis.call('EXPIRE', KEYS[2], ARGV[9])
 return 1
 """
@@ -203,18 +207,19 @@ class RedisHot:
         self._dirty.discard(session_id)
         return True
 
-    async def read_summary(self, session_id: str) -> tuple[Summary | None, int | None]:
+    async def read_summary(self, session_id: str) -> tuple[Summary | None, int | None, Owner | None]:
         if await self._drop_if_dirty(session_id):
-            return None, None
+            return None, None, None
 
-        async def op() -> tuple[Summary | None, int | None]:
+        async def op() -> tuple[Summary | None, int | None, Owner | None]:
             async with self._r.pipeline(transaction=False) as p:
                 p.get(self._keys.summary(session_id))
-                p.hget(self._keys.state(session_id), "turns")
-                raw_summary, raw_turns = await p.execute()
+                p.hmget(self._keys.state(session_id), "turns", "tenant", "uid")
+                raw_summary, (raw_turns, tenant, uid) = await p.execute()
             return (
                 decode_summary(raw_summary) if raw_summary else None,
                 int(raw_turns) if raw_turns is not None else None,
+                _owner(tenant, uid),
             )
 
         return await self._call(op)
@@ -227,8 +232,8 @@ class RedisHot:
             async with self._r.pipeline(transaction=False) as p:
                 p.get(self._keys.summary(session_id))
                 p.lrange(self._keys.recent(session_id), 0, -1)
-                p.hmget(self._keys.state(session_id), "turns", "msgs", "last", "chars")
-                raw_summary, raw_recent, (turns, msgs, last, chars) = await p.execute()
+                p.hmget(self._keys.state(session_id), "turns", "msgs", "last", "chars", "tenant", "uid")
+                raw_summary, raw_recent, (turns, msgs, last, chars, tenant, uid) = await p.execute()
             recent = sorted((decode_message(r) for r in raw_recent), key=lambda m: m.seq)
             return HotSession(
                 summary=decode_summary(raw_summary) if raw_summary else None,
@@ -237,6 +242,7 @@ class RedisHot:
                 message_count=int(msgs) if msgs is not None else None,
                 last_activity=float(last) if last is not None else None,
                 content_chars=int(chars) if chars is not None else None,
+                owner=_owner(tenant, uid),
             )
 
         return await self._call(op)
@@ -248,6 +254,7 @@ class RedisHot:
         turn_count: int,
         message_count: int,
         last_activity: float,
+        owner: Owner,
         content_chars: int = 0,
     ) -> None:
         sid = message.session_id
@@ -265,6 +272,8 @@ class RedisHot:
             self._history_ttl,
             self._summary_ttl,
             "1" if dirty else "0",
+            owner.tenant,
+            owner.user_id or "",
         ]
 
         async def op() -> object:
@@ -297,6 +306,7 @@ class RedisHot:
         turn_count: int,
         message_count: int,
         last_activity: float,
+        owner: Owner,
         content_chars: int = 0,
     ) -> None:
         keys = [self._keys.summary(session_id), self._keys.recent(session_id), self._keys.state(session_id)]
@@ -310,6 +320,8 @@ class RedisHot:
             self._history_ttl,
             "1" if recent is not None else "0",
             content_chars,
+            owner.tenant,
+            owner.user_id or "",
         ]
         if recent is not None:
             args.extend(encode_message(m) for m in recent[-self._recent_max :])
@@ -353,3 +365,11 @@ class RedisHot:
 
     async def aclose(self) -> None:
         await self._r.aclose()
+
+
+def _owner(tenant: bytes | None, uid: bytes | None) -> Owner | None:
+    """The owner in a state hash; None when it is not there (written before owners were kept, or
+    the hash expired). A user id is never empty, so '' stands for none."""
+    if tenant is None or uid is None:
+        return None
+    return Owner(tenant.decode("utf-8"), uid.decode("utf-8") or None)

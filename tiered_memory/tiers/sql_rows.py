@@ -45,6 +45,7 @@ def row_to_session(r: sa.Row[*tuple[Any, ...]], covered: int = 0) -> SessionInfo
         closed_at=float(r.closed_at) if r.closed_at is not None else None,
         covered_turns=covered,
         content_chars=int(r.content_chars),
+        tenant=r.tenant,
     )
 
 

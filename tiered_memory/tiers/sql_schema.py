@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _MYSQL_TABLE: dict[str, Any] = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin"}
 
@@ -40,6 +40,9 @@ sessions = sa.Table(
     metadata,
     sa.Column("session_id", _SID, primary_key=True),
     sa.Column("user_id", sa.String(128), nullable=True),
+    # The tenant of the token that created the session; '' without one (an unrestricted token,
+    # or no authentication). Set once, like user_id, and checked under the row lock. (Version 3.)
+    sa.Column("tenant", sa.String(64), nullable=False, server_default=""),
     sa.Column("turn_count", sa.Integer, nullable=False, server_default="0"),
     sa.Column("message_count", sa.Integer, nullable=False, server_default="0"),
     # 1 while the open turn has a user message waiting for its reply: only then does an
@@ -202,9 +205,14 @@ async def _upgrade_to_2(conn: AsyncConnection) -> None:
         await conn.execute(sessions.update().values(content_chars=total))
 
 
+async def _upgrade_to_3(conn: AsyncConnection) -> None:
+    # Sessions made before tenants existed were made without a tenant-restricted token: ''.
+    await _add_missing_columns(conn, sessions, ["tenant"])
+
+
 # Step n brings a version n-1 schema to version n; create_all already made new databases whole,
 # so every step checks what is there before changing it.
-_UPGRADES: dict[int, Callable[[AsyncConnection], Awaitable[None]]] = {2: _upgrade_to_2}
+_UPGRADES: dict[int, Callable[[AsyncConnection], Awaitable[None]]] = {2: _upgrade_to_2, 3: _upgrade_to_3}
 
 
 async def _record_version(conn: AsyncConnection, now: float) -> int:

@@ -22,9 +22,11 @@ from tiered_memory.breaker import CircuitBreaker
 from tiered_memory.errors import Conflict, Forbidden, SqlUnavailable
 from tiered_memory.model import (
     AppendResult,
+    Caller,
     Message,
     MessageStatus,
     NewMessage,
+    Owner,
     Role,
     SessionInfo,
     Slice,
@@ -47,6 +49,8 @@ T = TypeVar("T")
 # MySQL error codes worth one more try of the whole transaction: deadlock, lock wait timeout.
 _RETRYABLE_MYSQL = {1205, 1213}
 _TX_ATTEMPTS = 3
+# The store's own callers (the summary job, the sweeper, tests) act for nobody in particular.
+_ANYONE = Caller()
 
 
 class SqlStore:
@@ -137,12 +141,14 @@ class SqlStore:
 
     # --- cold: messages -------------------------------------------------------------------
 
-    async def append(self, new: NewMessage, *, now: float) -> AppendResult:
-        """Commit one message; durable when this returns.
+    async def append(self, new: NewMessage, *, now: float, caller: Caller = _ANYONE) -> AppendResult:
+        """Commit one message; durable when this returns. A new session belongs to the caller's
+        tenant ('' for an unrestricted caller) and to new.user_id.
 
         A message_id already stored for the session returns the original result with
         duplicate=True (nothing stored twice); the same id with other content raises Conflict;
-        a user_id other than the session's owner raises Forbidden.
+        a user_id other than the session's owner, or a caller who may not access the session,
+        raises Forbidden (checked under the session-row lock, before anything is written).
         """
 
         async def body(conn: AsyncConnection) -> AppendResult:
@@ -152,6 +158,7 @@ class SqlStore:
                     {
                         "session_id": new.session_id,
                         "user_id": new.user_id,
+                        "tenant": caller.tenant or "",
                         "turn_count": 0,
                         "message_count": 0,
                         "created_at": now,
@@ -162,8 +169,11 @@ class SqlStore:
             srow = (
                 await conn.execute(sa.select(sessions).where(sessions.c.session_id == new.session_id).with_for_update())
             ).one()
-            if srow.user_id is not None and new.user_id is not None and srow.user_id != new.user_id:
-                raise Forbidden("session belongs to another user")
+            if (srow.user_id is not None and new.user_id is not None and srow.user_id != new.user_id) or (
+                not caller.may_access(Owner(srow.tenant, srow.user_id))
+            ):
+                raise Forbidden
+            owner = Owner(srow.tenant, srow.user_id or new.user_id)
             existing = (
                 await conn.execute(
                     sa.select(msgs).where(msgs.c.session_id == new.session_id, msgs.c.message_id == new.message_id)
@@ -176,6 +186,7 @@ class SqlStore:
                 return dataclasses.replace(
                     append_result_of(stored, completed_turn=bool(existing.completes_turn), duplicate=True),
                     content_chars=int(srow.content_chars),
+                    owner=Owner(srow.tenant, srow.user_id),
                 )
             seq = int(srow.message_count) + 1
             completed = int(srow.turn_count)
@@ -242,6 +253,7 @@ class SqlStore:
                 duplicate=False,
                 completed_turn=completes,
                 content_chars=int(srow.content_chars) + len(new.content),
+                owner=owner,
             )
 
         return await self._transaction(body)
@@ -303,10 +315,28 @@ class SqlStore:
 
         return await self._transaction(body)
 
-    async def delete_session(self, session_id: str) -> None:
-        """Remove a session's messages, summary and bookkeeping; nothing happens when it is absent."""
+    async def _lock_accessible(self, conn: AsyncConnection, session_id: str, caller: Caller) -> bool:
+        """Lock the session row; False when there is none, Forbidden when the caller may not touch it.
+        Under the lock, the owner checked is the owner of the rows then changed."""
+        row = (
+            await conn.execute(
+                sa.select(sessions.c.tenant, sessions.c.user_id)
+                .where(sessions.c.session_id == session_id)
+                .with_for_update()
+            )
+        ).one_or_none()
+        if row is None:
+            return False
+        if not caller.may_access(Owner(row.tenant, row.user_id)):
+            raise Forbidden
+        return True
+
+    async def delete_session(self, session_id: str, *, caller: Caller = _ANYONE) -> None:
+        """Remove a session's messages, summary and bookkeeping; nothing happens when it is absent.
+        Raises Forbidden, deleting nothing, when the caller may not access the session."""
 
         async def body(conn: AsyncConnection) -> None:
+            await self._lock_accessible(conn, session_id, caller)
             await conn.execute(msgs.delete().where(msgs.c.session_id == session_id))
             await conn.execute(summary_slices.delete().where(summary_slices.c.session_id == session_id))
             await conn.execute(cs.delete().where(cs.c.session_id == session_id))
@@ -449,9 +479,12 @@ class SqlStore:
 
         return await self._transaction(body)
 
-    async def user_summaries(self, user_id: str, *, limit: int) -> list[tuple[str, int, Summary]]:
+    async def user_summaries(
+        self, user_id: str, *, limit: int, tenant: str | None = None
+    ) -> list[tuple[str, int, Summary]]:
         """The user's most recently updated session summaries, newest first, as
-        (session_id, turn_count at the summary, summary); served by the (user_id, updated_at) index."""
+        (session_id, turn_count at the summary, summary); served by the (user_id, updated_at) index.
+        With `tenant`, only sessions of that tenant."""
 
         async def op() -> list[tuple[str, int, Summary]]:
             q = (
@@ -460,20 +493,25 @@ class SqlStore:
                 .order_by(cs.c.updated_at.desc())
                 .limit(limit)
             )
+            if tenant is not None:
+                q = q.join(sessions, sessions.c.session_id == cs.c.session_id).where(sessions.c.tenant == tenant)
             async with self._engine.connect() as conn:
                 rows = (await conn.execute(q)).all()
             return [(r.session_id, int(r.turn_count), row_to_summary(r)) for r in rows]
 
         return await self._bounded(op)
 
-    async def delete_summary(self, session_id: str) -> None:
-        """Drop the warm row and its slices; the messages stay."""
+    async def delete_summary(self, session_id: str, *, caller: Caller = _ANYONE) -> bool:
+        """Drop the warm row and its slices; the messages stay. False when the session does not
+        exist; raises Forbidden, dropping nothing, when the caller may not access it."""
 
-        async def body(conn: AsyncConnection) -> None:
+        async def body(conn: AsyncConnection) -> bool:
+            found = await self._lock_accessible(conn, session_id, caller)
             await conn.execute(summary_slices.delete().where(summary_slices.c.session_id == session_id))
             await conn.execute(cs.delete().where(cs.c.session_id == session_id))
+            return found
 
-        await self._transaction(body)
+        return await self._transaction(body)
 
     async def slices(self, session_id: str) -> list[Slice]:
         """The session's slices, oldest first."""

@@ -1,0 +1,290 @@
+"""Bearer tokens, tenants and stated users over real HTTP, on the embedded default and on real
+Redis + MariaDB: who may touch which session, and that a refused request changes nothing."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from sqlalchemy import event as sa_event
+
+from tests.conftest import Daemon, new_sid, play
+from tests.conversations import ZH_12_TURNS
+
+ADMIN = "admin-token-0123456789abcdef"
+ACME = "acme-token-0123456789abcdef"
+OTHER = "other-token-0123456789abcdef"
+FORBIDDEN = {"error": {"code": "forbidden", "message": "session not accessible with these credentials"}}
+# What the owner said, which no other caller may ever see.
+SECRET_Q = "我的病历编号是 XK-4417，请帮我查一下复诊时间。"
+SECRET_A = "XK-4417 的复诊时间是下周三上午九点。"
+
+
+def bearer(token: str, user: str | None = None) -> dict[str, str]:
+    headers = {"Authorization": f"Bearer {token}"}
+    if user is not None:
+        headers["X-User-ID"] = user
+    return headers
+
+
+@pytest.fixture
+async def authed(backend_env: dict[str, str], tmp_path: Path) -> AsyncIterator[Daemon]:
+    """A daemon with an unrestricted and an `acme` token in API_TOKENS and an `other` token in
+    API_TOKENS_FILE; its helpers speak as `acme`."""
+    token_file = tmp_path / "tokens"
+    token_file.write_text(f"# tenant tokens\n\nother:{OTHER}\n", encoding="utf-8")
+    env = backend_env | {"API_TOKENS": f"{ADMIN}, acme:{ACME}", "API_TOKENS_FILE": str(token_file)}
+    d = Daemon(env, headers=bearer(ACME))
+    await d.start()
+    yield d
+    await d.stop()
+
+
+def session_verbs(sid: str, first_message_id: str) -> list[tuple[str, str, Any]]:
+    """Every session verb, with a body where it takes one."""
+    base = f"/v1/sessions/{sid}"
+    return [
+        ("POST", f"{base}/messages", {"role": "user", "content": "我也想看看。"}),
+        # A retry of the owner's own message is no way in either.
+        ("POST", f"{base}/messages", {"role": "user", "content": SECRET_Q, "message_id": first_message_id}),
+        ("POST", f"{base}/turns", {"content": "之前聊了什么？"}),
+        ("GET", f"{base}/summary", None),
+        ("GET", f"{base}/context?question=%E4%B9%8B%E5%89%8D%E8%81%8A%E4%BA%86%E4%BB%80%E4%B9%88", None),
+        ("GET", base, None),
+        ("GET", f"{base}/slices", None),
+        ("GET", f"{base}/messages", None),
+        ("POST", f"{base}/close", None),
+        ("DELETE", f"{base}/summary", None),
+        ("POST", f"{base}/summary/rebuild", None),
+        ("DELETE", base, None),
+    ]
+
+
+async def snapshot(d: Daemon, sid: str) -> dict[str, Any]:
+    """Everything stored about a session, read with the unrestricted token."""
+    admin = bearer(ADMIN)
+
+    async def get(path: str) -> Any:
+        resp = await d.http.get(path, headers=admin)
+        assert resp.status == 200, await resp.text()
+        return await resp.json()
+
+    summary = await get(f"/v1/sessions/{sid}/summary")
+    return {
+        "session": await get(f"/v1/sessions/{sid}"),
+        "messages": await get(f"/v1/sessions/{sid}/messages"),
+        "slices": await get(f"/v1/sessions/{sid}/slices"),
+        "summary": {k: summary[k] for k in ("summary", "version", "covered_turns", "turn_count")},
+        "context": (await get(f"/v1/sessions/{sid}/context"))["messages"],
+        "rows": await d.store.count_messages(sid),
+    }
+
+
+async def owned_conversation(d: Daemon, sid: str, **owner: str) -> None:
+    """Five turns whose first one holds the secret, summarized; posted with d's default headers."""
+    await d.post(sid, "user", SECRET_Q, message_id="m-secret", **owner)
+    await d.post(sid, "assistant", SECRET_A)
+    await play(d, sid, ZH_12_TURNS[:4])
+    await d.settle()
+
+
+async def test_v1_routes_need_a_valid_bearer_token(authed: Daemon) -> None:
+    """Without a token, with a wrong, truncated or non-Bearer one, every /v1 route (even an unknown
+    one) answers 401 with the JSON error and WWW-Authenticate: Bearer, and stores nothing; the
+    probes and /metrics stay open; a token from API_TOKENS or API_TOKENS_FILE works."""
+    sid = new_sid()
+    refused = [
+        {},
+        {"Authorization": "Bearer wrong-token-0123456789abcdef"},
+        {"Authorization": f"Bearer {ACME[:-1]}"},
+        {"Authorization": f"Basic {ACME}"},
+        {"Authorization": "Bearer"},
+    ]
+    routes = [
+        ("POST", f"/v1/sessions/{sid}/messages"),
+        ("GET", f"/v1/sessions/{sid}/summary"),
+        ("DELETE", f"/v1/sessions/{sid}"),
+        ("GET", "/v1/users/u1/summaries"),
+        ("GET", "/v1/nothing-here"),
+    ]
+    bodies = set()
+    async with aiohttp.ClientSession() as raw:
+        for headers in refused:
+            for method, path in routes:
+                body = {"role": "user", "content": "你好"} if method == "POST" else None
+                resp = await raw.request(method, authed.http.make_url(path), json=body, headers=headers)
+                assert resp.status == 401, (headers, path)
+                assert resp.headers["WWW-Authenticate"] == "Bearer"
+                error = (await resp.json())["error"]
+                assert error["code"] == "unauthorized"
+                bodies.add(error["message"])
+        for path in ("/healthz", "/readyz", "/metrics"):
+            assert (await raw.get(authed.http.make_url(path))).status == 200, path
+    # The same answer whatever was wrong.
+    assert len(bodies) == 1
+    assert (await authed.http.get(f"/v1/sessions/{sid}", headers=bearer(ADMIN))).status == 404
+    for headers in (bearer(ADMIN), bearer(ACME), bearer(OTHER), {"Authorization": f"bearer  {OTHER}"}):
+        resp = await authed.http.post(
+            f"/v1/sessions/{new_sid()}/messages", json={"role": "user", "content": "你好"}, headers=headers
+        )
+        assert resp.status == 201, headers
+
+
+async def test_another_tenant_is_refused_on_every_verb_and_changes_nothing(authed: Daemon) -> None:
+    """Every session verb with another tenant's token answers the same 403 body, which never holds
+    the owner's text, and leaves the session exactly as it was: with the owner known to the hot
+    tier, and again after a hot-tier flush (the owner then comes from SQL)."""
+    sid = new_sid()
+    await owned_conversation(authed, sid)
+    before = await snapshot(authed, sid)
+    assert SECRET_Q in json.dumps(before["messages"], ensure_ascii=False)
+    for attempt in ("owner in the hot tier", "after a hot-tier flush"):
+        if attempt == "after a hot-tier flush":
+            await authed.flush_hot()
+        for method, path, body in session_verbs(sid, "m-secret"):
+            resp = await authed.http.request(method, path, json=body, headers=bearer(OTHER))
+            text = await resp.text()
+            assert resp.status == 403, (attempt, method, path, text)
+            assert json.loads(text) == FORBIDDEN
+            assert "XK-4417" not in text
+        assert await snapshot(authed, sid) == before, attempt
+
+
+async def test_a_restricted_token_owns_its_tenants_sessions_only(authed: Daemon) -> None:
+    """A tenant's token may do everything with its tenant's sessions, nothing with a session an
+    unrestricted token made; the unrestricted token may touch both."""
+    mine, shared = new_sid(), new_sid()
+    await owned_conversation(authed, mine)
+    resp = await authed.http.post(
+        f"/v1/sessions/{shared}/messages", json={"role": "user", "content": SECRET_Q}, headers=bearer(ADMIN)
+    )
+    assert resp.status == 201
+    for method, path, body in session_verbs(shared, "m-secret"):
+        resp = await authed.http.request(method, path, json=body)
+        assert resp.status == 403, (method, path)
+    expected = [201, 200, 201, 200, 200, 200, 200, 200, 200, 204, 200, 204]
+    got = []
+    for method, path, body in session_verbs(mine, "m-secret"):
+        resp = await authed.http.request(method, path, json=body)
+        got.append(resp.status)
+        if resp.status >= 400:
+            raise AssertionError(f"{method} {path}: {await resp.text()}")
+    assert got == expected
+    # "m-secret" was already there: the retry answered 200 and stored nothing.
+    for method, path, _body in session_verbs(shared, "m-secret")[3:]:
+        resp = await authed.http.request(method, path, headers=bearer(ADMIN))
+        assert resp.status < 400, (method, path)
+
+
+async def test_a_stated_user_touches_only_its_sessions(daemon: Daemon) -> None:
+    """Without tokens too: X-User-ID (or the body's user_id) makes the session that user's; another
+    stated user gets the 403 on every verb and changes nothing, the owner and a caller stating no
+    user (the trusted gateway) get through, and a session without a user is open to any user.
+    A header and a body that disagree are a 400."""
+    sid, open_sid = new_sid(), new_sid()
+    resp = await daemon.http.post(
+        f"/v1/sessions/{sid}/messages",
+        json={"role": "user", "content": SECRET_Q, "message_id": "m-secret"},
+        headers={"X-User-ID": "alice"},
+    )
+    assert resp.status == 201
+    await daemon.post(sid, "assistant", SECRET_A)
+    assert (await daemon.get(f"/v1/sessions/{sid}"))["user_id"] == "alice"
+    before = [await daemon.get(f"/v1/sessions/{sid}/messages"), await daemon.get(f"/v1/sessions/{sid}")]
+    for method, path, body in session_verbs(sid, "m-secret"):
+        resp = await daemon.http.request(method, path, json=body, headers={"X-User-ID": "bob"})
+        assert resp.status == 403, (method, path)
+        assert await resp.json() == FORBIDDEN
+    assert [await daemon.get(f"/v1/sessions/{sid}/messages"), await daemon.get(f"/v1/sessions/{sid}")] == before
+    resp = await daemon.http.post(
+        f"/v1/sessions/{sid}/messages", json={"role": "user", "content": "x", "user_id": "bob"}
+    )
+    assert resp.status == 403
+    ctx = await daemon.http.get(f"/v1/sessions/{sid}/context", headers={"X-User-ID": "alice"})
+    assert SECRET_Q in json.dumps(await ctx.json(), ensure_ascii=False)
+    assert SECRET_Q in json.dumps(await daemon.get(f"/v1/sessions/{sid}/context"), ensure_ascii=False)
+
+    resp = await daemon.http.post(
+        f"/v1/sessions/{sid}/messages",
+        json={"role": "user", "content": "x", "user_id": "alice"},
+        headers={"X-User-ID": "bob"},
+    )
+    assert resp.status == 400
+    assert "X-User-ID" in (await resp.json())["error"]["message"]
+    assert (await daemon.http.get(f"/v1/sessions/{sid}", headers={"X-User-ID": ""})).status == 400
+
+    await daemon.post(open_sid, "user", "公共问题")
+    resp = await daemon.http.get(f"/v1/sessions/{open_sid}/context", headers={"X-User-ID": "bob"})
+    assert resp.status == 200
+
+
+async def test_user_summaries_are_scoped(authed: Daemon) -> None:
+    """A tenant's token lists only its tenant's sessions of the user, the unrestricted token all
+    of them; a stated X-User-ID other than the path's user is the 403."""
+    sessions = {}
+    for token in (ACME, OTHER, ADMIN):
+        sid = new_sid()
+        sessions[token] = sid
+        for user, assistant in ZH_12_TURNS[:3]:
+            for role, content in (("user", user), ("assistant", assistant)):
+                resp = await authed.http.post(
+                    f"/v1/sessions/{sid}/messages",
+                    json={"role": role, "content": content, "user_id": "u1"},
+                    headers=bearer(token),
+                )
+                assert resp.status == 201
+    await authed.settle()
+
+    async def listed(headers: dict[str, str]) -> set[str]:
+        resp = await authed.http.get("/v1/users/u1/summaries?limit=100", headers=headers)
+        assert resp.status == 200, await resp.text()
+        return {s["session_id"] for s in (await resp.json())["summaries"]}
+
+    assert await listed(bearer(ACME)) == {sessions[ACME]}
+    assert await listed(bearer(OTHER, "u1")) == {sessions[OTHER]}
+    assert await listed(bearer(ADMIN)) == set(sessions.values())
+    resp = await authed.http.get("/v1/users/u1/summaries", headers=bearer(ACME, "u2"))
+    assert resp.status == 403
+    assert await resp.json() == FORBIDDEN
+
+
+async def test_a_new_session_reads_as_before(authed: Daemon) -> None:
+    """A session nobody made yet answers summary and context (tier none) to a restricted token, so
+    a reconnecting gateway's first read never fails; the 404 verbs answer 404."""
+    sid = new_sid()
+    summary = await authed.get(f"/v1/sessions/{sid}/summary")
+    assert (summary["tier"], summary["summary"]) == ("none", None)
+    assert (await authed.get(f"/v1/sessions/{sid}/context"))["messages"] == []
+    for method, path in (("GET", f"/v1/sessions/{sid}"), ("POST", f"/v1/sessions/{sid}/close")):
+        assert (await authed.http.request(method, path)).status == 404
+
+
+async def test_a_restricted_read_stays_one_hot_round_trip(authed: Daemon) -> None:
+    """The owner lives in the hot tier with the counters: after a hot-tier loss the first read of
+    a restricted token asks SQL and refills it, and the next context and summary reads are
+    answered without any SQL statement, refusing another tenant all the same."""
+    sid = new_sid()
+    await owned_conversation(authed, sid)
+    await authed.flush_hot()
+    statements: list[str] = []
+
+    def count(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
+        statements.append(statement)
+
+    engine = authed.store._engine.sync_engine
+    sa_event.listen(engine, "before_cursor_execute", count)
+    try:
+        assert (await authed.get(f"/v1/sessions/{sid}/context"))["summary_tier"] == "warm"
+        assert statements
+        statements.clear()
+        assert (await authed.get(f"/v1/sessions/{sid}/context"))["summary_tier"] == "hot"
+        assert (await authed.get(f"/v1/sessions/{sid}/summary"))["tier"] == "hot"
+        for path in (f"/v1/sessions/{sid}/context", f"/v1/sessions/{sid}/summary"):
+            assert (await authed.http.get(path, headers=bearer(OTHER))).status == 403
+    finally:
+        sa_event.remove(engine, "before_cursor_execute", count)
+    assert statements == []

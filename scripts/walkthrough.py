@@ -154,8 +154,10 @@ async def walk(args: argparse.Namespace) -> None:
             expect(warm["tier"] == "warm" and warm["summary"] == first, "warm tier did not answer after the hot loss")
             expect(again["tier"] == "hot", "backfill did not make the next read hot")
 
-            await store.delete_summary(sid)
+            # The hot tier first: a restarted daemon's start-up sweep would otherwise find the
+            # session's summary missing and make it again before the read below.
             await lose_hot(http)
+            await store.delete_summary(sid)
             _, cold = await call(http, "GET", summary_url)
             kept = [e for e in EARLY_EVIDENCE if e in (cold["summary"] or "")]
             step("warm row deleted too", tier=cold["tier"], early_evidence_kept=kept, summary=cold["summary"])

@@ -29,6 +29,7 @@ log = structlog.get_logger("tiered_memory.api")
 SERVICE_KEY = web.AppKey("service", MemoryService)
 METRICS_KEY = web.AppKey("metrics", Metrics)
 SETTINGS_KEY = web.AppKey("settings", Settings)
+OPENAPI_KEY = web.AppKey("openapi", bytes)
 
 # `{` and `}` are excluded so a session id can never break the Redis hash tag it is wrapped in.
 _SESSION_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -393,6 +394,10 @@ async def readyz(request: web.Request) -> web.Response:
     return reply({"status": overall, "tiers": tiers}, status=status)
 
 
+async def openapi_document(request: web.Request) -> web.Response:
+    return web.Response(body=request.app[OPENAPI_KEY], content_type="application/json")
+
+
 async def metrics(request: web.Request) -> web.Response:
     body = generate_latest(request.app[METRICS_KEY].registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -414,6 +419,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/openapi.json", openapi_document)
 
 
 @web.middleware

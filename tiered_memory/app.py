@@ -14,9 +14,10 @@ import structlog
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from tiered_memory.api import METRICS_KEY, SERVICE_KEY, SETTINGS_KEY, add_routes, observe
+from tiered_memory.api import METRICS_KEY, OPENAPI_KEY, SERVICE_KEY, SETTINGS_KEY, add_routes, observe
 from tiered_memory.errors import ConfigError, SqlUnavailable
 from tiered_memory.metrics import Metrics
+from tiered_memory.openapi import load_document
 from tiered_memory.service import MemoryService
 from tiered_memory.settings import Settings
 from tiered_memory.summarize.extractive import Extractor
@@ -161,6 +162,7 @@ def create_app(settings: Settings, *, registry: CollectorRegistry | None = None)
     app = web.Application(middlewares=[observe], client_max_size=max(1024**2, settings.max_message_chars * 8))
     app[SETTINGS_KEY] = settings
     app[METRICS_KEY] = Metrics(registry if registry is not None else CollectorRegistry())
+    app[OPENAPI_KEY] = load_document()
     app.cleanup_ctx.extend([_sql_ctx, _hot_ctx, _llm_ctx, _service_ctx])
     add_routes(app)
     return app

@@ -186,6 +186,7 @@ async def test_append_is_idempotent_by_message_id(daemon: Daemon) -> None:
         ({"role": "user", "content": "x", "channel": "fax"}, "channel"),
         ({"role": "user", "content": "x", "colour": "red"}, "colour"),
         ({"role": "user", "content": "x", "message_id": "has space"}, "message_id"),
+        ({"role": "user", "content": "x", "message_id": "trailing-newline\n"}, "message_id"),
         ({"role": "user", "content": "x", "user_id": ""}, "user_id"),
         (["not", "an", "object"], "body"),
     ],
@@ -368,4 +369,16 @@ async def test_more_bad_input_is_a_400(daemon: Daemon) -> None:
     assert resp.status == 400
     resp = await daemon.http.post(f"/v1/sessions/{sid}/messages", data=b"[" * 100_000 + b"]" * 100_000)
     assert resp.status == 400
+    assert (await daemon.http.get(f"/v1/sessions/{sid}")).status == 404
+
+
+async def test_ids_with_a_trailing_newline_are_refused(daemon: Daemon) -> None:
+    """`$` matches before a final newline, so "s-1\n" once passed the session id check and was
+    stored as a session of its own; it is a 400 on every session route now."""
+    sid = new_sid()
+    resp = await daemon.http.post(f"/v1/sessions/{sid}%0A/messages", json={"role": "user", "content": "x"})
+    assert resp.status == 400
+    assert "session_id" in (await resp.json())["error"]["message"]
+    for path in (f"/v1/sessions/{sid}%0A", f"/v1/sessions/{sid}%0A/summary", f"/v1/sessions/{sid}%0A/context"):
+        assert (await daemon.http.get(path)).status == 400, path
     assert (await daemon.http.get(f"/v1/sessions/{sid}")).status == 404

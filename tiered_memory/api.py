@@ -32,8 +32,9 @@ SETTINGS_KEY = web.AppKey("settings", Settings)
 OPENAPI_KEY = web.AppKey("openapi", bytes)
 
 # `{` and `}` are excluded so a session id can never break the Redis hash tag it is wrapped in.
-_SESSION_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
-_MESSAGE_ID = re.compile(r"^[\x21-\x7e]{1,128}$")
+# Both are used with fullmatch: `$` also matches before a trailing newline, which let "a\n" in.
+_SESSION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+_MESSAGE_ID = re.compile(r"[\x21-\x7e]{1,128}")
 _MESSAGE_FIELDS = {"role", "content", "user_id", "message_id", "channel", "status"}
 _RETRY_AFTER_S = "1"
 
@@ -53,7 +54,7 @@ def error_response(status: int, code: str, message: str, headers: dict[str, str]
 
 def _session_id(request: web.Request) -> str:
     sid = request.match_info["session_id"]
-    if not _SESSION_ID.match(sid):
+    if not _SESSION_ID.fullmatch(sid):
         raise InvalidInput("session_id: expected 1-128 characters of ASCII letters, digits and . _ : -")
     return sid
 
@@ -62,7 +63,7 @@ def _optional_str(body: dict[str, Any], name: str, pattern: re.Pattern[str]) -> 
     value = body.get(name)
     if value is None:
         return None
-    if not isinstance(value, str) or not pattern.match(value):
+    if not isinstance(value, str) or not pattern.fullmatch(value):
         raise InvalidInput(f"{name}: expected a string of 1-128 printable ASCII characters")
     return value
 

@@ -382,3 +382,28 @@ async def test_ids_with_a_trailing_newline_are_refused(daemon: Daemon) -> None:
     for path in (f"/v1/sessions/{sid}%0A", f"/v1/sessions/{sid}%0A/summary", f"/v1/sessions/{sid}%0A/context"):
         assert (await daemon.http.get(path)).status == 400, path
     assert (await daemon.http.get(f"/v1/sessions/{sid}")).status == 404
+
+
+async def test_huge_integer_query_parameters_are_a_400(daemon: Daemon) -> None:
+    """Query integers of more digits than int() converts (4300) are out of range, a 400 naming
+    the parameter rather than a 500; leading zeros still parse."""
+    sid = new_sid()
+    await daemon.post(sid, "user", "你好", user_id="u-huge")
+    huge = "9" * 5000
+    for path, name in (
+        (f"/v1/sessions/{sid}/context?max_chars={huge}", "max_chars"),
+        (f"/v1/sessions/{sid}/turns?max_chars={huge}", "max_chars"),
+        (f"/v1/sessions/{sid}/messages?from_seq={huge}", "from_seq"),
+        (f"/v1/sessions/{sid}/messages?to_seq={huge}", "to_seq"),
+        (f"/v1/sessions/{sid}/messages?limit={huge}", "limit"),
+        (f"/v1/users/u-huge/summaries?limit={huge}", "limit"),
+    ):
+        if "/turns" in path:
+            resp = await daemon.http.post(path, json={"content": "再问一次"})
+        else:
+            resp = await daemon.http.get(path)
+        assert resp.status == 400, path
+        assert name in (await resp.json())["error"]["message"], path
+    body = await daemon.get(f"/v1/sessions/{sid}/messages?from_seq={'0' * 5000}1&limit=0010")
+    assert [m["seq"] for m in body["messages"]] == [1]
+    assert (await daemon.get(f"/v1/sessions/{sid}"))["message_count"] == 1

@@ -407,3 +407,25 @@ async def test_huge_integer_query_parameters_are_a_400(daemon: Daemon) -> None:
     body = await daemon.get(f"/v1/sessions/{sid}/messages?from_seq={'0' * 5000}1&limit=0010")
     assert [m["seq"] for m in body["messages"]] == [1]
     assert (await daemon.get(f"/v1/sessions/{sid}"))["message_count"] == 1
+
+
+async def test_unreadable_bodies_are_a_400(daemon: Daemon) -> None:
+    """A charset Python does not know, or a body whose Content-Encoding does not decode, is a
+    400 like any other malformed body (it was a 500), and nothing is stored. A broken body stream
+    ends the connection, and the reply says so: the same client's next request succeeds."""
+    sid = new_sid()
+    body = b'{"role": "user", "content": "x"}'
+    for headers in (
+        {"Content-Type": "application/json; charset=no-such-charset"},
+        {"Content-Type": "application/json", "Content-Encoding": "gzip"},
+        {"Content-Type": "application/json", "Content-Encoding": "deflate"},
+    ):
+        for route in ("messages", "turns"):
+            resp = await daemon.http.post(f"/v1/sessions/{sid}/{route}", data=body, headers=headers)
+            assert resp.status == 400, (headers, route)
+            error = (await resp.json())["error"]
+            assert error["code"] == "invalid_input"
+            assert error["message"].startswith("body:"), (headers, route)
+            if "Content-Encoding" in headers:
+                assert resp.headers["Connection"] == "close"
+    assert (await daemon.http.get(f"/v1/sessions/{sid}")).status == 404

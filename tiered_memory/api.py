@@ -74,6 +74,12 @@ async def _json_object(request: web.Request) -> dict[str, Any]:
     except (ValueError, RecursionError):
         # ValueError covers malformed JSON and undecodable bytes; RecursionError absurd nesting.
         raise InvalidInput("body: expected a JSON object") from None
+    except LookupError:
+        # The Content-Type names a charset Python does not know, so decoding cannot even start.
+        raise InvalidInput("body: unknown charset in Content-Type; expected utf-8") from None
+    except web.RequestPayloadError:
+        # The body cannot be read as sent: a broken gzip/deflate stream or a malformed chunk.
+        raise InvalidInput("body: could not be read (malformed Content-Encoding or chunked body)") from None
     if not isinstance(body, dict):
         raise InvalidInput("body: expected a JSON object")
     return body
@@ -445,7 +451,13 @@ async def _mapped(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except InvalidInput as exc:
-        return error_response(400, "invalid_input", str(exc))
+        response = error_response(400, "invalid_input", str(exc))
+        if request.content.exception() is not None:
+            # The body stream broke (a Content-Encoding that does not decode): aiohttp drops the
+            # connection after this reply, so it must say so, or a pooled client reuses it and
+            # its next request fails with a disconnect.
+            response.force_close()
+        return response
     except NotFound as exc:
         return error_response(404, "not_found", str(exc))
     except Forbidden as exc:

@@ -429,3 +429,12 @@ async def test_unreadable_bodies_are_a_400(daemon: Daemon) -> None:
             if "Content-Encoding" in headers:
                 assert resp.headers["Connection"] == "close"
     assert (await daemon.http.get(f"/v1/sessions/{sid}")).status == 404
+
+
+async def test_method_not_allowed_keeps_its_allow_header(daemon: Daemon) -> None:
+    """A 405 is in the JSON error shape and still says which methods the path allows (RFC 9110
+    requires Allow; the error mapping used to drop it)."""
+    resp = await daemon.http.patch(f"/v1/sessions/{new_sid()}", json={})
+    assert resp.status == 405
+    assert (await resp.json())["error"]["code"] == "method_not_allowed"
+    assert {m.strip() for m in resp.headers["Allow"].split(",")} >= {"GET", "DELETE"}

@@ -474,7 +474,9 @@ async def _mapped(request: web.Request, handler: Handler) -> web.StreamResponse:
         return error_response(503, "unavailable", str(exc), {"Retry-After": _RETRY_AFTER_S})
     except web.HTTPException as exc:
         if exc.status >= 400:
-            return error_response(exc.status, exc.reason.lower().replace(" ", "_"), exc.reason)
+            # Its headers carry meaning (Allow on a 405, WWW-Authenticate on a 401); only the body changes.
+            headers = {k: v for k, v in exc.headers.items() if k.lower() not in ("content-type", "content-length")}
+            return error_response(exc.status, exc.reason.lower().replace(" ", "_"), exc.reason, headers)
         raise
     except Exception:
         log.exception("request_failed")

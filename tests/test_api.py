@@ -70,7 +70,11 @@ async def test_tier_walk_hot_warm_hot_cold(daemon: Daemon) -> None:
 async def test_restart_keeps_summary_and_context(daemon: Daemon) -> None:
     """A gateway reconnecting after a daemon restart gets the same summary and recent turns."""
     sid = new_sid()
-    await play(daemon, sid, ZH_12_TURNS[:7])
+    # Settled before turn 7: a summary started at turn 6 covers every turn completed by the time
+    # it runs, so with turn 7 posted meanwhile it covered 7 turns on a slow machine, 6 on a fast one.
+    await play(daemon, sid, ZH_12_TURNS[:6])
+    await daemon.settle()
+    await play(daemon, sid, ZH_12_TURNS[6:7])
     await daemon.settle()
     before = await daemon.get(f"/v1/sessions/{sid}/summary")
     ctx_before = await daemon.get(f"/v1/sessions/{sid}/context")

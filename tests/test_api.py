@@ -73,8 +73,8 @@ async def test_tier_walk_hot_warm_hot_cold(daemon: Daemon) -> None:
 async def test_restart_keeps_summary_and_context(daemon: Daemon) -> None:
     """A gateway reconnecting after a daemon restart gets the same summary and recent turns."""
     sid = new_sid()
-    # Settled at turn 6, so that a slow first summary cannot still be running when turn 7 lands
-    # (its rerun would then cover 7 turns, not the 6 of the cadence point).
+    # Settled before turn 7: a summary started at turn 6 covers every turn completed by the time
+    # it runs, so with turn 7 posted meanwhile it covered 7 turns on a slow machine, 6 on a fast one.
     await play(daemon, sid, ZH_12_TURNS[:6])
     await daemon.settle()
     await play(daemon, sid, ZH_12_TURNS[6:7])
@@ -194,6 +194,7 @@ async def test_append_is_idempotent_by_message_id(daemon: Daemon) -> None:
         ({"role": "user", "content": "x", "channel": "fax"}, "channel"),
         ({"role": "user", "content": "x", "colour": "red"}, "colour"),
         ({"role": "user", "content": "x", "message_id": "has space"}, "message_id"),
+        ({"role": "user", "content": "x", "message_id": "trailing-newline\n"}, "message_id"),
         ({"role": "user", "content": "x", "user_id": ""}, "user_id"),
         (["not", "an", "object"], "body"),
     ],
@@ -506,3 +507,71 @@ async def test_numbers_out_of_range_are_refused(daemon: Daemon, path: str, name:
     resp = await daemon.http.get(path.format(sid=sid))
     assert resp.status == 400
     assert (await resp.json())["error"]["message"].startswith(f"{name}: expected")
+
+
+async def test_ids_with_a_trailing_newline_are_refused(daemon: Daemon) -> None:
+    """`$` matches before a final newline, so "s-1\n" once passed the session id check and was
+    stored as a session of its own; it is a 400 on every session route now."""
+    sid = new_sid()
+    resp = await daemon.http.post(f"/v1/sessions/{sid}%0A/messages", json={"role": "user", "content": "x"})
+    assert resp.status == 400
+    assert "session_id" in (await resp.json())["error"]["message"]
+    for path in (f"/v1/sessions/{sid}%0A", f"/v1/sessions/{sid}%0A/summary", f"/v1/sessions/{sid}%0A/context"):
+        assert (await daemon.http.get(path)).status == 400, path
+    assert (await daemon.http.get(f"/v1/sessions/{sid}")).status == 404
+
+
+async def test_huge_integer_query_parameters_are_a_400(daemon: Daemon) -> None:
+    """Query integers of more digits than int() converts (4300) are out of range, a 400 naming
+    the parameter rather than a 500; leading zeros still parse."""
+    sid = new_sid()
+    await daemon.post(sid, "user", "你好", user_id="u-huge")
+    huge = "9" * 5000
+    for path, name in (
+        (f"/v1/sessions/{sid}/context?max_chars={huge}", "max_chars"),
+        (f"/v1/sessions/{sid}/turns?max_chars={huge}", "max_chars"),
+        (f"/v1/sessions/{sid}/messages?from_seq={huge}", "from_seq"),
+        (f"/v1/sessions/{sid}/messages?to_seq={huge}", "to_seq"),
+        (f"/v1/sessions/{sid}/messages?limit={huge}", "limit"),
+        (f"/v1/users/u-huge/summaries?limit={huge}", "limit"),
+    ):
+        if "/turns" in path:
+            resp = await daemon.http.post(path, json={"content": "再问一次"})
+        else:
+            resp = await daemon.http.get(path)
+        assert resp.status == 400, path
+        assert name in (await resp.json())["error"]["message"], path
+    body = await daemon.get(f"/v1/sessions/{sid}/messages?from_seq={'0' * 5000}1&limit=0010")
+    assert [m["seq"] for m in body["messages"]] == [1]
+    assert (await daemon.get(f"/v1/sessions/{sid}"))["message_count"] == 1
+
+
+async def test_unreadable_bodies_are_a_400(daemon: Daemon) -> None:
+    """A charset Python does not know, or a body whose Content-Encoding does not decode, is a
+    400 like any other malformed body (it was a 500), and nothing is stored. A broken body stream
+    ends the connection, and the reply says so: the same client's next request succeeds."""
+    sid = new_sid()
+    body = b'{"role": "user", "content": "x"}'
+    for headers in (
+        {"Content-Type": "application/json; charset=no-such-charset"},
+        {"Content-Type": "application/json", "Content-Encoding": "gzip"},
+        {"Content-Type": "application/json", "Content-Encoding": "deflate"},
+    ):
+        for route in ("messages", "turns"):
+            resp = await daemon.http.post(f"/v1/sessions/{sid}/{route}", data=body, headers=headers)
+            assert resp.status == 400, (headers, route)
+            error = (await resp.json())["error"]
+            assert error["code"] == "invalid_input"
+            assert error["message"].startswith("body:"), (headers, route)
+            if "Content-Encoding" in headers:
+                assert resp.headers["Connection"] == "close"
+    assert (await daemon.http.get(f"/v1/sessions/{sid}")).status == 404
+
+
+async def test_method_not_allowed_keeps_its_allow_header(daemon: Daemon) -> None:
+    """A 405 is in the JSON error shape and still says which methods the path allows (RFC 9110
+    requires Allow; the error mapping used to drop it)."""
+    resp = await daemon.http.patch(f"/v1/sessions/{new_sid()}", json={})
+    assert resp.status == 405
+    assert (await resp.json())["error"]["code"] == "method_not_allowed"
+    assert {m.strip() for m in resp.headers["Allow"].split(",")} >= {"GET", "DELETE"}

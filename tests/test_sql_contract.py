@@ -263,3 +263,17 @@ async def test_upgrade_from_version_2_adds_the_tenant(store: SqlStore) -> None:
     assert (info.owner, info.turn_count, info.message_count) == (Owner("", "u1"), 2, 4)
     with pytest.raises(Forbidden):
         await store.append(new(sid, Role.USER, "x", "m9"), now=9.0, caller=Caller(tenant="acme"))
+
+
+async def test_user_summaries_match_the_user_id_exactly(store: SqlStore) -> None:
+    """User ids that differ only in trailing spaces are different users on every backend:
+    MariaDB's collations compare 'u1' and 'u1 ' as equal (PAD SPACE), which listed one user's
+    summaries under the other's id."""
+    owners = {"u-pad": new_sid(), "u-pad ": new_sid(), "u-pad  ": new_sid()}
+    for user, sid in owners.items():
+        await store.append(new(sid, Role.USER, "问题", "m1", user), now=1.0)
+        await store.append(new(sid, Role.ASSISTANT, "回答", "m2", user), now=2.0)
+        summary = Summary(f"摘要 {user!r}", 1, 1, SummarySource.DETERMINISTIC, 10.0, 10.0)
+        assert await store.put_summary(sid, summary, user_id=user, turn_count=1) is True
+    for user, sid in owners.items():
+        assert [s for s, _, _ in await store.user_summaries(user, limit=10)] == [sid], repr(user)

@@ -40,10 +40,12 @@ log = structlog.get_logger("tiered_memory.api")
 SERVICE_KEY = web.AppKey("service", MemoryService)
 METRICS_KEY = web.AppKey("metrics", Metrics)
 SETTINGS_KEY = web.AppKey("settings", Settings)
+OPENAPI_KEY = web.AppKey("openapi", bytes)
 
 # `{` and `}` are excluded so a session id can never break the Redis hash tag it is wrapped in.
-_SESSION_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
-_MESSAGE_ID = re.compile(r"^[\x21-\x7e]{1,128}$")
+# Both are used with fullmatch: `$` also matches before a trailing newline, which let "a\n" in.
+_SESSION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+_MESSAGE_ID = re.compile(r"[\x21-\x7e]{1,128}")
 _MESSAGE_FIELDS = {"role", "content", "user_id", "message_id", "channel", "status"}
 _RETRY_AFTER_S = "1"
 
@@ -63,7 +65,7 @@ def error_response(status: int, code: str, message: str, headers: dict[str, str]
 
 def _session_id(request: web.Request) -> str:
     sid = request.match_info["session_id"]
-    if not _SESSION_ID.match(sid):
+    if not _SESSION_ID.fullmatch(sid):
         raise InvalidInput("session_id: expected 1-128 characters of ASCII letters, digits and . _ : -")
     return sid
 
@@ -72,7 +74,7 @@ def _optional_str(body: dict[str, Any], name: str, pattern: re.Pattern[str]) -> 
     value = body.get(name)
     if value is None:
         return None
-    if not isinstance(value, str) or not pattern.match(value):
+    if not isinstance(value, str) or not pattern.fullmatch(value):
         raise InvalidInput(f"{name}: expected a string of 1-128 printable ASCII characters")
     return value
 
@@ -83,6 +85,12 @@ async def _json_object(request: web.Request) -> dict[str, Any]:
     except (ValueError, RecursionError):
         # ValueError covers malformed JSON and undecodable bytes; RecursionError absurd nesting.
         raise InvalidInput("body: expected a JSON object") from None
+    except LookupError:
+        # The Content-Type names a charset Python does not know, so decoding cannot even start.
+        raise InvalidInput("body: unknown charset in Content-Type; expected utf-8") from None
+    except web.RequestPayloadError:
+        # The body cannot be read as sent: a broken gzip/deflate stream or a malformed chunk.
+        raise InvalidInput("body: could not be read (malformed Content-Encoding or chunked body)") from None
     if not isinstance(body, dict):
         raise InvalidInput("body: expected a JSON object")
     return body
@@ -210,12 +218,7 @@ async def get_summary(request: web.Request) -> web.Response:
 
 
 def _max_chars(request: web.Request) -> int:
-    raw = request.query.get("max_chars")
-    if raw is None:
-        return request.app[SETTINGS_KEY].context_max_chars
-    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= 1_000_000:
-        raise InvalidInput("max_chars: expected an integer from 1 to 1000000")
-    return int(raw)
+    return _int_query(request, "max_chars", request.app[SETTINGS_KEY].context_max_chars, 1, 1_000_000)
 
 
 def _framing_text(value: object, name: str, max_bytes: int) -> str | None:
@@ -387,12 +390,16 @@ async def get_slices(request: web.Request) -> web.Response:
 
 
 def _int_query(request: web.Request, name: str, default: int, low: int, high: int) -> int:
+    """The query parameter `name` as an integer in [low, high], `default` when absent."""
     raw = request.query.get(name)
     if raw is None:
         return default
-    if not (raw.isascii() and raw.isdigit()) or not low <= int(raw) <= high:
+    # The length is checked before int(), which refuses more than 4300 digits with a ValueError
+    # (a 500 for a long query parameter); digits beyond those of `high` are out of range anyway.
+    digits = raw.lstrip("0") or "0"
+    if not (raw.isascii() and raw.isdigit()) or len(digits) > len(str(high)) or not low <= int(digits) <= high:
         raise InvalidInput(f"{name}: expected an integer from {low} to {high}")
-    return int(raw)
+    return int(digits)
 
 
 async def get_messages(request: web.Request) -> web.Response:
@@ -453,6 +460,10 @@ async def readyz(request: web.Request) -> web.Response:
     return reply({"status": overall, "tiers": tiers}, status=status)
 
 
+async def openapi_document(request: web.Request) -> web.Response:
+    return web.Response(body=request.app[OPENAPI_KEY], content_type="application/json")
+
+
 async def metrics(request: web.Request) -> web.Response:
     body = generate_latest(request.app[METRICS_KEY].registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -474,6 +485,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/openapi.json", openapi_document)
 
 
 @web.middleware
@@ -501,7 +513,13 @@ async def _mapped(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except InvalidInput as exc:
-        return error_response(400, "invalid_input", str(exc))
+        response = error_response(400, "invalid_input", str(exc))
+        if request.content.exception() is not None:
+            # The body stream broke (a Content-Encoding that does not decode): aiohttp drops the
+            # connection after this reply, so it must say so, or a pooled client reuses it and
+            # its next request fails with a disconnect.
+            response.force_close()
+        return response
     except Unauthorized as exc:
         return error_response(401, "unauthorized", str(exc), {"WWW-Authenticate": "Bearer"})
     except NotFound as exc:
@@ -524,7 +542,9 @@ async def _mapped(request: web.Request, handler: Handler) -> web.StreamResponse:
         return error_response(413, "request_entity_too_large", f"body: expected at most {limit} bytes")
     except web.HTTPException as exc:
         if exc.status >= 400:
-            return error_response(exc.status, exc.reason.lower().replace(" ", "_"), exc.reason)
+            # Its headers carry meaning (Allow on a 405, WWW-Authenticate on a 401); only the body changes.
+            headers = {k: v for k, v in exc.headers.items() if k.lower() not in ("content-type", "content-length")}
+            return error_response(exc.status, exc.reason.lower().replace(" ", "_"), exc.reason, headers)
         raise
     except Exception:
         log.exception("request_failed")

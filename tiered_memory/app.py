@@ -15,10 +15,11 @@ import structlog
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from tiered_memory.api import METRICS_KEY, SERVICE_KEY, SETTINGS_KEY, add_routes, observe
+from tiered_memory.api import METRICS_KEY, OPENAPI_KEY, SERVICE_KEY, SETTINGS_KEY, add_routes, observe
 from tiered_memory.auth import auth_middleware
 from tiered_memory.errors import ConfigError, SqlUnavailable
 from tiered_memory.metrics import Metrics
+from tiered_memory.openapi import load_document
 from tiered_memory.service import MemoryService
 from tiered_memory.settings import Settings
 from tiered_memory.summarize.extractive import Extractor
@@ -183,6 +184,7 @@ def create_app(
     app[SETTINGS_KEY] = settings
     app[METRICS_KEY] = Metrics(registry if registry is not None else CollectorRegistry())
     app[EXTRACTOR_KEY] = extractor if extractor is not None else Extractor()
+    app[OPENAPI_KEY] = load_document()
     app.cleanup_ctx.extend([_sql_ctx, _hot_ctx, _llm_ctx, _service_ctx])
     add_routes(app)
     return app

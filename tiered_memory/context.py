@@ -86,9 +86,12 @@ def fit_recent(messages: Sequence[Message], *, room: int) -> tuple[list[Message]
     used = 0
     for idx in range(len(answered) - 1, -1, -1):
         m = answered[idx]
-        if used + len(m.content) <= room:
+        # alternate() joins consecutive messages of one role with a newline (two questions around
+        # a stopped reply): that newline is content too, or the joined turns overrun the room.
+        cost = len(m.content) + (1 if kept and kept[-1].role is m.role else 0)
+        if used + cost <= room:
             kept.append(m)
-            used += len(m.content)
+            used += cost
             continue
         if not kept and room > 0:
             question = answered[idx - 1] if idx > 0 and answered[idx - 1].role is Role.USER else None

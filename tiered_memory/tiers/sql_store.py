@@ -489,7 +489,10 @@ class SqlStore:
         async def op() -> list[tuple[str, int, Summary]]:
             q = (
                 sa.select(cs, cs.c.created_at.label("summary_created_at"))
-                .where(cs.c.user_id == user_id)
+                # MySQL/MariaDB collations pad with spaces, so 'u1' = 'u1 ' there: equal lengths
+                # (measured by the same function on both sides) make the match exact, and the
+                # equality still uses the (user_id, updated_at) index.
+                .where(cs.c.user_id == user_id, sa.func.length(cs.c.user_id) == sa.func.length(sa.literal(user_id)))
                 .order_by(cs.c.updated_at.desc())
                 .limit(limit)
             )

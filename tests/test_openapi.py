@@ -18,6 +18,7 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.core.result import Err
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
+    ignored_auth,
     response_headers_conformance,
     response_schema_conformance,
     status_code_conformance,
@@ -38,6 +39,11 @@ _CHECKS = [
     response_headers_conformance,
     response_schema_conformance,
 ]
+# The fuzzed daemon requires a token, so authentication is fuzzed too (ignored_auth: a request
+# without the token must be refused).
+_TOKEN = "fuzz-token-0123456789abcdef"
+_AUTH = {"Authorization": f"Bearer {_TOKEN}"}
+
 # The ids of the document's examples: seeded, so that the examples phase reads a real session.
 _SEEDED = ("call-42", "u-7")
 
@@ -136,7 +142,7 @@ def _fuzz_one(
         suppress_health_check=list(hypothesis.HealthCheck),
     )
     def run(case: schemathesis.Case[Any]) -> None:
-        case.call_and_validate(base_url=base_url, checks=_CHECKS, timeout=30)
+        case.call_and_validate(base_url=base_url, checks=[*_CHECKS, ignored_auth], headers=_AUTH, timeout=30)
 
     run()
 
@@ -168,9 +174,19 @@ def _fuzz(doc: dict[str, Any], base_url: str, seeded: Seeded, reseed: Callable[[
     return failures
 
 
-async def test_daemon_conforms_to_its_document(daemon: Daemon) -> None:
-    """Schemathesis, positive and negative, over every operation against the live daemon: no reply
-    is a 5xx, and every reply's status, content type, headers and body are as documented."""
+@pytest.fixture
+async def authed(backend_env: dict[str, str]) -> Any:
+    d = Daemon(backend_env | {"API_TOKENS": _TOKEN}, headers=_AUTH)
+    await d.start()
+    yield d
+    await d.stop()
+
+
+async def test_daemon_conforms_to_its_document(authed: Daemon) -> None:
+    """Schemathesis, positive and negative, over every operation against the live daemon with a
+    token required: no reply is a 5xx, every reply's status, content type, headers and body are as
+    documented, and a request without the token is refused."""
+    daemon = authed
     doc = await daemon.get("/openapi.json")
     seeded = Seeded(*_SEEDED)
     await _seed(daemon, seeded.session_id, seeded.user_id)

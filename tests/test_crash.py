@@ -213,6 +213,17 @@ async def test_sigkill_mid_work_loses_nothing_and_stores_nothing_twice(
         _cleanup(real_servers, prefix)
 
 
+async def _sigterm_while_summarizing(
+    daemon: DaemonProcess, g: Gateway, http: aiohttp.ClientSession, llm: FakeLlm
+) -> tuple[int, float]:
+    """Three turns (a summary is due), then SIGTERM while its LLM call is in flight."""
+    for turn in range(1, 4):
+        for role in ("user", "assistant"):
+            assert await g.send(http, daemon.url, g.message(turn, role))
+    await _until(lambda: llm.in_flight == 1)
+    return await daemon.terminate()
+
+
 async def test_sigterm_drains_a_running_summary_within_the_grace(
     real_servers: RealServers, fake_llm: FakeLlm, tmp_path: Path
 ) -> None:
@@ -227,11 +238,7 @@ async def test_sigterm_drains_a_running_summary_within_the_grace(
     g = Gateway(new_sid())
     try:
         async with processes(daemon), aiohttp.ClientSession() as http:
-            for turn in range(1, 4):
-                for role in ("user", "assistant"):
-                    assert await g.send(http, daemon.url, g.message(turn, role))
-            await _until(lambda: fake_llm.in_flight == 1)
-            code, elapsed = await daemon.terminate()
+            code, elapsed = await _sigterm_while_summarizing(daemon, g, http, fake_llm)
         assert code == 0
         assert elapsed < 10
         assert _covered(real_servers, g.sid) == 3
@@ -245,20 +252,16 @@ async def test_sigterm_past_the_grace_cancels_and_the_restart_finishes_it(
 ) -> None:
     """With the LLM slower than the grace, SIGTERM cancels the summary instead of waiting for it,
     and the next start-up's sweep does it."""
-    fake_llm.behaviour.delay_s = 30.0
+    fake_llm.behaviour.delay_s = 12.0
     prefix = f"tmt{real_servers.run_id}{uuid.uuid4().hex[:6]}"
     env = _env(real_servers, prefix, fake_llm, SHUTDOWN_GRACE_SECONDS="1", LLM_TIMEOUT_SECONDS="60")
     daemon = DaemonProcess(env, tmp_path / "daemon.log")
     g = Gateway(new_sid())
     try:
         async with processes(daemon), aiohttp.ClientSession() as http:
-            for turn in range(1, 4):
-                for role in ("user", "assistant"):
-                    assert await g.send(http, daemon.url, g.message(turn, role))
-            await _until(lambda: fake_llm.in_flight == 1)
-            code, elapsed = await daemon.terminate()
+            code, elapsed = await _sigterm_while_summarizing(daemon, g, http, fake_llm)
             assert code == 0
-            assert elapsed < 15  # the grace and the HTTP shutdown, never the LLM's 30 s
+            assert elapsed < 10  # the grace and the HTTP shutdown, never the LLM's 12 s
             assert _covered(real_servers, g.sid) == 0
             log_events = [
                 json.loads(line)["event"] for line in daemon.log_path.read_text().splitlines() if line[:1] == "{"

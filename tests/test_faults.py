@@ -292,6 +292,7 @@ async def test_summary_lost_to_an_sql_outage_is_retried(
             return sql_rows(real_servers.mysql_url, query, sid) == [(3,)]
 
         await _eventually(written)
+        await d.settle()  # the pass that wrote SQL also caches it in Redis, right after
         answer = await d.get(f"/v1/sessions/{sid}/summary")
         assert (answer["tier"], answer["covered_turns"], answer["source"]) == ("hot", 3, "llm")
     finally:

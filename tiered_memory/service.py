@@ -43,12 +43,12 @@ from tiered_memory.model import (
     Slice,
     Summary,
     SummaryAnswer,
-    SummarySource,
     Tier,
 )
 from tiered_memory.settings import Settings
+from tiered_memory.summarize.cold import cold_summary
 from tiered_memory.summarize.extractive import Extractor
-from tiered_memory.summarize.payload import planning, planning_history, rule_payload
+from tiered_memory.summarize.payload import planning, planning_history
 from tiered_memory.summarize.scheduler import SingleFlight
 from tiered_memory.summarize.topics import TopicTagger
 from tiered_memory.summary_job import JobResult, Outcome, SummaryJob
@@ -356,31 +356,13 @@ class MemoryService:
         except SqlUnavailable:
             self._metrics.tier_errors.labels("sql", "read_messages").inc()
             return None
-        answered = [m for m in messages if m.answered]
-        if not answered:
-            return None
-        extraction = await asyncio.to_thread(self._extractor.extract, answered, max_chars=self._s.summary_max_chars)
-        if not extraction.text:
-            return None
-        return Summary(
-            text=extraction.text,
-            covered_turns=info.turn_count,
-            version=0,
-            source=SummarySource.DETERMINISTIC,
-            updated_at=info.last_activity,
-            created_at=info.created_at,
-            topics=self._tagger.tags([extraction.text, *(m.content for m in answered)], extraction.topics),
-            structured={
-                **extraction.structured,
-                "payload": rule_payload(
-                    text=extraction.text,
-                    structured=extraction.structured,
-                    new=answered,
-                    topics=extraction.topics,
-                    previous=None,
-                    max_chars=self._s.summary_max_chars,
-                ),
-            },
+        return await asyncio.to_thread(
+            cold_summary,
+            info,
+            messages,
+            extractor=self._extractor,
+            tagger=self._tagger,
+            max_chars=self._s.summary_max_chars,
         )
 
     def _answer(self, session_id: str, tier: Tier, summary: Summary | None, turns: int) -> SummaryAnswer:

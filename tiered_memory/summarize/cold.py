@@ -1,0 +1,48 @@
+"""The cold tier's answer: a deterministic summary of a session's messages, made at read time.
+
+Used when neither Redis nor the warm row has a summary (never made yet, deleted, or lost with
+both caches): the extractor over the answered messages, shaped like a stored summary (version 0,
+source deterministic) so that callers treat every tier's answer alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tiered_memory.model import Message, SessionInfo, Summary, SummarySource
+from tiered_memory.summarize.extractive import Extractor
+from tiered_memory.summarize.payload import rule_payload
+from tiered_memory.summarize.topics import TopicTagger
+
+
+def cold_summary(
+    info: SessionInfo, messages: Sequence[Message], *, extractor: Extractor, tagger: TopicTagger, max_chars: int
+) -> Summary | None:
+    """A summary of the session's completed turns in `messages`; None when nothing was answered.
+    Blocking (the extractor is CPU work): callers run it in a thread."""
+    answered = [m for m in messages if m.answered]
+    if not answered:
+        return None
+    extraction = extractor.extract(answered, max_chars=max_chars)
+    if not extraction.text:
+        return None
+    return Summary(
+        text=extraction.text,
+        covered_turns=info.turn_count,
+        version=0,
+        source=SummarySource.DETERMINISTIC,
+        updated_at=info.last_activity,
+        created_at=info.created_at,
+        topics=tagger.tags([extraction.text, *(m.content for m in answered)], extraction.topics),
+        structured={
+            **extraction.structured,
+            "payload": rule_payload(
+                text=extraction.text,
+                structured=extraction.structured,
+                new=answered,
+                topics=extraction.topics,
+                previous=None,
+                max_chars=max_chars,
+            ),
+        },
+    )

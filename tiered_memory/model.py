@@ -208,3 +208,21 @@ class HotSession:
     last_activity: float | None
     content_chars: int | None = None
     owner: Owner | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AppendOutcome:
+    """What an append did: the stored message with SQL's counters, and whether a summary is due."""
+
+    result: AppendResult
+    summary_scheduled: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CloseResult:
+    """`persisted`: the warm row covers every turn; `cached`: Redis holds that summary too."""
+
+    session_id: str
+    persisted: bool
+    cached: bool
+    turn_count: int

@@ -33,8 +33,10 @@ from tiered_memory.context import (
 from tiered_memory.errors import Forbidden, HotUnavailable, NotFound, SqlUnavailable
 from tiered_memory.metrics import Metrics
 from tiered_memory.model import (
+    AppendOutcome,
     AppendResult,
     Caller,
+    CloseResult,
     HotSession,
     Message,
     NewMessage,
@@ -66,12 +68,6 @@ _LOCKED_RETRIES = 50
 
 
 @dataclass(frozen=True, slots=True)
-class AppendOutcome:
-    result: AppendResult
-    summary_scheduled: bool
-
-
-@dataclass(frozen=True, slots=True)
 class ContextAnswer:
     session_id: str
     summary_tier: Tier
@@ -85,14 +81,6 @@ class ContextAnswer:
     estimated_tokens: dict[str, int]
     planning: dict[str, Any] | None
     planning_history: str
-
-
-@dataclass(frozen=True, slots=True)
-class CloseResult:
-    session_id: str
-    persisted: bool
-    cached: bool
-    turn_count: int
 
 
 class MemoryService:

@@ -24,11 +24,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -44,6 +41,7 @@ import redis.asyncio as aioredis
 # The conversation and the fake LLM are the tests' own: one place fakes the wire.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import soak_report as rep  # scripts/ is sys.path[0] when this file runs
+from child import ChildDaemon, ChildFailed, free_port
 
 from tests.conversations import ZH_12_TURNS
 from tests.fake_llm import Behaviour, FakeLlm
@@ -70,15 +68,8 @@ RESEND_SHARE = 0.03
 SYSTEM_PROMPT = "你是健康顾问。"
 
 
-class SoakFailed(Exception):
+class SoakFailed(ChildFailed):
     pass
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def say(t0: float, text: str) -> None:
@@ -123,39 +114,12 @@ class PrivateRedis:
             await client.aclose()
 
 
-class Daemon:
+class Daemon(ChildDaemon):
     """The daemon as a child process, its JSON log in a file."""
 
     def __init__(self, env: dict[str, str], log_path: Path) -> None:
-        self.env = env
-        self.base = f"http://127.0.0.1:{env['PORT']}"
-        self.log_path = log_path
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    async def start(self, http: aiohttp.ClientSession) -> None:
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tiered_memory", "serve"], env=os.environ | self.env, stderr=log
-            )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                async with http.get(self.base + "/readyz") as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            if self.proc.poll() is not None:
-                raise SoakFailed(f"daemon exited with {self.proc.returncode} at start-up; see {self.log_path}")
-            await asyncio.sleep(0.1)
-        raise SoakFailed("daemon was not ready within 60 s")
-
-    def stop(self) -> int:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
-        code = self.proc.wait(timeout=60)
-        self.proc = None
-        return code
+        super().__init__(env, log_path)
+        self.log_path: Path = log_path
 
     def events(self) -> dict[str, int]:
         """Warnings and errors the daemon logged, by level and event name."""
@@ -531,7 +495,7 @@ def main() -> int:
         parser.error("expected --duration of at least 20 and positive --sessions, --turns and --concurrency")
     try:
         report = asyncio.run(soak(args))
-    except SoakFailed as exc:
+    except ChildFailed as exc:
         print(f"soak failed: {exc}", file=sys.stderr)
         return 1
     rep.show(report)

@@ -16,13 +16,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -32,6 +27,8 @@ import redis
 
 # The scripted conversation is the one the tests use, so the walkthrough shows what they check.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from child import ChildDaemon, ChildFailed, free_port  # scripts/ is sys.path[0] when this file runs
+
 from tests.conversations import ZH_12_TURNS as TURNS
 from tests.conversations import ZH_EARLY_EVIDENCE as EARLY_EVIDENCE
 from tiered_memory.settings import Settings
@@ -39,48 +36,8 @@ from tiered_memory.tiers.sql_engine import create_engine
 from tiered_memory.tiers.sql_store import SqlStore
 
 
-class WalkFailed(Exception):
+class WalkFailed(ChildFailed):
     pass
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-class Child:
-    """The daemon as a child process, started and stopped like an operator would."""
-
-    def __init__(self, env: dict[str, str]) -> None:
-        self.env = env
-        self.base = f"http://127.0.0.1:{env['PORT']}"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    async def start(self, http: aiohttp.ClientSession) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tiered_memory", "serve"], env=os.environ | self.env, stderr=subprocess.DEVNULL
-        )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                async with http.get(self.base + "/healthz") as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            if self.proc.poll() is not None:
-                raise WalkFailed(f"daemon exited with {self.proc.returncode} at start-up")
-            await asyncio.sleep(0.1)
-        raise WalkFailed("daemon did not answer /healthz within 30 s")
-
-    def stop(self) -> int:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
-        code = self.proc.wait(timeout=30)
-        self.proc = None
-        return code
 
 
 async def call(http: aiohttp.ClientSession, method: str, url: str, body: Any = None) -> tuple[int, Any]:
@@ -108,7 +65,7 @@ async def walk(args: argparse.Namespace) -> None:
     settings = Settings.from_env(env)
     backend = "redis+mysql" if args.redis_url else "embedded"
     sid = f"walk-{uuid.uuid4().hex[:10]}"
-    daemon = Child(env)
+    daemon = ChildDaemon(env)
     store = SqlStore(create_engine(settings.sqlalchemy_url), timeout_s=10)
 
     async def lose_hot(http: aiohttp.ClientSession) -> None:
@@ -190,7 +147,7 @@ def main() -> int:
     args = parser.parse_args()
     try:
         asyncio.run(walk(args))
-    except WalkFailed as exc:
+    except ChildFailed as exc:
         step("failed", reason=str(exc))
         return 1
     return 0

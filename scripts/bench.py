@@ -63,18 +63,23 @@ async def bench(args: argparse.Namespace, plan: Plan) -> dict[str, Any]:
             async with b.backends():
                 try:
                     await b.setup()
-                    lengths = None if args.skip_growth else await phases.seed_growth(b)
-                    b.log("set up")
+                    lengths = None if "growth" in args.skip else await phases.seed_growth(b)
+                    b.mark("set up")
                     await phases.main_table(b)
+                    b.mark("main table")
                     if lengths is not None:
                         await phases.growth(b, lengths)
-                    await phases.slow_llm(b)
+                        b.mark("growth")
+                    if "slow_llm" not in args.skip:
+                        await phases.slow_llm(b)
+                        b.mark("slow LLM")
                     if args.profile:
                         await phases.profiles(b, args.profile)
-                    if b.redis is not None:
-                        await phases.memory_redis(b)
-                    await phases.memory_embedded(b)
-                    if b.redis is not None:
+                    if "memory" not in args.skip:
+                        if b.redis is not None:
+                            await phases.memory_redis(b)
+                        await phases.memory_embedded(b)
+                    if b.redis is not None and "workers" not in args.skip:
                         cold = [*b.cold, *(lengths.cold.values() if lengths else ())]
                         await phases.workers(b, cold)
                 finally:
@@ -118,9 +123,18 @@ def main() -> int:
         help="MySQL/MariaDB server; the run creates and drops a database of its own (default: %(default)s)",
     )
     parser.add_argument("--embedded", action="store_true", help="the in-process cache and SQLite instead")
-    parser.add_argument("--duration", type=float, help="seconds per measurement (default 2.4; --quick 0.4)")
+    parser.add_argument("--duration", type=float, help="seconds per measurement (default 2; --quick 0.4)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: small pools, short measurements")
-    parser.add_argument("--skip-growth", action="store_true", help="leave out the session-length sweep")
+    parser.add_argument(
+        "--skip",
+        type=lambda v: set(v.split(",")),
+        default=set(),
+        metavar="PHASES",
+        help="leave out some of: growth,slow_llm,memory,workers (comma-separated)",
+    )
+    parser.add_argument(
+        "--embedded-bound", type=int, help="HOT_MAX_SESSIONS of the embedded memory figures (default 1000)"
+    )
     parser.add_argument("--json", type=Path, help="write every figure here")
     parser.add_argument("--plot", type=Path, help="write the growth plot here (PNG; needs the bench extra)")
     parser.add_argument("--profile", type=Path, help="record py-spy profiles of the daemon into this directory")

@@ -92,6 +92,7 @@ class Stats:
     seconds: float = 0.0
     latencies: list[float] = field(default_factory=list)
     errors: int = 0
+    client_cpu_us: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -122,6 +123,7 @@ class Stats:
             "p50_ms": round(self.quantile_ms(0.50), 3),
             "p99_ms": round(self.quantile_ms(0.99), 3),
             "mean_ms": round(self.mean_ms, 3),
+            "client_cpu_us": round(self.client_cpu_us, 1),
             **self.extra,
         }
 
@@ -148,6 +150,7 @@ async def measure(
     conns = [await connect(host, port) for _ in range(concurrency)]
     stats: dict[str, Stats] = {}
     lost = 0
+    cpu = time.process_time()
     start = time.perf_counter()
     deadline = start + duration_s
     ends: list[float] = []
@@ -188,8 +191,11 @@ async def measure(
         for c in conns:
             c.close()
     seconds = max(ends) - start
+    # This process's CPU per request: what the client costs the two cores it shares.
+    cpu_us = (time.process_time() - cpu) * 1e6 / max(1, sum(len(st.latencies) for st in stats.values()))
     for st in stats.values():
         st.seconds = seconds
+        st.client_cpu_us = cpu_us
     if lost:
         (next(iter(stats.values())) if stats else figures(name)).errors += lost
     return stats

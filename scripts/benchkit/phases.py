@@ -4,6 +4,7 @@ several processes on one port, and the profiles. Each takes the Bench and adds t
 from __future__ import annotations
 
 import subprocess
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,6 +105,7 @@ async def seed_growth(b: Bench) -> Lengths:
         await seed.sessions_with(b.sql, [full[n]], turns=n, summary=b.tpl, with_messages=True)
         await seed.sessions_with(b.sql, [cold[n]], turns=n, summary=None, with_messages=True)
         warm[n] = await b.warm_pool(f"g{n}warm", int(b.plan.warm_rate * b.plan.growth_duration), turns=n)
+        b.log(f"seeded sessions of {n} turns")
     return Lengths(full, cold, warm)
 
 
@@ -174,9 +176,10 @@ async def slow_llm(b: Bench) -> None:
 
 
 async def touch(port: int, sids: Sequence[str], tier: str) -> int:
-    """Read each session's summary once at concurrency 64; how many did not answer from `tier`."""
+    """Read each session's summary once; how many did not answer from `tier`. Concurrency 16:
+    as fast as 64 here, with less of the daemon's memory going to requests in flight."""
     stats = await loadgen.measure(
-        "touch", port, concurrency=64, duration_s=600, make=once(summaries(sids)), check=ok(200, SUMMARY_FROM[tier])
+        "touch", port, concurrency=16, duration_s=600, make=once(summaries(sids)), check=ok(200, SUMMARY_FROM[tier])
     )
     return stats["touch"].errors
 
@@ -248,7 +251,7 @@ async def workers(b: Bench, cold: Sequence[str]) -> None:
             Spec("summary_hot", port, spread(summaries(b.hot)), ok(200, SUMMARY_FROM["hot"])),
             Spec("append", port, conversation(per_worker(f"b{b.run}-wk{n}"), "a"), ok(201), after=b.settle),
         ]
-        for key, st in (await b.rounds(specs, 64, record=False)).items():
+        for key, st in (await b.rounds(specs, 64, duration=b.plan.duration / 2, record=False)).items():
             figures.setdefault(key, {})[str(n)] = st.as_json()
     b.doc["workers"] = {
         "processes": figures,
@@ -257,27 +260,35 @@ async def workers(b: Bench, cold: Sequence[str]) -> None:
 
 
 async def profiles(b: Bench, out_dir: Path) -> None:
-    """py-spy on the daemon during the hot reads, a warm read and appends at concurrency 64,
-    each on its own (these runs are not in the table: the sampler costs the daemon some time).
+    """py-spy on the daemon during the hot reads, a warm read and appends at concurrency 64, and
+    the gateway loop at concurrency 1 with a 2 s LLM, each on its own (these runs are not in the
+    table: the sampler costs the daemon some time).
     The collapsed stacks go to `out_dir`, which must exist."""
     d = b.daemon.port
     await b.rewarm()
     warm = await b.warm_pool("prof", b.warm_size(64))
     cases = [
-        ("summary_hot", Spec("summary_hot", d, spread(summaries(b.hot)), ok(200))),
-        ("context_hot", Spec("context_hot", d, spread(contexts(b.hot)), ok(200))),
-        ("summary_warm", Spec("summary_warm", d, once(summaries(warm)), ok(200))),
-        ("append", Spec("append", d, conversation(per_worker(f"b{b.run}-prof"), "a"), ok(201))),
+        ("summary_hot", 64, Spec("summary_hot", d, spread(summaries(b.hot)), ok(200))),
+        ("context_hot", 64, Spec("context_hot", d, spread(contexts(b.hot)), ok(200))),
+        ("summary_warm", 64, Spec("summary_warm", d, once(summaries(warm)), ok(200))),
+        ("append", 64, Spec("append", d, conversation(per_worker(f"b{b.run}-prof"), "a"), ok(201))),
+        # The gateway loop of the slow-LLM figures, while the LLM takes 2 s.
+        ("chat_slow_llm", 1, Spec("chat", d, chat(f"b{b.run}-profchat", 1, "m"), answered, label=chat_parts)),
     ]
     found: dict[str, Any] = {}
-    for name, spec in cases:
+    # py-spy comes with the bench extra, into the same environment as this interpreter.
+    beside = Path(sys.executable).parent / "py-spy"
+    spy_path = str(beside) if beside.exists() else "py-spy"
+    for name, c, spec in cases:
         raw = out_dir / f"{name}.txt"
+        await b.llm_delay(2.0 if name == "chat_slow_llm" else 0.0)
         seconds = max(2, int(b.plan.duration))
-        argv = ["py-spy", "record", "--pid", str(b.daemon.pid), "--duration", str(seconds), "--rate", "250"]
-        spy = subprocess.Popen([*argv, "--format", "raw", "--output", str(raw), "--nonblocking"],
+        argv = [spy_path, "record", "--pid", str(b.daemon.pid), "--duration", str(seconds), "--rate", "250"]
+        spy = subprocess.Popen([*argv, "--format", "raw", "--output", str(raw)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-        stats = await b.measure(spec, 64, seconds)
+        stats = await b.measure(spec, c, seconds)
         spy.wait(timeout=60)
+        await b.llm_delay(0.0)
         await b.settle()
         found[name] = {"throughput": round(sum(s.throughput for s in stats.values()), 1), **report.profile_top(raw)}
         b.log(f"profile: {name} ({found[name]['samples']} samples)")

@@ -60,6 +60,7 @@ class Child:
         self, name: str, argv: list[str], *, port: int, env: dict[str, str] | None = None, shared_port: bool = False
     ) -> None:
         self.name = name
+        self.log: Path | None = None
         self.shared_port = shared_port
         self.argv = argv
         self.port = port
@@ -75,9 +76,12 @@ class Child:
         assert self.proc is not None
         return self.proc.pid
 
-    async def start(self, http: aiohttp.ClientSession, *, timeout_s: float = 60) -> None:
+    async def start(self, http: aiohttp.ClientSession, *, log_dir: Path, timeout_s: float = 60) -> None:
+        """Start it with its output in `log_dir`, and wait until it answers /healthz."""
         env = os.environ | {"PYTHONPATH": f"{SCRIPTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"} | self.env
-        self.proc = subprocess.Popen(self.argv, env=env, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        self.log = log_dir / f"{self.name.replace(' ', '-')}-{self.port}.log"
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(self.argv, env=env, stderr=out, stdout=out)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             try:
@@ -87,9 +91,20 @@ class Child:
             except aiohttp.ClientError:
                 pass
             if self.proc.poll() is not None:
-                raise BenchFailed(f"{self.name} exited with {self.proc.returncode} at start-up")
+                raise BenchFailed(f"{self.name} exited with {self.proc.returncode} at start-up:\n{self.tail()}")
             await asyncio.sleep(0.05)
         raise BenchFailed(f"{self.name} did not answer /healthz within {timeout_s:.0f} s")
+
+    def tail(self, lines: int = 20) -> str:
+        """The end of its output, for a report of why it stopped."""
+        if self.log is None or not self.log.exists():
+            return ""
+        return "\n".join(self.log.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
+
+    def check_alive(self) -> None:
+        """Raise BenchFailed, with the end of its output, if it exited on its own."""
+        if self.proc is not None and self.proc.poll() is not None:
+            raise BenchFailed(f"{self.name} exited with {self.proc.returncode}:\n{self.tail()}")
 
     def terminate(self) -> None:
         """Ask the child to stop (SIGTERM: the daemon drains and exits); `stop` waits for it."""

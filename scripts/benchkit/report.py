@@ -3,6 +3,7 @@ the benchmark issue with what was reached, the growth plot, and the top of a py-
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -131,9 +132,13 @@ def extras(doc: dict[str, Any]) -> str:
             lines.append(f"| `{op}` | {one:,.0f} | {two:,.0f} | {workers['ratios'][op]:.2f}x |")
         out.append("\n".join(lines))
     for name, prof in doc.get("profile", {}).items():
-        lines = [f"| profile `{name}` ({prof['samples']} samples) | self % | | inclusive % |", "|---|---:|---|---:|"]
-        for (a, pa), (b, pb) in zip(prof["self"][:12], prof["inclusive"][:12], strict=False):
-            lines.append(f"| {a} | {pa} | {b} | {pb} |")
+        head = (
+            f"| profile `{name}`, {prof['samples']} samples: self | % | package | % | daemon function (inclusive) | % |"
+        )
+        lines = [head, "|---|---:|---|---:|---|---:|"]
+        columns = [prof["self"][:12], prof["packages"][:12], prof["inclusive"][:12]]
+        for row in itertools.zip_longest(*columns, fillvalue=["", ""]):
+            lines.append("| " + " | ".join(f"{cell[0]} | {cell[1]}" for cell in row) + " |")
         out.append("\n".join(lines))
     return "\n\n".join(out)
 
@@ -269,32 +274,60 @@ def plot(growth: dict[str, Any], path: Path) -> None:
 
 
 def profile_top(raw: Path, n: int = 15) -> dict[str, Any]:
-    """The top of a py-spy `--format raw` profile (collapsed stacks): the functions where the
-    samples were (self) and the functions the samples were under (inclusive), in % of samples."""
+    """The top of a py-spy `--format raw` profile (collapsed stacks), in % of the busy samples:
+    the functions the samples were in (self), the packages those functions belong to, the
+    packages the samples were under once inside a request handler, and the daemon's own
+    functions the samples were under (inclusive)."""
     own: Counter[str] = Counter()
+    packages: Counter[str] = Counter()
     under: Counter[str] = Counter()
+    below: Counter[str] = Counter()
     total = 0
     for line in raw.read_text(encoding="utf-8", errors="replace").splitlines():
         stack, _, count = line.rpartition(" ")
         if not stack or not count.isdigit():
             continue
         k = int(count)
+        frames = [_frame(f) for f in stack.split(";")]
+        name, path = frames[-1]
+        if (name, path) in _IDLE:
+            continue
         total += k
-        frames = stack.split(";")
-        own[_short(frames[-1])] += k
-        for name in {_short(f) for f in frames}:
+        own[f"{name} ({path})"] += k
+        packages[_package(path)] += k
+        for name in {f"{name} ({path})" for name, path in frames if path.startswith("tiered_memory/")}:
             under[name] += k
+        # Below the daemon's own code: which libraries its calls spent the samples in.
+        first_own = next((i for i, (_n, p) in enumerate(frames) if p.startswith("tiered_memory/api")), None)
+        if first_own is not None:
+            for pkg in {_package(p) for _n, p in frames[first_own:]}:
+                below[pkg] += k
 
     def pct(c: Counter[str]) -> list[list[Any]]:
         return [[name, round(100 * k / total, 1)] for name, k in c.most_common(n)] if total else []
 
-    return {"samples": total, "self": pct(own), "inclusive": pct(under)}
+    return {
+        "samples": total,
+        "self": pct(own),
+        "packages": pct(packages),
+        "packages_under_handlers": pct(below),
+        "inclusive": pct(under),
+    }
 
 
-def _short(frame: str) -> str:
-    # py-spy frames read "function (path/to/file.py:line)"; keep the function and the file's tail.
+# Leaf frames of threads waiting for work (the to_thread pool between jobs): idle, not cost.
+_IDLE = {("_worker", "concurrent/futures/thread.py")}
+
+
+def _frame(frame: str) -> tuple[str, str]:
+    # py-spy frames read "function (package/module.py:line)".
     name, _, where = frame.partition(" (")
-    where = where.rstrip(")")
-    path, _, _line = where.rpartition(":")
-    tail = "/".join(path.split("/")[-2:]) if path else where
-    return f"{name} ({tail})"
+    path = where.rstrip(")").rpartition(":")[0] or where
+    return name, path
+
+
+def _package(path: str) -> str:
+    if path.startswith("<sqlalchemy"):
+        return "sqlalchemy"  # its generated wrappers
+    top = path.split("/", 1)[0]
+    return top.removesuffix(".py") if "/" in path or path.endswith(".py") else path

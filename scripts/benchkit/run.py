@@ -55,8 +55,11 @@ class Plan:
     @classmethod
     def of(cls, args: argparse.Namespace) -> Plan:
         if args.quick:
-            return cls(args.duration or 0.4, 1, 100, 20, 1500, (10, 100), 0.3, (500, 2000), 200)
-        return cls(args.duration or 2.4, 3, 1000, 100, 1500, (10, 100, 1000, 10000), 1.0, (10_000, 100_000), 2000)
+            return cls(args.duration or 0.4, 1, 100, 20, 1500, (10, 100), 0.3, (500, 2000), args.embedded_bound or 200)
+        lengths = (10, 100, 1000, 10000)
+        return cls(
+            args.duration or 2.0, 2, 500, 100, 1500, lengths, 0.8, (10_000, 100_000), args.embedded_bound or 1000
+        )
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,8 @@ def merged(name: str, parts: Sequence[Stats]) -> Stats:
         whole.latencies += p.latencies
         whole.errors += p.errors
         whole.seconds += p.seconds
+        whole.client_cpu_us += p.client_cpu_us * len(p.latencies)
+    whole.client_cpu_us /= max(1, len(whole.latencies))
     return whole
 
 
@@ -114,6 +119,11 @@ class Bench:
         self.tpl: dict[str, Any] = {}
         self.t0 = time.monotonic()
 
+    def mark(self, phase: str) -> None:
+        """Note the daemon's RSS at the end of a phase (what each phase leaves behind)."""
+        self.doc.setdefault("rss_kib_after", {})[phase] = procs.rss_kib(self.daemon.pid)
+        self.log(phase)
+
     def log(self, message: str) -> None:
         """Progress on stderr, with the seconds since the run started."""
         print(f"[{time.monotonic() - self.t0:6.1f} s] {message}", file=sys.stderr, flush=True)
@@ -132,7 +142,7 @@ class Bench:
     async def start(self, *children: Child) -> None:
         """Start children at once (each waits for its own /healthz)."""
         self.children.extend(children)
-        await asyncio.gather(*(child.start(self.http) for child in children))
+        await asyncio.gather(*(child.start(self.http, log_dir=self.tmp) for child in children))
 
     def stop(self, child: Child) -> None:
         child.stop()
@@ -162,6 +172,8 @@ class Bench:
 
     async def settle(self, base: str | None = None, timeout_s: float = 120) -> None:
         """Wait until the daemon has no summary scheduled or running."""
+        for child in self.children:
+            child.check_alive()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             async with self.http.get((base or self.base) + "/metrics") as r:
@@ -273,6 +285,7 @@ class Bench:
         await seed.sessions_with(self.sql, self.cold, turns=TURNS, summary=None, with_messages=True)
         self.log("pools seeded")
         await self.rewarm()
+        self.log("hot pool warmed")
 
         # The ceilings answer with the daemon's own bytes for the same sessions.
         async def answer(sid: str) -> tuple[str, str]:
@@ -283,7 +296,8 @@ class Bench:
         if any('"tier":"hot"' not in b for b in bodies.values()):
             raise BenchFailed("the hot pool is not hot after warming")
         self.doc["answer_bytes"] = {"summary_hot": len(bodies[self.hot[0]].encode())}
-        for name in ("http_dict", "naive_hot"):
+        # The naive hot ceiling reads Redis when there is one, else a dict like the HTTP limit.
+        for name in ("http_dict",) if self.redis is not None else ("http_dict", "naive_hot"):
             async with self.http.post(self.servers[name].base + "/load", json=bodies) as r:
                 r.raise_for_status()
         if self.redis is not None:
@@ -337,6 +351,8 @@ class Bench:
                 for key, st in (await self.measure(spec, c, total / n)).items():
                     shares.setdefault(key, []).append(st)
                     kind[key] = spec.ceiling
+                for child in self.children:
+                    child.check_alive()
                 if spec.after is not None:
                     await spec.after()
         out = {key: merged(key, parts) for key, parts in shares.items()}

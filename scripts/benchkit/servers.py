@@ -27,6 +27,8 @@ from aiohttp import web
 from tiered_memory.tiers.sql_engine import create_engine
 
 _JSON = "application/json"
+# POST /load carries every hot session's answer at once.
+_LOAD_MAX = 256 * 1024**2
 
 
 def naive_keys(sid: str, prefix: str) -> tuple[str, str, str]:
@@ -50,7 +52,7 @@ def _loadable(app: web.Application) -> dict[str, bytes]:
 
 def dict_app(_args: argparse.Namespace) -> web.Application:
     """The HTTP limit: the same bytes as the daemon's hot summary answer, from a dict."""
-    app = web.Application()
+    app = web.Application(client_max_size=_LOAD_MAX)
     bodies = _loadable(app)
 
     async def get(request: web.Request) -> web.Response:
@@ -63,7 +65,7 @@ def dict_app(_args: argparse.Namespace) -> web.Application:
 def naive_hot_app(args: argparse.Namespace) -> web.Application:
     """The naive hot ceiling: one redis-py pipeline reads a string, a 6-item list and a counter
     (without Redis, the answer from a dict: the embedded hot tier is a dict)."""
-    app = web.Application()
+    app = web.Application(client_max_size=_LOAD_MAX)
     if args.redis_url is None:
         bodies = _loadable(app)
 

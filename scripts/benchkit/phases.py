@@ -116,10 +116,11 @@ async def growth(b: Bench, s: Lengths) -> None:
     d, g, lengths = b.daemon.port, b.plan.growth_duration, b.plan.lengths
     await b.rounds([Spec("warm-up", d, once(contexts(list(s.full.values()))), ok(200))], 1, record=False, n_rounds=1)
     ops: dict[str, dict[str, Any]] = {}
+    # Four shares of each length, alternating: the lengths compared see the same machine load.
     reads: list[tuple[str, Any, bytes, int | None]] = [
-        ("summary_hot", lambda n: spread(summaries([s.full[n]])), SUMMARY_FROM["hot"], None),
-        ("context_hot", lambda n: spread(contexts([s.full[n]])), CONTEXT_FROM["hot"], None),
-        ("summary_warm", lambda n: once(summaries(s.warm[n])), SUMMARY_FROM["warm"], None),
+        ("summary_hot", lambda n: spread(summaries([s.full[n]])), SUMMARY_FROM["hot"], 4),
+        ("context_hot", lambda n: spread(contexts([s.full[n]])), CONTEXT_FROM["hot"], 4),
+        ("summary_warm", lambda n: once(summaries(s.warm[n])), SUMMARY_FROM["warm"], 4),
         # One share each: a read of 10,000 turns takes seconds.
         ("summary_cold", lambda n: spread(summaries([s.cold[n]])), SUMMARY_FROM["cold"], 1),
         ("context_cold", lambda n: spread(contexts([s.cold[n]])), CONTEXT_FROM["cold"], 1),
@@ -161,7 +162,9 @@ async def slow_llm(b: Bench) -> None:
             b.log(f"slow LLM: {delay:g} s, c={c}")
             prefix = f"b{b.run}-llm{int(delay)}c{c}"
             spec = Spec("chat", b.daemon.port, chat(prefix, c, "m"), answered, label=chat_parts)
-            out = await b.rounds([spec], c, n_rounds=1, record=False)
+            # Twice as long alone: enough requests for a p99 that is not just the slowest one.
+            duration = b.plan.duration * (2 if c == 1 else 1)
+            out = await b.rounds([spec], c, duration=duration, n_rounds=1, record=False)
             runs.setdefault(f"{delay:g}s", {})[str(c)] = {key: st.as_json() for key, st in out.items()}
     await b.llm_delay(0.0)
     await b.settle()

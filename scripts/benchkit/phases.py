@@ -83,7 +83,7 @@ async def main_table(b: Bench) -> None:
         out = await b.rounds(writes, c)
         user, assistant = out["append_user"], out["append_assistant"]
         both = Stats("append", c, seconds=user.seconds, latencies=user.latencies + assistant.latencies)
-        both.errors = user.errors + assistant.errors
+        both.errors, both.client_cpu_us = user.errors + assistant.errors, user.client_cpu_us
         b.figures["operations"].setdefault("append", {})[str(c)] = both.as_json()
 
 
@@ -285,7 +285,7 @@ async def profiles(b: Bench, out_dir: Path) -> None:
     for name, c, spec in cases:
         raw = out_dir / f"{name}.txt"
         await b.llm_delay(2.0 if name == "chat_slow_llm" else 0.0)
-        seconds = max(2, int(b.plan.duration))
+        seconds = max(5, round(2 * b.plan.duration))  # about a thousand samples at 250 Hz
         argv = [spy_path, "record", "--pid", str(b.daemon.pid), "--duration", str(seconds), "--rate", "250"]
         spy = subprocess.Popen([*argv, "--format", "raw", "--output", str(raw)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip

@@ -3,6 +3,7 @@ several processes on one port, and the profiles. Each takes the Bench and adds t
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -246,13 +247,20 @@ async def workers(b: Bench, cold: Sequence[str]) -> None:
     port = procs.free_port()
     env = b.daemon_env(port)
     figures: dict[str, dict[str, Any]] = {}
+
+    async def settle_all() -> None:
+        await settle_processes(b, port)
+
     for n in (1, 2):
         await b.start(procs.reuseport_daemon(env, index=n - 1))  # one more on the same port
-        await b.settle(f"http://127.0.0.1:{port}")
+        # Warm every process up (connections, the summarizer's dictionary) before measuring.
+        warm_up = Spec("warm-up", port, chat(f"b{b.run}-wkw{n}", 16, "w"), answered)
+        await b.rounds([warm_up], 16, duration=1.0, n_rounds=1, record=False)
+        await settle_all()
         b.log(f"workers: {n} process(es) on one port")
         specs = [
             Spec("summary_hot", port, spread(summaries(b.hot)), ok(200, SUMMARY_FROM["hot"])),
-            Spec("append", port, conversation(per_worker(f"b{b.run}-wk{n}"), "a"), ok(201), after=b.settle),
+            Spec("append", port, conversation(per_worker(f"b{b.run}-wk{n}"), "a"), ok(201), after=settle_all),
         ]
         for key, st in (await b.rounds(specs, 64, duration=b.plan.duration / 2, record=False)).items():
             figures.setdefault(key, {})[str(n)] = st.as_json()
@@ -260,6 +268,22 @@ async def workers(b: Bench, cold: Sequence[str]) -> None:
         "processes": figures,
         "ratios": {op: report.ratio(f["2"]["throughput"], f["1"]["throughput"]) for op, f in figures.items()},
     }
+
+
+async def settle_processes(b: Bench, port: int, quiet: int = 8) -> None:
+    """Wait until no process on a shared port has a summary pending: /metrics answers from one of
+    them per connection, so ask on new connections until `quiet` answers in a row say none."""
+    deadline = asyncio.get_running_loop().time() + 120
+    zeros = 0
+    while zeros < quiet:
+        if asyncio.get_running_loop().time() > deadline:
+            raise BenchFailed("summaries still pending after 120 s")
+        async with b.http.get(f"http://127.0.0.1:{port}/metrics", headers={"Connection": "close"}) as r:
+            text = await r.text()
+        gauge = "tiered_memory_pending_summarizations "
+        pending = next((float(line.split()[-1]) for line in text.splitlines() if line.startswith(gauge)), 0.0)
+        zeros = zeros + 1 if pending == 0 else 0
+        await asyncio.sleep(0.05)
 
 
 async def profiles(b: Bench, out_dir: Path) -> None:

@@ -1,0 +1,64 @@
+"""The benchmark script still runs: a smoke run on the embedded default produces every figure."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+OPERATIONS = {
+    "summary_hot",
+    "summary_warm",
+    "summary_cold",
+    "context_hot",
+    "context_cold",
+    "append_user",
+    "append_assistant",
+    "append",
+    "turns",
+}
+CEILINGS = {"http_dict", "naive_hot", "naive_append", "sql_select"}
+
+
+def _positive(figures: dict[str, float]) -> bool:
+    return all(figures[k] > 0 for k in ("requests", "throughput", "p50_ms", "p99_ms"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_quick_embedded_run_reports_every_operation_and_ceiling(tmp_path: Path) -> None:
+    """`bench.py --quick --embedded` exits 0 and its JSON holds, at concurrency 1 and 64, every
+    operation and ceiling with positive throughput and latencies, their ratios, the growth sweep,
+    the memory and slow-LLM figures, and a verdict for each target."""
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench.py"), "--quick", "--embedded", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=140,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(out.read_text(encoding="utf-8"))
+    assert set(doc["operations"]) == OPERATIONS
+    assert set(doc["ceilings"]) == CEILINGS
+    for table in ("operations", "ceilings"):
+        for name, by_c in doc[table].items():
+            assert set(by_c) == {"1", "64"}, name
+            assert all(_positive(f) for f in by_c.values()), (name, by_c)
+    assert doc["ratios"]["summary_hot"]["64"]["naive_hot"] > 0
+    assert doc["ratios"]["append"]["64"]["naive_append"] > 0
+    growth = doc["growth"]
+    for name in ("summary_hot", "summary_warm", "summary_cold", "context_hot", "context_cold", "append", "turns"):
+        assert all(_positive(growth["ops"][name][str(n)]) for n in growth["lengths"]), name
+    assert all(growth["summarization_input"][str(n)]["calls"] > 0 for n in growth["lengths"])
+    assert doc["memory"]["embedded"]["rss_kib"]["thrice_bound"] > 0
+    assert set(doc["slow_llm"]["ratios"]) == {"1", "64"}
+    assert doc["targets"]
+    assert all(isinstance(t["met"], bool) for t in doc["targets"])
+    assert "| `summary_hot` |" in proc.stdout

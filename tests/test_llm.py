@@ -64,14 +64,16 @@ async def test_request_follows_the_protocol(fake_llm: FakeLlm) -> None:
         (Behaviour(mode="malformed"), "malformed"),
         (Behaviour(mode="no_choices"), "malformed"),
         (Behaviour(mode="empty"), "empty"),
-        (Behaviour(delay_s=1.0), "timeout"),
+        (Behaviour(delay_s=3.0), "timeout"),
     ],
 )
 async def test_failures_raise_llm_failed(fake_llm: FakeLlm, behaviour: Behaviour, reason: str) -> None:
     """Every way the LLM can fail becomes LlmFailed with a reason the metrics can count."""
     fake_llm.behaviour = behaviour
+    # A timeout well below the 3 s delay, and well above what an immediate answer needs even on a
+    # loaded CI machine: a 0.3 s timeout once turned an immediate bad answer into "timeout".
     with pytest.raises(LlmFailed) as info:
-        await _summarize(fake_llm, timeout_s=0.3)
+        await _summarize(fake_llm, timeout_s=1.0)
     assert info.value.reason == reason
 
 
@@ -125,7 +127,7 @@ async def test_failed_llm_leaves_a_deterministic_summary(
     """An LLM that times out or answers 500 still leaves a deterministic summary with the early facts,
     and the fallback is counted."""
     fake_llm.behaviour = behaviour
-    d = Daemon(_llm_env(backend_env, fake_llm, timeout="0.5"))
+    d = Daemon(_llm_env(backend_env, fake_llm, timeout="1"))
     await d.start()
     try:
         sid = new_sid()

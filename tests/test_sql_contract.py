@@ -142,6 +142,19 @@ async def test_turn_queries(store: SqlStore) -> None:
     assert len(await store.messages_in_turns(sid, after_turn=0)) == 8
 
 
+async def test_turn_range_reads_across_pages(store: SqlStore) -> None:
+    """messages_in_turns reads the tail backwards in growing pages: every range, near the end or
+    deep into a long session, holds exactly its turns in order."""
+    sid = new_sid()
+    await turns(store, sid, 200)
+    for after, through in [(199, None), (197, 199), (150, None), (10, 12), (10, None), (1, 200), (200, None)]:
+        got = await store.messages_in_turns(sid, after_turn=after, through_turn=through)
+        last = 200 if through is None else through
+        expected = [text for t in range(after + 1, last + 1) for text in (f"问题{t}", f"回答{t}")]
+        assert [m.content for m in got] == expected, (after, through)
+        assert [m.seq for m in got] == sorted(m.seq for m in got)
+
+
 async def test_summary_versions_are_compare_and_set(store: SqlStore) -> None:
     """Version n+1 replaces version n; a stale writer (same or older base) is refused."""
     sid = new_sid()

@@ -52,6 +52,11 @@ _TX_ATTEMPTS = 3
 # The store's own callers (the summary job, the sweeper, tests) act for nobody in particular.
 _ANYONE = Caller()
 
+# messages_in_turns reads the session's tail in pages: the first one holds a summary batch's
+# new turns (a few messages each) with room to spare; later ones grow, to catch up a long lag.
+_TAIL_PAGE = 64
+_TAIL_PAGE_MAX = 4096
+
 
 class SqlStore:
     """Cold messages, warm summaries and session rows on one SQLAlchemy async engine."""
@@ -275,15 +280,40 @@ class SqlStore:
     async def messages_in_turns(
         self, session_id: str, *, after_turn: int, through_turn: int | None = None
     ) -> list[Message]:
-        """Messages of turns after_turn+1 … through_turn (all later turns when None), oldest first."""
+        """Messages of turns after_turn+1 … through_turn (all later turns when None), oldest first.
+
+        Read backwards from the session's newest message in growing pages, through the
+        (session_id, id) index, until a message of turn after_turn or earlier appears. A message's
+        turn never decreases as its id grows (both are assigned under the session-row lock), so
+        every older row is earlier still. The cost follows the messages after the watermark, not
+        the session's length: a `turn > ?` filter had to visit all 20,000 rows of a 10,000-turn
+        session on every summary job.
+        """
 
         async def op() -> list[Message]:
-            q = sa.select(msgs).where(msgs.c.session_id == session_id, msgs.c.turn > after_turn)
-            if through_turn is not None:
-                q = q.where(msgs.c.turn <= through_turn)
+            if after_turn < 1:
+                # Every turn from the first: one forward read of the whole session.
+                q = sa.select(msgs).where(msgs.c.session_id == session_id)
+                if through_turn is not None:
+                    q = q.where(msgs.c.turn <= through_turn)
+                async with self._engine.connect() as conn:
+                    return [row_to_message(r) for r in (await conn.execute(q.order_by(msgs.c.id))).all()]
+            newest_first: list[Any] = []
+            before_id: int | None = None
+            page = _TAIL_PAGE
             async with self._engine.connect() as conn:
-                rows = (await conn.execute(q.order_by(msgs.c.id))).all()
-            return [row_to_message(r) for r in rows]
+                while True:
+                    q = sa.select(msgs).where(msgs.c.session_id == session_id)
+                    if before_id is not None:
+                        q = q.where(msgs.c.id < before_id)
+                    rows = (await conn.execute(q.order_by(msgs.c.id.desc()).limit(page))).all()
+                    older = [r for r in rows if r.turn <= after_turn]
+                    newest_first.extend(r for r in rows if r.turn > after_turn)
+                    if older or len(rows) < page:
+                        break
+                    before_id = int(rows[-1].id)
+                    page = min(page * 4, _TAIL_PAGE_MAX)
+            return [row_to_message(r) for r in reversed(newest_first) if through_turn is None or r.turn <= through_turn]
 
         return await self._bounded(op)
 

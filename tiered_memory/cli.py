@@ -46,6 +46,12 @@ def serve_one(settings: Settings, reuse_port: bool) -> int:
 
     configure_logging(settings.log_level, settings.log_format, message_content=settings.log_message_content)
     app = create_app(settings)
+    if settings.event_loop == "uvloop":
+        import uvloop
+
+        loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    else:
+        loop = asyncio.new_event_loop()
     # run_app turns SIGTERM and SIGINT into a graceful shutdown: cleanup_ctx drains summaries.
     try:
         web.run_app(
@@ -55,6 +61,7 @@ def serve_one(settings: Settings, reuse_port: bool) -> int:
             shutdown_timeout=settings.shutdown_grace_seconds,
             reuse_port=reuse_port or None,
             access_log=None,
+            loop=loop,
             print=lambda msg: print(msg, file=sys.stderr),
         )
     except ConfigError as exc:

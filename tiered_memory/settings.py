@@ -90,6 +90,9 @@ class Settings(BaseSettings):
     port: int = Field(8080, alias="PORT", ge=0, le=65535)
     # Serving processes on the one port (SO_REUSEPORT); more than one needs Redis and a SQL server.
     workers: int = Field(1, alias="WORKERS", ge=1, le=64)
+    # The serving event loop: uvloop costs less per request than asyncio's own loop (the hot
+    # read's socket writes and wake-ups); asyncio is there to rule the loop out when debugging.
+    event_loop: Literal["uvloop", "asyncio"] = Field("uvloop", alias="EVENT_LOOP")
     # UTF-8 bytes of one message's content (and of a question or system prompt). The cold column
     # is MEDIUMTEXT (16 MiB), so storage is not the bound: 64 KiB keeps one request, one entry
     # of the hot list and the request body limit small for a conversation turn.

@@ -23,6 +23,7 @@ from tiered_memory.errors import Conflict, Forbidden, SqlUnavailable
 from tiered_memory.model import (
     AppendResult,
     Caller,
+    Channel,
     Message,
     MessageStatus,
     NewMessage,
@@ -58,6 +59,19 @@ _TAIL_PAGE = 64
 _TAIL_PAGE_MAX = 4096
 
 
+def _lock_session_and_message() -> sa.Select[Any]:
+    """The session row (:sid) FOR UPDATE, outer-joined to the message stored under :mid."""
+    names = ("seq", "turn", "role", "content", "created_at", "user_id", "channel", "status", "completes_turn")
+    stored = [msgs.c[name].label(f"m_{name}") for name in names]
+    on = sa.and_(msgs.c.session_id == sessions.c.session_id, msgs.c.message_id == sa.bindparam("mid"))
+    return (
+        sa.select(sessions, *stored)
+        .select_from(sessions.outerjoin(msgs, on))
+        .where(sessions.c.session_id == sa.bindparam("sid"))
+        .with_for_update()
+    )
+
+
 class SqlStore:
     """Cold messages, warm summaries and session rows on one SQLAlchemy async engine."""
 
@@ -68,6 +82,25 @@ class SqlStore:
         self._dialect = engine.dialect.name
         # SQLite has one writer at a time; queueing writers here avoids "database is locked".
         self._write_lock: asyncio.Lock | None = asyncio.Lock() if self._dialect == "sqlite" else None
+        # The append's statements, built once with bound parameters: building a statement and its
+        # cache key on every call cost more CPU than the driver did (docs/BENCHMARKS.md).
+        self._lock_stmt = _lock_session_and_message()
+        self._insert_message = msgs.insert()
+        self._update_session = (
+            sessions.update()
+            .where(sessions.c.session_id == sa.bindparam("sid"))
+            .values(
+                turn_count=sa.bindparam("turns"),
+                message_count=sa.bindparam("seq"),
+                pending_user=sa.bindparam("pending"),
+                content_chars=sessions.c.content_chars + sa.bindparam("chars", type_=sa.BigInteger),
+                last_activity=sa.bindparam("now"),
+                # A gateway that reconnects to a closed session reopens it.
+                closed_at=None,
+                close_reason=None,
+                user_id=sa.func.coalesce(sessions.c.user_id, sa.bindparam("uid", type_=sa.String)),
+            )
+        )
 
     @property
     def dialect(self) -> str:
@@ -157,39 +190,49 @@ class SqlStore:
         """
 
         async def body(conn: AsyncConnection) -> AppendResult:
-            await conn.execute(
-                self._insert_if_absent(
-                    sessions,
-                    {
-                        "session_id": new.session_id,
-                        "user_id": new.user_id,
-                        "tenant": caller.tenant or "",
-                        "turn_count": 0,
-                        "message_count": 0,
-                        "created_at": now,
-                        "last_activity": now,
-                    },
+            # The session row, locked, and the message already stored under this message_id (if
+            # any), in one round trip: most appends go to a session that exists, and each round
+            # trip to the server costs more than the statement (docs/BENCHMARKS.md).
+            keys = {"sid": new.session_id, "mid": new.message_id}
+            srow = (await conn.execute(self._lock_stmt, keys)).one_or_none()
+            if srow is None:
+                await conn.execute(
+                    self._insert_if_absent(
+                        sessions,
+                        {
+                            "session_id": new.session_id,
+                            "user_id": new.user_id,
+                            "tenant": caller.tenant or "",
+                            "turn_count": 0,
+                            "message_count": 0,
+                            "created_at": now,
+                            "last_activity": now,
+                        },
+                    )
                 )
-            )
-            srow = (
-                await conn.execute(sa.select(sessions).where(sessions.c.session_id == new.session_id).with_for_update())
-            ).one()
+                srow = (await conn.execute(self._lock_stmt, keys)).one()
             if (srow.user_id is not None and new.user_id is not None and srow.user_id != new.user_id) or (
                 not caller.may_access(Owner(srow.tenant, srow.user_id))
             ):
                 raise Forbidden
             owner = Owner(srow.tenant, srow.user_id or new.user_id)
-            existing = (
-                await conn.execute(
-                    sa.select(msgs).where(msgs.c.session_id == new.session_id, msgs.c.message_id == new.message_id)
+            if srow.m_seq is not None:
+                stored = Message(
+                    session_id=new.session_id,
+                    seq=int(srow.m_seq),
+                    turn=int(srow.m_turn),
+                    role=Role(srow.m_role),
+                    content=srow.m_content,
+                    message_id=new.message_id,
+                    created_at=float(srow.m_created_at),
+                    user_id=srow.m_user_id,
+                    channel=Channel(srow.m_channel),
+                    status=MessageStatus(srow.m_status),
                 )
-            ).one_or_none()
-            if existing is not None:
-                stored = row_to_message(existing)
                 if stored.role is not new.role or stored.content != new.content or stored.status is not new.status:
                     raise Conflict(f"message_id {new.message_id!r} was already used for a different message")
                 return dataclasses.replace(
-                    append_result_of(stored, completed_turn=bool(existing.completes_turn), duplicate=True),
+                    append_result_of(stored, completed_turn=bool(srow.m_completes_turn), duplicate=True),
                     content_chars=int(srow.content_chars),
                     owner=Owner(srow.tenant, srow.user_id),
                 )
@@ -222,34 +265,32 @@ class SqlStore:
                 status=new.status,
             )
             await conn.execute(
-                msgs.insert().values(
-                    session_id=message.session_id,
-                    seq=seq,
-                    turn=turn,
-                    user_id=message.user_id,
-                    role=message.role.value,
-                    content=message.content,
-                    channel=message.channel.value,
-                    message_id=message.message_id,
-                    completes_turn=int(completes),
-                    status=message.status.value,
-                    created_at=now,
-                )
+                self._insert_message,
+                {
+                    "session_id": message.session_id,
+                    "seq": seq,
+                    "turn": turn,
+                    "user_id": message.user_id,
+                    "role": message.role.value,
+                    "content": message.content,
+                    "channel": message.channel.value,
+                    "message_id": message.message_id,
+                    "completes_turn": int(completes),
+                    "status": message.status.value,
+                    "created_at": now,
+                },
             )
             await conn.execute(
-                sessions.update()
-                .where(sessions.c.session_id == new.session_id)
-                .values(
-                    turn_count=turns_after,
-                    message_count=seq,
-                    pending_user=int(pending_after),
-                    content_chars=sessions.c.content_chars + len(new.content),
-                    last_activity=now,
-                    # A gateway that reconnects to a closed session reopens it.
-                    closed_at=None,
-                    close_reason=None,
-                    user_id=sa.func.coalesce(sessions.c.user_id, new.user_id),
-                )
+                self._update_session,
+                {
+                    "sid": new.session_id,
+                    "turns": turns_after,
+                    "seq": seq,
+                    "pending": int(pending_after),
+                    "chars": len(new.content),
+                    "now": now,
+                    "uid": new.user_id,
+                },
             )
             return AppendResult(
                 message=message,

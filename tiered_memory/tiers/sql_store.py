@@ -304,6 +304,20 @@ class SqlStore:
 
         return await self._transaction(body)
 
+    async def first_messages(self, session_id: str, limit: int) -> list[Message]:
+        """The first `limit` messages of a session, oldest first."""
+
+        async def op() -> list[Message]:
+            async with self._engine.connect() as conn:
+                rows = (
+                    await conn.execute(
+                        sa.select(msgs).where(msgs.c.session_id == session_id).order_by(msgs.c.id).limit(limit)
+                    )
+                ).all()
+            return [row_to_message(r) for r in rows]
+
+        return await self._bounded(op)
+
     async def recent_messages(self, session_id: str, limit: int) -> list[Message]:
         """The last `limit` messages of a session, oldest first."""
 

@@ -70,6 +70,8 @@ _LOCKED_RETRIES = 50
 # A cold extraction reads at most this many messages from the start of a session and from its end.
 _COLD_HEAD_MESSAGES = 200
 _COLD_TAIL_MESSAGES = 400
+# A context read puts at most this many turns between a lagging summary and the window.
+_GAP_MAX_TURNS = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -537,6 +539,9 @@ class MemoryService:
         """The window with the turns covered+1 … (window start - 1) in front of it: turns the
         summary does not hold yet (it lags behind a slow LLM) and that left the window."""
         first = recent[0].turn if recent else turn_count + 1
+        # A summary that lags far (hours of LLM outage) leaves a gap too long to read on every
+        # request: its latest turns are read, and the summary job catches up with the rest.
+        covered = max(covered, first - 1 - _GAP_MAX_TURNS)
         if covered + 1 >= first:
             return recent
         gap = [m for m in available if covered < m.turn < first]

@@ -338,6 +338,12 @@ def test_compose_grafana_provisions_the_dashboard() -> None:
     dashboard = json.loads((DEPLOY / "grafana" / "tiered-memory.json").read_text(encoding="utf-8"))
     (variable,) = [v for v in dashboard["templating"]["list"] if v["type"] == "datasource"]
     assert variable["query"] == source["type"]
+    panels = dashboard["panels"]
+    assert len({p["id"] for p in panels}) == len(panels)
+    for panel in panels:
+        if panel["type"] != "row":
+            assert panel["datasource"] == {"type": source["type"], "uid": f"${{{variable['name']}}}"}, panel["title"]
+            assert panel["targets"], panel["title"]
 
 
 def _deploy_commands() -> set[str]:

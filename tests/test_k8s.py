@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -159,6 +160,14 @@ def test_manifest_matches_its_schema(kind: str) -> None:
 
 def test_manifests_keep_the_daemons_rules() -> None:
     assert policy_problems(load_manifests()) == []
+
+
+def test_pod_runs_as_the_images_user() -> None:
+    """The pod's uid and gid are the ones the Dockerfile creates and switches to."""
+    dockerfile = (ROOT / "deploy" / "docker" / "Dockerfile").read_text(encoding="utf-8")
+    (user,) = re.findall(r"^USER (\d+):(\d+)$", dockerfile, flags=re.MULTILINE)
+    security = load_manifests()["Deployment"]["spec"]["template"]["spec"]["securityContext"]
+    assert (str(security["runAsUser"]), str(security["runAsGroup"])) == user
 
 
 def test_secret_holds_example_values_only() -> None:

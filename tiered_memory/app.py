@@ -7,7 +7,6 @@ unwound in reverse on shutdown, after in-flight summaries have had SHUTDOWN_GRAC
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -91,7 +90,7 @@ async def _sql_ctx(app: web.Application) -> AsyncIterator[None]:
     )
     store = SqlStore(create_engine(settings.sqlalchemy_url), timeout_s=settings.sql_timeout_ms / 1000, breaker=breaker)
     if settings.migrate_on_start:
-        version = await store.migrate(now=time.time())
+        version = await store.migrate()
         log.info("schema_ready", dialect=store.dialect, version=version)
     else:
         await _check_schema(store)

@@ -10,7 +10,6 @@ import asyncio
 import json
 import os
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
@@ -71,7 +70,7 @@ async def _migrate(settings: Settings) -> int:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
     store = SqlStore(create_engine(settings.sqlalchemy_url), timeout_s=max(30.0, settings.sql_timeout_ms / 1000))
     try:
-        version = await store.migrate(now=time.time())
+        version = await store.migrate()
     except SqlUnavailable as exc:
         print(f"tiered-memory: migrate failed: {exc}", file=sys.stderr)
         return 1

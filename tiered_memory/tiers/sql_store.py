@@ -32,6 +32,7 @@ from tiered_memory.model import (
     Slice,
     Summary,
 )
+from tiered_memory.tiers.sql_migrate import current_version, migrate
 from tiered_memory.tiers.sql_rows import (
     append_result_of,
     row_to_message,
@@ -41,8 +42,8 @@ from tiered_memory.tiers.sql_rows import (
     slice_values,
 )
 from tiered_memory.tiers.sql_schema import conversation_summaries as cs
-from tiered_memory.tiers.sql_schema import current_version, migrate, sessions, summary_slices
 from tiered_memory.tiers.sql_schema import messages as msgs
+from tiered_memory.tiers.sql_schema import sessions, summary_slices
 
 T = TypeVar("T")
 
@@ -68,9 +69,9 @@ class SqlStore:
     def dialect(self) -> str:
         return self._dialect
 
-    async def migrate(self, *, now: float, timeout_s: float = 120.0) -> int:
-        """Create or upgrade the schema (see sql_schema.migrate); DDL gets its own, longer bound."""
-        return await self._bounded(lambda: migrate(self._engine, now=now), timeout_s=timeout_s)
+    async def migrate(self, *, timeout_s: float = 120.0) -> int:
+        """Create or upgrade the schema (see sql_migrate.migrate); DDL gets its own, longer bound."""
+        return await self._bounded(lambda: migrate(self._engine), timeout_s=timeout_s)
 
     async def schema_version(self) -> int:
         """The migrated schema version, 0 when `migrate` never ran on this database."""

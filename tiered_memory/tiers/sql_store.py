@@ -54,6 +54,21 @@ _TX_ATTEMPTS = 3
 _ANYONE = Caller()
 
 
+def summary_due(*, every_n: int, min_turns_to_persist: int) -> sa.ColumnElement[bool]:
+    """Whether a session's summary is behind, on `sessions` outer-joined with its summary row: a
+    cadence point (every_n) passed the watermark, or a closed session has turns it does not cover."""
+    covered = sa.func.coalesce(cs.c.covered_turns, 0)
+    cadence_point = sessions.c.turn_count - (sessions.c.turn_count % every_n)
+    return sa.or_(
+        cadence_point > covered,
+        sa.and_(
+            sessions.c.closed_at.is_not(None),
+            sessions.c.turn_count >= max(min_turns_to_persist, 1),
+            sessions.c.turn_count > covered,
+        ),
+    )
+
+
 class SqlStore:
     """Cold messages, warm summaries and session rows on one SQLAlchemy async engine."""
 
@@ -108,6 +123,21 @@ class SqlStore:
         if breaker is not None:
             breaker.success()
         return result
+
+    async def read(self, op: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+        """Run `op` on a connection, bounded by the timeout, driver errors as SqlUnavailable: for
+        queries that live elsewhere (maintenance), with the same guarantees as this store's own."""
+
+        async def run() -> T:
+            async with self._engine.connect() as conn:
+                return await op(conn)
+
+        return await self._bounded(run)
+
+    async def transaction(self, body: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+        """Run `body` in one write transaction of this store (SQLite's writer queue, MySQL deadlock
+        retries, the timeout): keep it short, since it holds row locks until it returns."""
+        return await self._transaction(body)
 
     @contextlib.asynccontextmanager
     async def _write(self) -> AsyncIterator[AsyncConnection]:
@@ -350,21 +380,10 @@ class SqlStore:
         closed session with turns the summary does not cover yet. Found again after a crash."""
 
         async def op() -> list[str]:
-            covered = sa.func.coalesce(cs.c.covered_turns, 0)
-            cadence_point = sessions.c.turn_count - (sessions.c.turn_count % every_n)
             q = (
                 sa.select(sessions.c.session_id)
                 .select_from(sessions.outerjoin(cs, cs.c.session_id == sessions.c.session_id))
-                .where(
-                    sa.or_(
-                        cadence_point > covered,
-                        sa.and_(
-                            sessions.c.closed_at.is_not(None),
-                            sessions.c.turn_count >= max(min_turns_to_persist, 1),
-                            sessions.c.turn_count > covered,
-                        ),
-                    )
-                )
+                .where(summary_due(every_n=every_n, min_turns_to_persist=min_turns_to_persist))
                 .limit(limit)
             )
             async with self._engine.connect() as conn:

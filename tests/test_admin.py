@@ -33,8 +33,8 @@ def cli(*args: str, env: dict[str, str], stderr_tty: bool = False) -> tuple[int,
     full_env = os.environ | env | {"LOG_FORMAT": "auto"}
     cmd = [sys.executable, "-m", "tiered_memory", *args]
     if not stderr_tty:
-        proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=300, check=False)
-        return proc.returncode, proc.stdout, proc.stderr
+        done = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=300, check=False)
+        return done.returncode, done.stdout, done.stderr
     master, slave = pty.openpty()
     with subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=slave) as proc:
         os.close(slave)

@@ -66,8 +66,8 @@ async def authed(backend_env: dict[str, str]) -> AsyncIterator[Daemon]:
 async def test_every_route_through_the_async_client(authed: Daemon) -> None:
     """A gateway's whole life cycle of a session through AsyncClient with a bearer token: each
     answer typed and consistent with what the daemon stored, and every route of the OpenAPI
-    document reached."""
-    sid = new_sid()
+    document reached. The session id uses every punctuation mark a session id may hold."""
+    sid = new_sid() + ":call_1.a-b"
     async with AsyncClient(base_url(authed), token=TOKEN) as mem:
         assert await mem.healthz() is True
         ready = await mem.readyz()

@@ -282,6 +282,27 @@ async def test_the_daemon_purges_on_schedule_with_retention_days(backend_env: di
         await kept.stop()
 
 
+async def test_one_replica_purges_at_a_time(daemon: Daemon) -> None:
+    """The scheduled pass skips while another replica holds the retention lock, and purges once
+    the lock is free."""
+    from tiered_memory.app import HOT_KEY
+    from tiered_memory.retention import _LOCK_ID, RetentionJob
+
+    sid = new_sid()
+    await play(daemon, sid, ZH_12_TURNS[:2])
+    await age(daemon, sid, 3)
+    assert daemon.app is not None
+    hot = daemon.app[HOT_KEY]
+    job = RetentionJob(SqlMaintenance(daemon.store), hot, days=2)
+    token = await hot.try_lock(_LOCK_ID, 60)
+    assert token is not None
+    await job.run()
+    assert await daemon.store.count_messages(sid) == 4
+    await hot.unlock(_LOCK_ID, token)
+    await job.run()
+    assert await daemon.store.get_session(sid) is None
+
+
 def test_the_retention_lock_is_not_a_session_lock() -> None:
     """The scheduled purge's lock id can never be a session's: session ids exclude '#'."""
     from tiered_memory.api import _SESSION_ID

@@ -84,6 +84,8 @@ class Settings(BaseSettings):
     session_idle_close_seconds: int = Field(1800, alias="SESSION_IDLE_CLOSE_SECONDS", ge=1)
     sweep_interval_seconds: float = Field(30.0, alias="SWEEP_INTERVAL_SECONDS", gt=0)
     shutdown_grace_seconds: float = Field(10.0, alias="SHUTDOWN_GRACE_SECONDS", ge=0)
+    # Unset: keep everything. Set: every hour one replica deletes the sessions inactive that long.
+    retention_days: float | None = Field(None, alias="RETENTION_DAYS", gt=0)
 
     # --- HTTP and input limits ---
     host: str = Field(_LOOPBACK_DEFAULT, alias="HOST", min_length=1)

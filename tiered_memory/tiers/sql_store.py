@@ -33,6 +33,7 @@ from tiered_memory.model import (
     Slice,
     Summary,
 )
+from tiered_memory.tiers.sql_migrate import current_version, migrate
 from tiered_memory.tiers.sql_rows import (
     append_result_of,
     row_to_message,
@@ -42,8 +43,8 @@ from tiered_memory.tiers.sql_rows import (
     slice_values,
 )
 from tiered_memory.tiers.sql_schema import conversation_summaries as cs
-from tiered_memory.tiers.sql_schema import current_version, migrate, sessions, summary_slices
 from tiered_memory.tiers.sql_schema import messages as msgs
+from tiered_memory.tiers.sql_schema import sessions, summary_slices
 
 T = TypeVar("T")
 
@@ -69,6 +70,21 @@ def _lock_session_and_message() -> sa.Select[Any]:
         .select_from(sessions.outerjoin(msgs, on))
         .where(sessions.c.session_id == sa.bindparam("sid"))
         .with_for_update()
+    )
+
+
+def summary_due(*, every_n: int, min_turns_to_persist: int) -> sa.ColumnElement[bool]:
+    """Whether a session's summary is behind, on `sessions` outer-joined with its summary row: a
+    cadence point (every_n) passed the watermark, or a closed session has turns it does not cover."""
+    covered = sa.func.coalesce(cs.c.covered_turns, 0)
+    cadence_point = sessions.c.turn_count - (sessions.c.turn_count % every_n)
+    return sa.or_(
+        cadence_point > covered,
+        sa.and_(
+            sessions.c.closed_at.is_not(None),
+            sessions.c.turn_count >= max(min_turns_to_persist, 1),
+            sessions.c.turn_count > covered,
+        ),
     )
 
 
@@ -106,9 +122,9 @@ class SqlStore:
     def dialect(self) -> str:
         return self._dialect
 
-    async def migrate(self, *, now: float, timeout_s: float = 120.0) -> int:
-        """Create or upgrade the schema (see sql_schema.migrate); DDL gets its own, longer bound."""
-        return await self._bounded(lambda: migrate(self._engine, now=now), timeout_s=timeout_s)
+    async def migrate(self, *, timeout_s: float = 120.0) -> int:
+        """Create or upgrade the schema (see sql_migrate.migrate); DDL gets its own, longer bound."""
+        return await self._bounded(lambda: migrate(self._engine), timeout_s=timeout_s)
 
     async def schema_version(self) -> int:
         """The migrated schema version, 0 when `migrate` never ran on this database."""
@@ -145,6 +161,21 @@ class SqlStore:
         if breaker is not None:
             breaker.success()
         return result
+
+    async def read(self, op: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+        """Run `op` on a connection, bounded by the timeout, driver errors as SqlUnavailable: for
+        queries that live elsewhere (maintenance), with the same guarantees as this store's own."""
+
+        async def run() -> T:
+            async with self._engine.connect() as conn:
+                return await op(conn)
+
+        return await self._bounded(run)
+
+    async def transaction(self, body: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+        """Run `body` in one write transaction of this store (SQLite's writer queue, MySQL deadlock
+        retries, the timeout): keep it short, since it holds row locks until it returns."""
+        return await self._transaction(body)
 
     @contextlib.asynccontextmanager
     async def _write(self) -> AsyncIterator[AsyncConnection]:
@@ -434,21 +465,10 @@ class SqlStore:
         closed session with turns the summary does not cover yet. Found again after a crash."""
 
         async def op() -> list[str]:
-            covered = sa.func.coalesce(cs.c.covered_turns, 0)
-            cadence_point = sessions.c.turn_count - (sessions.c.turn_count % every_n)
             q = (
                 sa.select(sessions.c.session_id)
                 .select_from(sessions.outerjoin(cs, cs.c.session_id == sessions.c.session_id))
-                .where(
-                    sa.or_(
-                        cadence_point > covered,
-                        sa.and_(
-                            sessions.c.closed_at.is_not(None),
-                            sessions.c.turn_count >= max(min_turns_to_persist, 1),
-                            sessions.c.turn_count > covered,
-                        ),
-                    )
-                )
+                .where(summary_due(every_n=every_n, min_turns_to_persist=min_turns_to_persist))
                 .limit(limit)
             )
             async with self._engine.connect() as conn:

@@ -40,12 +40,22 @@ def message_from_dict(d: dict[str, Any]) -> Message:
     )
 
 
-def _loads(raw: str | bytes) -> dict[str, Any]:
+def loads(raw: str | bytes) -> object:
+    """Any JSON value; orjson first, json for what json wrote and orjson does not read back (NaN
+    in an LLM's payload)."""
     try:
-        doc = orjson.loads(raw)
+        return orjson.loads(raw)
     except orjson.JSONDecodeError:
-        # What json wrote and orjson does not read back (NaN in an LLM's payload).
-        doc = json.loads(raw)
+        return json.loads(raw)
+
+
+def dumps_text(value: object) -> str:
+    """dumps as text, for drivers that bind JSON columns as strings."""
+    return dumps(value).decode("utf-8")
+
+
+def _loads(raw: str | bytes) -> dict[str, Any]:
+    doc = loads(raw)
     if not isinstance(doc, dict):
         raise TypeError(f"expected a JSON object, got {type(doc).__name__}")
     return doc

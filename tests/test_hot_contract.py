@@ -42,14 +42,18 @@ class Clock:
         return self.now
 
 
-@pytest.fixture(params=["memory", "redis"])
+# "redis" runs on the multiplexed connection (a plain redis:// URL); "redis-py" on redis-py's own
+# client, which URLs with options (and TLS, sockets) get.
+@pytest.fixture(params=["memory", "redis", "redis-py"])
 async def hot(request: pytest.FixtureRequest) -> AsyncIterator[HotTier]:
     if request.param == "memory":
         yield MemoryHot(max_sessions=100, summary_ttl_s=SUMMARY_TTL, history_ttl_s=HISTORY_TTL, recent_max=RECENT_MAX)
         return
     servers: RealServers = request.getfixturevalue("real_servers")
     prefix = f"tmt{servers.run_id}{uuid.uuid4().hex[:6]}"
-    tier = _redis_tier(servers.redis_url, prefix)
+    url = servers.redis_url if request.param == "redis" else f"{servers.redis_url}?socket_keepalive=true"
+    tier = _redis_tier(url, prefix)
+    assert (tier._mux is not None) == (request.param == "redis")
     yield tier
     await tier.aclose()
     redis_flush_prefix(servers.redis_url, prefix)

@@ -15,7 +15,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
 from tests.faults import RedisProcess, proxied
-from tiered_memory.tiers.resp import Endpoint, RespMux
+from tiered_memory.tiers.resp import Endpoint, RespMux, Script
 
 
 @pytest.fixture
@@ -170,5 +170,23 @@ async def test_a_caller_that_times_out_leaves_the_others_in_step(redis_proc: Red
         slow.cancel()
         assert await behind == [b"2"]
         assert await mux.execute(("GET", "a")) == [b"1"]
+    finally:
+        await mux.aclose()
+
+
+async def test_scripts_run_by_sha_and_are_loaded_when_the_server_lacks_them(redis_proc: RedisProcess) -> None:
+    """EVALSHA first; after SCRIPT FLUSH (or on a new server) the NOSCRIPT reply makes it EVAL,
+    which caches the script again. Other error replies still raise."""
+    mux = _mux("127.0.0.1", redis_proc.port)
+    incr = Script.of("return redis.call('INCRBY', KEYS[1], ARGV[1])")
+    try:
+        assert await mux.run_script(incr, ["n"], [2]) == 2
+        assert await mux.execute(("SCRIPT", "EXISTS", incr.sha)) == [[1]]
+        await mux.execute(("SCRIPT", "FLUSH"))
+        assert await mux.run_script(incr, ["n"], [3]) == 5
+        assert await mux.execute(("SCRIPT", "EXISTS", incr.sha)) == [[1]]
+        broken = Script.of("return redis.call('NOSUCHCOMMAND')")
+        with pytest.raises(ResponseError):
+            await mux.run_script(broken, [], [])
     finally:
         await mux.aclose()

@@ -1,7 +1,7 @@
 """The hot tier on Redis: one pipelined round trip per read and per write, keys hash-tagged by session.
 
-Reads on a plain redis:// URL go through RespMux (one multiplexed connection, a write per event-loop
-tick); writes and scripts, and reads on any other URL, through redis-py.
+Every command on a plain redis:// URL goes through RespMux (one multiplexed connection, a write per
+event-loop tick); on any other URL (TLS, a socket, URL options) through redis-py.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from tiered_memory.errors import HotUnavailable
 from tiered_memory.model import HotSession, Message, Owner, Summary
 from tiered_memory.tiers.codec import decode_message, decode_summary, encode_message, encode_summary
 from tiered_memory.tiers.keys import Keys
-from tiered_memory.tiers.resp import Command, Endpoint, RespMux
+from tiered_memory.tiers.resp import Arg, Command, Endpoint, RespMux, Script
 
 T = TypeVar("T")
 
@@ -125,21 +125,25 @@ class RedisHot:
         history_ttl_s: int,
         recent_max: int,
         breaker: CircuitBreaker | None = None,
-        reads: RespMux | None = None,
+        mux: RespMux | None = None,
     ) -> None:
         self._r = client
-        self._reads = reads
+        self._mux = mux
         self._breaker = breaker
         self._keys = keys
         self._timeout = timeout_s
         self._summary_ttl = summary_ttl_s
         self._history_ttl = history_ttl_s
         self._recent_max = recent_max
-        self._put_summary = client.register_script(_PUT_SUMMARY_LUA)
-        self._unlock = client.register_script(_UNLOCK_LUA)
-        self._backfill = client.register_script(_BACKFILL_LUA)
-        self._extend = client.register_script(_EXTEND_LUA)
-        self._append = client.register_script(_APPEND_LUA)
+        self._put_summary = Script.of(_PUT_SUMMARY_LUA)
+        self._unlock = Script.of(_UNLOCK_LUA)
+        self._backfill = Script.of(_BACKFILL_LUA)
+        self._extend = Script.of(_EXTEND_LUA)
+        self._append = Script.of(_APPEND_LUA)
+        self._redis_scripts = {
+            s.sha: client.register_script(s.source)
+            for s in (self._put_summary, self._unlock, self._backfill, self._extend, self._append)
+        }
         # Sessions whose append this process could not write to Redis (failed, timed out, or
         # refused by the open breaker): their hot entry may be stale, or complete a write late.
         # Their next hot read drops the entry and misses, so SQL answers and backfills it.
@@ -170,7 +174,7 @@ class RedisHot:
         endpoint = Endpoint.from_url(url)
         return cls(
             client,
-            reads=RespMux(endpoint, connect_timeout_s=timeout_s, stale_after_s=timeout_s) if endpoint else None,
+            mux=RespMux(endpoint, connect_timeout_s=timeout_s, stale_after_s=timeout_s) if endpoint else None,
             keys=keys,
             timeout_s=timeout_s,
             summary_ttl_s=summary_ttl_s,
@@ -204,12 +208,26 @@ class RedisHot:
 
     async def _read(self, *commands: Command) -> list[object]:
         """The replies of read-only commands sent in one round trip."""
-        if self._reads is not None:
-            return await self._reads.execute(*commands)
+        if self._mux is not None:
+            return await self._mux.execute(*commands)
         async with self._r.pipeline(transaction=False) as p:
             for command in commands:
                 p.execute_command(*command)
             return list(await p.execute())
+
+    async def _command(self, *command: Arg) -> object:
+        """One command, on the multiplexed connection when there is one."""
+        if self._mux is not None:
+            return (await self._mux.execute(command))[0]
+        # redis-py leaves execute_command untyped.
+        answer: object = await self._r.execute_command(*command)  # type: ignore[no-untyped-call]
+        return answer
+
+    async def _script(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> object:
+        if self._mux is not None:
+            return await self._mux.run_script(script, keys, args)
+        # redis-py's Script: EVALSHA, loading the script on NOSCRIPT.
+        return await self._redis_scripts[script.sha](keys=list(keys), args=list(args))
 
     async def _drop_if_dirty(self, session_id: str) -> bool:
         """Drop the hot entry of a session this process failed to write; True when it did."""
@@ -219,7 +237,7 @@ class RedisHot:
         async def op() -> object:
             # Not the lock: a summarization elsewhere may hold it.
             k = self._keys
-            return await self._r.delete(k.recent(session_id), k.summary(session_id), k.state(session_id))
+            return await self._command("DEL", k.recent(session_id), k.summary(session_id), k.state(session_id))
 
         await self._call(op)
         self._dirty.discard(session_id)
@@ -297,7 +315,7 @@ class RedisHot:
         ]
 
         async def op() -> object:
-            return await self._append(keys=[self._keys.recent(sid), self._keys.state(sid)], args=args)
+            return await self._script(self._append, [self._keys.recent(sid), self._keys.state(sid)], args)
 
         try:
             await self._call(op)
@@ -310,9 +328,10 @@ class RedisHot:
 
     async def put_summary(self, session_id: str, summary: Summary) -> bool:
         async def op() -> object:
-            return await self._put_summary(
-                keys=[self._keys.summary(session_id)],
-                args=[encode_summary(summary), summary.version, self._summary_ttl],
+            return await self._script(
+                self._put_summary,
+                [self._keys.summary(session_id)],
+                [encode_summary(summary), summary.version, self._summary_ttl],
             )
 
         return bool(await self._call(op))
@@ -347,13 +366,13 @@ class RedisHot:
             args.extend(encode_message(m) for m in recent[-self._recent_max :])
 
         async def op() -> object:
-            return await self._backfill(keys=keys, args=args)
+            return await self._script(self._backfill, keys, args)
 
         await self._call(op)
 
     async def delete(self, session_id: str) -> None:
         async def op() -> None:
-            await self._r.delete(*self._keys.all_of(session_id))
+            await self._command("DEL", *self._keys.all_of(session_id))
 
         await self._call(op)
 
@@ -361,31 +380,31 @@ class RedisHot:
         token = secrets.token_hex(8)
 
         async def op() -> object:
-            return await self._r.set(self._keys.lock(session_id), token, nx=True, px=int(ttl_seconds * 1000))
+            return await self._command("SET", self._keys.lock(session_id), token, "NX", "PX", int(ttl_seconds * 1000))
 
         return token if await self._call(op) else None
 
     async def extend_lock(self, session_id: str, token: str, ttl_seconds: float) -> bool:
         async def op() -> object:
-            return await self._extend(keys=[self._keys.lock(session_id)], args=[token, int(ttl_seconds * 1000)])
+            return await self._script(self._extend, [self._keys.lock(session_id)], [token, int(ttl_seconds * 1000)])
 
         return bool(await self._call(op))
 
     async def unlock(self, session_id: str, token: str) -> None:
         async def op() -> object:
-            return await self._unlock(keys=[self._keys.lock(session_id)], args=[token])
+            return await self._script(self._unlock, [self._keys.lock(session_id)], [token])
 
         await self._call(op)
 
     async def ping(self) -> None:
         async def op() -> object:
-            return await self._r.ping()
+            return await self._command("PING")
 
         await self._call(op)
 
     async def aclose(self) -> None:
-        if self._reads is not None:
-            await self._reads.aclose()
+        if self._mux is not None:
+            await self._mux.aclose()
         await self._r.aclose()
 
 

@@ -1,4 +1,4 @@
-"""A multiplexed Redis client for the hot reads: one connection, every concurrent request's
+"""A multiplexed Redis client for the hot tier: one connection, every concurrent request's
 commands written together once per event-loop tick, replies matched in order.
 
 Why not redis-py here: its asyncio client checks a connection out of a pool under a lock, builds a
@@ -8,13 +8,14 @@ commands of one connection in order, so concurrent requests can share it: each a
 commands to a buffer and a future to a queue; one write per tick sends them all; hiredis parses
 the replies and they resolve the futures in queue order.
 
-Only plain `redis://` URLs get this client (host, port, db, username, password); writes, scripts
-and every other URL form stay on redis-py.
+Only plain `redis://` URLs get this client (host, port, db, username, password), and then every
+command of the hot tier goes through it; every other URL form stays on redis-py.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -73,6 +74,18 @@ def _pack(command: Command, out: bytearray) -> None:
         out += b"$%d\r\n" % len(data)
         out += data
         out += b"\r\n"
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    """A Lua script and its SHA1, as EVALSHA names it."""
+
+    source: str
+    sha: str
+
+    @classmethod
+    def of(cls, source: str) -> Script:
+        return cls(source, hashlib.sha1(source.encode("utf-8"), usedforsecurity=False).hexdigest())
 
 
 @dataclass(slots=True)
@@ -202,6 +215,17 @@ class RespMux:
             if isinstance(reply, ResponseError):
                 raise reply
         return replies
+
+    async def run_script(self, script: Script, keys: Sequence[Arg], args: Sequence[Arg]) -> object:
+        """EVALSHA, and EVAL when the server does not have the script yet (a new or restarted
+        server, or SCRIPT FLUSH): EVAL also caches it for the next EVALSHA."""
+        try:
+            (reply,) = await self.execute(("EVALSHA", script.sha, len(keys), *keys, *args))
+        except ResponseError as exc:
+            if not str(exc).startswith("NOSCRIPT"):
+                raise
+            (reply,) = await self.execute(("EVAL", script.source, len(keys), *keys, *args))
+        return reply
 
     async def _connection(self) -> _Protocol:
         # One connect at a time: the requests that find no connection all wait for the same one.

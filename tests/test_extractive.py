@@ -134,7 +134,7 @@ def test_incremental_merge_keeps_both_batches_without_duplicates(extractor: Extr
     for fact in ("王小明", "每天2次，每次1条", "398元", "不喜欢太甜", "还有别的优惠吗"):
         assert fact in second.text, fact
     assert second.text.count("单盒398元") == 1
-    texts = [item[-1] for item in second.structured["items"]]
+    texts = [item[4] for item in second.structured["items"]]
     assert len(texts) == len(set(texts))
 
 

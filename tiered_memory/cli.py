@@ -1,4 +1,4 @@
-"""The `tiered-memory` command: serve, config, migrate, check.
+"""The `tiered-memory` command: serve, config, migrate, check, eval.
 
 Reads the process environment exactly once, here, and hands the frozen Settings down.
 """
@@ -104,6 +104,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     check = sub.add_parser("check", help="exit 0 if the local daemon answers /healthz (or /readyz)")
     check.add_argument("--ready", action="store_true", help="check /readyz instead of /healthz")
     check.add_argument("--timeout", type=float, default=3.0, help="seconds to wait (default 3)")
+    sub.add_parser("eval", help="measure memory quality (see `tiered-memory eval --help`)", add_help=False)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["eval"]:
+        # Its options are its own, and it needs no daemon settings from the environment.
+        from tiered_memory.eval.command import main as eval_main
+
+        return eval_main(argv[1:])
     args = parser.parse_args(argv)
 
     settings = _settings()

@@ -603,6 +603,8 @@ def conversation(rng: random.Random, index: int, lang: str) -> Conversation:
     for f in facts:
         said = last_mention(turns, (f.evidence,), through=reconnect_at)
         if said and reconnect_at - said >= 10:
+            # The same question just before the restart: G2 compares the two.
+            probes.append(Probe("inline", reconnect_at, (f.evidence,), said, f.ref_user))
             probes.append(Probe("reconnect", reconnect_at, (f.evidence,), said, f.ref_user))
         said = last_mention(turns, (f.evidence,), through=n)
         probes.append(Probe("end", n, (f.evidence,), said, f.ref_user))

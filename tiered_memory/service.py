@@ -509,6 +509,9 @@ class MemoryService:
                 budget - _chars(kept) - frame_chars,
                 before_turn=kept[0].turn if kept else None,
                 topics=summary.topics,
+                # The facts just before the raw turns first: the turns shown raw and the summary
+                # then cover one stretch back from now, which is what later turns refer to most.
+                newest_first=True,
             )
             if body is not None:
                 memory_text = self._summary_text(body, summary_last) if body else None

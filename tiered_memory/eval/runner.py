@@ -40,6 +40,8 @@ class Result:
     budget: int
     gap: int
     hit: bool
+    at: int = 0  # the probe's turn, and its evidence: a reconnect probe pairs with the inline one
+    evidence: str = ""
 
 
 class EvalError(RuntimeError):
@@ -129,7 +131,8 @@ class Runner:
                     self._record(c, p, WITH_QUESTION, budget, asked.contains_all(p.evidence))
 
     def _record(self, c: Conversation, p: Probe, method: str, budget: int, hit: bool) -> None:
-        self.results.append(Result(c.dataset, c.session, p.kind, method, budget, p.gap, hit))
+        evidence = "\x1f".join(p.evidence)
+        self.results.append(Result(c.dataset, c.session, p.kind, method, budget, p.gap, hit, p.after_turn, evidence))
 
     async def _post(self, sid: str, role: str, content: str, message_id: str) -> None:
         body = {"role": role, "content": content, "message_id": message_id}

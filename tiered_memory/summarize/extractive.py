@@ -449,15 +449,18 @@ def _lead(text: str, limit: int) -> str:
     return cut[: stop + 1] if stop >= limit // 2 else cut + "…"
 
 
-def _render(items: Sequence[_Item], lang: str, topics: Sequence[str], max_chars: int) -> str:
-    """One line per kind. Items are admitted by (rank, order) while they fit, then shown in
-    conversation order; leftover room lists the topics not already named."""
+def _render(
+    items: Sequence[_Item], lang: str, topics: Sequence[str], max_chars: int, *, newest_first: bool = False
+) -> str:
+    """One line per kind. Items are admitted by (rank, order) while they fit (by rank and then
+    newest first with `newest_first`), then shown in conversation order; leftover room lists the
+    topics not already named."""
     *kind_labels, label = _LABELS[lang]
     labels = dict(zip(_KINDS, kind_labels, strict=True))
     separator, joiner, assistant = _PUNCTUATION[lang]
     chosen: dict[str, list[tuple[int, str]]] = {kind: [] for kind in _KINDS}
     used = 0
-    for item in sorted(items, key=lambda i: (i.rank, i.order)):
+    for item in sorted(items, key=lambda i: (i.rank, -i.order if newest_first else i.order)):
         piece = assistant + item.text if item.speaker == Role.ASSISTANT.value else item.text
         if item.kind == _EARLIER:
             piece = _lead(piece, max(max_chars // 2 - len(labels[_EARLIER]), 1))
@@ -479,7 +482,12 @@ def _render(items: Sequence[_Item], lang: str, topics: Sequence[str], max_chars:
 
 
 def render(
-    structured: Mapping[str, Any], max_chars: int, *, before_turn: int | None = None, topics: Sequence[str] = ()
+    structured: Mapping[str, Any],
+    max_chars: int,
+    *,
+    before_turn: int | None = None,
+    topics: Sequence[str] = (),
+    newest_first: bool = False,
 ) -> str | None:
     """The summary text of stored facts (`Extraction.structured`) at another budget, from the
     facts said before `before_turn` only (the turns from there on are shown raw beside it), so
@@ -491,4 +499,4 @@ def render(
     items = [i for i in state.items if before_turn is None or i.turn < before_turn]
     cjk, latin = state.script
     lang = "zh" if cjk > 0 and cjk * 3 >= latin else "en"
-    return _render(items, lang, topics, max_chars)
+    return _render(items, lang, topics, max_chars, newest_first=newest_first)

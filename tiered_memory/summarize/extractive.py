@@ -26,6 +26,7 @@ _ITEM_CHARS = 80  # one kept sentence at most; longer ones are clipped around th
 _CHUNK_CHARS = 60  # comma-only voice transcripts are re-cut into clauses of about this size
 _KEEP_FACTOR = 2  # `structured` keeps 2x the rendered budget, so later merges still have material
 _MAX_ENTITIES = 64
+_ITEM_OVERHEAD = 24  # JSON of an item without its text: ["fact", "assistant", 1, 123, "", 45]
 _COMMON_NAME_FREQ = 1000  # jieba tags frequent words such as 谢谢 or 明白 `nr`; real names are rare words
 
 _EARLIER, _PROFILE, _FACT, _QUESTION = "earlier", "profile", "fact", "question"
@@ -236,9 +237,11 @@ class _State:
         kept: list[_Item] = []
         used = 0
         for item in sorted(self.items, key=lambda i: (i.rank, i.order)):
-            if used + len(item.text) <= budget or item.kind == _EARLIER:
+            # Each item costs its JSON framing too, so that many short items stay bounded.
+            cost = len(item.text) + _ITEM_OVERHEAD
+            if used + cost <= budget or item.kind == _EARLIER:
                 kept.append(item)
-                used += len(item.text)
+                used += cost
         self.items = sorted(kept, key=lambda i: i.order)
         if len(self.entities) > _MAX_ENTITIES:
             top = sorted(self.entities.items(), key=_salience)[:_MAX_ENTITIES]
@@ -350,11 +353,23 @@ def _read(jb: _Jieba, state: _State, message: Message) -> None:
         elif user and _QUESTION_MARK.search(unit):
             state.add(_QUESTION, "user", 1 if named or number else 2, _clip(unit, _ITEM_CHARS), turn)
         elif user and (named or number):
-            state.add(_FACT, "user", 1, _clip(unit, _ITEM_CHARS), turn)
+            state.add(_FACT, "user", 1, _clip(_dense(unit, terms), _ITEM_CHARS), turn)
         elif named or number:
             # The assistant names things in passing and in pleasantries; its numbers are what
             # later turns quote back ("the 398 one", "you said twice a day").
-            state.add(_FACT, "assistant", 1 if number else 2, _clip(unit, _ITEM_CHARS - len("assistant: ")), turn)
+            text = _clip(_dense(unit, terms), _ITEM_CHARS - len("assistant: "))
+            state.add(_FACT, "assistant", 1 if number else 2, text, turn)
+
+
+def _dense(unit: str, terms: Sequence[tuple[str, float, bool]]) -> str:
+    """The clauses of a fact that carry a number or a name ("嗯，口碑也还不错，才2900万美元的小成本
+    制作" keeps "才2900万美元的小成本制作"): a budget then holds more facts, not more filler."""
+    clauses = [c.strip() for c in _CLAUSE_END.split(unit) if _NOT_WORD.sub("", c)]
+    if len(clauses) < 2:
+        return unit
+    names = [term for term, _, is_named in terms if is_named]
+    kept = [c for c in clauses if _NUMBER.search(c) or any(n in c for n in names)]
+    return "".join(kept).rstrip("，,、：:") if kept else unit
 
 
 def _terms(jb: _Jieba, text: str) -> list[tuple[str, float, bool]]:

@@ -4,6 +4,8 @@ format, the KdConv and CrossWOZ importers, chaining and probe placement, and the
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -161,3 +163,12 @@ def test_report_tables_and_targets() -> None:
     g1 = next(t for t in summary["targets"] if t["target"].startswith("G1"))
     assert (g1["value"], g1["met"]) == (0.5, False)
     assert "| d | inline>=10 | daemon | 0.50 (2) |" in markdown(summary)
+
+
+def test_the_daemon_never_imports_the_evaluation() -> None:
+    """The evaluation is a client of the daemon: serving a request loads none of it."""
+    code = (
+        "import sys, tiered_memory.app, tiered_memory.cli; "
+        "sys.exit(any(m.startswith('tiered_memory.eval') for m in sys.modules))"
+    )
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

@@ -30,17 +30,14 @@ def summarize(results: Iterable[Result], *, budgets: Sequence[int]) -> dict[str,
     table: dict[tuple[str, str, str, int], list[bool]] = defaultdict(list)
     gaps: dict[tuple[str, str, int, str], list[bool]] = defaultdict(list)
     results = list(results)
-    inline_at = {
-        (r.dataset, r.session, r.method, r.budget, r.at, r.evidence): r.hit for r in results if r.kind == "inline"
-    }
+    # G2 on the same questions: each reconnect probe against the same probe just before the
+    # restart (same session, point and evidence), for the daemon and for every baseline (for
+    # which a restart changes nothing).
+    restarted = {(r.dataset, r.session, r.at, r.evidence) for r in results if r.kind == "reconnect"}
     for r in results:
-        if r.kind == "reconnect":
-            # The same probe just before the restart: G2 compares the two on the same questions.
-            twin = inline_at.get((r.dataset, r.session, r.method, r.budget, r.at, r.evidence))
-            if twin is not None:
-                table[(r.method, r.dataset, "reconnect-paired", r.budget)].append(r.hit)
-                table[(r.method, r.dataset, "inline-before-restart", r.budget)].append(twin)
         table[(r.method, r.dataset, r.kind, r.budget)].append(r.hit)
+        if r.kind == "inline" and (r.dataset, r.session, r.at, r.evidence) in restarted:
+            table[(r.method, r.dataset, "inline-before-restart", r.budget)].append(r.hit)
         if r.kind == "inline":
             if r.gap >= 10:
                 table[(r.method, r.dataset, "inline>=10", r.budget)].append(r.hit)
@@ -82,7 +79,7 @@ def targets(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             # G2 on the same probes: each reconnect probe against the inline probe just before
             # the restart (same point, same evidence).
             inline = _get(rows, DAEMON, d, "inline-before-restart", b)
-            rec = _get(rows, DAEMON, d, "reconnect-paired", b)
+            rec = _get(rows, DAEMON, d, "reconnect", b)
             if inline is not None and rec is not None:
                 check(f"G2 reconnect within 0.02 of inline @ {b}", d, rec, inline - 0.02, rec >= inline - 0.02)
         q = _get(rows, WITH_QUESTION, d, "end", QUESTION_BUDGET)
@@ -91,7 +88,7 @@ def targets(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             for kind in ("inline", "reconnect", "end"):
                 mine = _get(rows, DAEMON, d, kind, b)
                 # Baselines have no reconnect figure of their own: a restart changes no transcript.
-                base_kind = "inline" if kind == "reconnect" else kind
+                base_kind = "inline-before-restart" if kind == "reconnect" else kind
                 theirs = [v for name in BASELINES if (v := _get(rows, name, d, base_kind, b)) is not None]
                 if mine is None or not theirs:
                     continue
@@ -149,7 +146,6 @@ _KIND_ORDER = {
     "inline>=10": 1,
     "reconnect": 2,
     "inline-before-restart": 3,
-    "reconnect-paired": 4,
     "end": 5,
 }
 

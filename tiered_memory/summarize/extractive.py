@@ -464,18 +464,28 @@ def _lead(text: str, limit: int) -> str:
     return cut[: stop + 1] if stop >= limit // 2 else cut + "…"
 
 
+def _by_rank(item: _Item) -> tuple[int, int]:
+    return (item.rank, item.order)
+
+
+def _newest_first(item: _Item) -> tuple[int, int]:
+    """By rank, then newest first: beside raw recent turns, the summary continues them backwards.
+    (Measured: ranking first keeps more than pure recency; docs/QUALITY.md.)"""
+    return (item.rank, -item.order)
+
+
 def _render(
     items: Sequence[_Item], lang: str, topics: Sequence[str], max_chars: int, *, newest_first: bool = False
 ) -> str:
-    """One line per kind. Items are admitted by (rank, order) while they fit (by rank and then
-    newest first with `newest_first`), then shown in conversation order; leftover room lists the
+    """One line per kind. Items are admitted by (rank, order) while they fit (newest first with
+    `newest_first`, see _newest_first), then shown in conversation order; leftover room lists the
     topics not already named."""
     *kind_labels, label = _LABELS[lang]
     labels = dict(zip(_KINDS, kind_labels, strict=True))
     separator, joiner, assistant = _PUNCTUATION[lang]
     chosen: dict[str, list[tuple[int, str]]] = {kind: [] for kind in _KINDS}
     used = 0
-    for item in sorted(items, key=lambda i: (i.rank, -i.order if newest_first else i.order)):
+    for item in sorted(items, key=_newest_first if newest_first else _by_rank):
         piece = assistant + item.text if item.speaker == Role.ASSISTANT.value else item.text
         if item.kind == _EARLIER:
             piece = _lead(piece, max(max_chars // 2 - len(labels[_EARLIER]), 1))

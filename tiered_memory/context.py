@@ -119,6 +119,13 @@ def _cut(m: Message, limit: int) -> Message:
     return dataclasses.replace(m, content="…" + m.content[-(limit - 1) :])
 
 
+def summary_room(summary_chars: int, max_chars: int) -> int:
+    """What the summary is guaranteed of a budget before raw turns take the rest: most of a small
+    budget (its facts are denser than raw turns), at most 700 characters of that, and half of a
+    large one (raw turns past the window then reach further back). Measured in docs/QUALITY.md."""
+    return min(summary_chars, max(max_chars // 2, min(max_chars * 7 // 10, 700)))
+
+
 def compose(memory_text: str | None, recent: Sequence[ChatMessage], *, max_chars: int) -> list[ChatMessage]:
     """The system message with the memory text, cut to what the recent messages leave of
     max_chars (cut at its end), followed by the recent messages."""

@@ -29,6 +29,7 @@ from tiered_memory.context import (
     language_of,
     recall_text,
     recent_transcript,
+    summary_room,
     summary_system_text,
     window,
     window_start_turn,
@@ -491,7 +492,7 @@ class MemoryService:
                 # Earlier turns that match the question get up to a third of the budget.
                 snippets = await self._snippets(session_id, question, count, before_seq=recent[0].seq, seen=available)
                 budget -= min(max_chars // _SNIPPET_SHARE, len(recall_text(snippets, max_chars=max_chars)))
-            room = budget - min(len(memory_text or ""), budget // 2) - _chars(recent)
+            room = budget - summary_room(len(memory_text or ""), budget) - _chars(recent)
             if self._s.context_older_turns:
                 shown = [*await self._older(session_id, recent, available, room, sql_info, hot), *recent]
             else:
@@ -499,7 +500,7 @@ class MemoryService:
         if memory_text is not None and shown and shown[0].seq <= 1 and _chars(shown) <= budget:
             # The raw turns hold the whole conversation: a summary of them would only repeat them.
             memory_text = None
-        kept, dropped = fit_recent(shown, room=budget - min(len(memory_text or ""), budget // 2))
+        kept, dropped = fit_recent(shown, room=budget - summary_room(len(memory_text or ""), budget))
         if memory_text is not None and summary is not None and summary.source is SummarySource.DETERMINISTIC:
             # Re-rendered for the room the raw turns left, from the facts said before them: whole
             # facts by priority instead of the cut-off start of the stored text, none repeated.

@@ -34,9 +34,12 @@ def summarize(results: Iterable[Result], *, budgets: Sequence[int]) -> dict[str,
     # restart (same session, point and evidence), for the daemon and for every baseline (for
     # which a restart changes nothing).
     restarted = {(r.dataset, r.session, r.at, r.evidence) for r in results if r.kind == "reconnect"}
+    twins: set[tuple[str, int, str, str, int, str]] = set()
     for r in results:
         table[(r.method, r.dataset, r.kind, r.budget)].append(r.hit)
-        if r.kind == "inline" and (r.dataset, r.session, r.at, r.evidence) in restarted:
+        twin = (r.method, r.budget, r.dataset, r.session, r.at, r.evidence)
+        if r.kind == "inline" and twin[2:] in restarted and twin not in twins:
+            twins.add(twin)  # a set may ask the same question twice at that point: once here
             table[(r.method, r.dataset, "inline-before-restart", r.budget)].append(r.hit)
         if r.kind == "inline":
             if r.gap >= 10:

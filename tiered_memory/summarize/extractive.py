@@ -26,7 +26,10 @@ _ITEM_CHARS = 80  # one kept sentence at most; longer ones are clipped around th
 _CHUNK_CHARS = 60  # comma-only voice transcripts are re-cut into clauses of about this size
 _KEEP_FACTOR = 2  # `structured` keeps 2x the rendered budget, so later merges still have material
 _MAX_ENTITIES = 64
-_ITEM_OVERHEAD = 24  # JSON of an item without its text: ["fact", "assistant", 1, 123, "", 45]
+# Part of an item's JSON framing (["fact", "assistant", 1, 123, "", 45] is ~30 characters) counted
+# against the stored budget: enough to bound the count of short items, not so much that the dense
+# clauses the context re-renders from are pruned away (measured in docs/QUALITY.md).
+_ITEM_OVERHEAD = 4
 _COMMON_NAME_FREQ = 1000  # jieba tags frequent words such as 谢谢 or 明白 `nr`; real names are rare words
 
 _EARLIER, _PROFILE, _FACT, _QUESTION = "earlier", "profile", "fact", "question"
@@ -237,7 +240,7 @@ class _State:
         kept: list[_Item] = []
         used = 0
         for item in sorted(self.items, key=lambda i: (i.rank, i.order)):
-            # Each item costs its JSON framing too, so that many short items stay bounded.
+            # Each item costs a little JSON framing too, so that many short items stay bounded.
             cost = len(item.text) + _ITEM_OVERHEAD
             if used + cost <= budget or item.kind == _EARLIER:
                 kept.append(item)

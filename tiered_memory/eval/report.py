@@ -103,10 +103,10 @@ def targets(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _fmt(value: float | None, n: int | None = None) -> str:
+def _fmt(value: float | None, n: int | None = None, *, digits: int = 2) -> str:
     if value is None:
         return "–"
-    return f"{value:.2f}" if n is None else f"{value:.2f} ({n})"
+    return f"{value:.{digits}f}" if n is None else f"{value:.{digits}f} ({n})"
 
 
 def markdown(summary: dict[str, Any]) -> str:
@@ -140,7 +140,9 @@ def markdown(summary: dict[str, Any]) -> str:
     lines += ["", "### Targets", "", "| dataset | target | measured | bound | met |", "|---|---|---|---|---|"]
     for t in summary["targets"]:
         met = "yes" if t["met"] else "NO"
-        lines.append(f"| {t['dataset']} | {t['target']} | {_fmt(t['value'])} | {_fmt(t['bound'])} | {met} |")
+        lines.append(
+            f"| {t['dataset']} | {t['target']} | {_fmt(t['value'], digits=3)} | {_fmt(t['bound'], digits=3)} | {met} |"
+        )
     return "\n".join(lines) + "\n"
 
 

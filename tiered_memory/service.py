@@ -8,10 +8,8 @@ the hot tier best-effort, and schedule summaries in the background.
 from __future__ import annotations
 
 import asyncio
-import itertools
-import math
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +34,7 @@ from tiered_memory.context import (
     with_recall,
 )
 from tiered_memory.errors import Forbidden, HotUnavailable, NotFound, SqlUnavailable
+from tiered_memory.history import History
 from tiered_memory.metrics import Metrics
 from tiered_memory.model import (
     AppendOutcome,
@@ -53,7 +52,7 @@ from tiered_memory.model import (
     SummarySource,
     Tier,
 )
-from tiered_memory.recall import RecallIndex, RecallMatch, SessionIndex
+from tiered_memory.recall import RecallIndex, RecallMatch
 from tiered_memory.settings import Settings
 from tiered_memory.summarize.cold import cold_summary
 from tiered_memory.summarize.extractive import Extractor, render
@@ -69,14 +68,8 @@ log = structlog.get_logger("tiered_memory.service")
 
 # Sessions whose recall index this process keeps (least recently asked dropped first).
 _RECALL_SESSIONS = 256
-# Messages read from SQL per step when a recall index is built or catches up.
-_INDEX_BATCH = 1000
-# Earlier turns considered for a question's snippets, and the share of the budget they may take.
-_SNIPPET_TURNS = 8
+# Earlier turns that match a question may take up to this fraction (1/3) of the budget.
 _SNIPPET_SHARE = 3
-# Raw messages from before the window fetched for one context at most (a huge budget is still one
-# bounded read).
-_OLDER_MAX_MESSAGES = 400
 # How many sessions one sweep looks at; the next sweep takes the rest.
 _SWEEP_BATCH = 500
 # While another replica holds a session's summary lock, look again this often, this many times.
@@ -117,7 +110,11 @@ class MemoryService:
         recall: RecallIndex | None = None,
     ) -> None:
         self._s = settings
-        self._recall = recall or RecallIndex(extractor.search_terms, max_sessions=_RECALL_SESSIONS)
+        self._history = History(
+            store,
+            recall or RecallIndex(extractor.search_terms, max_sessions=_RECALL_SESSIONS),
+            sql_error=lambda op: metrics.tier_errors.labels("sql", op).inc(),
+        )
         self._store = store
         self._hot = hot
         self._job = job
@@ -171,7 +168,7 @@ class MemoryService:
             self._metrics.tier_errors.labels("hot", "append").inc()
             log.warning("hot_append_failed", error=str(exc))
         if not result.duplicate:
-            self._recall.appended(result.message)
+            self._history.appended(result.message)
         if due:
             # On a retry too: the first attempt may have died before it scheduled the summary.
             self.summaries.schedule(new.session_id)
@@ -230,7 +227,7 @@ class MemoryService:
         conversation readable from the cache until its TTL. Raises Forbidden, deleting nothing,
         when the session is not the caller's (checked under the session-row lock)."""
         await self._store.delete_session(session_id, caller=caller)
-        self._recall.forget(session_id)
+        self._history.forget(session_id)
         try:
             await self._hot.delete(session_id)
         except HotUnavailable:
@@ -490,11 +487,21 @@ class MemoryService:
             count = sql_info.message_count if sql_info else hot.message_count
             if question and recent and count:
                 # Earlier turns that match the question get up to a third of the budget.
-                snippets = await self._snippets(session_id, question, count, before_seq=recent[0].seq, seen=available)
+                snippets = await self._history.snippets(
+                    session_id, question, count, before_seq=recent[0].seq, seen=available
+                )
                 budget -= min(max_chars // _SNIPPET_SHARE, len(recall_text(snippets, max_chars=max_chars)))
             room = budget - summary_room(len(memory_text or ""), budget) - _chars(recent)
             if self._s.context_older_turns:
-                shown = [*await self._older(session_id, recent, available, room, sql_info, hot), *recent]
+                before_window = await self._history.older(
+                    session_id,
+                    recent,
+                    available,
+                    room,
+                    message_count=sql_info.message_count if sql_info else hot.message_count,
+                    content_chars=sql_info.content_chars if sql_info else hot.content_chars,
+                )
+                shown = [*before_window, *recent]
             else:
                 shown = recent
         if memory_text is not None and shown and shown[0].seq <= 1 and _chars(shown) <= budget:
@@ -569,106 +576,11 @@ class MemoryService:
             templates=self._s.reconnect_templates,
         )
 
-    async def _session_index(self, session_id: str, message_count: int, seen: Sequence[Message]) -> SessionIndex:
-        """The session's recall index, caught up to `message_count` with only the messages it
-        lacks (built from SQL when this process has none). Raises SqlUnavailable."""
-        index = self._recall.get(session_id)
-        if index is None or index.last_seq > message_count or not index.consistent_with(seen):
-            index = SessionIndex()
-        while index.last_seq < message_count:
-            rows = await self._store.messages_by_seq(
-                session_id, first_seq=index.last_seq + 1, last_seq=message_count, limit=_INDEX_BATCH
-            )
-            if not rows:
-                break
-            terms = await asyncio.to_thread(_tokenize_all, self._recall.tokenize, rows)
-            before = index.last_seq
-            for m, t in zip(rows, terms, strict=True):
-                index.add(m, t)
-            if index.last_seq == before:
-                break  # a gap in seq (not expected): what the index has is still right
-        self._recall.put(session_id, index)
-        return index
-
-    async def _snippets(
-        self, session_id: str, question: str, message_count: int, *, before_seq: int, seen: Sequence[Message]
-    ) -> list[list[Message]]:
-        """The turns before `before_seq` that best match the question, best first (none when SQL
-        is needed and unavailable: a question never fails a context)."""
-        terms = await asyncio.to_thread(self._recall.tokenize, question)
-        if not terms:
-            return []
-        try:
-            index = await self._session_index(session_id, message_count, seen)
-        except SqlUnavailable:
-            self._metrics.tier_errors.labels("sql", "recall_index").inc()
-            return []
-        turns: list[list[Message]] = []
-        done: set[int] = set()
-        for seq, _score in index.search(terms, k=2 * _SNIPPET_TURNS, before_seq=before_seq):
-            docs = index.turn_of(seq)
-            if docs[0].turn in done:
-                continue
-            done.add(docs[0].turn)
-            turns.append([d.as_message(session_id) for d in docs])
-            if len(turns) == _SNIPPET_TURNS:
-                break
-        return turns
-
     async def recall(self, session_id: str, *, caller: Caller, query: str, k: int) -> list[RecallMatch]:
         """The k messages that best match `query` (BM25), best first, each with the raw messages
         of its turn and the slice that covers it. Raises NotFound, Forbidden, SqlUnavailable."""
         info = await self._owned_session(session_id, caller)
-        terms = await asyncio.to_thread(self._recall.tokenize, query)
-        if not terms:
-            return []
-        index = await self._session_index(session_id, info.message_count, ())
-        hits = index.search(terms, k=k)
-        if not hits:
-            return []
-        slices = await self._store.slices(session_id)
-        out = []
-        for seq, score in hits:
-            docs = index.turn_of(seq)
-            rows = await self._store.messages_by_seq(
-                session_id, first_seq=docs[0].seq, last_seq=docs[-1].seq, limit=len(docs) + 8
-            )
-            covering = next((s for s in slices if s.first_seq <= seq <= s.last_seq), None)
-            out.append(RecallMatch(seq=seq, turn=docs[0].turn, score=score, slice=covering, messages=rows))
-        return out
-
-    async def _older(
-        self,
-        session_id: str,
-        recent: list[Message],
-        available: list[Message],
-        room: int,
-        info: SessionInfo | None,
-        hot: HotSession,
-    ) -> list[Message]:
-        """Raw messages from before the window, newest last, about `room` characters of them: a
-        budget the summary and the window leave unused is better spent on the turns themselves.
-        The hot list is used first; SQL is asked (one bounded read) only for what it lacks."""
-        if room <= 0 or not recent or recent[0].seq <= 1:
-            return []
-        first = recent[0].seq
-        older = [m for m in available if m.seq < first]
-        if (older and older[-1].seq != first - 1) or any(b.seq != a.seq + 1 for a, b in itertools.pairwise(older)):
-            older = []  # not contiguous with the window: SQL answers instead
-        room -= _chars(older)
-        start = older[0].seq if older else first
-        if room <= 0 or start <= 1:
-            return older
-        count = info.message_count if info else hot.message_count
-        chars = info.content_chars if info else hot.content_chars
-        mean = max(8.0, (chars or 0) / count) if count else 40.0
-        want = min(_OLDER_MAX_MESSAGES, start - 1, math.ceil(1.5 * room / mean) + 2)
-        try:
-            rows = await self._store.messages_by_seq(session_id, first_seq=start - want, last_seq=start - 1, limit=want)
-        except SqlUnavailable:
-            self._metrics.tier_errors.labels("sql", "read_older").inc()
-            return older
-        return [*rows, *older]
+        return await self._history.matches(session_id, query, info.message_count, k)
 
     async def _with_gap(
         self, session_id: str, covered: int, turn_count: int, recent: list[Message], available: list[Message]
@@ -737,10 +649,6 @@ class MemoryService:
                 await self.close(sid, caller=Caller(), reason="idle")
             except NotFound:
                 continue
-
-
-def _tokenize_all(tokenize: Callable[[str], list[str]], rows: Sequence[Message]) -> list[list[str]]:
-    return [tokenize(m.content) for m in rows]
 
 
 def _chars(messages: list[Message]) -> int:

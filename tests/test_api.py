@@ -91,9 +91,18 @@ async def test_restart_keeps_summary_and_context(daemon: Daemon) -> None:
     assert ctx_after["messages"] == ctx_before["messages"]
 
 
-async def test_context_is_prompt_ordered(daemon: Daemon) -> None:
+async def test_context_is_prompt_ordered(backend_env: dict[str, str]) -> None:
     """The context is a system message with the summary, then the last KEEP_RECENT_TURNS turns
     alternating user/assistant from a user message; the same with the hot tier lost."""
+    daemon = Daemon(backend_env | {"CONTEXT_OLDER_TURNS": "false"})
+    await daemon.start()
+    try:
+        await _prompt_ordered(daemon)
+    finally:
+        await daemon.stop()
+
+
+async def _prompt_ordered(daemon: Daemon) -> None:
     sid = new_sid()
     await play(daemon, sid, ZH_12_TURNS[:8])
     await daemon.post(sid, "user", "还有别的推荐吗？")
@@ -355,9 +364,19 @@ async def test_greetings_and_split_replies_complete_no_turn(daemon: Daemon) -> N
     assert ctx["messages"][0] == {"role": "user", "content": ZH_12_TURNS[0][0]}
 
 
-async def test_context_is_hot_again_after_a_hot_loss(daemon: Daemon) -> None:
+async def test_context_is_hot_again_after_a_hot_loss(backend_env: dict[str, str]) -> None:
     """After the hot tier is lost, the first context read refills it from SQL (summary, recent
-    turns and counters) and the next one is answered by the hot tier without any SQL statement."""
+    turns and counters) and the next one is answered by the hot tier without any SQL statement
+    (when the budget leaves no room for the older turns, which only SQL has)."""
+    daemon = Daemon(backend_env | {"CONTEXT_OLDER_TURNS": "false"})
+    await daemon.start()
+    try:
+        await _hot_again(daemon)
+    finally:
+        await daemon.stop()
+
+
+async def _hot_again(daemon: Daemon) -> None:
     sid = new_sid()
     await play(daemon, sid, ZH_12_TURNS[:7])
     await daemon.settle()

@@ -266,7 +266,9 @@ async def test_a_new_session_reads_as_before(authed: Daemon) -> None:
 async def test_a_restricted_read_stays_one_hot_round_trip(authed: Daemon) -> None:
     """The owner lives in the hot tier with the counters: after a hot-tier loss the first read of
     a restricted token asks SQL and refills it, and the next context and summary reads are
-    answered without any SQL statement, refusing another tenant all the same."""
+    answered without asking SQL for the session, its owner or its summary, refusing another tenant
+    all the same. (A context whose budget has room for raw turns older than the hot list reads
+    those, in one bounded statement: CONTEXT_OLDER_TURNS.)"""
     sid = new_sid()
     await owned_conversation(authed, sid)
     await authed.flush_hot()
@@ -287,4 +289,6 @@ async def test_a_restricted_read_stays_one_hot_round_trip(authed: Daemon) -> Non
             assert (await authed.http.get(path, headers=bearer(OTHER))).status == 403
     finally:
         sa_event.remove(engine, "before_cursor_execute", count)
-    assert statements == []
+    older = [s for s in statements if "FROM messages" in s and "messages.seq >=" in s and "LIMIT" in s]
+    assert statements == older
+    assert len(older) <= 1  # the one context read that had a budget to fill

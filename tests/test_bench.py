@@ -16,6 +16,8 @@ OPERATIONS = {
     "summary_warm",
     "summary_cold",
     "context_hot",
+    "context_question",
+    "recall",
     "context_cold",
     "append_user",
     "append_assistant",

@@ -134,7 +134,7 @@ def test_incremental_merge_keeps_both_batches_without_duplicates(extractor: Extr
     for fact in ("王小明", "每天2次，每次1条", "398元", "不喜欢太甜", "还有别的优惠吗"):
         assert fact in second.text, fact
     assert second.text.count("单盒398元") == 1
-    texts = [item[-1] for item in second.structured["items"]]
+    texts = [item[4] for item in second.structured["items"]]
     assert len(texts) == len(set(texts))
 
 
@@ -163,7 +163,8 @@ def test_budget_holds_for_a_long_session_and_early_facts_stay(extractor: Extract
     result = extractor.extract(messages)
     for fact in ("王小明", "每天2次，每次1条", "398元"):
         assert fact in result.text, fact
-    assert len(json.dumps(result.structured, ensure_ascii=False)) < 6 * 1400
+    # Bounded: about 2 x max_chars of fact text, their JSON framing and 64 entities.
+    assert len(json.dumps(result.structured, ensure_ascii=False)) < 8 * 1400
 
 
 def test_previous_llm_summary_is_carried_forward(extractor: Extractor) -> None:

@@ -37,7 +37,8 @@ async def test_the_three_modes_serve_the_same_recorded_session(backend_env: dict
         await recorder.settle()
     finally:
         await recorder.stop()
-    d = await _with(backend_env, MEMORY_MODE=mode)
+    # The window's shape: the older turns do not fill the rest of the budget here.
+    d = await _with(backend_env, MEMORY_MODE=mode, CONTEXT_OLDER_TURNS="false")
     try:
         ctx = await d.get(f"/v1/sessions/{sid}/context")
         assert ctx["turn_count"] == 6
@@ -156,7 +157,7 @@ async def test_transcripts_and_token_estimates(daemon: Daemon) -> None:
 async def test_reconnect_after_a_gap_says_how_long_ago(backend_env: dict[str, str]) -> None:
     """After more than RECONNECT_GAP_SECONDS of silence the summary message says how long ago the
     conversation was; within the gap it is the plain summary prefix."""
-    d = await _with(backend_env, RECONNECT_GAP_SECONDS="1")
+    d = await _with(backend_env, RECONNECT_GAP_SECONDS="1", CONTEXT_OLDER_TURNS="false")
     try:
         sid = new_sid()
         await play(d, sid, ZH_12_TURNS[:5])
@@ -183,6 +184,7 @@ async def test_no_turn_falls_between_a_lagging_summary_and_the_window(
         "SUMMARY_MODEL": "m",
         "LLM_TIMEOUT_SECONDS": "10",
         "SUMMARY_FORMAT": "text",
+        "CONTEXT_OLDER_TURNS": "false",
     }
     d = await _with(env)
     try:
@@ -401,7 +403,7 @@ async def test_forty_turns_hold_budgets_lose_no_turn_and_cost_flat(
 
 async def test_reconnect_phrasing_follows_the_summary_language(backend_env: dict[str, str]) -> None:
     """An English conversation gets the English reconnect template after the gap."""
-    d = await _with(backend_env, RECONNECT_GAP_SECONDS="1")
+    d = await _with(backend_env, RECONNECT_GAP_SECONDS="1", CONTEXT_OLDER_TURNS="false")
     try:
         sid = new_sid()
         english = [

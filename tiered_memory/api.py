@@ -30,7 +30,7 @@ from tiered_memory.errors import (
     Unauthorized,
 )
 from tiered_memory.metrics import Metrics
-from tiered_memory.model import Caller, Channel, MessageStatus, NewMessage, Role, Slice, SummaryAnswer
+from tiered_memory.model import Caller, Channel, Message, MessageStatus, NewMessage, Role, Slice, SummaryAnswer
 from tiered_memory.service import ContextAnswer, MemoryService
 from tiered_memory.settings import Settings
 from tiered_memory.tiers.codec import dumps
@@ -394,6 +394,36 @@ async def get_slices(request: web.Request) -> web.Response:
     return reply({"session_id": sid, "slices": [_slice_json(sid, s) for s in slices]})
 
 
+async def get_recall(request: web.Request) -> web.Response:
+    """The earlier messages that best match `q` (BM25 over the session's messages), with their
+    turn's raw messages and the slice that covers them."""
+    _query(request, "q", "k")
+    sid = _session_id(request)
+    limit = request.app[SETTINGS_KEY].max_message_bytes
+    raw = request.query.get("q")
+    query = _framing_text(raw, "q", limit)
+    if query is None or not query.strip():
+        raise InvalidInput("q: expected a non-empty search text")
+    k = _int_query(request, "k", 5, 1, 50)
+    matches = await request.app[SERVICE_KEY].recall(sid, caller=_caller(request), query=query, k=k)
+    return reply(
+        {
+            "session_id": sid,
+            "query": query,
+            "matches": [
+                {
+                    "seq": m.seq,
+                    "turn": m.turn,
+                    "score": round(m.score, 4),
+                    "slice": _slice_json(sid, m.slice) if m.slice else None,
+                    "messages": [_message_json(x) for x in m.messages],
+                }
+                for m in matches
+            ],
+        }
+    )
+
+
 def _int_query(request: web.Request, name: str, default: int, low: int, high: int) -> int:
     """The query parameter `name` as an integer in [low, high], `default` when absent."""
     raw = request.query.get(name)
@@ -416,24 +446,20 @@ async def get_messages(request: web.Request) -> web.Response:
     rows = await request.app[SERVICE_KEY].messages(
         sid, caller=_caller(request), first_seq=first, last_seq=last, limit=limit
     )
-    return reply(
-        {
-            "session_id": sid,
-            "messages": [
-                {
-                    "seq": m.seq,
-                    "turn": m.turn,
-                    "role": m.role.value,
-                    "content": m.content,
-                    "status": m.status.value,
-                    "message_id": m.message_id,
-                    "channel": m.channel.value,
-                    "created_at": m.created_at,
-                }
-                for m in rows
-            ],
-        }
-    )
+    return reply({"session_id": sid, "messages": [_message_json(m) for m in rows]})
+
+
+def _message_json(m: Message) -> dict[str, Any]:
+    return {
+        "seq": m.seq,
+        "turn": m.turn,
+        "role": m.role.value,
+        "content": m.content,
+        "status": m.status.value,
+        "message_id": m.message_id,
+        "channel": m.channel.value,
+        "created_at": m.created_at,
+    }
 
 
 async def post_rebuild(request: web.Request) -> web.Response:
@@ -483,6 +509,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/sessions/{session_id:[^/]+}/messages", get_messages)
     app.router.add_get("/v1/users/{user_id:[^/]+}/summaries", get_user_summaries)
     app.router.add_get("/v1/sessions/{session_id:[^/]+}/context", get_context)
+    app.router.add_get("/v1/sessions/{session_id:[^/]+}/recall", get_recall)
     app.router.add_post("/v1/sessions/{session_id:[^/]+}/close", post_close)
     app.router.add_post("/v1/sessions/{session_id:[^/]+}/turns", post_turn)
     app.router.add_get("/v1/sessions/{session_id:[^/]+}", get_session)

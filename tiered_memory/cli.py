@@ -1,5 +1,5 @@
-"""The `tiered-memory` command: serve, config, migrate, check, and the operator's inspect, rebuild,
-export and purge (their logic is in admin.py).
+"""The `tiered-memory` command: serve, config, migrate, check, the operator's inspect, rebuild,
+export and purge (their logic is in admin.py), and eval (the memory-quality evaluation).
 
 Reads the process environment exactly once, here, and hands the frozen Settings down.
 """
@@ -131,6 +131,7 @@ def _parser() -> argparse.ArgumentParser:
     purge.add_argument("--older-than", type=_positive, required=True, metavar="DAYS", help="days of inactivity")
     purge.add_argument("--batch", type=int, default=500, help="rows per transaction (default 500)")
     purge.add_argument("--dry-run", action="store_true", help="only count what would be deleted")
+    sub.add_parser("eval", help="measure memory quality (see `tiered-memory eval --help`)", add_help=False)
     return parser
 
 
@@ -156,7 +157,14 @@ def _admin(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["eval"]:
+        # Its options are its own, and it needs no daemon settings from the environment.
+        from tiered_memory.eval.command import main as eval_main
+
+        return eval_main(args_list[1:])
+    args = parser.parse_args(args_list)
     settings = _settings()
     if args.command == "serve":
         return _serve(settings)

@@ -119,6 +119,13 @@ def _cut(m: Message, limit: int) -> Message:
     return dataclasses.replace(m, content="…" + m.content[-(limit - 1) :])
 
 
+def summary_room(summary_chars: int, max_chars: int) -> int:
+    """What the summary is guaranteed of a budget before raw turns take the rest: most of a small
+    budget (its facts are denser than raw turns), at most 700 characters of that, and half of a
+    large one (raw turns past the window then reach further back). Measured in docs/QUALITY.md."""
+    return min(summary_chars, max(max_chars // 2, min(max_chars * 7 // 10, 700)))
+
+
 def compose(memory_text: str | None, recent: Sequence[ChatMessage], *, max_chars: int) -> list[ChatMessage]:
     """The system message with the memory text, cut to what the recent messages leave of
     max_chars (cut at its end), followed by the recent messages."""
@@ -242,3 +249,38 @@ def frame(messages: list[ChatMessage], *, system_prompt: str | None, question: s
         else:
             out.append(ChatMessage(Role.USER.value, question))
     return out
+
+
+_RECALL_LABELS = {"zh": "[早前对话片段]", "en": "[Earlier in this conversation]"}
+
+
+def recall_text(turns: Sequence[Sequence[Message]], *, max_chars: int) -> str:
+    """Earlier turns that match the question, labelled as earlier conversation: `turns` best
+    first, each kept whole (lines capped as in the transcript) while the text fits `max_chars`,
+    shown in conversation order. Empty when none fits."""
+    if not turns:
+        return ""
+    lang = language_of("".join(m.content for turn in turns for m in turn))
+    label = _RECALL_LABELS[lang]
+    chosen: list[tuple[int, str]] = []
+    used = len(label)
+    for turn in turns:
+        sep = "：" if lang == "zh" else ": "
+        block = "\n".join(
+            f"{_SPEAKERS[lang][m.role]}{sep}{_cap(m.content, _TRANSCRIPT_CAPS[m.role])}" for m in turn if m.answered
+        )
+        if block and used + 1 + len(block) <= max_chars:
+            chosen.append((turn[0].seq, block))
+            used += 1 + len(block)
+    if not chosen:
+        return ""
+    return "\n".join([label, *(block for _, block in sorted(chosen))])
+
+
+def with_recall(messages: list[ChatMessage], text: str) -> list[ChatMessage]:
+    """The recalled text at the end of the leading system message (one is made when there is none)."""
+    if not text:
+        return messages
+    if messages and messages[0].role == "system":
+        return [ChatMessage("system", f"{messages[0].content}\n{text}"), *messages[1:]]
+    return [ChatMessage("system", text), *messages]

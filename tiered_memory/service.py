@@ -25,12 +25,16 @@ from tiered_memory.context import (
     frame,
     hot_window_complete,
     language_of,
+    recall_text,
     recent_transcript,
+    summary_room,
     summary_system_text,
     window,
     window_start_turn,
+    with_recall,
 )
 from tiered_memory.errors import Forbidden, HotUnavailable, NotFound, SqlUnavailable
+from tiered_memory.history import History
 from tiered_memory.metrics import Metrics
 from tiered_memory.model import (
     AppendOutcome,
@@ -45,11 +49,13 @@ from tiered_memory.model import (
     Slice,
     Summary,
     SummaryAnswer,
+    SummarySource,
     Tier,
 )
+from tiered_memory.recall import RecallIndex, RecallMatch
 from tiered_memory.settings import Settings
 from tiered_memory.summarize.cold import cold_summary
-from tiered_memory.summarize.extractive import Extractor
+from tiered_memory.summarize.extractive import Extractor, render
 from tiered_memory.summarize.payload import planning, planning_history
 from tiered_memory.summarize.scheduler import SingleFlight
 from tiered_memory.summarize.topics import TopicTagger
@@ -60,6 +66,10 @@ from tiered_memory.tiers.sql_store import SqlStore
 
 log = structlog.get_logger("tiered_memory.service")
 
+# Sessions whose recall index this process keeps (least recently asked dropped first).
+_RECALL_SESSIONS = 256
+# Earlier turns that match a question may take up to this fraction (1/3) of the budget.
+_SNIPPET_SHARE = 3
 # How many sessions one sweep looks at; the next sweep takes the rest.
 _SWEEP_BATCH = 500
 # While another replica holds a session's summary lock, look again this often, this many times.
@@ -104,8 +114,14 @@ class MemoryService:
         tagger: TopicTagger,
         metrics: Metrics,
         clock: Callable[[], float] = time.time,
+        recall: RecallIndex | None = None,
     ) -> None:
         self._s = settings
+        self._history = History(
+            store,
+            recall or RecallIndex(extractor.search_terms, max_sessions=_RECALL_SESSIONS),
+            sql_error=lambda op: metrics.tier_errors.labels("sql", op).inc(),
+        )
         self._store = store
         self._hot = hot
         self._job = job
@@ -158,6 +174,8 @@ class MemoryService:
             # read (or at the next append, by the seq gap), so SQL answers and backfills.
             self._metrics.tier_errors.labels("hot", "append").inc()
             log.warning("hot_append_failed", error=str(exc))
+        if not result.duplicate:
+            self._history.appended(result.message)
         if due:
             # On a retry too: the first attempt may have died before it scheduled the summary.
             self.summaries.schedule(new.session_id)
@@ -216,6 +234,7 @@ class MemoryService:
         conversation readable from the cache until its TTL. Raises Forbidden, deleting nothing,
         when the session is not the caller's (checked under the session-row lock)."""
         await self._store.delete_session(session_id, caller=caller)
+        self._history.forget(session_id)
         try:
             await self._hot.delete(session_id)
         except HotUnavailable:
@@ -479,32 +498,71 @@ class MemoryService:
         recent = window(available, turn_count=turn_count, keep_recent_turns=keep)
         summary = answer.summary
         memory_text = None
+        summary_last = sql_info.last_activity if sql_info else hot.last_activity
         if summary is not None:
-            last = sql_info.last_activity if sql_info else hot.last_activity
-            memory_text = summary_system_text(
-                summary.text,
-                idle_seconds=None if last is None else self._clock() - last,
-                reconnect_gap_s=self._s.reconnect_gap_seconds,
-                templates=self._s.reconnect_templates,
-            )
+            memory_text = self._summary_text(summary.text, summary_last)
         covered = summary.covered_turns if summary else 0
+        shown = recent
+        snippets: list[list[Message]] = []
+        budget = max_chars
         if mode == "summary":
             recent = await self._with_gap(session_id, covered, turn_count, recent, available)
-        if memory_text is not None and recent and recent[0].turn <= 1 and _chars(recent) <= max_chars:
+            count = sql_info.message_count if sql_info else hot.message_count
+            if question and recent and count:
+                # Earlier turns that match the question get up to a third of the budget.
+                snippets = await self._history.snippets(
+                    session_id, question, count, before_seq=recent[0].seq, seen=available
+                )
+                budget -= min(max_chars // _SNIPPET_SHARE, len(recall_text(snippets, max_chars=max_chars)))
+            room = budget - summary_room(len(memory_text or ""), budget) - _chars(recent)
+            if self._s.context_older_turns:
+                before_window = await self._history.older(
+                    session_id,
+                    recent,
+                    available,
+                    room,
+                    message_count=sql_info.message_count if sql_info else hot.message_count,
+                    content_chars=sql_info.content_chars if sql_info else hot.content_chars,
+                )
+                shown = [*before_window, *recent]
+            else:
+                shown = recent
+        if memory_text is not None and shown and shown[0].seq <= 1 and _chars(shown) <= budget:
             # The raw turns hold the whole conversation: a summary of them would only repeat them.
             memory_text = None
-        kept, dropped = fit_recent(recent, room=max_chars - min(len(memory_text or ""), max_chars // 2))
+        kept, dropped = fit_recent(shown, room=budget - summary_room(len(memory_text or ""), budget))
+        if memory_text is not None and summary is not None and summary.source is SummarySource.DETERMINISTIC:
+            # Re-rendered for the room the raw turns left, from the facts said before them: whole
+            # facts by priority instead of the cut-off start of the stored text, none repeated.
+            frame_chars = len(self._summary_text("", summary_last))
+            body = render(
+                summary.structured,
+                budget - _chars(kept) - frame_chars,
+                before_turn=kept[0].turn if kept else None,
+                topics=summary.topics,
+                # The facts just before the raw turns first: the turns shown raw and the summary
+                # then cover one stretch back from now, which is what later turns refer to most.
+                newest_first=True,
+            )
+            if body is not None:
+                memory_text = self._summary_text(body, summary_last) if body else None
         uncovered = [m for m in dropped if m.turn > covered] if mode == "summary" else []
         if uncovered:
             # Turns the summary does not hold yet and that did not fit raw: a digest of them leads
             # the system text, so that a budget cut falls on the (older) summary, not on them.
             digest = await asyncio.to_thread(
-                self._extractor.extract, uncovered, max_chars=max(50, min(self._s.summary_max_chars, max_chars // 4))
+                self._extractor.extract, uncovered, max_chars=max(50, min(self._s.summary_max_chars, budget // 4))
             )
             if digest.text:
                 label = "最近几轮：" if language_of(digest.text) == "zh" else "Recent turns: "
                 memory_text = label + digest.text + (f"\n{memory_text}" if memory_text else "")
-        messages = compose(memory_text, alternate(kept), max_chars=max_chars)
+        messages = compose(memory_text, alternate(kept), max_chars=budget)
+        if snippets:
+            # Only turns not shown raw; whatever the rest left unused is theirs too.
+            first_shown = kept[0].seq if kept else None
+            older = [t for t in snippets if first_shown is None or t[-1].seq < first_shown]
+            room = max_chars - sum(len(m.content) for m in messages) - 1
+            messages = with_recall(messages, recall_text(older, max_chars=room))
         messages = frame(messages, system_prompt=system_prompt, question=question)
         # What sending the whole history instead would cost, framed the same way.
         framing = len(system_prompt or "") + len(question or "")
@@ -532,6 +590,20 @@ class MemoryService:
                 max_chars=self._s.planning_history_max_chars,
             ),
         )
+
+    def _summary_text(self, text: str, last_activity: float | None) -> str:
+        return summary_system_text(
+            text,
+            idle_seconds=None if last_activity is None else self._clock() - last_activity,
+            reconnect_gap_s=self._s.reconnect_gap_seconds,
+            templates=self._s.reconnect_templates,
+        )
+
+    async def recall(self, session_id: str, *, caller: Caller, query: str, k: int) -> list[RecallMatch]:
+        """The k messages that best match `query` (BM25), best first, each with the raw messages
+        of its turn and the slice that covers it. Raises NotFound, Forbidden, SqlUnavailable."""
+        info = await self._owned_session(session_id, caller)
+        return await self._history.matches(session_id, query, info.message_count, k)
 
     async def _with_gap(
         self, session_id: str, covered: int, turn_count: int, recent: list[Message], available: list[Message]

@@ -110,6 +110,8 @@ class Settings(BaseSettings):
 
     # --- context assembly ---
     context_max_chars: int = Field(4000, alias="CONTEXT_MAX_CHARS", ge=100)
+    # The raw turns before the window fill what the summary and the window leave of the budget.
+    context_older_turns: bool = Field(True, alias="CONTEXT_OLDER_TURNS")
     recent_transcript_max_chars: int = Field(2200, alias="RECENT_TRANSCRIPT_MAX_CHARS", ge=0)
     answer_history_max_chars: int = Field(1000, alias="ANSWER_HISTORY_MAX_CHARS", ge=0)
     planning_history_max_chars: int = Field(1600, alias="PLANNING_HISTORY_MAX_CHARS", ge=0)

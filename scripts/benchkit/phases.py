@@ -28,6 +28,8 @@ from benchkit.workload import (
     ok,
     once,
     per_worker,
+    questions,
+    recalls,
     spread,
     summaries,
     turns_only,
@@ -50,6 +52,9 @@ async def main_table(b: Bench) -> None:
             Spec("summary_hot", d, hot_summary, ok(200, SUMMARY_FROM["hot"])),
             Spec("naive_hot", srv["naive_hot"].port, hot_summary, ok(200), ceiling=True),
             Spec("context_hot", d, hot_context, ok(200, CONTEXT_FROM["hot"])),
+            # Query-aware reads: the recall index is built on the first and extended after that.
+            Spec("context_question", d, spread(questions(b.hot)), ok(200)),
+            Spec("recall", d, spread(recalls(b.hot)), ok(200)),
         ]
         await b.rounds(hot, c)
         # Never read before: each read misses the hot tier and SQL answers (then backfills).

@@ -14,6 +14,8 @@ Figures = dict[str, Any]
 AGAINST: dict[str, tuple[str, ...]] = {
     "summary_hot": ("naive_hot", "http_dict"),
     "context_hot": ("naive_hot", "http_dict"),
+    "context_question": ("naive_hot", "http_dict"),
+    "recall": ("sql_select",),
     "summary_warm": ("sql_select",),
     "summary_cold": ("sql_select",),
     "context_cold": ("sql_select",),

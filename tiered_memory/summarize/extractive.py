@@ -26,6 +26,10 @@ _ITEM_CHARS = 80  # one kept sentence at most; longer ones are clipped around th
 _CHUNK_CHARS = 60  # comma-only voice transcripts are re-cut into clauses of about this size
 _KEEP_FACTOR = 2  # `structured` keeps 2x the rendered budget, so later merges still have material
 _MAX_ENTITIES = 64
+# Part of an item's JSON framing (["fact", "assistant", 1, 123, "", 45] is ~30 characters) counted
+# against the stored budget: enough to bound the count of short items, not so much that the dense
+# clauses the context re-renders from are pruned away (measured in docs/QUALITY.md).
+_ITEM_OVERHEAD = 4
 _COMMON_NAME_FREQ = 1000  # jieba tags frequent words such as 谢谢 or 明白 `nr`; real names are rare words
 
 _EARLIER, _PROFILE, _FACT, _QUESTION = "earlier", "profile", "fact", "question"
@@ -42,6 +46,7 @@ _NOUN_TAGS = frozenset({"n", "nw", "vn"})
 _SENTENCE_END = re.compile(r"(?<=[。！？!?；;\n])|(?<=[.…])\s+")
 _CLAUSE_END = re.compile(r"(?<=[，,、：:])")
 _SPACES = re.compile(r"\s+")
+_NUMERAL = re.compile(r"\d+(?:[.,:]\d+)*")
 _NOT_WORD = re.compile(r"[\W_]+")
 _CJK = re.compile(r"[\u3400-\u9fff]")
 _LATIN = re.compile(r"[A-Za-z]")
@@ -86,6 +91,14 @@ _EN_STOP = frozenset(
     lot lots day today tonight""".split()  # noqa: SIM905
 )
 
+# Chinese words that carry no topic: pronouns, "just now", "that one", question words. A question
+# that refers back ("刚才那个产品多少钱") matches on what is left.
+_ZH_STOP = frozenset(
+    """我们 你们 他们 她们 它们 自己 这个 那个 这些 那些 这样 那样 这里 那里 刚才 刚刚 之前 以前 前面 上次
+    什么 怎么 怎么样 多少 哪个 哪些 为什么 是不是 有没有 可以 一下 一个 还是 就是 但是 因为 所以 如果 然后
+    来着 你好 谢谢 好的 知道 觉得 没有 不是 已经 还有 说的 提到""".split()  # noqa: SIM905
+)
+
 
 @dataclass(frozen=True, slots=True)
 class Extraction:
@@ -104,6 +117,7 @@ class _Item:
     rank: int  # 0 is kept first; within a rank the earliest `order` wins
     order: int
     text: str
+    turn: int = 0  # the turn that said it; 0 when unknown (items stored before turns were kept)
 
 
 class _Jieba:
@@ -138,6 +152,9 @@ class _Jieba:
             out.append((word, tag))
         return out
 
+    def search_words(self, text: str) -> list[str]:
+        return list(self._tokenizer.cut_for_search(text))
+
     def info(self, word: str) -> float:
         """Self-information of a word in jieba's corpus: rare words are the salient ones."""
         freq = self.freq.get(word, 0)
@@ -146,7 +163,7 @@ class _Jieba:
 
 class _State:
     """The facts so far; `dump` and `load` convert it to and from `Extraction.structured`:
-    {"version": 1, "items": [[kind, speaker, rank, order, text]...], "entities": [[term, score,
+    {"version": 1, "items": [[kind, speaker, rank, order, text, turn]...], "entities": [[term, score,
     first order, count]...], "script": [CJK chars, Latin letters], "next": next order}."""
 
     def __init__(self) -> None:
@@ -163,8 +180,9 @@ class _State:
         try:
             if data.get("version") != _VERSION:
                 return None
-            for kind, speaker, rank, order, text in data["items"]:
-                state.add(str(kind), str(speaker), int(rank), str(text))
+            for kind, speaker, rank, order, text, *turn in data["items"]:
+                # Items written before the turn was recorded have five fields: turn 0, "long ago".
+                state.add(str(kind), str(speaker), int(rank), str(text), int(turn[0]) if turn else 0)
                 state.items[-1].order = int(order)
             for term, score, first, count in data["entities"]:
                 state.entities[str(term)] = [float(score), float(first), float(count)]
@@ -178,18 +196,18 @@ class _State:
     def dump(self) -> dict[str, Any]:
         return {
             "version": _VERSION,
-            "items": [[i.kind, i.speaker, i.rank, i.order, i.text] for i in self.items],
+            "items": [[i.kind, i.speaker, i.rank, i.order, i.text, i.turn] for i in self.items],
             "entities": [[term, round(v[0], 3), int(v[1]), int(v[2])] for term, v in self.entities.items()],
             "script": list(self.script),
             "next": self.next,
         }
 
-    def add(self, kind: str, speaker: str, rank: int, text: str) -> None:
+    def add(self, kind: str, speaker: str, rank: int, text: str, turn: int = 0) -> None:
         """Append unless the same text (ignoring case, spaces and punctuation) is already kept."""
         key = _NOT_WORD.sub("", text.lower())
         if key and key not in self.keys:
             self.keys.add(key)
-            self.items.append(_Item(kind, speaker, rank, self.next, text))
+            self.items.append(_Item(kind, speaker, rank, self.next, text, turn))
             self.next += 1
 
     def replace_earlier(self, text: str) -> None:
@@ -222,9 +240,11 @@ class _State:
         kept: list[_Item] = []
         used = 0
         for item in sorted(self.items, key=lambda i: (i.rank, i.order)):
-            if used + len(item.text) <= budget or item.kind == _EARLIER:
+            # Each item costs a little JSON framing too, so that many short items stay bounded.
+            cost = len(item.text) + _ITEM_OVERHEAD
+            if used + cost <= budget or item.kind == _EARLIER:
                 kept.append(item)
-                used += len(item.text)
+                used += cost
         self.items = sorted(kept, key=lambda i: i.order)
         if len(self.entities) > _MAX_ENTITIES:
             top = sorted(self.entities.items(), key=_salience)[:_MAX_ENTITIES]
@@ -290,6 +310,23 @@ class Extractor:
         state.prune(_KEEP_FACTOR * max_chars)
         return Extraction(text=text, structured=state.dump(), topics=topics)
 
+    def search_terms(self, text: str) -> list[str]:
+        """Search terms of `text` for recall: jieba's search-mode words for Chinese (a long word
+        and its parts), lower-cased English words (a plural's `s` dropped) and numbers; function
+        words and punctuation left out. Safe from worker threads."""
+        jb = self._loaded()
+        out: list[str] = []
+        for word in jb.search_words(text):
+            word = word.strip().lower()
+            if not word:
+                continue
+            if word.isascii():
+                if _NUMERAL.fullmatch(word) or (word.isalnum() and len(word) >= 2 and word not in _EN_STOP):
+                    out.append(word[:-1] if len(word) > 3 and word.endswith("s") and word.isalpha() else word)
+            elif len(word) >= 2 and _CJK.match(word) and word not in _ZH_STOP:
+                out.append(word)
+        return out
+
     def topics_of(self, text: str, limit: int = 10) -> tuple[str, ...]:
         """Entity and keyword tags of any text (e.g. an LLM summary), most salient first."""
         jb = self._loaded()
@@ -313,16 +350,29 @@ def _read(jb: _Jieba, state: _State, message: Message) -> None:
             continue  # "好的", "ok", "嗯嗯"
         # Ranks are coarse on purpose: within one, the earliest fact wins, so a long session of
         # numeric small talk cannot push out the dose the user asked about at the start.
+        turn = message.turn
         if user and _PROFILE_MARK.search(unit):
-            state.add(_PROFILE, "user", 0, _clip(unit, _ITEM_CHARS))
+            state.add(_PROFILE, "user", 0, _clip(unit, _ITEM_CHARS), turn)
         elif user and _QUESTION_MARK.search(unit):
-            state.add(_QUESTION, "user", 1 if named or number else 2, _clip(unit, _ITEM_CHARS))
+            state.add(_QUESTION, "user", 1 if named or number else 2, _clip(unit, _ITEM_CHARS), turn)
         elif user and (named or number):
-            state.add(_FACT, "user", 1, _clip(unit, _ITEM_CHARS))
+            state.add(_FACT, "user", 1, _clip(_dense(unit, terms), _ITEM_CHARS), turn)
         elif named or number:
             # The assistant names things in passing and in pleasantries; its numbers are what
             # later turns quote back ("the 398 one", "you said twice a day").
-            state.add(_FACT, "assistant", 1 if number else 2, _clip(unit, _ITEM_CHARS - len("assistant: ")))
+            text = _clip(_dense(unit, terms), _ITEM_CHARS - len("assistant: "))
+            state.add(_FACT, "assistant", 1 if number else 2, text, turn)
+
+
+def _dense(unit: str, terms: Sequence[tuple[str, float, bool]]) -> str:
+    """The clauses of a fact that carry a number or a name ("嗯，口碑也还不错，才2900万美元的小成本
+    制作" keeps "才2900万美元的小成本制作"): a budget then holds more facts, not more filler."""
+    clauses = [c.strip() for c in _CLAUSE_END.split(unit) if _NOT_WORD.sub("", c)]
+    if len(clauses) < 2:
+        return unit
+    names = [term for term, _, is_named in terms if is_named]
+    kept = [c for c in clauses if _NUMBER.search(c) or any(n in c for n in names)]
+    return "".join(kept).rstrip("，,、：:") if kept else unit
 
 
 def _terms(jb: _Jieba, text: str) -> list[tuple[str, float, bool]]:
@@ -417,15 +467,28 @@ def _lead(text: str, limit: int) -> str:
     return cut[: stop + 1] if stop >= limit // 2 else cut + "…"
 
 
-def _render(items: Sequence[_Item], lang: str, topics: Sequence[str], max_chars: int) -> str:
-    """One line per kind. Items are admitted by (rank, order) while they fit, then shown in
-    conversation order; leftover room lists the topics not already named."""
+def _by_rank(item: _Item) -> tuple[int, int]:
+    return (item.rank, item.order)
+
+
+def _newest_first(item: _Item) -> tuple[int, int]:
+    """By rank, then newest first: beside raw recent turns, the summary continues them backwards.
+    (Measured: ranking first keeps more than pure recency; docs/QUALITY.md.)"""
+    return (item.rank, -item.order)
+
+
+def _render(
+    items: Sequence[_Item], lang: str, topics: Sequence[str], max_chars: int, *, newest_first: bool = False
+) -> str:
+    """One line per kind. Items are admitted by (rank, order) while they fit (newest first with
+    `newest_first`, see _newest_first), then shown in conversation order; leftover room lists the
+    topics not already named."""
     *kind_labels, label = _LABELS[lang]
     labels = dict(zip(_KINDS, kind_labels, strict=True))
     separator, joiner, assistant = _PUNCTUATION[lang]
     chosen: dict[str, list[tuple[int, str]]] = {kind: [] for kind in _KINDS}
     used = 0
-    for item in sorted(items, key=lambda i: (i.rank, i.order)):
+    for item in sorted(items, key=_newest_first if newest_first else _by_rank):
         piece = assistant + item.text if item.speaker == Role.ASSISTANT.value else item.text
         if item.kind == _EARLIER:
             piece = _lead(piece, max(max_chars // 2 - len(labels[_EARLIER]), 1))
@@ -444,3 +507,24 @@ def _render(items: Sequence[_Item], lang: str, topics: Sequence[str], max_chars:
     if extra:
         body += ("\n" if body else "") + label + joiner.join(extra)
     return body[:max_chars]
+
+
+def render(
+    structured: Mapping[str, Any],
+    max_chars: int,
+    *,
+    before_turn: int | None = None,
+    topics: Sequence[str] = (),
+    newest_first: bool = False,
+) -> str | None:
+    """The summary text of stored facts (`Extraction.structured`) at another budget, from the
+    facts said before `before_turn` only (the turns from there on are shown raw beside it), so
+    that a small budget holds whole facts chosen by priority rather than the cut-off start of a
+    longer text. None when `structured` is not this extractor's. Pure and cheap: no jieba."""
+    state = _State.load(structured)
+    if state is None or max_chars <= 0:
+        return None
+    items = [i for i in state.items if before_turn is None or i.turn < before_turn]
+    cjk, latin = state.script
+    lang = "zh" if cjk > 0 and cjk * 3 >= latin else "en"
+    return _render(items, lang, topics, max_chars, newest_first=newest_first)

@@ -1,0 +1,66 @@
+"""The memory-quality regression slice: part of the shipped bilingual set replayed through a daemon
+process (the embedded default, and real Redis + MariaDB), failing when recall falls below the
+thresholds committed in tests/quality_thresholds.json (each about 0.05 under what was measured
+when it was set; raise them when the memory gets better). `tiered-memory eval` runs the whole set;
+about 30 s per backend."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.conftest import RealServers
+from tiered_memory.eval.command import shipped_set
+from tiered_memory.eval.daemon import ChildDaemon
+from tiered_memory.eval.dataset import load_jsonl
+from tiered_memory.eval.report import summarize
+from tiered_memory.eval.runner import Runner
+
+pytestmark = pytest.mark.slow
+
+_THRESHOLDS = Path(__file__).parent / "quality_thresholds.json"
+# Four Chinese and four English conversations: every domain generator of each language but one.
+_SLICE = ("zh-00", "zh-01", "zh-02", "zh-03", "en-00", "en-01", "en-02", "en-03")
+
+
+async def _figures(daemon: ChildDaemon, budgets: list[int]) -> dict[str, float]:
+    convs = [c for c in load_jsonl(shipped_set(), dataset="bilingual") if c.session in _SLICE]
+    assert len(convs) == len(_SLICE)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
+        await daemon.start(http)
+        try:
+            runner = Runner(daemon, http, budgets=budgets)
+            results = await runner.run(convs)
+            await runner.cleanup(convs)
+        finally:
+            await daemon.stop()
+    rows: list[dict[str, Any]] = summarize(results, budgets=budgets)["table"]
+    return {f"{r['method']} {r['kind']} @{r['budget']}": r["recall"] for r in rows if r["recall"] is not None}
+
+
+def _check(figures: dict[str, float], thresholds: dict[str, float]) -> None:
+    low = {k: (figures.get(k), v) for k, v in thresholds.items() if figures.get(k, -1.0) < v}
+    assert not low, f"recall below the committed thresholds (measured, threshold): {low}\nall: {figures}"
+
+
+async def test_recall_stays_above_the_thresholds_embedded() -> None:
+    """The embedded default: inline (gap >= 10), reconnect and end recall, with and without a
+    question, at three budgets."""
+    thresholds = json.loads(_THRESHOLDS.read_text(encoding="utf-8"))
+    daemon = ChildDaemon(run_id=uuid.uuid4().hex[:8])
+    _check(await _figures(daemon, thresholds["budgets"]), thresholds["embedded"])
+
+
+@pytest.mark.real
+async def test_recall_stays_above_the_thresholds_on_redis_and_mariadb(real_servers: RealServers) -> None:
+    """The same slice on real Redis (a key prefix of its own, flushed at the restart) and MariaDB."""
+    thresholds = json.loads(_THRESHOLDS.read_text(encoding="utf-8"))
+    daemon = ChildDaemon(
+        redis_url=real_servers.redis_url, database_url=real_servers.mysql_url, run_id=uuid.uuid4().hex[:8]
+    )
+    _check(await _figures(daemon, thresholds["budgets"]), thresholds["real"])

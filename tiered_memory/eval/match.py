@@ -1,0 +1,37 @@
+"""Whether an evidence string is in a context: the same text after NFKC and case folding; Chinese
+ignores whitespace, English matches whole words only ("Ann" is not in "Annual")."""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Iterable
+
+_CJK = re.compile(r"[\u3400-\u9fff]")
+_SPACES = re.compile(r"\s+")
+
+
+def normalize(text: str) -> str:
+    """NFKC (full-width digits and letters become ASCII) and case folding."""
+    return unicodedata.normalize("NFKC", text).casefold()
+
+
+class Haystack:
+    """One context, normalized once and searched for many evidence strings."""
+
+    def __init__(self, text: str) -> None:
+        self._text = normalize(text)
+        self._squeezed = _SPACES.sub("", self._text)
+
+    def contains(self, evidence: str) -> bool:
+        needle = normalize(evidence).strip()
+        if not needle:
+            return False
+        if _CJK.search(needle):
+            return _SPACES.sub("", needle) in self._squeezed
+        words = [re.escape(w) for w in needle.split()]
+        pattern = r"(?<!\w)" + r"\s+".join(words) + r"(?!\w)"
+        return re.search(pattern, self._text) is not None
+
+    def contains_all(self, evidence: Iterable[str]) -> bool:
+        return all(self.contains(e) for e in evidence)

@@ -1,0 +1,165 @@
+"""The evaluation's figures: recall by method x (dataset, probe kind) x budget, recall by gap for
+inline probes, and the issue's targets checked against them; as JSON and as Markdown."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from tiered_memory.eval.baselines import BASELINES
+from tiered_memory.eval.runner import DAEMON, WITH_QUESTION, Result
+
+GAP_BUCKETS = ((10, 20, "10-20"), (20, 100, "20-100"), (100, 10**9, "100+"))
+DEFAULT_BUDGET = 4000  # CONTEXT_MAX_CHARS' default: the budget G1 is judged at
+QUESTION_BUDGET = 1000
+
+
+def _bucket(gap: int) -> str | None:
+    for low, high, name in GAP_BUCKETS:
+        if low <= gap < high:
+            return name
+    return None
+
+
+def _cell(hits: Sequence[bool]) -> dict[str, Any]:
+    return {"recall": round(sum(hits) / len(hits), 4) if hits else None, "n": len(hits)}
+
+
+def summarize(results: Iterable[Result], *, budgets: Sequence[int]) -> dict[str, Any]:
+    table: dict[tuple[str, str, str, int], list[bool]] = defaultdict(list)
+    gaps: dict[tuple[str, str, int, str], list[bool]] = defaultdict(list)
+    results = list(results)
+    # G2 on the same questions: each reconnect probe against the same probe just before the
+    # restart (same session, point and evidence), for the daemon and for every baseline (for
+    # which a restart changes nothing).
+    restarted = {(r.dataset, r.session, r.at, r.evidence) for r in results if r.kind == "reconnect"}
+    twins: set[tuple[str, int, str, str, int, str]] = set()
+    for r in results:
+        table[(r.method, r.dataset, r.kind, r.budget)].append(r.hit)
+        twin = (r.method, r.budget, r.dataset, r.session, r.at, r.evidence)
+        if r.kind == "inline" and twin[2:] in restarted and twin not in twins:
+            twins.add(twin)  # a set may ask the same question twice at that point: once here
+            table[(r.method, r.dataset, "inline-before-restart", r.budget)].append(r.hit)
+        if r.kind == "inline":
+            if r.gap >= 10:
+                table[(r.method, r.dataset, "inline>=10", r.budget)].append(r.hit)
+            bucket = _bucket(r.gap)
+            if bucket:
+                gaps[(r.method, r.dataset, r.budget, bucket)].append(r.hit)
+    rows = [
+        {"method": m, "dataset": d, "kind": k, "budget": b, **_cell(h)}
+        for (m, d, k, b), h in sorted(table.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0], kv[0][3]))
+    ]
+    gap_rows = [
+        {"method": m, "dataset": d, "budget": b, "gap": g, **_cell(h)}
+        for (m, d, b, g), h in sorted(gaps.items(), key=lambda kv: (kv[0][1], kv[0][0], kv[0][2], kv[0][3]))
+    ]
+    return {"budgets": list(budgets), "table": rows, "by_gap": gap_rows, "targets": targets(rows)}
+
+
+def _get(rows: Sequence[dict[str, Any]], method: str, dataset: str, kind: str, budget: int) -> float | None:
+    for r in rows:
+        if (r["method"], r["dataset"], r["kind"], r["budget"]) == (method, dataset, kind, budget):
+            recall: float | None = r["recall"]
+            return recall
+    return None
+
+
+def targets(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each target of the issue, per dataset: the measured figure, the bound and whether it holds."""
+    out: list[dict[str, Any]] = []
+    datasets = sorted({r["dataset"] for r in rows})
+    budgets = sorted({r["budget"] for r in rows})
+
+    def check(name: str, dataset: str, value: float | None, bound: float | None, ok: bool) -> None:
+        out.append({"target": name, "dataset": dataset, "value": value, "bound": bound, "met": ok})
+
+    for d in datasets:
+        g1 = _get(rows, DAEMON, d, "inline>=10", DEFAULT_BUDGET)
+        check(f"G1 inline gap>=10 @ {DEFAULT_BUDGET}", d, g1, 0.80, g1 is not None and g1 >= 0.80)
+        for b in budgets:
+            # G2 on the same probes: each reconnect probe against the inline probe just before
+            # the restart (same point, same evidence).
+            inline = _get(rows, DAEMON, d, "inline-before-restart", b)
+            rec = _get(rows, DAEMON, d, "reconnect", b)
+            if inline is not None and rec is not None:
+                check(f"G2 reconnect within 0.02 of inline @ {b}", d, rec, inline - 0.02, rec >= inline - 0.02)
+        q = _get(rows, WITH_QUESTION, d, "end", QUESTION_BUDGET)
+        check(f"question end @ {QUESTION_BUDGET}", d, q, 0.80, q is not None and q >= 0.80)
+        for b in budgets:
+            for kind in ("inline", "reconnect", "end"):
+                mine = _get(rows, DAEMON, d, kind, b)
+                # Baselines have no reconnect figure of their own: a restart changes no transcript.
+                base_kind = "inline-before-restart" if kind == "reconnect" else kind
+                theirs = [v for name in BASELINES if (v := _get(rows, name, d, base_kind, b)) is not None]
+                if mine is None or not theirs:
+                    continue
+                check(f">= best baseline, {kind} @ {b}", d, mine, max(theirs), mine >= max(theirs))
+            mine = _get(rows, DAEMON, d, "inline>=10", b)
+            five = _get(rows, "last-5-turns", d, "inline>=10", b)
+            if mine is not None and five is not None:
+                check(f">= 2x last-5-turns, inline gap>=10 @ {b}", d, mine, 2 * five, mine >= 2 * five)
+    return out
+
+
+def _fmt(value: float | None, n: int | None = None, *, digits: int = 2) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.{digits}f}" if n is None else f"{value:.{digits}f} ({n})"
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    budgets: list[int] = summary["budgets"]
+    rows: list[dict[str, Any]] = summary["table"]
+    lines = ["### Recall by method, dataset, probe kind and budget (probe count in brackets)", ""]
+    lines.append("| dataset | probe kind | method | " + " | ".join(f"{b} chars" for b in budgets) + " |")
+    lines.append("|---|---|---|" + "---|" * len(budgets))
+    keys = sorted({(r["dataset"], r["kind"], r["method"]) for r in rows}, key=_row_order)
+    for d, k, m in keys:
+        cells = []
+        for b in budgets:
+            hit = next((r for r in rows if (r["dataset"], r["kind"], r["method"], r["budget"]) == (d, k, m, b)), None)
+            cells.append(_fmt(hit["recall"], hit["n"]) if hit else "–")
+        lines.append(f"| {d} | {k} | {m} | " + " | ".join(cells) + " |")
+    lines += ["", "### Inline recall by gap (turns since the evidence was last said)", ""]
+    gap_rows: list[dict[str, Any]] = summary["by_gap"]
+    names = [g for _, _, g in GAP_BUCKETS]
+    lines.append("| dataset | method | budget | " + " | ".join(f"gap {g}" for g in names) + " |")
+    lines.append("|---|---|---|" + "---|" * len(names))
+    for d, m, b in sorted(
+        {(r["dataset"], r["method"], r["budget"]) for r in gap_rows}, key=lambda x: (x[0], _method_order(x[1]), x[2])
+    ):
+        cells = []
+        for g in names:
+            hit = next(
+                (r for r in gap_rows if (r["dataset"], r["method"], r["budget"], r["gap"]) == (d, m, b, g)), None
+            )
+            cells.append(_fmt(hit["recall"], hit["n"]) if hit else "–")
+        lines.append(f"| {d} | {m} | {b} | " + " | ".join(cells) + " |")
+    lines += ["", "### Targets", "", "| dataset | target | measured | bound | met |", "|---|---|---|---|---|"]
+    for t in summary["targets"]:
+        met = "yes" if t["met"] else "NO"
+        lines.append(
+            f"| {t['dataset']} | {t['target']} | {_fmt(t['value'], digits=3)} | {_fmt(t['bound'], digits=3)} | {met} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+_KIND_ORDER = {
+    "inline": 0,
+    "inline>=10": 1,
+    "reconnect": 2,
+    "inline-before-restart": 3,
+    "end": 5,
+}
+
+
+def _method_order(method: str) -> int:
+    order = [DAEMON, WITH_QUESTION, *BASELINES]
+    return order.index(method) if method in order else len(order)
+
+
+def _row_order(key: tuple[str, str, str]) -> tuple[str, int, int]:
+    d, k, m = key
+    return (d, _KIND_ORDER.get(k, 9), _method_order(m))

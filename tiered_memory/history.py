@@ -1,0 +1,144 @@
+"""What the context reads beyond the hot window: raw turns from before it, and the earlier turns
+that match a question (through the per-session recall indexes of recall.py).
+
+Both read SQL, bounded: older turns in one read sized by the room and the session's mean message
+length; a recall index catches up with only the messages it lacks. A failed read is counted
+(`sql_error`) and costs the context only what it would have added; `matches` (the recall
+endpoint's answer) raises instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+from collections.abc import Callable, Sequence
+
+from tiered_memory.errors import SqlUnavailable
+from tiered_memory.model import Message
+from tiered_memory.recall import RecallIndex, RecallMatch, SessionIndex
+from tiered_memory.tiers.sql_store import SqlStore
+
+# Raw messages from before the window fetched for one context at most (a huge budget is still one
+# bounded read).
+_OLDER_MAX_MESSAGES = 400
+# Messages read from SQL per step when a recall index is built or catches up.
+_INDEX_BATCH = 1000
+# Earlier turns considered for a question's snippets.
+_SNIPPET_TURNS = 8
+
+
+class History:
+    def __init__(self, store: SqlStore, index: RecallIndex, *, sql_error: Callable[[str], None]) -> None:
+        self._store = store
+        self._index = index
+        self._sql_error = sql_error
+
+    def appended(self, message: Message) -> None:
+        self._index.appended(message)
+
+    def forget(self, session_id: str) -> None:
+        self._index.forget(session_id)
+
+    async def older(
+        self,
+        session_id: str,
+        recent: Sequence[Message],
+        available: Sequence[Message],
+        room: int,
+        *,
+        message_count: int | None,
+        content_chars: int | None,
+    ) -> list[Message]:
+        """Raw messages from before the window, newest last, about `room` characters of them: a
+        budget the summary and the window leave unused is better spent on the turns themselves.
+        The hot list is used first; SQL is asked (one bounded read) only for what it lacks."""
+        if room <= 0 or not recent or recent[0].seq <= 1:
+            return []
+        first = recent[0].seq
+        older = [m for m in available if m.seq < first]
+        if (older and older[-1].seq != first - 1) or any(b.seq != a.seq + 1 for a, b in itertools.pairwise(older)):
+            older = []  # not contiguous with the window: SQL answers instead
+        room -= sum(len(m.content) for m in older)
+        start = older[0].seq if older else first
+        if room <= 0 or start <= 1:
+            return older
+        mean = max(8.0, (content_chars or 0) / message_count) if message_count else 40.0
+        want = min(_OLDER_MAX_MESSAGES, start - 1, math.ceil(1.5 * room / mean) + 2)
+        try:
+            rows = await self._store.messages_by_seq(session_id, first_seq=start - want, last_seq=start - 1, limit=want)
+        except SqlUnavailable:
+            self._sql_error("read_older")
+            return older
+        return [*rows, *older]
+
+    async def snippets(
+        self, session_id: str, question: str, message_count: int, *, before_seq: int, seen: Sequence[Message]
+    ) -> list[list[Message]]:
+        """The turns before `before_seq` that best match the question, best first (none when SQL
+        is needed and unavailable: a question never fails a context)."""
+        terms = await asyncio.to_thread(self._index.tokenize, question)
+        if not terms:
+            return []
+        try:
+            index = await self._caught_up(session_id, message_count, seen)
+        except SqlUnavailable:
+            self._sql_error("recall_index")
+            return []
+        turns: list[list[Message]] = []
+        done: set[int] = set()
+        for seq, _score in index.search(terms, k=2 * _SNIPPET_TURNS, before_seq=before_seq):
+            docs = index.turn_of(seq)
+            if docs[0].turn in done:
+                continue
+            done.add(docs[0].turn)
+            turns.append([d.as_message(session_id) for d in docs])
+            if len(turns) == _SNIPPET_TURNS:
+                break
+        return turns
+
+    async def matches(self, session_id: str, query: str, message_count: int, k: int) -> list[RecallMatch]:
+        """The k messages that best match `query` (BM25), best first, each with the raw messages
+        of its turn and the slice that covers it. Raises SqlUnavailable."""
+        terms = await asyncio.to_thread(self._index.tokenize, query)
+        if not terms:
+            return []
+        index = await self._caught_up(session_id, message_count, ())
+        hits = index.search(terms, k=k)
+        if not hits:
+            return []
+        slices = await self._store.slices(session_id)
+        out = []
+        for seq, score in hits:
+            docs = index.turn_of(seq)
+            rows = await self._store.messages_by_seq(
+                session_id, first_seq=docs[0].seq, last_seq=docs[-1].seq, limit=len(docs) + 8
+            )
+            covering = next((s for s in slices if s.first_seq <= seq <= s.last_seq), None)
+            out.append(RecallMatch(seq=seq, turn=docs[0].turn, score=score, slice=covering, messages=rows))
+        return out
+
+    async def _caught_up(self, session_id: str, message_count: int, seen: Sequence[Message]) -> SessionIndex:
+        """The session's recall index, caught up to `message_count` with only the messages it
+        lacks (built from SQL when this process has none). Raises SqlUnavailable."""
+        index = self._index.get(session_id)
+        if index is None or index.last_seq > message_count or not index.consistent_with(seen):
+            index = SessionIndex()
+        while index.last_seq < message_count:
+            rows = await self._store.messages_by_seq(
+                session_id, first_seq=index.last_seq + 1, last_seq=message_count, limit=_INDEX_BATCH
+            )
+            if not rows:
+                break
+            terms = await asyncio.to_thread(_tokenize_all, self._index.tokenize, rows)
+            before = index.last_seq
+            for m, t in zip(rows, terms, strict=True):
+                index.add(m, t)
+            if index.last_seq == before:
+                break  # a gap in seq (not expected): what the index has is still right
+        self._index.put(session_id, index)
+        return index
+
+
+def _tokenize_all(tokenize: Callable[[str], list[str]], rows: Sequence[Message]) -> list[list[str]]:
+    return [tokenize(m.content) for m in rows]

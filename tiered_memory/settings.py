@@ -20,6 +20,8 @@ from tiered_memory.errors import ConfigError
 from tiered_memory.summarize.topics import load_keyword_groups
 
 _LOOPBACK_DEFAULT = "127.0.0.1"
+# Messages the Redis list keeps for the older-turn fill of a context (see redis_recent_messages).
+_REDIS_OLDER_MESSAGES = 48
 
 
 class Settings(BaseSettings):
@@ -291,6 +293,15 @@ class Settings(BaseSettings):
         # The hot list keeps the raw window plus one summarization batch, so the turns a lagging
         # summary has not covered yet are still served from memory.
         return 2 * (self.keep_recent_turns + self.summary_every_n_turns)
+
+    @property
+    def redis_recent_messages(self) -> int:
+        # In Redis the list also keeps the older turns a context at the default budget fills its
+        # room with (CONTEXT_OLDER_TURNS): about 2,000 characters of messages of 40, so that a hot
+        # session's context needs no SQL. The embedded cache keeps only the window: its SQL is a
+        # local file, and each cached message costs Python objects in the daemon's own memory.
+        older = _REDIS_OLDER_MESSAGES if self.context_older_turns else 0
+        return max(self.hot_recent_messages, older)
 
     def masked(self) -> dict[str, str]:
         """Effective settings keyed by variable name, secrets and URL passwords masked."""

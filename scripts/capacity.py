@@ -36,6 +36,7 @@ class Shape:
     target_utilization: float
     summary_every: int
     message_bytes: float | None
+    summary_text_bytes: float | None
     seconds_per_turn: float | None
     summary_ttl_s: int
     history_ttl_s: int
@@ -74,10 +75,12 @@ def plan(constants: dict[str, Any], shape: Shape) -> dict[str, Any]:
 
     # --- Redis -------------------------------------------------------------------------------
     per_session = constants["redis_per_session"]
-    key = {
-        k: _interpolate({int(n): v["keys"][k] for n, v in per_session.items()}, t)
-        for k in ("recent", "summary", "state")
-    }
+    key = {k: _interpolate({int(n): v["keys"][k] for n, v in per_session.items()}, t) for k in _KEYS}
+    # A summary's text is stored twice, as the summary and as its payload's `summary` field
+    # (codec.py, summarize/payload.py): a longer text than the measured one costs twice its bytes.
+    measured_text = constants["sql"]["conversation_summaries"]["mean_summary_bytes"]
+    text_extra = 2 * ((shape.summary_text_bytes or measured_text) - measured_text)
+    key["summary"] += text_extra
     active = shape.concurrent * sum(key.values())
     # Ended sessions keep their summary and counters until SUMMARY_REDIS_TTL_SECONDS after their
     # last activity, their recent list until HISTORY_TTL_SECONDS.
@@ -93,8 +96,10 @@ def plan(constants: dict[str, Any], shape: Shape) -> dict[str, Any]:
     message_row = msg["bytes_per_row"] - msg["mean_content_bytes"] + content
     # The warm row holds the same JSON as the hot summary: it grows with the session the same way.
     summary_points = {int(n): v["keys"]["summary"] for n, v in per_session.items()}
-    summary_row = sql["conversation_summaries"]["bytes_per_row"] * (
-        _interpolate(summary_points, t) / _interpolate(summary_points, measured_turns)
+    summary_row = (
+        sql["conversation_summaries"]["bytes_per_row"]
+        * (_interpolate(summary_points, t) / _interpolate(summary_points, measured_turns))
+        + text_extra
     )
     per_session_sql = (
         2 * t * message_row
@@ -204,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target-utilization", type=_positive(float), default=0.6)
     parser.add_argument("--summary-every", type=_positive(int), default=3, help="SUMMARY_EVERY_N_TURNS")
     parser.add_argument("--message-bytes", type=_positive(float), help="mean UTF-8 bytes of a message's content")
+    parser.add_argument(
+        "--summary-text-bytes", type=_positive(float), help="mean UTF-8 bytes of a summary's text (an LLM's reply)"
+    )
     parser.add_argument("--seconds-per-turn", type=_positive(float), help="default: from Little's law")
     parser.add_argument("--summary-ttl", type=_positive(int), default=7200, help="SUMMARY_REDIS_TTL_SECONDS")
     parser.add_argument("--history-ttl", type=_positive(int), default=1800, help="HISTORY_TTL_SECONDS")
@@ -225,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         target_utilization=args.target_utilization,
         summary_every=args.summary_every,
         message_bytes=args.message_bytes,
+        summary_text_bytes=args.summary_text_bytes,
         seconds_per_turn=args.seconds_per_turn,
         summary_ttl_s=args.summary_ttl,
         history_ttl_s=args.history_ttl,

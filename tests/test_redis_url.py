@@ -71,3 +71,9 @@ def test_passwords_are_neither_echoed_nor_shown() -> None:
     assert "hunter2" not in str(info.value)
     shown = Settings.from_env({"REDIS_URL": "redis+cluster://u:hunter2@h1:7000,h2:7001"}).masked()["REDIS_URL"]
     assert shown == "redis+cluster://u:****@h1:7000,h2:7001"
+
+
+def test_a_target_never_shows_its_password() -> None:
+    target = parse_redis_url("redis+cluster://u:hunter2@h1:7000")
+    assert target.password == "hunter2"
+    assert "hunter2" not in repr(target)

@@ -179,7 +179,7 @@ class RedisHot:
         # RedisClusterException: a cluster whose slot map cannot be read (every node down, or
         # mid-failover) is an unavailable tier like a refused connection. AttributeError: the
         # cluster client can write on a connection another task just closed for a dead node
-        # ('NoneType' object has no attribute 'writelines'), seen in every failover test.
+        # ('NoneType' object has no attribute 'writelines'), seen in the cluster failover tests.
         except (RedisError, RedisClusterException, AttributeError, OSError, TimeoutError) as exc:
             if breaker is not None:
                 breaker.failure()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 from urllib.parse import unquote
 
@@ -38,15 +38,16 @@ HotClient = aioredis.Redis | RedisCluster
 
 @dataclass(frozen=True, slots=True)
 class RedisTarget:
-    """Where REDIS_URL points. `nodes` are the cluster's startup nodes or the sentinels."""
+    """Where REDIS_URL points. `nodes` are the cluster's startup nodes or the sentinels. The URL
+    and the password stay out of repr: a target may end up in a log line."""
 
     kind: Literal["single", "cluster", "sentinel"]
-    url: str
+    url: str = field(repr=False)
     nodes: tuple[tuple[str, int], ...] = ()
     service: str = ""
     db: int = 0
     username: str | None = None
-    password: str | None = None
+    password: str | None = field(default=None, repr=False)
 
 
 def parse_redis_url(url: str) -> RedisTarget:

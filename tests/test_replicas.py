@@ -22,7 +22,7 @@ import aiohttp
 import pytest
 import redis.cluster
 
-from tests.conftest import RealServers, new_sid, sql_rows
+from tests.conftest import RealServers, _unreachable, new_sid, sql_rows
 from tests.fake_llm import FakeLlm
 from tests.faults import free_port
 from tests.nginx import Nginx
@@ -134,8 +134,13 @@ async def _replicas(
         daemons.append(DaemonProcess(env, tmp_path / f"replica-{i}.log"))
     nginx: Nginx | None = None
     try:
+        balancer = Nginx(tmp_path / "nginx", [d.port for d in daemons])
+    except RuntimeError as exc:
+        # Like a server that is not there: a skip, or a failure under REQUIRE_REAL_BACKENDS=1.
+        _unreachable("nginx", exc)
+    try:
         await asyncio.gather(*(d.start() for d in daemons))
-        nginx = Nginx(tmp_path / "nginx", [d.port for d in daemons]).start()
+        nginx = balancer.start()
         yield daemons, nginx, prefix
     finally:
         if nginx is not None:

@@ -158,13 +158,14 @@ def _abort(writer: asyncio.StreamWriter) -> None:
 class RedisProcess:
     """A private redis-server on a free loopback port that a test may kill and start again."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, *, password: str | None = None) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not on PATH")
         self._binary = binary
         self._workdir = workdir
         self.port = free_port()
+        self.password = password
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -186,6 +187,7 @@ class RedisProcess:
                 "no",
                 "--dir",
                 str(self._workdir),
+                *(["--requirepass", self.password] if self.password else []),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -193,7 +195,7 @@ class RedisProcess:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             try:
-                with contextlib.closing(redis.Redis(port=self.port, socket_timeout=0.5)) as r:
+                with contextlib.closing(redis.Redis(port=self.port, password=self.password, socket_timeout=0.5)) as r:
                     r.ping()
                 return self
             except redis.RedisError:
@@ -208,7 +210,7 @@ class RedisProcess:
             self._proc = None
 
     def client(self) -> redis.Redis:
-        return redis.Redis(port=self.port, socket_timeout=2)
+        return redis.Redis(port=self.port, password=self.password, socket_timeout=2)
 
 
 @contextlib.contextmanager

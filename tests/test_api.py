@@ -13,6 +13,7 @@ from sqlalchemy import event as sa_event
 from tests.conftest import Daemon, new_sid, play
 from tests.conversations import ZH_12_TURNS, ZH_EARLY_EVIDENCE
 from tiered_memory.app import HOT_KEY
+from tiered_memory.model import NewMessage, Role
 
 
 async def test_summaries_are_scheduled_every_third_turn(daemon: Daemon) -> None:
@@ -575,3 +576,41 @@ async def test_method_not_allowed_keeps_its_allow_header(daemon: Daemon) -> None
     assert resp.status == 405
     assert (await resp.json())["error"]["code"] == "method_not_allowed"
     assert {m.strip() for m in resp.headers["Allow"].split(",")} >= {"GET", "DELETE"}
+
+
+async def test_cold_read_of_a_long_session_reads_its_opening_and_its_end(daemon: Daemon) -> None:
+    """A session of 400 turns without any summary: the cold extraction on the request path reads
+    the opening and the latest messages, not all 800, and keeps what each says."""
+    sid = new_sid()
+    filler = [("嗯，我再想想。", "好的，您慢慢考虑。")] * 397
+    opening = ("你好，我叫王小明，想了解一下活力健。", "您好王小明，活力健每盒398元。")
+    ending = ("那我决定买3盒，寄到杭州市西湖区。", "好的，3盒共1194元，寄往杭州市西湖区。")
+    store = daemon.store
+    for i, (user, assistant) in enumerate([opening, *filler, ending, ending], start=1):
+        await store.append(NewMessage(sid, Role.USER, user, f"u{i}"), now=float(i))
+        await store.append(NewMessage(sid, Role.ASSISTANT, assistant, f"a{i}"), now=float(i) + 0.5)
+    rows_read = 0
+    reads: list[str] = []
+
+    def count(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+        nonlocal rows_read
+        if "FROM messages" in statement:
+            reads.append(statement)
+            # SQLite's cursors do not count what a SELECT returned (-1); MariaDB's do.
+            rows_read += cursor.rowcount if cursor.rowcount >= 0 else 0
+
+    engine = daemon.store._engine.sync_engine
+    sa_event.listen(engine, "after_cursor_execute", count)
+    try:
+        cold = await daemon.get(f"/v1/sessions/{sid}/summary")
+    finally:
+        sa_event.remove(engine, "after_cursor_execute", count)
+    assert cold["tier"] == "cold"
+    assert cold["turn_count"] == 400
+    assert reads
+    assert all("LIMIT" in statement for statement in reads)
+    assert rows_read <= 600
+    if daemon.store.dialect == "mysql":
+        assert rows_read == 600
+    for evidence in ("王小明", "活力健", "1194"):
+        assert evidence in cold["summary"], (evidence, cold["summary"])

@@ -1,11 +1,14 @@
-"""Log hygiene, read from what a daemon process writes: message content, questions, system
-prompts and LLM replies stay out of the logs unless LOG_MESSAGE_CONTENT=true."""
+"""Logs, read from what a daemon process writes: message content, questions, system prompts and LLM
+replies stay out of them unless LOG_MESSAGE_CONTENT=true; every request is one line (JSON off a
+terminal, console text on one)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import pty
+import re
 import socket
 import sys
 from pathlib import Path
@@ -102,3 +105,99 @@ async def test_content_is_logged_only_when_asked(
     appended = [r for r in records if r["event"] == "append"]
     assert len(appended) == 7
     assert all((MARK in r.get("content", "")) is log_content for r in appended)
+
+
+async def _serve_and_call(env: dict[str, str], stderr: int, sid: str) -> None:
+    """Start a daemon process writing its logs to `stderr`, make one request per kind, stop it."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tiered_memory", "serve", env=env, stdout=asyncio.subprocess.DEVNULL, stderr=stderr
+    )
+    try:
+        async with aiohttp.ClientSession(f"http://127.0.0.1:{env['PORT']}") as http:
+            for _ in range(300):
+                try:
+                    async with http.get("/healthz") as resp:
+                        if resp.status == 200:
+                            break
+                except aiohttp.ClientError:
+                    pass
+                await asyncio.sleep(0.05)
+            for role in ("user", "assistant"):
+                async with http.post(f"/v1/sessions/{sid}/messages", json={"role": role, "content": "你好"}) as resp:
+                    assert resp.status == 201
+            async with http.get(f"/v1/sessions/{sid}/summary", headers={"X-Request-ID": "req-summary-1"}) as resp:
+                assert resp.status == 200
+            async with http.get(f"/v1/sessions/{sid}/context") as resp:
+                assert resp.status == 200
+            async with http.post(f"/v1/sessions/{sid}/turns", json={"content": "还有呢"}) as resp:
+                assert resp.status == 201
+            async with http.get("/v1/sessions/bad{id}/summary") as resp:
+                assert resp.status == 400
+            async with http.get("/nowhere") as resp:
+                assert resp.status == 404
+    finally:
+        proc.terminate()
+        await asyncio.wait_for(proc.wait(), timeout=30)
+
+
+@pytest.mark.slow
+async def test_one_json_request_line_per_request_off_a_terminal(backend_env: dict[str, str], tmp_path: Path) -> None:
+    """At the default LOG_LEVEL (INFO), with stderr not a terminal, every request is one JSON line
+    with its route template (never the raw path), method, status, duration_ms, session id, request
+    id and, for the reads that walk the tiers, the tier that answered."""
+    env = os.environ | backend_env | {"PORT": str(_free_port()), "LOG_LEVEL": "INFO"}
+    env.pop("LOG_FORMAT", None)
+    sid = new_sid()
+    log_path = tmp_path / "daemon.log"
+    with log_path.open("wb") as log_file:
+        await _serve_and_call(env, log_file.fileno(), sid)
+    records = [json.loads(line) for line in log_path.read_text(encoding="utf-8").splitlines() if line.startswith("{")]
+    requests = [r for r in records if r["event"] == "request"]
+    by_route = {(r["method"], r["route"], r["status"]): r for r in requests}
+    summary = by_route[("GET", "/v1/sessions/{session_id}/summary", 200)]
+    assert summary["tier"] in ("hot", "warm", "cold", "none")
+    assert (summary["session_id"], summary["request_id"], summary["level"]) == (sid, "req-summary-1", "info")
+    assert isinstance(summary["duration_ms"], float)
+    assert by_route[("GET", "/v1/sessions/{session_id}/context", 200)]["tier"] in ("hot", "warm", "cold", "none")
+    assert by_route[("POST", "/v1/sessions/{session_id}/turns", 201)]["tier"] in ("hot", "warm", "cold", "none")
+    assert by_route[("POST", "/v1/sessions/{session_id}/messages", 201)]["tier"] is None
+    assert by_route[("GET", "/v1/sessions/{session_id}/summary", 400)]["session_id"] == "bad{id}"
+    assert by_route[("GET", "unmatched", 404)]["session_id"] is None
+    assert ("GET", "/healthz", 200) in by_route
+    assert all(sid not in r["route"] for r in requests)
+    # One line per request: 2 appends, summary, context, turn, the bad id, the 404, and the probes.
+    probes = sum(1 for r in requests if r["route"] == "/healthz")
+    assert len(requests) == 7 + probes
+
+
+@pytest.mark.slow
+async def test_request_lines_are_human_readable_on_a_terminal(tmp_path: Path) -> None:
+    """With stderr a terminal and LOG_FORMAT unset (auto), the same line is console text, not JSON;
+    LOG_FORMAT=json still forces JSON there."""
+    sid = new_sid()
+    for fmt, expect_json in (("auto", False), ("json", True)):
+        env = os.environ | {"PORT": str(_free_port()), "DATA_DIR": str(tmp_path / fmt), "LOG_FORMAT": fmt}
+        master, slave = pty.openpty()
+        try:
+            await _serve_and_call(env, slave, sid)
+        finally:
+            os.close(slave)
+        output = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            output += chunk
+        os.close(master)
+        text = re.sub(r"\x1b\[[0-9;]*m", "", output.decode("utf-8", "replace"))
+        lines = [line for line in text.splitlines() if "request" in line and "/summary" in line]
+        assert lines, text[-2000:]
+        if expect_json:
+            assert json.loads(lines[0])["route"] == "/v1/sessions/{session_id}/summary"
+        else:
+            assert not lines[0].lstrip().startswith("{")
+            assert "route=/v1/sessions/{session_id}/summary" in lines[0]
+            assert "tier=" in lines[0]

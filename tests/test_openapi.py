@@ -218,3 +218,16 @@ async def test_boundaries_and_undeclared_methods_conform(daemon: Daemon, tmp_pat
     )
     out, _ = await process.communicate()
     assert process.returncode == 0, out.decode(errors="replace")[-20_000:]
+
+
+_COMMITTED_COPY = Path(__file__).resolve().parent.parent / "docs" / "openapi.json"
+
+
+@pytest.mark.parametrize("backend_env", ["embedded"], indirect=True)
+async def test_committed_copy_is_the_served_document(daemon: Daemon) -> None:
+    """docs/openapi.json, for teams that generate clients without running the daemon, is byte for
+    byte the document the daemon serves (tiered_memory/openapi.json is the one source)."""
+    committed = _COMMITTED_COPY.read_bytes()
+    resp = await daemon.http.get("/openapi.json")
+    assert resp.status == 200
+    assert committed == await resp.read(), "docs/openapi.json is stale: cp tiered_memory/openapi.json docs/"

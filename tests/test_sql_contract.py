@@ -14,7 +14,8 @@ from tests.conftest import RealServers, new_sid
 from tiered_memory.errors import Conflict, Forbidden, SqlUnavailable
 from tiered_memory.model import Caller, NewMessage, Owner, Role, Summary, SummarySource
 from tiered_memory.tiers.sql_engine import create_engine
-from tiered_memory.tiers.sql_schema import SCHEMA_VERSION, current_version
+from tiered_memory.tiers.sql_migrate import current_version
+from tiered_memory.tiers.sql_schema import SCHEMA_VERSION
 from tiered_memory.tiers.sql_store import SqlStore
 
 
@@ -26,7 +27,7 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
         servers: RealServers = request.getfixturevalue("real_servers")
         url = servers.mysql_url
     s = SqlStore(create_engine(url), timeout_s=10)
-    await s.migrate(now=time.time())
+    await s.migrate()
     yield s
     await s.aclose()
 
@@ -43,7 +44,7 @@ async def turns(store: SqlStore, sid: str, n: int) -> None:
 
 async def test_migrate_is_idempotent(store: SqlStore) -> None:
     """Running the migration again changes nothing and reports the same version."""
-    assert await store.migrate(now=time.time()) == SCHEMA_VERSION
+    assert await store.migrate() == SCHEMA_VERSION
     assert await current_version(store._engine) == SCHEMA_VERSION
 
 
@@ -142,6 +143,19 @@ async def test_turn_queries(store: SqlStore) -> None:
     assert len(await store.messages_in_turns(sid, after_turn=0)) == 8
 
 
+async def test_turn_range_reads_across_pages(store: SqlStore) -> None:
+    """messages_in_turns reads the tail backwards in growing pages: every range, near the end or
+    deep into a long session, holds exactly its turns in order."""
+    sid = new_sid()
+    await turns(store, sid, 200)
+    for after, through in [(199, None), (197, 199), (150, None), (10, 12), (10, None), (1, 200), (200, None)]:
+        got = await store.messages_in_turns(sid, after_turn=after, through_turn=through)
+        last = 200 if through is None else through
+        expected = [text for t in range(after + 1, last + 1) for text in (f"问题{t}", f"回答{t}")]
+        assert [m.content for m in got] == expected, (after, through)
+        assert [m.seq for m in got] == sorted(m.seq for m in got)
+
+
 async def test_summary_versions_are_compare_and_set(store: SqlStore) -> None:
     """Version n+1 replaces version n; a stale writer (same or older base) is refused."""
     sid = new_sid()
@@ -200,7 +214,7 @@ async def test_concurrent_migrations_all_succeed(request: pytest.FixtureRequest,
     try:
         for url in (f"sqlite+aiosqlite:///{tmp_path / 'mig.sqlite3'}", f"{base}/{db}"):
             stores = [SqlStore(create_engine(url), timeout_s=30) for _ in range(4)]
-            versions = await asyncio.gather(*(s.migrate(now=time.time()) for s in stores))
+            versions = await asyncio.gather(*(s.migrate() for s in stores))
             assert versions == [SCHEMA_VERSION] * 4, url
             assert await stores[0].schema_version() == SCHEMA_VERSION
             for s in stores:
@@ -227,42 +241,6 @@ async def test_unmigrated_database_reports_version_zero(real_servers: RealServer
         async with admin._engine.begin() as conn:
             await conn.exec_driver_sql(f"DROP DATABASE IF EXISTS `{db}`")
         await admin.aclose()
-
-
-async def test_upgrade_from_version_1_keeps_every_row(store: SqlStore) -> None:
-    """A version-1 database (no messages.status) with data in it is upgraded in place: the column
-    appears with its default, the version is recorded, and no message or summary is lost."""
-    sid = new_sid()
-    await turns(store, sid, 3)
-    s1 = Summary("摘要", 3, 1, SummarySource.DETERMINISTIC, 1.0, 1.0)
-    await store.put_summary(sid, s1, user_id="u1", turn_count=3)
-    async with store._engine.begin() as conn:
-        await conn.exec_driver_sql("ALTER TABLE messages DROP COLUMN status")
-        await conn.exec_driver_sql("DELETE FROM schema_version WHERE version > 1")
-    assert await store.schema_version() == 1
-    assert await store.migrate(now=time.time()) == SCHEMA_VERSION
-    assert await store.schema_version() == SCHEMA_VERSION
-    got = await store.messages_in_turns(sid, after_turn=0)
-    assert [m.content for m in got] == ["问题1", "回答1", "问题2", "回答2", "问题3", "回答3"]
-    assert {m.status.value for m in got} == {"completed"}
-    assert (await store.get_summary(sid))[0] == s1
-
-
-async def test_upgrade_from_version_2_adds_the_tenant(store: SqlStore) -> None:
-    """A version-2 database (no sessions.tenant) is upgraded in place: its sessions belong to
-    tenant '' (they were made without tenant tokens) and keep their owner and messages."""
-    sid = new_sid()
-    await turns(store, sid, 2)
-    async with store._engine.begin() as conn:
-        await conn.exec_driver_sql("ALTER TABLE sessions DROP COLUMN tenant")
-        await conn.exec_driver_sql("DELETE FROM schema_version WHERE version > 2")
-    assert await store.schema_version() == 2
-    assert await store.migrate(now=time.time()) == SCHEMA_VERSION == 3
-    info = await store.get_session(sid)
-    assert info is not None
-    assert (info.owner, info.turn_count, info.message_count) == (Owner("", "u1"), 2, 4)
-    with pytest.raises(Forbidden):
-        await store.append(new(sid, Role.USER, "x", "m9"), now=9.0, caller=Caller(tenant="acme"))
 
 
 async def test_user_summaries_match_the_user_id_exactly(store: SqlStore) -> None:

@@ -8,7 +8,6 @@ asking (the token's tenant, the stated user) becomes a Caller here; the service 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import re
 import time
@@ -34,6 +33,7 @@ from tiered_memory.metrics import Metrics
 from tiered_memory.model import Caller, Channel, MessageStatus, NewMessage, Role, Slice, SummaryAnswer
 from tiered_memory.service import ContextAnswer, MemoryService
 from tiered_memory.settings import Settings
+from tiered_memory.tiers.codec import dumps
 
 log = structlog.get_logger("tiered_memory.api")
 
@@ -41,6 +41,8 @@ SERVICE_KEY = web.AppKey("service", MemoryService)
 METRICS_KEY = web.AppKey("metrics", Metrics)
 SETTINGS_KEY = web.AppKey("settings", Settings)
 OPENAPI_KEY = web.AppKey("openapi", bytes)
+# The tier that answered a read (hot, warm, cold, none), for the request's log line.
+TIER_KEY = web.RequestKey("tier", str)
 
 # `{` and `}` are excluded so a session id can never break the Redis hash tag it is wrapped in.
 # Both are used with fullmatch: `$` also matches before a trailing newline, which let "a\n" in.
@@ -51,12 +53,12 @@ _RETRY_AFTER_S = "1"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-# Chinese stays readable in replies, and takes a third of the bytes that ASCII escapes would.
-_dumps = functools.partial(json.dumps, ensure_ascii=False, separators=(",", ":"))
-
 
 def reply(body: object, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    return web.json_response(body, status=status, headers=headers, dumps=_dumps)
+    # UTF-8 JSON: Chinese stays readable, and takes a third of the bytes that ASCII escapes would.
+    return web.Response(
+        body=dumps(body), status=status, headers=headers, content_type="application/json", charset="utf-8"
+    )
 
 
 def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> web.Response:
@@ -214,6 +216,7 @@ async def post_message(request: web.Request) -> web.Response:
 async def get_summary(request: web.Request) -> web.Response:
     _query(request)
     answer = await request.app[SERVICE_KEY].load_best_summary(_session_id(request), caller=_caller(request))
+    request[TIER_KEY] = answer.tier.value
     return reply(_summary_json(answer, time.time()))
 
 
@@ -256,6 +259,7 @@ async def get_context(request: web.Request) -> web.Response:
         system_prompt=_framing_text(request.query.get("system_prompt"), "system_prompt", limit),
         question=_framing_text(request.query.get("question"), "question", limit),
     )
+    request[TIER_KEY] = ctx.summary_tier.value
     return reply(_context_json(ctx))
 
 
@@ -284,6 +288,7 @@ async def post_turn(request: web.Request) -> web.Response:
     )
     outcome = await service.append(new, caller=caller)
     r = outcome.result
+    request[TIER_KEY] = ctx.summary_tier.value
     return reply(
         {
             **_context_json(ctx),
@@ -490,11 +495,13 @@ def add_routes(app: web.Application) -> None:
 
 @web.middleware
 async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Bind request and session ids to the logs, time the request, and map domain errors to
-    status codes: the one place where errors become HTTP."""
+    """Bind request and session ids to the logs, time the request, map domain errors to status
+    codes (the one place where errors become HTTP), and write the request's one log line: route
+    template, method, status, duration_ms, session_id and the tier that answered a read."""
     request_id = request.headers.get("X-Request-ID") or uuid.uuid4().hex
+    session_id = request.match_info.get("session_id")
     structlog.contextvars.clear_contextvars()
-    structlog.contextvars.bind_contextvars(request_id=request_id, session_id=request.match_info.get("session_id"))
+    structlog.contextvars.bind_contextvars(request_id=request_id, session_id=session_id)
     started = time.perf_counter()
     try:
         response = await _mapped(request, handler)
@@ -504,7 +511,17 @@ async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
     route = resource.canonical if resource is not None else "unmatched"
     elapsed = time.perf_counter() - started
     request.app[METRICS_KEY].request_seconds.labels(route, request.method, str(response.status)).observe(elapsed)
-    log.debug("request", route=route, method=request.method, status=response.status, ms=round(elapsed * 1000, 3))
+    # The ids are passed, not bound: the context is cleared above, before this line.
+    log.info(
+        "request",
+        route=route,
+        method=request.method,
+        status=response.status,
+        duration_ms=round(elapsed * 1000, 3),
+        session_id=session_id,
+        tier=request.get(TIER_KEY),
+        request_id=request_id,
+    )
     response.headers["X-Request-ID"] = request_id
     return response
 

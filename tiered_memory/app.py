@@ -7,7 +7,6 @@ unwound in reverse on shutdown, after in-flight summaries have had SHUTDOWN_GRAC
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -20,6 +19,8 @@ from tiered_memory.auth import auth_middleware
 from tiered_memory.errors import ConfigError, SqlUnavailable
 from tiered_memory.metrics import Metrics
 from tiered_memory.openapi import load_document
+from tiered_memory.retention import INTERVAL_S as RETENTION_INTERVAL_S
+from tiered_memory.retention import RetentionJob
 from tiered_memory.service import MemoryService
 from tiered_memory.settings import Settings
 from tiered_memory.summarize.extractive import Extractor
@@ -32,6 +33,7 @@ from tiered_memory.tiers.keys import Keys
 from tiered_memory.tiers.memory_hot import MemoryHot
 from tiered_memory.tiers.redis_hot import RedisHot
 from tiered_memory.tiers.sql_engine import create_engine
+from tiered_memory.tiers.sql_maintenance import SqlMaintenance
 from tiered_memory.tiers.sql_schema import SCHEMA_VERSION
 from tiered_memory.tiers.sql_store import SqlStore
 
@@ -65,6 +67,65 @@ def build_hot(settings: Settings, metrics: Metrics) -> HotTier:
     )
 
 
+def build_store(settings: Settings, metrics: Metrics, *, timeout_s: float | None = None) -> SqlStore:
+    """The SQL tiers on DATABASE_URL (or the embedded SQLite file), behind the SQL breaker."""
+    breaker = metrics.breaker("sql", failures=settings.sql_breaker_failures, reset_s=settings.sql_breaker_reset_seconds)
+    return SqlStore(
+        create_engine(settings.sqlalchemy_url),
+        timeout_s=timeout_s if timeout_s is not None else settings.sql_timeout_ms / 1000,
+        breaker=breaker,
+    )
+
+
+def build_llm(settings: Settings, session: aiohttp.ClientSession, metrics: Metrics) -> LlmSummarizer:
+    """The LLM summarizer on LLM_BASE_URL, behind the LLM breaker; `session` is the caller's."""
+    assert settings.llm_base_url
+    return LlmSummarizer(
+        session,
+        base_url=settings.llm_base_url,
+        api_key=settings.llm_api_key.get_secret_value() if settings.llm_api_key else None,
+        model=settings.summary_model,
+        max_tokens=settings.llm_max_tokens,
+        timeout_s=settings.llm_timeout_seconds,
+        prompt=load_prompt(settings.summary_prompt_file, settings.summary_format),
+        max_chars=settings.summary_max_chars,
+        breaker=metrics.breaker(
+            "llm", failures=settings.llm_breaker_failures, reset_s=settings.llm_breaker_reset_seconds
+        ),
+    )
+
+
+def build_tagger(settings: Settings) -> TopicTagger:
+    return TopicTagger(load_keyword_groups(settings.topic_keywords_file) if settings.topic_keywords_file else None)
+
+
+def build_job(
+    settings: Settings,
+    *,
+    store: SqlStore,
+    hot: HotTier,
+    extractor: Extractor,
+    tagger: TopicTagger,
+    llm: LlmSummarizer | None,
+    metrics: Metrics,
+) -> SummaryJob:
+    """The summary job the daemon runs in the background (and `tiered-memory rebuild` in the foreground)."""
+    return SummaryJob(
+        store=store,
+        hot=hot,
+        extractor=extractor,
+        tagger=tagger,
+        llm=llm,
+        metrics=metrics,
+        max_chars=settings.summary_max_chars,
+        summary_format=settings.summary_format,
+        batch_turns=settings.compression_batch_turns,
+        # Long enough for the slowest LLM call plus the writes; short enough that a crashed
+        # holder does not block the session's summaries for long.
+        lock_ttl_s=settings.llm_timeout_seconds + settings.sql_timeout_ms / 1000 * 2 + 5,
+    )
+
+
 async def _check_schema(store: SqlStore) -> None:
     """Refuse to start on a reachable database that was never migrated (every write would fail);
     start anyway when SQL is unreachable, since reads can still be served from Redis."""
@@ -86,12 +147,9 @@ async def _sql_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS_KEY]
     if settings.embedded_sql:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-    breaker = app[METRICS_KEY].breaker(
-        "sql", failures=settings.sql_breaker_failures, reset_s=settings.sql_breaker_reset_seconds
-    )
-    store = SqlStore(create_engine(settings.sqlalchemy_url), timeout_s=settings.sql_timeout_ms / 1000, breaker=breaker)
+    store = build_store(settings, app[METRICS_KEY])
     if settings.migrate_on_start:
-        version = await store.migrate(now=time.time())
+        version = await store.migrate()
         log.info("schema_ready", dialect=store.dialect, version=version)
     else:
         await _check_schema(store)
@@ -113,19 +171,7 @@ async def _llm_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
         return
     async with aiohttp.ClientSession() as session:
-        app[LLM_KEY] = LlmSummarizer(
-            session,
-            base_url=settings.llm_base_url,
-            api_key=settings.llm_api_key.get_secret_value() if settings.llm_api_key else None,
-            model=settings.summary_model,
-            max_tokens=settings.llm_max_tokens,
-            timeout_s=settings.llm_timeout_seconds,
-            prompt=load_prompt(settings.summary_prompt_file, settings.summary_format),
-            max_chars=settings.summary_max_chars,
-            breaker=app[METRICS_KEY].breaker(
-                "llm", failures=settings.llm_breaker_failures, reset_s=settings.llm_breaker_reset_seconds
-            ),
-        )
+        app[LLM_KEY] = build_llm(settings, session, app[METRICS_KEY])
         yield
 
 
@@ -135,20 +181,15 @@ async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
     # jieba's dictionary takes about a second to load. Loaded here, before the app serves, the
     # first cold read or summary does not stall every request behind it (the load holds the GIL).
     await asyncio.to_thread(extractor.warm_up)
-    tagger = TopicTagger(load_keyword_groups(settings.topic_keywords_file) if settings.topic_keywords_file else None)
-    job = SummaryJob(
+    tagger = build_tagger(settings)
+    job = build_job(
+        settings,
         store=app[STORE_KEY],
         hot=app[HOT_KEY],
         extractor=extractor,
         tagger=tagger,
         llm=app.get(LLM_KEY),
         metrics=app[METRICS_KEY],
-        max_chars=settings.summary_max_chars,
-        summary_format=settings.summary_format,
-        batch_turns=settings.compression_batch_turns,
-        # Long enough for the slowest LLM call plus the writes; short enough that a crashed
-        # holder does not block the session's summaries for long.
-        lock_ttl_s=settings.llm_timeout_seconds + settings.sql_timeout_ms / 1000 * 2 + 5,
     )
     service = MemoryService(
         settings=settings,
@@ -164,7 +205,14 @@ async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
     # process died and closes sessions that went idle meanwhile.
     sweeper = Periodic(service.sweep, interval_s=settings.sweep_interval_seconds, name="sweeper")
     sweeper.start()
+    retention = None
+    if settings.retention_days is not None:
+        purger = RetentionJob(SqlMaintenance(app[STORE_KEY]), app[HOT_KEY], days=settings.retention_days)
+        retention = Periodic(purger.run, interval_s=RETENTION_INTERVAL_S, name="retention")
+        retention.start()
     yield
+    if retention is not None:
+        await retention.stop()
     await sweeper.stop()
     cancelled = await service.summaries.drain(settings.shutdown_grace_seconds)
     if cancelled:

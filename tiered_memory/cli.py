@@ -1,4 +1,5 @@
-"""The `tiered-memory` command: serve, config, migrate, check.
+"""The `tiered-memory` command: serve, config, migrate, check, and the operator's inspect, rebuild,
+export and purge (their logic is in admin.py).
 
 Reads the process environment exactly once, here, and hands the frozen Settings down.
 """
@@ -10,7 +11,6 @@ import asyncio
 import json
 import os
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
@@ -46,6 +46,12 @@ def serve_one(settings: Settings, reuse_port: bool) -> int:
 
     configure_logging(settings.log_level, settings.log_format, message_content=settings.log_message_content)
     app = create_app(settings)
+    if settings.event_loop == "uvloop":
+        import uvloop
+
+        loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    else:
+        loop = asyncio.new_event_loop()
     # run_app turns SIGTERM and SIGINT into a graceful shutdown: cleanup_ctx drains summaries.
     try:
         web.run_app(
@@ -55,6 +61,7 @@ def serve_one(settings: Settings, reuse_port: bool) -> int:
             shutdown_timeout=settings.shutdown_grace_seconds,
             reuse_port=reuse_port or None,
             access_log=None,
+            loop=loop,
             print=lambda msg: print(msg, file=sys.stderr),
         )
     except ConfigError as exc:
@@ -71,7 +78,7 @@ async def _migrate(settings: Settings) -> int:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
     store = SqlStore(create_engine(settings.sqlalchemy_url), timeout_s=max(30.0, settings.sql_timeout_ms / 1000))
     try:
-        version = await store.migrate(now=time.time())
+        version = await store.migrate()
     except SqlUnavailable as exc:
         print(f"tiered-memory: migrate failed: {exc}", file=sys.stderr)
         return 1
@@ -95,7 +102,14 @@ def _check(settings: Settings, path: str, timeout_s: float) -> int:
     return 0 if ok else 1
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _positive(value: str) -> float:
+    number = float(value)
+    if not number > 0:
+        raise argparse.ArgumentTypeError("expected a number of days greater than 0")
+    return number
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tiered-memory", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("serve", help="run the daemon (configured by environment variables)")
@@ -104,8 +118,45 @@ def main(argv: Sequence[str] | None = None) -> int:
     check = sub.add_parser("check", help="exit 0 if the local daemon answers /healthz (or /readyz)")
     check.add_argument("--ready", action="store_true", help="check /readyz instead of /healthz")
     check.add_argument("--timeout", type=float, default=3.0, help="seconds to wait (default 3)")
-    args = parser.parse_args(argv)
+    inspect = sub.add_parser("inspect", help="print what every tier holds about a session (JSON)")
+    inspect.add_argument("session_id")
+    rebuild = sub.add_parser("rebuild", help="recompute a session's summary from its messages, or catch up every lag")
+    which = rebuild.add_mutually_exclusive_group(required=True)
+    which.add_argument("session_id", nargs="?", help="the session to rebuild from the cold tier")
+    which.add_argument("--all-stale", action="store_true", help="bring every session whose summary lags up to date")
+    export = sub.add_parser("export", help="write a session's messages, summary and slices as one JSON document")
+    export.add_argument("session_id")
+    export.add_argument("--output", "-o", help="write to this file instead of stdout")
+    purge = sub.add_parser("purge", help="delete sessions inactive for more than DAYS, in small transactions")
+    purge.add_argument("--older-than", type=_positive, required=True, metavar="DAYS", help="days of inactivity")
+    purge.add_argument("--batch", type=int, default=500, help="rows per transaction (default 500)")
+    purge.add_argument("--dry-run", action="store_true", help="only count what would be deleted")
+    return parser
 
+
+def _admin(settings: Settings, args: argparse.Namespace) -> int:
+    from tiered_memory import admin
+    from tiered_memory.logging import configure_logging
+
+    configure_logging(settings.log_level, settings.log_format)
+    if args.command == "inspect":
+        return asyncio.run(admin.inspect(settings, args.session_id))
+    if args.command == "rebuild":
+        if args.all_stale:
+            return asyncio.run(admin.rebuild_stale(settings))
+        return asyncio.run(admin.rebuild(settings, args.session_id))
+    if args.command == "export":
+        if args.output is None:
+            return asyncio.run(admin.export(settings, args.session_id))
+        with open(args.output, "w", encoding="utf-8") as out:
+            return asyncio.run(admin.export(settings, args.session_id, out=out))
+    return asyncio.run(
+        admin.purge_inactive(settings, older_than_days=args.older_than, batch=max(1, args.batch), dry_run=args.dry_run)
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     settings = _settings()
     if args.command == "serve":
         return _serve(settings)
@@ -114,4 +165,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "migrate":
         return asyncio.run(_migrate(settings))
-    return _check(settings, "/readyz" if args.ready else "/healthz", args.timeout)
+    if args.command == "check":
+        return _check(settings, "/readyz" if args.ready else "/healthz", args.timeout)
+    return _admin(settings, args)

@@ -67,6 +67,13 @@ _LOCKED_RETRY_S = 0.2
 _LOCKED_RETRIES = 50
 
 
+# A cold extraction reads at most this many messages from the start of a session and from its end.
+_COLD_HEAD_MESSAGES = 200
+_COLD_TAIL_MESSAGES = 400
+# A context read puts at most this many turns between a lagging summary and the window.
+_GAP_MAX_TURNS = 100
+
+
 @dataclass(frozen=True, slots=True)
 class ContextAnswer:
     session_id: str
@@ -339,8 +346,7 @@ class MemoryService:
 
     async def _cold_summary(self, info: SessionInfo) -> Summary | None:
         try:
-            # Completed turns only, like a real summary: an open question is in the window, raw.
-            messages = await self._store.messages_in_turns(info.session_id, after_turn=0, through_turn=info.turn_count)
+            messages = await self._cold_messages(info)
         except SqlUnavailable:
             self._metrics.tier_errors.labels("sql", "read_messages").inc()
             return None
@@ -352,6 +358,23 @@ class MemoryService:
             tagger=self._tagger,
             max_chars=self._s.summary_max_chars,
         )
+
+    async def _cold_messages(self, info: SessionInfo) -> list[Message]:
+        """What a cold extraction reads: the whole session when it is short, else its opening and
+        its latest messages. A cold read runs on the request path, so its cost must not grow with
+        the session (a 10,000-turn session took 8 s read whole); the opening holds who the user is
+        and what they came for, the tail what is going on now, and the background summary job,
+        which reads every turn batch by batch, covers the middle. Completed turns only, like a
+        real summary: an open question is in the window, raw."""
+        sid = info.session_id
+        head = await self._store.first_messages(sid, _COLD_HEAD_MESSAGES)
+        if len(head) < _COLD_HEAD_MESSAGES:
+            messages = head
+        else:
+            tail = await self._store.recent_messages(sid, _COLD_TAIL_MESSAGES)
+            last_head = head[-1].seq
+            messages = head + [m for m in tail if m.seq > last_head]
+        return [m for m in messages if m.turn <= info.turn_count]
 
     def _answer(self, session_id: str, tier: Tier, summary: Summary | None, turns: int) -> SummaryAnswer:
         self._metrics.summary_loads.labels(tier.value).inc()
@@ -516,6 +539,9 @@ class MemoryService:
         """The window with the turns covered+1 … (window start - 1) in front of it: turns the
         summary does not hold yet (it lags behind a slow LLM) and that left the window."""
         first = recent[0].turn if recent else turn_count + 1
+        # A summary that lags far (hours of LLM outage) leaves a gap too long to read on every
+        # request: its latest turns are read, and the summary job catches up with the rest.
+        covered = max(covered, first - 1 - _GAP_MAX_TURNS)
         if covered + 1 >= first:
             return recent
         gap = [m for m in available if covered < m.turn < first]

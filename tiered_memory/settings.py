@@ -85,12 +85,17 @@ class Settings(BaseSettings):
     session_idle_close_seconds: int = Field(1800, alias="SESSION_IDLE_CLOSE_SECONDS", ge=1)
     sweep_interval_seconds: float = Field(30.0, alias="SWEEP_INTERVAL_SECONDS", gt=0)
     shutdown_grace_seconds: float = Field(10.0, alias="SHUTDOWN_GRACE_SECONDS", ge=0)
+    # Unset: keep everything. Set: every hour one replica deletes the sessions inactive that long.
+    retention_days: float | None = Field(None, alias="RETENTION_DAYS", gt=0)
 
     # --- HTTP and input limits ---
     host: str = Field(_LOOPBACK_DEFAULT, alias="HOST", min_length=1)
     port: int = Field(8080, alias="PORT", ge=0, le=65535)
     # Serving processes on the one port (SO_REUSEPORT); more than one needs Redis and a SQL server.
     workers: int = Field(1, alias="WORKERS", ge=1, le=64)
+    # The serving event loop: uvloop costs less per request than asyncio's own loop (the hot
+    # read's socket writes and wake-ups); asyncio is there to rule the loop out when debugging.
+    event_loop: Literal["uvloop", "asyncio"] = Field("uvloop", alias="EVENT_LOOP")
     # UTF-8 bytes of one message's content (and of a question or system prompt). The cold column
     # is MEDIUMTEXT (16 MiB), so storage is not the bound: 64 KiB keeps one request, one entry
     # of the hot list and the request body limit small for a conversation turn.

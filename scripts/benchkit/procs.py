@@ -57,11 +57,13 @@ class Child:
     """One child process serving HTTP on `port`; `argv` runs it, `env` is added to ours."""
 
     def __init__(
-        self, name: str, argv: list[str], *, port: int, env: dict[str, str] | None = None, shared_port: bool = False
+        self, name: str, argv: list[str], *, port: int, env: dict[str, str] | None = None, workers: int = 1
     ) -> None:
         self.name = name
         self.log: Path | None = None
-        self.shared_port = shared_port
+        # With several workers the supervisor serves nothing itself: start() waits until each of
+        # its children listens on the port (any one of them may answer /healthz first).
+        self.workers = workers
         self.argv = argv
         self.port = port
         self.env = env or {}
@@ -86,7 +88,7 @@ class Child:
         while time.monotonic() < deadline:
             try:
                 async with http.get(self.base + "/healthz") as r:
-                    if r.status == 200 and (not self.shared_port or listening(self.proc.pid, self.port)):
+                    if r.status == 200 and self._all_listening():
                         return
             except aiohttp.ClientError:
                 pass
@@ -94,6 +96,13 @@ class Child:
                 raise BenchFailed(f"{self.name} exited with {self.proc.returncode} at start-up:\n{self.tail()}")
             await asyncio.sleep(0.05)
         raise BenchFailed(f"{self.name} did not answer /healthz within {timeout_s:.0f} s")
+
+    def _all_listening(self) -> bool:
+        if self.workers == 1:
+            return True
+        assert self.proc is not None
+        # Not every child is a worker (multiprocessing's spawn adds a resource tracker).
+        return sum(listening(pid, self.port) for pid in children(self.proc.pid)) >= self.workers
 
     def tail(self, lines: int = 20) -> str:
         """The end of its output, for a report of why it stopped."""
@@ -125,15 +134,20 @@ class Child:
 
 
 def daemon(env: dict[str, str], *, name: str = "daemon") -> Child:
-    """`tiered-memory serve` with `env` (PORT among it)."""
-    return Child(name, [sys.executable, "-m", "tiered_memory", "serve"], port=int(env["PORT"]), env=env)
+    """`tiered-memory serve` with `env` (PORT among it; with WORKERS=n, n processes on that port)."""
+    workers = int(env.get("WORKERS", "1"))
+    return Child(
+        name, [sys.executable, "-m", "tiered_memory", "serve"], port=int(env["PORT"]), env=env, workers=workers
+    )
 
 
-def reuseport_daemon(env: dict[str, str], *, index: int) -> Child:
-    """One of several daemon processes sharing PORT through SO_REUSEPORT."""
-    port = int(env["PORT"])
-    argv = [sys.executable, "-m", "benchkit.servers", "daemon", "--port", str(port)]
-    return Child(f"daemon worker {index}", argv, port=port, env=env, shared_port=True)
+def children(pid: int) -> list[int]:
+    """The child processes of `pid` (a WORKERS supervisor's workers)."""
+    found: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            found.extend(int(c) for c in (task / "children").read_text().split())
+    return found
 
 
 def server(kind: str, *args: str) -> Child:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
@@ -233,27 +232,6 @@ def fake_llm_app(_args: argparse.Namespace) -> web.Application:
     return app
 
 
-def serve_daemon(port: int) -> int:
-    """The daemon as `tiered-memory serve` runs it, but on a SO_REUSEPORT socket, so that several
-    processes share one port: what a WORKERS setting would do (the daemon has none yet)."""
-    from tiered_memory.app import create_app
-    from tiered_memory.logging import configure_logging
-    from tiered_memory.settings import Settings
-
-    settings = Settings.from_env(os.environ)
-    configure_logging(settings.log_level, settings.log_format)
-    web.run_app(
-        create_app(settings),
-        host=settings.host,
-        port=port,
-        reuse_port=True,
-        access_log=None,
-        shutdown_timeout=settings.shutdown_grace_seconds,
-        print=lambda _msg: None,
-    )
-    return 0
-
-
 async def healthz(_request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
@@ -269,14 +247,12 @@ APPS: dict[str, Callable[[argparse.Namespace], web.Application]] = {
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("kind", choices=[*APPS, "daemon"])
+    parser.add_argument("kind", choices=list(APPS))
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--redis-url")
     parser.add_argument("--sql-url", help="SQLAlchemy URL of the benchmark's database")
     parser.add_argument("--prefix", default="naive", help="key prefix of the naive ceilings")
     args = parser.parse_args()
-    if args.kind == "daemon":
-        return serve_daemon(args.port)
     app = APPS[args.kind](args)
     # For the parent's start-up wait, on every app.
     app.router.add_get("/healthz", healthz)

@@ -1,4 +1,8 @@
-"""The hot tier on Redis: one pipelined round trip per read and per write, keys hash-tagged by session."""
+"""The hot tier on Redis: one pipelined round trip per read and per write, keys hash-tagged by session.
+
+Reads on a plain redis:// URL go through RespMux (one multiplexed connection, a write per event-loop
+tick); writes and scripts, and reads on any other URL, through redis-py.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from tiered_memory.model import HotSession, Message, Owner, Summary
 from tiered_memory.tiers.codec import decode_message, decode_summary, encode_message, encode_summary
 from tiered_memory.tiers.keys import Keys
 from tiered_memory.tiers.redis_url import HotClient, connect, parse_redis_url
+from tiered_memory.tiers.resp import Command, Endpoint, RespMux
 
 T = TypeVar("T")
 
@@ -120,9 +125,11 @@ class RedisHot:
         history_ttl_s: int,
         recent_max: int,
         breaker: CircuitBreaker | None = None,
+        reads: RespMux | None = None,
         close: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._r = client
+        self._reads = reads
         self._close = close if close is not None else client.aclose
         self._breaker = breaker
         self._keys = keys
@@ -155,10 +162,14 @@ class RedisHot:
         breaker: CircuitBreaker | None = None,
     ) -> RedisHot:
         """One server, a Redis Cluster or a Sentinel-managed master, by the URL's scheme
-        (see redis_url). Raises ValueError for a URL of none of these forms."""
+        (see redis_url); a plain redis:// server's hot reads go through the multiplexed client.
+        Raises ValueError for a URL of none of these forms."""
         client, close = connect(parse_redis_url(url), timeout_s=timeout_s)
+        # None for a cluster or Sentinel URL: redis-py follows their topology.
+        endpoint = Endpoint.from_url(url)
         return cls(
             client,
+            reads=RespMux(endpoint, connect_timeout_s=timeout_s, stale_after_s=timeout_s) if endpoint else None,
             keys=keys,
             timeout_s=timeout_s,
             summary_ttl_s=summary_ttl_s,
@@ -195,6 +206,15 @@ class RedisHot:
             breaker.success()
         return result
 
+    async def _read(self, *commands: Command) -> list[object]:
+        """The replies of read-only commands sent in one round trip."""
+        if self._reads is not None:
+            return await self._reads.execute(*commands)
+        async with self._r.pipeline(transaction=False) as p:
+            for command in commands:
+                p.execute_command(*command)
+            return list(await p.execute())
+
     async def _drop_if_dirty(self, session_id: str) -> bool:
         """Drop the hot entry of a session this process failed to write; True when it did."""
         if session_id not in self._dirty:
@@ -214,12 +234,13 @@ class RedisHot:
             return None, None, None
 
         async def op() -> tuple[Summary | None, int | None, Owner | None]:
-            async with self._r.pipeline(transaction=False) as p:
-                p.get(self._keys.summary(session_id))
-                p.hmget(self._keys.state(session_id), "turns", "tenant", "uid")
-                raw_summary, (raw_turns, tenant, uid) = await p.execute()
+            raw_summary, state = await self._read(
+                ("GET", self._keys.summary(session_id)),
+                ("HMGET", self._keys.state(session_id), "turns", "tenant", "uid"),
+            )
+            raw_turns, tenant, uid = _fields(state, 3)
             return (
-                decode_summary(raw_summary) if raw_summary else None,
+                decode_summary(_bytes(raw_summary)) if raw_summary else None,
                 int(raw_turns) if raw_turns is not None else None,
                 _owner(tenant, uid),
             )
@@ -231,14 +252,15 @@ class RedisHot:
             return HotSession(summary=None, recent=(), turn_count=None, message_count=None, last_activity=None)
 
         async def op() -> HotSession:
-            async with self._r.pipeline(transaction=False) as p:
-                p.get(self._keys.summary(session_id))
-                p.lrange(self._keys.recent(session_id), 0, -1)
-                p.hmget(self._keys.state(session_id), "turns", "msgs", "last", "chars", "tenant", "uid")
-                raw_summary, raw_recent, (turns, msgs, last, chars, tenant, uid) = await p.execute()
-            recent = sorted((decode_message(r) for r in raw_recent), key=lambda m: m.seq)
+            raw_summary, raw_recent, state = await self._read(
+                ("GET", self._keys.summary(session_id)),
+                ("LRANGE", self._keys.recent(session_id), 0, -1),
+                ("HMGET", self._keys.state(session_id), "turns", "msgs", "last", "chars", "tenant", "uid"),
+            )
+            turns, msgs, last, chars, tenant, uid = _fields(state, 6)
+            recent = sorted((decode_message(_bytes(r)) for r in _fields(raw_recent)), key=lambda m: m.seq)
             return HotSession(
-                summary=decode_summary(raw_summary) if raw_summary else None,
+                summary=decode_summary(_bytes(raw_summary)) if raw_summary else None,
                 recent=tuple(recent),
                 turn_count=int(turns) if turns is not None else None,
                 message_count=int(msgs) if msgs is not None else None,
@@ -261,7 +283,7 @@ class RedisHot:
     ) -> None:
         sid = message.session_id
         dirty = sid in self._dirty
-        args: list[str | int | float] = [
+        args: list[bytes | str | int | float] = [
             encode_message(message),
             message.seq,
             # Counters are SQL's values, set rather than incremented, so a lost or repeated
@@ -312,8 +334,8 @@ class RedisHot:
         content_chars: int = 0,
     ) -> None:
         keys = [self._keys.summary(session_id), self._keys.recent(session_id), self._keys.state(session_id)]
-        args: list[str | int | float] = [
-            encode_summary(summary) if summary else "",
+        args: list[bytes | str | int | float] = [
+            encode_summary(summary) if summary else b"",
             summary.version if summary else 0,
             self._summary_ttl,
             message_count,
@@ -366,7 +388,24 @@ class RedisHot:
         await self._call(op)
 
     async def aclose(self) -> None:
+        if self._reads is not None:
+            await self._reads.aclose()
         await self._close()
+
+
+def _bytes(value: object) -> bytes:
+    if not isinstance(value, bytes):
+        raise TypeError(f"expected a bulk string from Redis, got {type(value).__name__}")
+    return value
+
+
+def _fields(value: object, n: int | None = None) -> list[bytes | None]:
+    """A multi-bulk reply (HMGET, LRANGE) as a list of bytes or None; TypeError when it is not one."""
+    if not isinstance(value, list) or (n is not None and len(value) != n):
+        raise TypeError(f"expected an array of {n or 'any number of'} items from Redis")
+    if not all(v is None or isinstance(v, bytes) for v in value):
+        raise TypeError("expected bulk strings from Redis")
+    return value
 
 
 def _owner(tenant: bytes | None, uid: bytes | None) -> Owner | None:

@@ -8,12 +8,20 @@ import sqlite3
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from tiered_memory.tiers.codec import dumps_text, loads
+
 
 def create_engine(url: str) -> AsyncEngine:
     """An async engine for a MySQL/MariaDB or SQLite URL, tuned for short transactions."""
     if url.startswith("sqlite"):
         # hide_parameters: driver errors must never carry message content into logs.
-        engine = create_async_engine(url, connect_args={"timeout": 30}, hide_parameters=True)
+        engine = create_async_engine(
+            url,
+            connect_args={"timeout": 30},
+            hide_parameters=True,
+            json_serializer=dumps_text,
+            json_deserializer=loads,
+        )
 
         @sa.event.listens_for(engine.sync_engine, "connect")
         def _sqlite_pragmas(dbapi_conn: sqlite3.Connection, _record: object) -> None:
@@ -34,6 +42,9 @@ def create_engine(url: str) -> AsyncEngine:
         pool_pre_ping=True,
         pool_recycle=1800,
         hide_parameters=True,
+        # The summary row's JSON columns, on every warm read: orjson, as for the hot tier.
+        json_serializer=dumps_text,
+        json_deserializer=loads,
         # Fewer gap locks than REPEATABLE READ; every append locks its session row explicitly.
         isolation_level="READ COMMITTED",
     )

@@ -1,20 +1,20 @@
-"""The SQL schema (sessions, cold `messages`, warm `conversation_summaries`) and its idempotent migration.
+"""The SQL schema (sessions, cold `messages`, warm `conversation_summaries`, `summary_slices`) as
+the code reads and writes it.
 
-One definition serves MySQL/MariaDB and SQLite; dialect variants are declared per column.
-`migrate` creates what is missing and applies numbered upgrade steps recorded in `schema_version`,
-so running it twice, or on a database another replica just migrated, changes nothing.
+One definition serves MySQL/MariaDB and SQLite; dialect variants are declared per column. The
+database is brought to this shape by the Alembic revisions in `tiered_memory/migrations/versions`
+(run by `sql_migrate`); a test checks that the two agree. A change here needs a new revision.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-SCHEMA_VERSION = 3
+# The Alembic head revision, as a number: the schema version this code needs.
+SCHEMA_VERSION = 4
 
 _MYSQL_TABLE: dict[str, Any] = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin"}
 
@@ -25,6 +25,8 @@ _SID = sa.String(128)
 
 metadata = sa.MetaData()
 
+# Versions 1-3, as recorded before Alembic; kept so that the previous release still starts after a
+# rollback. Alembic's own table (alembic_version) holds the version now.
 schema_version = sa.Table(
     "schema_version",
     metadata,
@@ -55,6 +57,8 @@ sessions = sa.Table(
     sa.Column("closed_at", _TIMESTAMP, nullable=True),
     sa.Column("close_reason", sa.String(16), nullable=True),
     sa.Index("ix_sessions_open_activity", "closed_at", "last_activity"),
+    # The retention purge finds sessions inactive since a cutoff. (Version 4.)
+    sa.Index("ix_sessions_last_activity", "last_activity"),
     **_MYSQL_TABLE,
 )
 
@@ -104,7 +108,7 @@ conversation_summaries = sa.Table(
 
 
 # One row per summarization: the range it covered and a digest of that range, so a summary can be
-# traced back to its raw messages and rebuilt slice by slice. (Version 2; created by create_all.)
+# traced back to its raw messages and rebuilt slice by slice. (Version 2.)
 summary_slices = sa.Table(
     "summary_slices",
     metadata,
@@ -123,119 +127,3 @@ summary_slices = sa.Table(
     sa.Index("ix_slices_session_turn", "session_id", "to_turn"),
     **_MYSQL_TABLE,
 )
-
-
-async def _applied_version(conn: AsyncConnection) -> int:
-    result = await conn.execute(sa.select(sa.func.max(schema_version.c.version)))
-    return int(result.scalar() or 0)
-
-
-_MIGRATE_LOCK = "tiered_memory_migrate"
-_MIGRATE_LOCK_WAIT_S = 60
-
-
-async def _create_tables(conn: AsyncConnection) -> None:
-    # create_all checks, then creates: two processes can both find a table missing. MySQL
-    # serializes migrations with a named lock; on SQLite (or a lock that timed out) the loser's
-    # "already exists" is harmless, and one more pass finds everything in place.
-    for attempt in range(3):
-        try:
-            await conn.run_sync(metadata.create_all, checkfirst=True)
-            await conn.commit()
-            return
-        except sa.exc.OperationalError as exc:
-            await conn.rollback()
-            if "already exists" not in str(exc.orig) or attempt == 2:
-                raise
-
-
-async def migrate(engine: AsyncEngine, *, now: float) -> int:
-    """Create missing tables and record the schema version; returns the version now in force.
-
-    Safe to run concurrently from several replicas (a named lock on MySQL, conditional creates
-    and an ignored duplicate version row everywhere).
-    """
-    async with engine.connect() as conn:
-        mysql_lock = conn.dialect.name == "mysql"
-        if mysql_lock:
-            got = (
-                await conn.execute(
-                    sa.text("SELECT GET_LOCK(:name, :wait)"), {"name": _MIGRATE_LOCK, "wait": _MIGRATE_LOCK_WAIT_S}
-                )
-            ).scalar()
-            await conn.commit()
-            if got != 1:
-                raise TimeoutError("another process holds the migration lock")
-        try:
-            await _create_tables(conn)
-            return await _record_version(conn, now)
-        finally:
-            if mysql_lock:
-                await conn.execute(sa.text("SELECT RELEASE_LOCK(:name)"), {"name": _MIGRATE_LOCK})
-                await conn.commit()
-
-
-async def _add_missing_columns(conn: AsyncConnection, table: sa.Table, names: Sequence[str]) -> None:
-    """ALTER TABLE … ADD COLUMN for each of `names` the table lacks (its definition as declared above)."""
-    existing = await conn.run_sync(lambda c: {col["name"] for col in sa.inspect(c).get_columns(table.name)})
-    for name in names:
-        if name in existing:
-            continue
-        ddl = sa.schema.CreateColumn(table.c[name]).compile(dialect=conn.dialect)
-        try:
-            await conn.exec_driver_sql(f"ALTER TABLE {table.name} ADD COLUMN {ddl}")
-        except sa.exc.OperationalError as exc:
-            # SQLite has no migration lock: a concurrent migrator may have added it first.
-            if "duplicate column" not in str(exc.orig).lower():
-                raise
-
-
-async def _upgrade_to_2(conn: AsyncConnection) -> None:
-    await _add_missing_columns(conn, messages, ["status"])
-    added = "content_chars" not in await conn.run_sync(
-        lambda c: {col["name"] for col in sa.inspect(c).get_columns(sessions.name)}
-    )
-    await _add_missing_columns(conn, sessions, ["content_chars"])
-    if added:
-        total = (
-            sa.select(sa.func.coalesce(sa.func.sum(sa.func.length(messages.c.content)), 0))
-            .where(messages.c.session_id == sessions.c.session_id)
-            .scalar_subquery()
-        )
-        await conn.execute(sessions.update().values(content_chars=total))
-
-
-async def _upgrade_to_3(conn: AsyncConnection) -> None:
-    # Sessions made before tenants existed were made without a tenant-restricted token: ''.
-    await _add_missing_columns(conn, sessions, ["tenant"])
-
-
-# Step n brings a version n-1 schema to version n; create_all already made new databases whole,
-# so every step checks what is there before changing it.
-_UPGRADES: dict[int, Callable[[AsyncConnection], Awaitable[None]]] = {2: _upgrade_to_2, 3: _upgrade_to_3}
-
-
-async def _record_version(conn: AsyncConnection, now: float) -> int:
-    current = await _applied_version(conn)
-    await conn.commit()
-    if current == 0:
-        # A database create_all just made whole: nothing to upgrade.
-        current = 1
-    for version in range(current + 1, SCHEMA_VERSION + 1):
-        await _UPGRADES[version](conn)
-        await conn.commit()
-    async with conn.begin():
-        for version in range(1, SCHEMA_VERSION + 1):
-            try:
-                async with conn.begin_nested():
-                    await conn.execute(schema_version.insert().values(version=version, applied_at=now))
-            except sa.exc.IntegrityError:
-                pass  # recorded before, or by another replica between our read and our insert
-    return SCHEMA_VERSION
-
-
-async def current_version(engine: AsyncEngine) -> int:
-    """The recorded schema version, 0 when the schema was never migrated."""
-    async with engine.connect() as conn:
-        exists = await conn.run_sync(lambda c: sa.inspect(c).has_table(schema_version.name))
-        return await _applied_version(conn) if exists else 0

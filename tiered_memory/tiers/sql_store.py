@@ -23,6 +23,7 @@ from tiered_memory.errors import Conflict, Forbidden, SqlUnavailable
 from tiered_memory.model import (
     AppendResult,
     Caller,
+    Channel,
     Message,
     MessageStatus,
     NewMessage,
@@ -32,6 +33,7 @@ from tiered_memory.model import (
     Slice,
     Summary,
 )
+from tiered_memory.tiers.sql_migrate import current_version, migrate
 from tiered_memory.tiers.sql_rows import (
     append_result_of,
     row_to_message,
@@ -41,8 +43,8 @@ from tiered_memory.tiers.sql_rows import (
     slice_values,
 )
 from tiered_memory.tiers.sql_schema import conversation_summaries as cs
-from tiered_memory.tiers.sql_schema import current_version, migrate, sessions, summary_slices
 from tiered_memory.tiers.sql_schema import messages as msgs
+from tiered_memory.tiers.sql_schema import sessions, summary_slices
 
 T = TypeVar("T")
 
@@ -51,6 +53,39 @@ _RETRYABLE_MYSQL = {1205, 1213}
 _TX_ATTEMPTS = 3
 # The store's own callers (the summary job, the sweeper, tests) act for nobody in particular.
 _ANYONE = Caller()
+
+# messages_in_turns reads the session's tail in pages: the first one holds a summary batch's
+# new turns (a few messages each) with room to spare; later ones grow, to catch up a long lag.
+_TAIL_PAGE = 64
+_TAIL_PAGE_MAX = 4096
+
+
+def _lock_session_and_message() -> sa.Select[Any]:
+    """The session row (:sid) FOR UPDATE, outer-joined to the message stored under :mid."""
+    names = ("seq", "turn", "role", "content", "created_at", "user_id", "channel", "status", "completes_turn")
+    stored = [msgs.c[name].label(f"m_{name}") for name in names]
+    on = sa.and_(msgs.c.session_id == sessions.c.session_id, msgs.c.message_id == sa.bindparam("mid"))
+    return (
+        sa.select(sessions, *stored)
+        .select_from(sessions.outerjoin(msgs, on))
+        .where(sessions.c.session_id == sa.bindparam("sid"))
+        .with_for_update()
+    )
+
+
+def summary_due(*, every_n: int, min_turns_to_persist: int) -> sa.ColumnElement[bool]:
+    """Whether a session's summary is behind, on `sessions` outer-joined with its summary row: a
+    cadence point (every_n) passed the watermark, or a closed session has turns it does not cover."""
+    covered = sa.func.coalesce(cs.c.covered_turns, 0)
+    cadence_point = sessions.c.turn_count - (sessions.c.turn_count % every_n)
+    return sa.or_(
+        cadence_point > covered,
+        sa.and_(
+            sessions.c.closed_at.is_not(None),
+            sessions.c.turn_count >= max(min_turns_to_persist, 1),
+            sessions.c.turn_count > covered,
+        ),
+    )
 
 
 class SqlStore:
@@ -63,14 +98,33 @@ class SqlStore:
         self._dialect = engine.dialect.name
         # SQLite has one writer at a time; queueing writers here avoids "database is locked".
         self._write_lock: asyncio.Lock | None = asyncio.Lock() if self._dialect == "sqlite" else None
+        # The append's statements, built once with bound parameters: building a statement and its
+        # cache key on every call cost more CPU than the driver did (docs/BENCHMARKS.md).
+        self._lock_stmt = _lock_session_and_message()
+        self._insert_message = msgs.insert()
+        self._update_session = (
+            sessions.update()
+            .where(sessions.c.session_id == sa.bindparam("sid"))
+            .values(
+                turn_count=sa.bindparam("turns"),
+                message_count=sa.bindparam("seq"),
+                pending_user=sa.bindparam("pending"),
+                content_chars=sessions.c.content_chars + sa.bindparam("chars", type_=sa.BigInteger),
+                last_activity=sa.bindparam("now"),
+                # A gateway that reconnects to a closed session reopens it.
+                closed_at=None,
+                close_reason=None,
+                user_id=sa.func.coalesce(sessions.c.user_id, sa.bindparam("uid", type_=sa.String)),
+            )
+        )
 
     @property
     def dialect(self) -> str:
         return self._dialect
 
-    async def migrate(self, *, now: float, timeout_s: float = 120.0) -> int:
-        """Create or upgrade the schema (see sql_schema.migrate); DDL gets its own, longer bound."""
-        return await self._bounded(lambda: migrate(self._engine, now=now), timeout_s=timeout_s)
+    async def migrate(self, *, timeout_s: float = 120.0) -> int:
+        """Create or upgrade the schema (see sql_migrate.migrate); DDL gets its own, longer bound."""
+        return await self._bounded(lambda: migrate(self._engine), timeout_s=timeout_s)
 
     async def schema_version(self) -> int:
         """The migrated schema version, 0 when `migrate` never ran on this database."""
@@ -107,6 +161,21 @@ class SqlStore:
         if breaker is not None:
             breaker.success()
         return result
+
+    async def read(self, op: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+        """Run `op` on a connection, bounded by the timeout, driver errors as SqlUnavailable: for
+        queries that live elsewhere (maintenance), with the same guarantees as this store's own."""
+
+        async def run() -> T:
+            async with self._engine.connect() as conn:
+                return await op(conn)
+
+        return await self._bounded(run)
+
+    async def transaction(self, body: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+        """Run `body` in one write transaction of this store (SQLite's writer queue, MySQL deadlock
+        retries, the timeout): keep it short, since it holds row locks until it returns."""
+        return await self._transaction(body)
 
     @contextlib.asynccontextmanager
     async def _write(self) -> AsyncIterator[AsyncConnection]:
@@ -152,39 +221,49 @@ class SqlStore:
         """
 
         async def body(conn: AsyncConnection) -> AppendResult:
-            await conn.execute(
-                self._insert_if_absent(
-                    sessions,
-                    {
-                        "session_id": new.session_id,
-                        "user_id": new.user_id,
-                        "tenant": caller.tenant or "",
-                        "turn_count": 0,
-                        "message_count": 0,
-                        "created_at": now,
-                        "last_activity": now,
-                    },
+            # The session row, locked, and the message already stored under this message_id (if
+            # any), in one round trip: most appends go to a session that exists, and each round
+            # trip to the server costs more than the statement (docs/BENCHMARKS.md).
+            keys = {"sid": new.session_id, "mid": new.message_id}
+            srow = (await conn.execute(self._lock_stmt, keys)).one_or_none()
+            if srow is None:
+                await conn.execute(
+                    self._insert_if_absent(
+                        sessions,
+                        {
+                            "session_id": new.session_id,
+                            "user_id": new.user_id,
+                            "tenant": caller.tenant or "",
+                            "turn_count": 0,
+                            "message_count": 0,
+                            "created_at": now,
+                            "last_activity": now,
+                        },
+                    )
                 )
-            )
-            srow = (
-                await conn.execute(sa.select(sessions).where(sessions.c.session_id == new.session_id).with_for_update())
-            ).one()
+                srow = (await conn.execute(self._lock_stmt, keys)).one()
             if (srow.user_id is not None and new.user_id is not None and srow.user_id != new.user_id) or (
                 not caller.may_access(Owner(srow.tenant, srow.user_id))
             ):
                 raise Forbidden
             owner = Owner(srow.tenant, srow.user_id or new.user_id)
-            existing = (
-                await conn.execute(
-                    sa.select(msgs).where(msgs.c.session_id == new.session_id, msgs.c.message_id == new.message_id)
+            if srow.m_seq is not None:
+                stored = Message(
+                    session_id=new.session_id,
+                    seq=int(srow.m_seq),
+                    turn=int(srow.m_turn),
+                    role=Role(srow.m_role),
+                    content=srow.m_content,
+                    message_id=new.message_id,
+                    created_at=float(srow.m_created_at),
+                    user_id=srow.m_user_id,
+                    channel=Channel(srow.m_channel),
+                    status=MessageStatus(srow.m_status),
                 )
-            ).one_or_none()
-            if existing is not None:
-                stored = row_to_message(existing)
                 if stored.role is not new.role or stored.content != new.content or stored.status is not new.status:
                     raise Conflict(f"message_id {new.message_id!r} was already used for a different message")
                 return dataclasses.replace(
-                    append_result_of(stored, completed_turn=bool(existing.completes_turn), duplicate=True),
+                    append_result_of(stored, completed_turn=bool(srow.m_completes_turn), duplicate=True),
                     content_chars=int(srow.content_chars),
                     owner=Owner(srow.tenant, srow.user_id),
                 )
@@ -217,34 +296,32 @@ class SqlStore:
                 status=new.status,
             )
             await conn.execute(
-                msgs.insert().values(
-                    session_id=message.session_id,
-                    seq=seq,
-                    turn=turn,
-                    user_id=message.user_id,
-                    role=message.role.value,
-                    content=message.content,
-                    channel=message.channel.value,
-                    message_id=message.message_id,
-                    completes_turn=int(completes),
-                    status=message.status.value,
-                    created_at=now,
-                )
+                self._insert_message,
+                {
+                    "session_id": message.session_id,
+                    "seq": seq,
+                    "turn": turn,
+                    "user_id": message.user_id,
+                    "role": message.role.value,
+                    "content": message.content,
+                    "channel": message.channel.value,
+                    "message_id": message.message_id,
+                    "completes_turn": int(completes),
+                    "status": message.status.value,
+                    "created_at": now,
+                },
             )
             await conn.execute(
-                sessions.update()
-                .where(sessions.c.session_id == new.session_id)
-                .values(
-                    turn_count=turns_after,
-                    message_count=seq,
-                    pending_user=int(pending_after),
-                    content_chars=sessions.c.content_chars + len(new.content),
-                    last_activity=now,
-                    # A gateway that reconnects to a closed session reopens it.
-                    closed_at=None,
-                    close_reason=None,
-                    user_id=sa.func.coalesce(sessions.c.user_id, new.user_id),
-                )
+                self._update_session,
+                {
+                    "sid": new.session_id,
+                    "turns": turns_after,
+                    "seq": seq,
+                    "pending": int(pending_after),
+                    "chars": len(new.content),
+                    "now": now,
+                    "uid": new.user_id,
+                },
             )
             return AppendResult(
                 message=message,
@@ -257,6 +334,20 @@ class SqlStore:
             )
 
         return await self._transaction(body)
+
+    async def first_messages(self, session_id: str, limit: int) -> list[Message]:
+        """The first `limit` messages of a session, oldest first."""
+
+        async def op() -> list[Message]:
+            async with self._engine.connect() as conn:
+                rows = (
+                    await conn.execute(
+                        sa.select(msgs).where(msgs.c.session_id == session_id).order_by(msgs.c.id).limit(limit)
+                    )
+                ).all()
+            return [row_to_message(r) for r in rows]
+
+        return await self._bounded(op)
 
     async def recent_messages(self, session_id: str, limit: int) -> list[Message]:
         """The last `limit` messages of a session, oldest first."""
@@ -275,15 +366,40 @@ class SqlStore:
     async def messages_in_turns(
         self, session_id: str, *, after_turn: int, through_turn: int | None = None
     ) -> list[Message]:
-        """Messages of turns after_turn+1 … through_turn (all later turns when None), oldest first."""
+        """Messages of turns after_turn+1 … through_turn (all later turns when None), oldest first.
+
+        Read backwards from the session's newest message in growing pages, through the
+        (session_id, id) index, until a message of turn after_turn or earlier appears. A message's
+        turn never decreases as its id grows (both are assigned under the session-row lock), so
+        every older row is earlier still. The cost follows the messages after the watermark, not
+        the session's length: a `turn > ?` filter had to visit all 20,000 rows of a 10,000-turn
+        session on every summary job.
+        """
 
         async def op() -> list[Message]:
-            q = sa.select(msgs).where(msgs.c.session_id == session_id, msgs.c.turn > after_turn)
-            if through_turn is not None:
-                q = q.where(msgs.c.turn <= through_turn)
+            if after_turn < 1:
+                # Every turn from the first: one forward read of the whole session.
+                q = sa.select(msgs).where(msgs.c.session_id == session_id)
+                if through_turn is not None:
+                    q = q.where(msgs.c.turn <= through_turn)
+                async with self._engine.connect() as conn:
+                    return [row_to_message(r) for r in (await conn.execute(q.order_by(msgs.c.id))).all()]
+            newest_first: list[Any] = []
+            before_id: int | None = None
+            page = _TAIL_PAGE
             async with self._engine.connect() as conn:
-                rows = (await conn.execute(q.order_by(msgs.c.id))).all()
-            return [row_to_message(r) for r in rows]
+                while True:
+                    q = sa.select(msgs).where(msgs.c.session_id == session_id)
+                    if before_id is not None:
+                        q = q.where(msgs.c.id < before_id)
+                    rows = (await conn.execute(q.order_by(msgs.c.id.desc()).limit(page))).all()
+                    older = [r for r in rows if r.turn <= after_turn]
+                    newest_first.extend(r for r in rows if r.turn > after_turn)
+                    if older or len(rows) < page:
+                        break
+                    before_id = int(rows[-1].id)
+                    page = min(page * 4, _TAIL_PAGE_MAX)
+            return [row_to_message(r) for r in reversed(newest_first) if through_turn is None or r.turn <= through_turn]
 
         return await self._bounded(op)
 
@@ -349,21 +465,10 @@ class SqlStore:
         closed session with turns the summary does not cover yet. Found again after a crash."""
 
         async def op() -> list[str]:
-            covered = sa.func.coalesce(cs.c.covered_turns, 0)
-            cadence_point = sessions.c.turn_count - (sessions.c.turn_count % every_n)
             q = (
                 sa.select(sessions.c.session_id)
                 .select_from(sessions.outerjoin(cs, cs.c.session_id == sessions.c.session_id))
-                .where(
-                    sa.or_(
-                        cadence_point > covered,
-                        sa.and_(
-                            sessions.c.closed_at.is_not(None),
-                            sessions.c.turn_count >= max(min_turns_to_persist, 1),
-                            sessions.c.turn_count > covered,
-                        ),
-                    )
-                )
+                .where(summary_due(every_n=every_n, min_turns_to_persist=min_turns_to_persist))
                 .limit(limit)
             )
             async with self._engine.connect() as conn:

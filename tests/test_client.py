@@ -1,0 +1,296 @@
+"""tiered_memory.client against a running daemon (embedded and real Redis + MariaDB): every route,
+typed answers, bearer tokens, the error tree, and retries that store a message exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+from tests.conftest import Daemon, RealServers, new_sid, sql_rows
+from tests.conversations import ZH_12_TURNS
+from tests.faults import TcpProxy, free_port, proxied
+from tiered_memory.client import (
+    AsyncClient,
+    Client,
+    Conflict,
+    Forbidden,
+    InvalidRequest,
+    NotFound,
+    Timeout,
+    Unauthorized,
+    Unavailable,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+TOKEN = "client-test-token-0123456789"
+ACME = "acme-client-token-0123456789"
+DURATION = "tiered_memory_request_duration_seconds_count"
+
+
+def base_url(d: Daemon) -> str:
+    return str(d.http.make_url("")).rstrip("/")
+
+
+def requests_seen(d: Daemon, route: str, method: str, status: int) -> float:
+    """How many requests the daemon answered on `route` with `status` (its own histogram)."""
+    labels = {"route": route, "method": method, "status": str(status)}
+    return d.registry.get_sample_value(DURATION, labels) or 0.0
+
+
+def routes_seen(d: Daemon) -> set[tuple[str, str]]:
+    return {
+        (s.labels["method"], s.labels["route"])
+        for metric in d.registry.collect()
+        for s in metric.samples
+        if s.name == DURATION
+    }
+
+
+@pytest.fixture
+async def authed(backend_env: dict[str, str]) -> AsyncIterator[Daemon]:
+    d = Daemon(backend_env | {"API_TOKENS": f"{TOKEN},acme:{ACME}", "SUMMARY_EVERY_N_TURNS": "3"})
+    await d.start()
+    yield d
+    await d.stop()
+
+
+async def test_every_route_through_the_async_client(authed: Daemon) -> None:
+    """A gateway's whole life cycle of a session through AsyncClient with a bearer token: each
+    answer typed and consistent with what the daemon stored, and every route of the OpenAPI
+    document reached. The session id uses every punctuation mark a session id may hold."""
+    sid = new_sid() + ":call_1.a-b"
+    async with AsyncClient(base_url(authed), token=TOKEN) as mem:
+        assert await mem.healthz() is True
+        ready = await mem.readyz()
+        assert (ready.ready, ready.tiers) == (True, {"hot": "ok", "sql": "ok"})
+        for n, (user, assistant) in enumerate(ZH_12_TURNS[:6], start=1):
+            turn = await mem.turn(sid, user, user_id="u-1", system_prompt="你是健康顾问。", max_chars=2000)
+            assert turn.created
+            assert turn.context.messages[-1].content == user
+            assert turn.context.messages[0].role == "system"
+            reply = await mem.append(sid, "assistant", assistant, user_id="u-1")
+            assert (reply.created, reply.turn_count, reply.summary_scheduled) == (True, n, n % 3 == 0)
+        await authed.settle()
+        summary = await mem.summary(sid, user_id="u-1")
+        assert summary.tier in ("hot", "warm")
+        assert (summary.covered_turns, summary.lag_turns) == (6, 0)
+        ctx = await mem.context(sid, max_chars=3000, question="还记得吗？")
+        assert (ctx.turn_count, ctx.messages[-1].content) == (6, "还记得吗？")
+        info = await mem.session(sid)
+        assert (info.user_id, info.turn_count, info.message_count, info.closed) == ("u-1", 6, 12, False)
+        stored = await mem.messages(sid, from_seq=3, to_seq=4)
+        assert [(m.seq, m.role) for m in stored] == [(3, "user"), (4, "assistant")]
+        everything = [m async for m in mem.iter_messages(sid)]
+        assert [m.content for m in everything[::2]] == [u for u, _ in ZH_12_TURNS[:6]]
+        slices = await mem.slices(sid)
+        assert [(s.from_turn, s.to_turn) for s in slices] == [(1, 3), (4, 6)]
+        rebuilt = await mem.rebuild_summary(sid)
+        assert (rebuilt.covered_turns, rebuilt.version) == (6, summary.version + 1)
+        assert rebuilt.slices
+        mine = await mem.user_summaries("u-1", limit=5)
+        assert [s.session_id for s in mine] == [sid]
+        await mem.delete_summary(sid)
+        assert (await mem.summary(sid)).tier == "cold"
+        closed = await mem.close(sid, attempt_timeout=60)
+        assert (closed.persisted, closed.turn_count) == (True, 6)
+        assert (await mem.session(sid)).closed
+        assert "tiered_memory_summary_loads_total" in await mem.metrics_text()
+        document = await mem.openapi()
+        await mem.delete(sid)
+        with pytest.raises(NotFound):
+            await mem.session(sid)
+    documented = {(m.upper(), p) for p, ops in document["paths"].items() for m in ops}
+    assert documented <= routes_seen(authed), documented - routes_seen(authed)
+
+
+async def test_errors_carry_the_servers_message_and_are_not_retried(authed: Daemon) -> None:
+    """Each 4xx becomes its own exception with the daemon's code and message, after one attempt."""
+    sid = new_sid()
+    route = "/v1/sessions/{session_id}/messages"
+    async with AsyncClient(base_url(authed), token=ACME, retries=3) as mem:
+        with pytest.raises(InvalidRequest) as bad:
+            await mem.append(sid, "robot", "你好")
+        assert (bad.value.status, bad.value.code) == (400, "invalid_input")
+        assert "role" in bad.value.message
+        assert requests_seen(authed, route, "POST", 400) == 1
+        await mem.append(sid, "user", "你好", message_id="m-1", user_id="u-1")
+        with pytest.raises(Conflict) as conflict:
+            await mem.append(sid, "user", "别的内容", message_id="m-1")
+        assert "m-1" in conflict.value.message
+        with pytest.raises(Forbidden):
+            await mem.context(sid, user_id="u-2")
+        with pytest.raises(NotFound):
+            await mem.slices(new_sid())
+    async with AsyncClient(base_url(authed), token="not-a-configured-token-000") as stranger:
+        with pytest.raises(Unauthorized):
+            await stranger.summary(sid)
+    async with AsyncClient(base_url(authed), token=TOKEN) as admin:
+        with pytest.raises(Forbidden):
+            # A tenant's session is not another tenant's, and an unrestricted token stating a user
+            # other than the owner is refused too.
+            await admin.append(sid, "user", "x", user_id="u-9")
+    assert requests_seen(authed, route, "POST", 403) == 1
+    assert requests_seen(authed, route, "POST", 409) == 1
+
+
+async def test_a_retry_after_a_cut_connection_stores_the_message_once(daemon: Daemon) -> None:
+    """The first attempt reaches the daemon and is committed, but its answer is cut on the way
+    back: the client retries with the same generated message_id, gets the original result (200,
+    created False) and the message is stored exactly once."""
+    target = urlparse(base_url(daemon))
+    sid = new_sid()
+    with proxied(target.hostname or "127.0.0.1", target.port or 80) as proxy:
+        async with AsyncClient(f"http://127.0.0.1:{proxy.port}", retries=3, backoff=0.05) as mem:
+            await mem.append(sid, "user", "第一句")
+            # Every chunk now waits in the proxy: the request reaches the daemon, and its answer
+            # is still held when the connection is cut.
+            proxy.delay_s = 1.0
+            sent = asyncio.create_task(mem.append(sid, "assistant", "回答"))
+            for _ in range(1000):
+                if await daemon.store.count_messages(sid) == 2:
+                    break
+                await asyncio.sleep(0.01)
+            assert await daemon.store.count_messages(sid) == 2, "the first attempt never reached SQL"
+            assert not sent.done()
+            proxy.cut()
+            proxy.heal()
+            result = await asyncio.wait_for(sent, timeout=60)
+    assert (result.created, result.turn_count) == (False, 1)
+    assert await daemon.store.count_messages(sid) == 2
+    stored = await daemon.store.messages_by_seq(sid, first_seq=1, last_seq=10, limit=10)
+    assert [(m.content, m.message_id) for m in stored][1] == ("回答", result.message_id)
+    # The retry reached the daemon once and was recognised: one 200 (the original answer).
+    assert requests_seen(daemon, "/v1/sessions/{session_id}/messages", "POST", 200) == 1
+
+
+@pytest.mark.real
+async def test_a_503_is_retried_after_its_retry_after(real_servers: RealServers) -> None:
+    """With SQL cut the daemon answers 503 with Retry-After: 1; the client waits that long and
+    retries; SQL is back by then, and the message is stored once. Without SQL for good, the
+    client gives up with Unavailable(status=503)."""
+    mysql = urlparse(real_servers.mysql_url)
+    with proxied(mysql.hostname or "127.0.0.1", mysql.port or 3306) as sql:
+        userinfo = mysql.netloc.rpartition("@")[0]
+        env = {
+            "DATABASE_URL": mysql._replace(netloc=f"{userinfo}@127.0.0.1:{sql.port}").geturl(),
+            "REDIS_URL": real_servers.redis_url,
+            "REDIS_KEY_PREFIX": f"tmt{real_servers.run_id}{new_sid()[2:8]}",
+            "AUTO_MIGRATE": "true",
+            "SWEEP_INTERVAL_SECONDS": "3600",
+            "SQL_TIMEOUT_MS": "2000",
+            "SQL_BREAKER_RESET_SECONDS": "0.5",
+        }
+        d = Daemon(env)
+        await d.start()
+        try:
+            sid = new_sid()
+            route = "/v1/sessions/{session_id}/messages"
+            async with AsyncClient(base_url(d), retries=2, backoff=0.01, max_backoff=5) as mem:
+                sql.cut()
+                sent = asyncio.create_task(mem.append(sid, "user", "你好"))
+                for _ in range(2000):
+                    if requests_seen(d, route, "POST", 503) >= 1:
+                        break
+                    await asyncio.sleep(0.005)
+                assert requests_seen(d, route, "POST", 503) >= 1
+                sql.heal()
+                result = await asyncio.wait_for(sent, timeout=60)
+                assert result.created
+                rows = sql_rows(real_servers.mysql_url, "SELECT COUNT(*) FROM messages WHERE session_id=%s", sid)
+                assert rows == [(1,)]
+                sql.cut()
+                with pytest.raises(Unavailable) as gave_up:
+                    await mem.append(sid, "user", "再说一句")
+                assert (gave_up.value.status, gave_up.value.retry_after) == (503, 1.0)
+        finally:
+            sql.heal()
+            await d.stop()
+
+
+async def test_unreachable_and_hung_daemons() -> None:
+    """Connection refused is retried, then Unavailable without a status; a daemon that accepts
+    and never answers is a Timeout after one attempt (it may still be working on the request)."""
+    async with AsyncClient(f"http://127.0.0.1:{free_port()}", retries=2, backoff=0.01) as mem:
+        with pytest.raises(Unavailable) as refused:
+            await mem.summary("s-1")
+        assert refused.value.status is None
+    proxy = TcpProxy("127.0.0.1", free_port()).start()
+    try:
+        proxy.blackhole()
+        async with AsyncClient(f"http://127.0.0.1:{proxy.port}", timeout=0.5, retries=3) as mem:
+            with pytest.raises(Timeout):
+                await mem.append("s-1", "user", "你好")
+        assert proxy.accepted == 1
+    finally:
+        proxy.stop()
+
+
+async def test_the_blocking_client_from_several_threads(daemon: Daemon) -> None:
+    """Client (blocking) serves calls from several threads at once on its own loop; its answers
+    are AsyncClient's."""
+    sid = new_sid()
+    url = base_url(daemon)
+
+    def gateway() -> list[int]:
+        counts: list[int] = []
+        with Client(url) as mem:
+
+            def utterances(worker: int) -> None:
+                for i in range(5):
+                    mem.append(f"{sid}-{worker}", "user", f"问题{i}")
+                    counts.append(mem.append(f"{sid}-{worker}", "assistant", f"回答{i}").turn_count)
+
+            threads = [threading.Thread(target=utterances, args=(w,)) for w in range(3)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+            turn = mem.turn(f"{sid}-0", "还有呢？")
+            assert (turn.context.turn_count, turn.created) == (5, True)
+            assert [m.seq for m in mem.iter_messages(f"{sid}-0")] == list(range(1, 12))
+            assert mem.close_session(f"{sid}-1").turn_count == 5
+            with pytest.raises(NotFound):
+                mem.session(new_sid())
+        with pytest.raises(RuntimeError):
+            mem.healthz()
+        return counts
+
+    counts = await asyncio.to_thread(gateway)
+    assert sorted(counts) == sorted([1, 2, 3, 4, 5] * 3)
+
+
+def test_the_client_imports_with_aiohttp_alone(tmp_path: Path) -> None:
+    """A gateway installs the package for the client only: importing and using tiered_memory.client
+    pulls in none of the daemon's dependencies (Redis, SQLAlchemy, pydantic, structlog, ...)."""
+    script = textwrap.dedent(
+        """
+        import importlib.abc, sys
+        BLOCKED = ("redis", "sqlalchemy", "aiomysql", "aiosqlite", "pydantic", "pydantic_settings",
+                   "structlog", "prometheus_client", "jieba")
+        class Block(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path, target=None):
+                if name.split(".")[0] in BLOCKED:
+                    raise ImportError(f"blocked: {name}")
+                return None
+        sys.meta_path.insert(0, Block())
+        import tiered_memory.client as c
+        with c.Client("http://127.0.0.1:1", retries=0) as mem:
+            try:
+                mem.healthz()
+            except c.Unavailable:
+                print("ok")
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False, env=os.environ.copy()
+    )
+    assert proc.stdout.strip() == "ok", proc.stderr

@@ -1,0 +1,397 @@
+"""AsyncClient: the whole v1 API over aiohttp, with retries that are safe because writes are idempotent.
+
+Every write carries a `message_id` (generated here when the caller gives none) and every retry
+of it reuses that id, so a request whose answer was lost on the way (a cut connection, a daemon
+restarted mid-request) is stored exactly once: the daemon answers the retry 200 with the original
+result. Connection failures and 5xx answers are retried with exponential backoff and full jitter
+(a 503's Retry-After is honoured); a 4xx never is; a timeout is not either, because the request
+may still be running and the caller owns the latency budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from types import TracebackType
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+from yarl import URL
+
+from tiered_memory.client.errors import Timeout, Unavailable, api_error
+from tiered_memory.client.models import (
+    AppendResult,
+    CloseResult,
+    Context,
+    Readiness,
+    RebuildResult,
+    SessionInfo,
+    Slice,
+    StoredMessage,
+    SummaryResult,
+    TurnResult,
+    UserSummary,
+    build,
+    context_of,
+    slices_of,
+)
+
+# The daemon answers at most this many messages per page of GET /messages.
+_PAGE = 1000
+
+
+def new_message_id() -> str:
+    """A fresh idempotency key for one message (what the client uses when the caller gives none)."""
+    return uuid.uuid4().hex
+
+
+def _sid(session_id: str) -> str:
+    return quote(session_id, safe="")
+
+
+class AsyncClient:
+    """A client of one tiered-memory daemon. Use it as `async with AsyncClient(url) as mem: ...`,
+    or call `aclose()`; one instance serves any number of concurrent calls on pooled connections.
+
+    - `token`: sent as `Authorization: Bearer <token>` (the daemon's API_TOKENS).
+    - `timeout`: seconds for one attempt, connection to last byte (default 10). `close` may wait
+      for the LLM's final summary: give it a longer
+      `attempt_timeout` of its own if LLM_TIMEOUT_SECONDS is long.
+    - `retries`: further attempts after a connection failure or a 5xx (default 2); `backoff` the
+      first wait in seconds (doubled each time, jittered, at most `max_backoff`); a 503's
+      Retry-After is waited for when longer, up to `max_backoff`.
+    - `user_id` on a call is sent as X-User-ID (and as the body's user_id on writes): the user the
+      gateway acts for, which the daemon checks against the session's owner.
+    - `session`: an aiohttp.ClientSession to use instead of an own one (its owner closes it).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        timeout: float = 10.0,
+        retries: int = 2,
+        backoff: float = 0.1,
+        max_backoff: float = 5.0,
+        session: aiohttp.ClientSession | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        if retries < 0 or timeout <= 0 or backoff < 0:
+            raise ValueError("expected retries >= 0, timeout > 0 and backoff >= 0")
+        self._base = URL(base_url.rstrip("/"))
+        self._timeout = timeout
+        self._retries = retries
+        self._backoff = backoff
+        self._max_backoff = max_backoff
+        self._own_session = session is None
+        self._session = session
+        self._headers = dict(headers or {})
+        if token is not None:
+            self._headers["Authorization"] = f"Bearer {token}"
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connection pool (unless the session was handed in)."""
+        if self._own_session and self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    # --- writes ---------------------------------------------------------------------------
+
+    async def append(
+        self,
+        session_id: str,
+        role: str,
+        content: str,
+        *,
+        message_id: str | None = None,
+        user_id: str | None = None,
+        channel: str | None = None,
+        status: str | None = None,
+    ) -> AppendResult:
+        """Store one message (`role` user or assistant; `status` completed, stopped, failed or
+        streaming for a reply). Durable when this returns; stored once however often it is retried."""
+        body = _body(
+            role=role,
+            content=content,
+            message_id=message_id or new_message_id(),
+            user_id=user_id,
+            channel=channel,
+            status=status,
+        )
+        code, data = await self._call("POST", f"/v1/sessions/{_sid(session_id)}/messages", body=body, user_id=user_id)
+        return build(AppendResult, data, created=code == 201)
+
+    async def turn(
+        self,
+        session_id: str,
+        content: str,
+        *,
+        message_id: str | None = None,
+        user_id: str | None = None,
+        channel: str | None = None,
+        system_prompt: str | None = None,
+        max_chars: int | None = None,
+    ) -> TurnResult:
+        """Load-then-append, the per-utterance call: the context to send the model (ending with
+        the user's `content` as the question, framed by `system_prompt`), and the message stored."""
+        body = _body(
+            content=content,
+            message_id=message_id or new_message_id(),
+            user_id=user_id,
+            channel=channel,
+            system_prompt=system_prompt,
+        )
+        code, data = await self._call(
+            "POST",
+            f"/v1/sessions/{_sid(session_id)}/turns",
+            body=body,
+            params=_params(max_chars=max_chars),
+            user_id=user_id,
+        )
+        return TurnResult(
+            context=context_of(data),
+            message_id=data["message_id"],
+            summary_scheduled=data["summary_scheduled"],
+            created=code == 201,
+        )
+
+    async def close(
+        self, session_id: str, *, user_id: str | None = None, attempt_timeout: float | None = None
+    ) -> CloseResult:
+        """Persist the final summary and mark the session closed (idempotent; call it at hang-up)."""
+        _, data = await self._call(
+            "POST", f"/v1/sessions/{_sid(session_id)}/close", user_id=user_id, attempt_timeout=attempt_timeout
+        )
+        return build(CloseResult, data)
+
+    async def delete(self, session_id: str, *, user_id: str | None = None) -> None:
+        """Remove the session from every tier (idempotent: an unknown session is no error)."""
+        await self._call("DELETE", f"/v1/sessions/{_sid(session_id)}", user_id=user_id)
+
+    async def delete_summary(self, session_id: str, *, user_id: str | None = None) -> None:
+        """Forget the session's summary in both tiers; its messages stay. NotFound for an unknown session."""
+        await self._call("DELETE", f"/v1/sessions/{_sid(session_id)}/summary", user_id=user_id)
+
+    async def rebuild_summary(
+        self, session_id: str, *, user_id: str | None = None, attempt_timeout: float | None = None
+    ) -> RebuildResult:
+        """Recompute every slice and the summary from the stored messages (may call the LLM per slice)."""
+        _, data = await self._call(
+            "POST", f"/v1/sessions/{_sid(session_id)}/summary/rebuild", user_id=user_id, attempt_timeout=attempt_timeout
+        )
+        return build(RebuildResult, data, slices=slices_of(data.get("slices") or []))
+
+    # --- reads ----------------------------------------------------------------------------
+
+    async def context(
+        self,
+        session_id: str,
+        *,
+        user_id: str | None = None,
+        max_chars: int | None = None,
+        system_prompt: str | None = None,
+        question: str | None = None,
+    ) -> Context:
+        """The memory to send the model, within `max_chars` (CONTEXT_MAX_CHARS by default)."""
+        params = _params(max_chars=max_chars, system_prompt=system_prompt, question=question)
+        _, data = await self._call("GET", f"/v1/sessions/{_sid(session_id)}/context", params=params, user_id=user_id)
+        return context_of(data)
+
+    async def summary(self, session_id: str, *, user_id: str | None = None) -> SummaryResult:
+        """The best summary and the tier that answered; tier `none` for an unknown session."""
+        _, data = await self._call("GET", f"/v1/sessions/{_sid(session_id)}/summary", user_id=user_id)
+        return build(SummaryResult, data)
+
+    async def session(self, session_id: str, *, user_id: str | None = None) -> SessionInfo:
+        """The session's bookkeeping; NotFound for an unknown session."""
+        _, data = await self._call("GET", f"/v1/sessions/{_sid(session_id)}", user_id=user_id)
+        return build(SessionInfo, data)
+
+    async def slices(self, session_id: str, *, user_id: str | None = None) -> list[Slice]:
+        """Every summarization of the session, oldest first."""
+        _, data = await self._call("GET", f"/v1/sessions/{_sid(session_id)}/slices", user_id=user_id)
+        return slices_of(data["slices"])
+
+    async def messages(
+        self,
+        session_id: str,
+        *,
+        user_id: str | None = None,
+        from_seq: int | None = None,
+        to_seq: int | None = None,
+        limit: int | None = None,
+    ) -> list[StoredMessage]:
+        """Stored messages by seq range (at most 1000 per call), oldest first."""
+        params = _params(from_seq=from_seq, to_seq=to_seq, limit=limit)
+        _, data = await self._call("GET", f"/v1/sessions/{_sid(session_id)}/messages", params=params, user_id=user_id)
+        return [build(StoredMessage, m) for m in data["messages"]]
+
+    async def iter_messages(self, session_id: str, *, user_id: str | None = None) -> AsyncIterator[StoredMessage]:
+        """Every stored message of the session, oldest first, fetched a page at a time."""
+        after = 0
+        while True:
+            page = await self.messages(session_id, user_id=user_id, from_seq=after + 1, limit=_PAGE)
+            for m in page:
+                yield m
+            if len(page) < _PAGE:
+                return
+            after = page[-1].seq
+
+    async def user_summaries(
+        self, user_id: str, *, limit: int | None = None, as_user: str | None = None
+    ) -> list[UserSummary]:
+        """The user's most recent session summaries, newest first (`as_user`: the X-User-ID to state)."""
+        _, data = await self._call(
+            "GET", f"/v1/users/{quote(user_id, safe='')}/summaries", params=_params(limit=limit), user_id=as_user
+        )
+        return [build(UserSummary, s) for s in data["summaries"]]
+
+    # --- operations -----------------------------------------------------------------------
+
+    async def healthz(self) -> bool:
+        """True when the daemon process answers (liveness)."""
+        await self._call("GET", "/healthz")
+        return True
+
+    async def readyz(self) -> Readiness:
+        """Whether the daemon can take writes (SQL reachable and migrated) and each tier's state."""
+        code, data = await self._call("GET", "/readyz", ok=(200, 503), retry=False)
+        return Readiness(ready=code == 200, status=data["status"], tiers=dict(data["tiers"]))
+
+    async def openapi(self) -> dict[str, Any]:
+        """The OpenAPI 3 document the daemon serves."""
+        _, data = await self._call("GET", "/openapi.json")
+        return dict(data)
+
+    async def metrics_text(self) -> str:
+        """The Prometheus exposition of /metrics."""
+        _, raw = await self._call("GET", "/metrics", decode=False)
+        return str(raw.decode("utf-8"))
+
+    # --- plumbing -------------------------------------------------------------------------
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        return self._session
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: dict[str, Any] | None = None,
+        params: dict[str, str] | None = None,
+        user_id: str | None = None,
+        attempt_timeout: float | None = None,
+        ok: tuple[int, ...] = (200, 201, 204),
+        retry: bool = True,
+        decode: bool = True,
+    ) -> tuple[int, Any]:
+        """One API call with its retries: the final status and the decoded JSON body (None for
+        204; the raw bytes when not `decode`)."""
+        attempts = self._retries + 1 if retry else 1
+        for attempt in range(attempts):
+            last = attempt == attempts - 1
+            try:
+                status, retry_after, raw = await self._attempt(method, path, params, body, user_id, attempt_timeout)
+            except Unavailable:
+                if last:
+                    raise
+                await asyncio.sleep(self._delay(attempt, None))
+                continue
+            if status in ok:
+                if not decode:
+                    return status, raw
+                return status, json.loads(raw) if raw else None
+            if status >= 500 and not last:
+                await asyncio.sleep(self._delay(attempt, retry_after))
+                continue
+            if status >= 500:
+                raise Unavailable(
+                    f"{method} {path}: {status} after {attempts} attempt(s): {_message(raw)}",
+                    status=status,
+                    retry_after=retry_after,
+                )
+            error = _decode_error(raw)
+            raise api_error(status, error.get("code", "error"), error.get("message", _message(raw)))
+        raise AssertionError("unreachable")
+
+    async def _attempt(
+        self,
+        method: str,
+        path: str,
+        params: dict[str, str] | None,
+        body: dict[str, Any] | None,
+        user_id: str | None,
+        attempt_timeout: float | None,
+    ) -> tuple[int, float | None, bytes]:
+        headers = dict(self._headers)
+        if user_id is not None:
+            headers["X-User-ID"] = user_id
+        url = self._base.with_path(self._base.path.rstrip("/") + path, encoded=True)
+        try:
+            async with self._http().request(
+                method,
+                url,
+                params=params,
+                json=body,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=attempt_timeout or self._timeout),
+            ) as resp:
+                raw = await resp.read()
+                return resp.status, _retry_after(resp.headers.get("Retry-After")), raw
+        except TimeoutError as exc:
+            # aiohttp's ServerTimeoutError is a connection error too: checked first, it is a timeout.
+            raise Timeout(f"{method} {path}: no answer within {attempt_timeout or self._timeout} s") from exc
+        except aiohttp.ClientError as exc:
+            raise Unavailable(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+
+    def _delay(self, attempt: int, retry_after: float | None) -> float:
+        jittered = random.uniform(0, min(self._max_backoff, self._backoff * 2**attempt))
+        if retry_after is not None:
+            return min(self._max_backoff, max(retry_after, jittered))
+        return jittered
+
+
+def _body(**fields: object) -> dict[str, object]:
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+def _params(**fields: object) -> dict[str, str]:
+    return {k: str(v) for k, v in fields.items() if v is not None}
+
+
+def _retry_after(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None  # an HTTP date: the backoff decides
+
+
+def _decode_error(raw: bytes) -> dict[str, str]:
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return {}
+    error = doc.get("error") if isinstance(doc, dict) else None
+    return {k: str(v) for k, v in error.items()} if isinstance(error, dict) else {}
+
+
+def _message(raw: bytes) -> str:
+    return _decode_error(raw).get("message") or raw[:200].decode("utf-8", "replace")

@@ -1,0 +1,183 @@
+"""The answers of the v1 API as typed, immutable values, built from the daemon's JSON.
+
+Fields are the JSON keys of the OpenAPI document (`/openapi.json`). Keys a newer daemon adds are
+ignored, so an older client keeps working; a key it lacks reads as None.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def build(cls: type[T], data: dict[str, Any], **nested: object) -> T:
+    """An instance of the dataclass `cls` from a JSON object; `nested` replaces raw fields."""
+    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    return cls(**{name: nested[name] if name in nested else data.get(name) for name in names})
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    """POST /messages. `created` is False when the message_id was stored already (a retry):
+    nothing was stored twice."""
+
+    session_id: str
+    message_id: str
+    turn_count: int
+    summary_scheduled: bool
+    created: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryResult:
+    """GET /summary: the best summary and the tier that answered (hot, warm, cold or none)."""
+
+    session_id: str
+    tier: str
+    summary: str | None
+    turn_count: int
+    covered_turns: int
+    topics: list[str]
+    payload: dict[str, Any] | None
+    source: str | None
+    version: int
+    updated_at: float | None
+    age_seconds: float | None
+
+    @property
+    def lag_turns(self) -> int:
+        """Completed turns the summary does not cover yet."""
+        return max(0, self.turn_count - self.covered_turns)
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """GET /context: the memory to send the model; `messages` is ready for a chat-completions call."""
+
+    session_id: str
+    summary_tier: str
+    summary: str | None
+    covered_turns: int
+    topics: list[str]
+    messages: list[ChatMessage]
+    turn_count: int
+    recent_transcript: str
+    answer_transcript: str
+    estimated_tokens: dict[str, int]
+    planning: dict[str, Any] | None
+    planning_history: str
+
+
+@dataclass(frozen=True, slots=True)
+class TurnResult:
+    """POST /turns: the context as it was before the user's message (ending with it as the
+    question), and the append of that message. `context.turn_count` counts after the append."""
+
+    context: Context
+    message_id: str
+    summary_scheduled: bool
+    created: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class CloseResult:
+    """POST /close. `persisted`: the warm row covers every turn; `cached`: Redis holds it too."""
+
+    session_id: str
+    persisted: bool
+    cached: bool
+    turn_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    session_id: str
+    user_id: str | None
+    turn_count: int
+    message_count: int
+    covered_turns: int
+    created_at: float
+    last_activity: float
+    closed: bool
+    closed_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    """One message of the cold tier, as stored: `seq` numbers the session's messages from 1."""
+
+    seq: int
+    turn: int
+    role: str
+    content: str
+    status: str
+    message_id: str
+    channel: str
+    created_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Slice:
+    """One summarization: the turns and message seqs it covered and a digest of that range."""
+
+    from_turn: int
+    to_turn: int
+    first_seq: int
+    last_seq: int
+    summary: str
+    source: str
+    model: str | None
+    prompt_id: str | None
+    summary_version: int
+    created_at: float
+    messages_url: str
+
+
+@dataclass(frozen=True, slots=True)
+class RebuildResult:
+    session_id: str
+    summary: str | None
+    covered_turns: int
+    version: int
+    source: str | None
+    slices: list[Slice] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class UserSummary:
+    session_id: str
+    summary: str
+    turn_count: int
+    covered_turns: int
+    topics: list[str]
+    source: str
+    updated_at: float
+    age_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Readiness:
+    """GET /readyz. `ready` is False when the daemon answered 503 (SQL unreachable or its schema
+    not migrated); `tiers` says which tier is `ok` or `degraded`."""
+
+    ready: bool
+    status: str
+    tiers: dict[str, str]
+
+
+def context_of(data: dict[str, Any]) -> Context:
+    messages = [ChatMessage(role=m["role"], content=m["content"]) for m in data.get("messages") or []]
+    return build(Context, data, messages=messages)
+
+
+def slices_of(items: list[dict[str, Any]]) -> list[Slice]:
+    return [build(Slice, s) for s in items]

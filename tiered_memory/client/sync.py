@@ -1,0 +1,211 @@
+"""Client: the blocking twin of AsyncClient, for code without an event loop (WSGI apps, scripts).
+
+It runs an AsyncClient on an event loop of its own, in one background thread, and waits for each
+call. So both clients share one implementation of retries, idempotency keys, timeouts and error
+mapping (they cannot drift apart), and the blocking client keeps aiohttp's connection pool across
+calls. Any number of threads may call one Client at once; `close()` (or `with`) stops the thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine, Iterator, Mapping
+from types import TracebackType
+from typing import Any, TypeVar
+
+from tiered_memory.client.aio import AsyncClient
+from tiered_memory.client.models import (
+    AppendResult,
+    CloseResult,
+    Context,
+    Readiness,
+    RebuildResult,
+    SessionInfo,
+    Slice,
+    StoredMessage,
+    SummaryResult,
+    TurnResult,
+    UserSummary,
+)
+
+T = TypeVar("T")
+
+
+class Client:
+    """Blocking client of one daemon; the arguments and answers are AsyncClient's."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        timeout: float = 10.0,
+        retries: int = 2,
+        backoff: float = 0.1,
+        max_backoff: float = 5.0,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="tiered-memory-client", daemon=True)
+        self._thread.start()
+        self._closed = False
+
+        async def make() -> AsyncClient:
+            # Built on the client's loop: aiohttp binds its session to the loop that creates it.
+            return AsyncClient(
+                base_url,
+                token=token,
+                timeout=timeout,
+                retries=retries,
+                backoff=backoff,
+                max_backoff=max_backoff,
+                headers=headers,
+            )
+
+        self._async = self._run(make())
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connections and stop the client's thread; idempotent."""
+        if self._closed:
+            return
+        self._run(self._async.aclose())
+        self._closed = True
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self._closed:
+            coro.close()
+            raise RuntimeError("the client is closed")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def append(
+        self,
+        session_id: str,
+        role: str,
+        content: str,
+        *,
+        message_id: str | None = None,
+        user_id: str | None = None,
+        channel: str | None = None,
+        status: str | None = None,
+    ) -> AppendResult:
+        return self._run(
+            self._async.append(
+                session_id, role, content, message_id=message_id, user_id=user_id, channel=channel, status=status
+            )
+        )
+
+    def turn(
+        self,
+        session_id: str,
+        content: str,
+        *,
+        message_id: str | None = None,
+        user_id: str | None = None,
+        channel: str | None = None,
+        system_prompt: str | None = None,
+        max_chars: int | None = None,
+    ) -> TurnResult:
+        return self._run(
+            self._async.turn(
+                session_id,
+                content,
+                message_id=message_id,
+                user_id=user_id,
+                channel=channel,
+                system_prompt=system_prompt,
+                max_chars=max_chars,
+            )
+        )
+
+    def close_session(
+        self, session_id: str, *, user_id: str | None = None, attempt_timeout: float | None = None
+    ) -> CloseResult:
+        """POST /close (named so that `close()` can stay the client's own)."""
+        return self._run(self._async.close(session_id, user_id=user_id, attempt_timeout=attempt_timeout))
+
+    def delete(self, session_id: str, *, user_id: str | None = None) -> None:
+        self._run(self._async.delete(session_id, user_id=user_id))
+
+    def delete_summary(self, session_id: str, *, user_id: str | None = None) -> None:
+        self._run(self._async.delete_summary(session_id, user_id=user_id))
+
+    def rebuild_summary(
+        self, session_id: str, *, user_id: str | None = None, attempt_timeout: float | None = None
+    ) -> RebuildResult:
+        return self._run(self._async.rebuild_summary(session_id, user_id=user_id, attempt_timeout=attempt_timeout))
+
+    def context(
+        self,
+        session_id: str,
+        *,
+        user_id: str | None = None,
+        max_chars: int | None = None,
+        system_prompt: str | None = None,
+        question: str | None = None,
+    ) -> Context:
+        return self._run(
+            self._async.context(
+                session_id, user_id=user_id, max_chars=max_chars, system_prompt=system_prompt, question=question
+            )
+        )
+
+    def summary(self, session_id: str, *, user_id: str | None = None) -> SummaryResult:
+        return self._run(self._async.summary(session_id, user_id=user_id))
+
+    def session(self, session_id: str, *, user_id: str | None = None) -> SessionInfo:
+        return self._run(self._async.session(session_id, user_id=user_id))
+
+    def slices(self, session_id: str, *, user_id: str | None = None) -> list[Slice]:
+        return self._run(self._async.slices(session_id, user_id=user_id))
+
+    def messages(
+        self,
+        session_id: str,
+        *,
+        user_id: str | None = None,
+        from_seq: int | None = None,
+        to_seq: int | None = None,
+        limit: int | None = None,
+    ) -> list[StoredMessage]:
+        return self._run(
+            self._async.messages(session_id, user_id=user_id, from_seq=from_seq, to_seq=to_seq, limit=limit)
+        )
+
+    def iter_messages(self, session_id: str, *, user_id: str | None = None) -> Iterator[StoredMessage]:
+        """Every stored message, oldest first, a page at a time."""
+        after = 0
+        while True:
+            page = self.messages(session_id, user_id=user_id, from_seq=after + 1, limit=1000)
+            yield from page
+            if len(page) < 1000:
+                return
+            after = page[-1].seq
+
+    def user_summaries(
+        self, user_id: str, *, limit: int | None = None, as_user: str | None = None
+    ) -> list[UserSummary]:
+        return self._run(self._async.user_summaries(user_id, limit=limit, as_user=as_user))
+
+    def healthz(self) -> bool:
+        return self._run(self._async.healthz())
+
+    def readyz(self) -> Readiness:
+        return self._run(self._async.readyz())
+
+    def openapi(self) -> dict[str, Any]:
+        return self._run(self._async.openapi())
+
+    def metrics_text(self) -> str:
+        return self._run(self._async.metrics_text())

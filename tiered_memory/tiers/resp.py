@@ -1,0 +1,249 @@
+"""A multiplexed Redis client for the hot reads: one connection, every concurrent request's
+commands written together once per event-loop tick, replies matched in order.
+
+Why not redis-py here: its asyncio client checks a connection out of a pool under a lock, builds a
+pipeline object and writes to the socket once per request. At 64 concurrent hot reads that costs
+more CPU than everything else the daemon does for the read (docs/BENCHMARKS.md). Redis answers the
+commands of one connection in order, so concurrent requests can share it: each appends its
+commands to a buffer and a future to a queue; one write per tick sends them all; hiredis parses
+the replies and they resolve the futures in queue order.
+
+Only plain `redis://` URLs get this client (host, port, db, username, password); writes, scripts
+and every other URL form stay on redis-py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import cast
+from urllib.parse import unquote, urlparse
+
+import hiredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import InvalidResponse, ResponseError
+
+Arg = bytes | str | int | float
+Command = Sequence[Arg]
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """Where and as whom to connect, from a `redis://[[user]:password@]host[:port][/db]` URL."""
+
+    host: str
+    port: int
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+
+    @classmethod
+    def from_url(cls, url: str) -> Endpoint | None:
+        """The endpoint of a plain redis:// URL without query options; None for anything else
+        (TLS, unix sockets, cluster, sentinel, options such as socket_timeout), which redis-py
+        handles."""
+        parsed = urlparse(url)
+        if parsed.scheme != "redis" or not parsed.hostname or parsed.query:
+            return None
+        path = parsed.path.strip("/")
+        if path and not path.isdigit():
+            return None
+        return cls(
+            host=parsed.hostname,
+            port=parsed.port or 6379,
+            db=int(path) if path else 0,
+            username=unquote(parsed.username) if parsed.username else None,
+            password=unquote(parsed.password) if parsed.password is not None else None,
+        )
+
+
+def _pack(command: Command, out: bytearray) -> None:
+    out += b"*%d\r\n" % len(command)
+    for arg in command:
+        if isinstance(arg, bytes):
+            data = arg
+        elif isinstance(arg, str):
+            data = arg.encode("utf-8")
+        else:
+            # int or float: Redis reads numbers as their decimal text.
+            data = repr(arg).encode("ascii")
+        out += b"$%d\r\n" % len(data)
+        out += data
+        out += b"\r\n"
+
+
+@dataclass(slots=True)
+class _Pending:
+    """One caller's batch: how many replies it waits for, and those received so far."""
+
+    future: asyncio.Future[list[object]]
+    expected: int
+    replies: list[object] = field(default_factory=list)
+
+
+class _Protocol(asyncio.Protocol):
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._transport: asyncio.Transport | None = None
+        self._reader = hiredis.Reader(protocolError=InvalidResponse, replyError=ResponseError)
+        self._queue: deque[_Pending] = deque()
+        self._out = bytearray()
+        self._flush_scheduled = False
+        self.closed: asyncio.Future[None] = loop.create_future()
+        # When a reply last arrived: a connection that has requests in flight and has sent
+        # nothing for a whole timeout is dead (a blackholed peer), not merely busy.
+        self.last_reply = time.monotonic()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        self._transport = cast(asyncio.Transport, transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail(RedisConnectionError(f"connection lost: {exc}" if exc else "connection closed by the server"))
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def data_received(self, data: bytes) -> None:
+        self.last_reply = time.monotonic()
+        self._reader.feed(data)
+        queue = self._queue
+        while True:
+            try:
+                reply = self._reader.gets()
+            except InvalidResponse as exc:
+                self.close(exc)
+                return
+            if reply is False:
+                return
+            if not queue:
+                # A reply nobody asked for: the stream is out of step, and every later reply
+                # would go to the wrong caller.
+                self.close(InvalidResponse("unexpected reply"))
+                return
+            head = queue[0]
+            head.replies.append(reply)
+            if len(head.replies) == head.expected:
+                queue.popleft()
+                if not head.future.done():  # a caller that timed out has gone; its replies are dropped
+                    head.future.set_result(head.replies)
+
+    @property
+    def usable(self) -> bool:
+        return self._transport is not None and not self._transport.is_closing()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._queue)
+
+    def send(self, commands: Sequence[Command]) -> asyncio.Future[list[object]]:
+        future: asyncio.Future[list[object]] = self._loop.create_future()
+        for command in commands:
+            _pack(command, self._out)
+        self._queue.append(_Pending(future, len(commands)))
+        if not self._flush_scheduled:
+            # Every request of this tick joins the same write.
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+        return future
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._out and self._transport is not None and not self._transport.is_closing():
+            self._transport.write(bytes(self._out))
+        self._out.clear()
+
+    def _fail(self, exc: Exception) -> None:
+        while self._queue:
+            pending = self._queue.popleft()
+            if not pending.future.done():
+                pending.future.set_exception(exc)
+
+    def close(self, exc: Exception) -> None:
+        self._fail(exc)
+        if self._transport is not None:
+            self._transport.close()
+
+
+class RespMux:
+    """Commands from any number of tasks over one lazily (re)connected connection.
+
+    `execute` raises redis-py's exceptions (ConnectionError, ResponseError, InvalidResponse), all
+    RedisError, so that callers handle it like the rest of the hot tier; a timeout is the
+    caller's (RedisHot bounds every call).
+    """
+
+    def __init__(self, endpoint: Endpoint, *, connect_timeout_s: float, stale_after_s: float) -> None:
+        self._endpoint = endpoint
+        self._connect_timeout = connect_timeout_s
+        self._stale_after = stale_after_s
+        self._conn: _Protocol | None = None
+        self._connecting: asyncio.Task[_Protocol] | None = None
+
+    async def execute(self, *commands: Command) -> list[object]:
+        """Send the commands together and return their replies in order; an error reply raises."""
+        if not commands:
+            raise ValueError("execute: expected at least one command")
+        conn = self._conn if self._conn is not None and self._conn.usable else await self._connection()
+        future = conn.send(commands)
+        try:
+            replies = await future
+        except asyncio.CancelledError:
+            # The caller timed out (or went away). The connection stays, and the replies meant
+            # for this caller are dropped when they come; unless the server has sent nothing for
+            # as long as a timeout: then it is gone, and waiting longer only makes every request
+            # behind this one time out too.
+            if conn.in_flight and time.monotonic() - conn.last_reply > self._stale_after:
+                conn.close(RedisConnectionError("no reply within the timeout; reconnecting"))
+            raise
+        for reply in replies:
+            if isinstance(reply, ResponseError):
+                raise reply
+        return replies
+
+    async def _connection(self) -> _Protocol:
+        # One connect at a time: the requests that find no connection all wait for the same one.
+        if self._connecting is None or self._connecting.done():
+            self._connecting = asyncio.ensure_future(self._connect())
+            # Its failure reaches whoever awaits it; if they all timed out first, nobody does.
+            self._connecting.add_done_callback(lambda t: t.cancelled() or t.exception())
+        return await asyncio.shield(self._connecting)
+
+    async def _connect(self) -> _Protocol:
+        loop = asyncio.get_running_loop()
+        ep = self._endpoint
+        conn: _Protocol | None = None
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                _transport, conn = await loop.create_connection(lambda: _Protocol(loop), ep.host, ep.port)
+                setup: list[Command] = []
+                if ep.password is not None:
+                    setup.append(("AUTH", ep.username, ep.password) if ep.username else ("AUTH", ep.password))
+                if ep.db:
+                    setup.append(("SELECT", ep.db))
+                if setup:
+                    for reply in await conn.send(setup):
+                        if isinstance(reply, ResponseError):
+                            raise reply
+        except BaseException as exc:
+            if conn is not None:
+                conn.close(RedisConnectionError("set-up failed"))
+            if isinstance(exc, OSError):
+                raise RedisConnectionError(f"cannot connect to {ep.host}:{ep.port}: {exc}") from exc
+            if isinstance(exc, TimeoutError):
+                raise RedisConnectionError(f"connecting to {ep.host}:{ep.port} timed out") from exc
+            raise
+        old, self._conn = self._conn, conn
+        if old is not None:
+            old.close(RedisConnectionError("replaced"))
+        return conn
+
+    async def aclose(self) -> None:
+        if self._connecting is not None and not self._connecting.done():
+            self._connecting.cancel()
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close(RedisConnectionError("client closed"))
+            await conn.closed

@@ -1,0 +1,109 @@
+"""Schema migrations: the Alembic revisions shipped in `tiered_memory/migrations`, run on the
+daemon's own engine, without an alembic.ini.
+
+Revision ids are schema version numbers (0003 is version 3, the last one of the versioning that
+came before Alembic, whose databases its script upgrades in place), so "schema version N" means one
+thing in logs, `/readyz` and `tiered-memory migrate` whichever tool recorded it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from pathlib import Path
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+_SCRIPTS = Path(__file__).resolve().parent.parent / "migrations"
+_MIGRATE_LOCK = "tiered_memory_migrate"
+_MIGRATE_LOCK_WAIT_S = 60
+# SQLite has no named lock: a concurrent migrator's "already exists" is retried after a pause,
+# and the next pass finds the work done.
+_SQLITE_ATTEMPTS = 5
+
+# Alembic runs a migration through module-level proxies (`alembic.context`, `alembic.op`), so two
+# migrations interleaved on one event loop (several stores in one process, as tests make) would
+# swap each other's context. One lock per loop serializes them; other processes are kept apart by
+# the database (MySQL's named lock, SQLite's retries).
+_LOOP_LOCKS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
+
+
+def config(connection: sa.Connection | None = None) -> Config:
+    """An Alembic Config for the shipped scripts, migrating on `connection` when given."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(_SCRIPTS))
+    if connection is not None:
+        cfg.attributes["connection"] = connection
+    return cfg
+
+
+def head_version() -> int:
+    """The newest revision shipped, as a schema version number."""
+    head = ScriptDirectory.from_config(config()).get_current_head()
+    assert head is not None
+    return int(head)
+
+
+def _upgrade(connection: sa.Connection) -> None:
+    command.upgrade(config(connection), "head")
+
+
+def _revision(connection: sa.Connection) -> int:
+    current = MigrationContext.configure(connection).get_current_revision()
+    return int(current) if current else 0
+
+
+async def _upgrade_with_retries(conn: AsyncConnection) -> None:
+    for attempt in range(_SQLITE_ATTEMPTS if conn.dialect.name == "sqlite" else 1):
+        try:
+            await conn.run_sync(_upgrade)
+            await conn.commit()
+            return
+        except (sa.exc.OperationalError, sa.exc.IntegrityError) as exc:
+            await conn.rollback()
+            text = str(exc.orig).lower()
+            racing = "already exists" in text or "duplicate column" in text or "unique constraint" in text
+            if not racing or attempt == _SQLITE_ATTEMPTS - 1:
+                raise
+            await asyncio.sleep(0.2 * (attempt + 1))
+
+
+async def migrate(engine: AsyncEngine) -> int:
+    """Bring the schema to the newest revision; returns the schema version now in force.
+
+    Safe to run concurrently from several replicas: MySQL/MariaDB serializes migrators with a
+    named lock; on SQLite each step looks before it acts and a loser's failure is retried.
+    """
+    lock = _LOOP_LOCKS.setdefault(asyncio.get_running_loop(), asyncio.Lock())
+    async with lock, engine.connect() as conn:
+        mysql_lock = conn.dialect.name == "mysql"
+        if mysql_lock:
+            got = (
+                await conn.execute(
+                    sa.text("SELECT GET_LOCK(:name, :wait)"), {"name": _MIGRATE_LOCK, "wait": _MIGRATE_LOCK_WAIT_S}
+                )
+            ).scalar()
+            await conn.commit()
+            if got != 1:
+                raise TimeoutError("another process holds the migration lock")
+        try:
+            await _upgrade_with_retries(conn)
+            version = await conn.run_sync(_revision)
+            await conn.commit()
+            return version
+        finally:
+            if mysql_lock:
+                await conn.execute(sa.text("SELECT RELEASE_LOCK(:name)"), {"name": _MIGRATE_LOCK})
+                await conn.commit()
+
+
+async def current_version(engine: AsyncEngine) -> int:
+    """The schema version recorded by Alembic, 0 when the database was never migrated by it
+    (empty, or made by the versioning before Alembic: `migrate` upgrades both)."""
+    async with engine.connect() as conn:
+        return await conn.run_sync(_revision)

@@ -24,6 +24,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
 from tests.fake_llm import FakeLlm
+from tests.topologies import RedisClusterProcesses
 from tiered_memory.api import SERVICE_KEY
 from tiered_memory.app import HOT_KEY, STORE_KEY, create_app
 from tiered_memory.service import MemoryService
@@ -81,6 +82,17 @@ def real_servers() -> Iterator[RealServers]:
         for key in r.scan_iter(match=f"tmt{run_id}*", count=1000):
             r.delete(key)
         r.close()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterProcesses]:
+    """A 3-master / 3-replica Redis Cluster of private redis-server processes, shared by every test
+    of the run that needs one (forming it takes seconds); killed at the end, whatever happened."""
+    cluster = RedisClusterProcesses(tmp_path_factory.mktemp("redis-cluster")).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 def redis_flush_prefix(redis_url: str, prefix: str) -> int:

@@ -18,6 +18,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from tiered_memory.auth import ApiToken, merge_tokens, parse_token_list, read_token_file
 from tiered_memory.errors import ConfigError
 from tiered_memory.summarize.topics import load_keyword_groups
+from tiered_memory.tiers.redis_url import parse_redis_url
 
 _LOOPBACK_DEFAULT = "127.0.0.1"
 # Messages the Redis list keeps for the older-turn fill of a context (see redis_recent_messages).
@@ -182,8 +183,12 @@ class Settings(BaseSettings):
             raise ValueError(
                 "DATABASE_URL: expected mysql+aiomysql://user:pass@host:port/db or sqlite+aiosqlite:///path"
             )
-        if self.redis_url and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("REDIS_URL: expected redis://host:port/db, rediss://… or unix://…")
+        if self.redis_url:
+            try:
+                parse_redis_url(self.redis_url)
+            except ValueError as exc:
+                # The message never repeats the URL: it may carry a password.
+                raise ValueError(f"REDIS_URL: {exc}") from None
         for name, template in (
             ("RECONNECT_TEMPLATE_ZH", self.reconnect_template_zh),
             ("RECONNECT_TEMPLATE_EN", self.reconnect_template_en),

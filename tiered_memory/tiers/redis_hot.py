@@ -11,14 +11,14 @@ import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
-import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from tiered_memory.breaker import CircuitBreaker
 from tiered_memory.errors import HotUnavailable
 from tiered_memory.model import HotSession, Message, Owner, Summary
 from tiered_memory.tiers.codec import decode_message, decode_summary, encode_message, encode_summary
 from tiered_memory.tiers.keys import Keys
+from tiered_memory.tiers.redis_url import HotClient, connect, parse_redis_url
 from tiered_memory.tiers.resp import Arg, Command, Endpoint, RespMux, Script
 
 T = TypeVar("T")
@@ -117,7 +117,7 @@ class RedisHot:
 
     def __init__(
         self,
-        client: aioredis.Redis,
+        client: HotClient,
         *,
         keys: Keys,
         timeout_s: float,
@@ -126,9 +126,11 @@ class RedisHot:
         recent_max: int,
         breaker: CircuitBreaker | None = None,
         mux: RespMux | None = None,
+        close: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._r = client
         self._mux = mux
+        self._close = close if close is not None else client.aclose
         self._breaker = breaker
         self._keys = keys
         self._timeout = timeout_s
@@ -163,14 +165,11 @@ class RedisHot:
         recent_max: int,
         breaker: CircuitBreaker | None = None,
     ) -> RedisHot:
-        client = aioredis.Redis.from_url(
-            url,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            # Raw bytes: hiredis decodes faster than redis-py's per-reply str conversion.
-            decode_responses=False,
-            health_check_interval=30,
-        )
+        """One server, a Redis Cluster or a Sentinel-managed master, by the URL's scheme
+        (see redis_url); a plain redis:// server's hot reads go through the multiplexed client.
+        Raises ValueError for a URL of none of these forms."""
+        client, close = connect(parse_redis_url(url), timeout_s=timeout_s)
+        # None for a cluster or Sentinel URL: redis-py follows their topology.
         endpoint = Endpoint.from_url(url)
         return cls(
             client,
@@ -181,6 +180,7 @@ class RedisHot:
             history_ttl_s=history_ttl_s,
             recent_max=recent_max,
             breaker=breaker,
+            close=close,
         )
 
     async def _call(self, op: Callable[[], Awaitable[T]]) -> T:
@@ -191,7 +191,11 @@ class RedisHot:
         try:
             async with asyncio.timeout(self._timeout):
                 result = await op()
-        except (RedisError, OSError, TimeoutError) as exc:
+        # RedisClusterException: a cluster whose slot map cannot be read (every node down, or
+        # mid-failover) is an unavailable tier like a refused connection. AttributeError: the
+        # cluster client can write on a connection another task just closed for a dead node
+        # ('NoneType' object has no attribute 'writelines'), seen in the cluster failover tests.
+        except (RedisError, RedisClusterException, AttributeError, OSError, TimeoutError) as exc:
             if breaker is not None:
                 breaker.failure()
             raise HotUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc
@@ -219,8 +223,7 @@ class RedisHot:
         """One command, on the multiplexed connection when there is one."""
         if self._mux is not None:
             return (await self._mux.execute(command))[0]
-        # redis-py leaves execute_command untyped.
-        answer: object = await self._r.execute_command(*command)  # type: ignore[no-untyped-call]
+        answer: object = await self._r.execute_command(*command)
         return answer
 
     async def _script(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> object:
@@ -405,7 +408,7 @@ class RedisHot:
     async def aclose(self) -> None:
         if self._mux is not None:
             await self._mux.aclose()
-        await self._r.aclose()
+        await self._close()
 
 
 def _bytes(value: object) -> bytes:

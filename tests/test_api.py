@@ -633,3 +633,31 @@ async def test_cold_read_of_a_long_session_reads_its_opening_and_its_end(daemon:
         assert rows_read == 600
     for evidence in ("王小明", "活力健", "1194"):
         assert evidence in cold["summary"], (evidence, cold["summary"])
+
+
+async def test_older_turns_read_from_sql_are_kept_hot(daemon: Daemon) -> None:
+    """After the hot tier lost a session, the first context reads the older turns it fills its
+    budget with from SQL and puts them back in Redis: the next context reads no SQL at all. (The
+    embedded cache keeps only the window; its SQL is a local file.)"""
+    sid = new_sid()
+    await play(daemon, sid, ZH_12_TURNS)
+    await daemon.settle()
+    await daemon.flush_hot()
+    statements: list[str] = []
+
+    def count(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+        statements.append(statement)
+
+    engine = daemon.store._engine.sync_engine
+    sa_event.listen(engine, "before_cursor_execute", count)
+    try:
+        first = await daemon.get(f"/v1/sessions/{sid}/context")
+        assert any("FROM messages" in s for s in statements)
+        statements.clear()
+        second = await daemon.get(f"/v1/sessions/{sid}/context")
+    finally:
+        sa_event.remove(engine, "before_cursor_execute", count)
+    assert first["messages"] == second["messages"]
+    assert next(m["content"] for m in second["messages"] if m["role"] == "user") == ZH_12_TURNS[0][0]
+    if daemon.settings.redis_url:
+        assert statements == []

@@ -363,6 +363,37 @@ class MemoryService:
         except HotUnavailable:
             self._metrics.tier_errors.labels("hot", "backfill").inc()
 
+    async def _keep_older(
+        self, session_id: str, info: SessionInfo | None, hot: HotSession, messages: list[Message]
+    ) -> None:
+        """Put older messages a context read from SQL into the hot list, in front of what it
+        holds, so that the next context of the session reads them from the hot tier (a list that
+        was refilled with the window only, after Redis lost it, otherwise sends every context to
+        SQL until appends have grown it back). Written only if no append reached the hot tier
+        meanwhile; the tier keeps the newest of them it has room for."""
+        if info is not None:
+            # The list must end where the counters do, or the next read takes it as incomplete.
+            if messages and messages[-1].seq == info.message_count:
+                await self._backfill(info, summary=None, recent=messages)
+            return
+        if hot.turn_count is None or hot.message_count is None or hot.last_activity is None or hot.owner is None:
+            return
+        if not messages or messages[-1].seq != hot.message_count:
+            return
+        try:
+            await self._hot.backfill(
+                session_id,
+                summary=None,
+                recent=messages,
+                turn_count=hot.turn_count,
+                message_count=hot.message_count,
+                last_activity=hot.last_activity,
+                owner=hot.owner,
+                content_chars=hot.content_chars or 0,
+            )
+        except HotUnavailable:
+            self._metrics.tier_errors.labels("hot", "backfill").inc()
+
     async def _cold_summary(self, info: SessionInfo) -> Summary | None:
         try:
             messages = await self._cold_messages(info)
@@ -525,6 +556,9 @@ class MemoryService:
                     content_chars=sql_info.content_chars if sql_info else hot.content_chars,
                 )
                 shown = [*before_window, *recent]
+                fetched = [m for m in before_window if not available or m.seq < available[0].seq]
+                if fetched and exclude_message_id is None:
+                    await self._keep_older(session_id, sql_info, hot, [*fetched, *available])
             else:
                 shown = recent
         if memory_text is not None and shown and shown[0].seq <= 1 and _chars(shown) <= budget:

@@ -93,6 +93,10 @@ async def test_every_route_through_the_async_client(authed: Daemon) -> None:
         assert [m.content for m in everything[::2]] == [u for u, _ in ZH_12_TURNS[:6]]
         slices = await mem.slices(sid)
         assert [(s.from_turn, s.to_turn) for s in slices] == [(1, 3), (4, 6)]
+        found = await mem.recall(sid, "活力健", k=2)
+        assert 0 < len(found) <= 2
+        assert all(any("活力健" in m.content for m in match.messages) for match in found)
+        assert found[0].slice is not None
         rebuilt = await mem.rebuild_summary(sid)
         assert (rebuilt.covered_turns, rebuilt.version) == (6, summary.version + 1)
         assert rebuilt.slices

@@ -29,6 +29,7 @@ from tiered_memory.client.models import (
     Context,
     Readiness,
     RebuildResult,
+    RecallMatch,
     SessionInfo,
     Slice,
     StoredMessage,
@@ -37,6 +38,7 @@ from tiered_memory.client.models import (
     UserSummary,
     build,
     context_of,
+    matches_of,
     slices_of,
 )
 
@@ -224,6 +226,14 @@ class AsyncClient:
         """Every summarization of the session, oldest first."""
         _, data = await self._call("GET", f"/v1/sessions/{_sid(session_id)}/slices", user_id=user_id)
         return slices_of(data["slices"])
+
+    async def recall(
+        self, session_id: str, query: str, *, k: int | None = None, user_id: str | None = None
+    ) -> list[RecallMatch]:
+        """The session's earlier messages that best match `query` (at most `k`, 5 by default), best first."""
+        params = _params(q=query, k=k)
+        _, data = await self._call("GET", f"/v1/sessions/{_sid(session_id)}/recall", params=params, user_id=user_id)
+        return matches_of(data["matches"])
 
     async def messages(
         self,

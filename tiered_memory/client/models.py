@@ -143,6 +143,18 @@ class Slice:
 
 
 @dataclass(frozen=True, slots=True)
+class RecallMatch:
+    """GET /recall: one earlier message that matches the query, with its turn's raw messages and
+    the slice that covers it (None while no summary covers it yet)."""
+
+    seq: int
+    turn: int
+    score: float
+    slice: Slice | None
+    messages: list[StoredMessage]
+
+
+@dataclass(frozen=True, slots=True)
 class RebuildResult:
     session_id: str
     summary: str | None
@@ -181,3 +193,15 @@ def context_of(data: dict[str, Any]) -> Context:
 
 def slices_of(items: list[dict[str, Any]]) -> list[Slice]:
     return [build(Slice, s) for s in items]
+
+
+def matches_of(items: list[dict[str, Any]]) -> list[RecallMatch]:
+    return [
+        build(
+            RecallMatch,
+            m,
+            slice=build(Slice, m["slice"]) if m.get("slice") else None,
+            messages=[build(StoredMessage, x) for x in m.get("messages") or []],
+        )
+        for m in items
+    ]

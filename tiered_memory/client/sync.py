@@ -21,6 +21,7 @@ from tiered_memory.client.models import (
     Context,
     Readiness,
     RebuildResult,
+    RecallMatch,
     SessionInfo,
     Slice,
     StoredMessage,
@@ -169,6 +170,11 @@ class Client:
 
     def slices(self, session_id: str, *, user_id: str | None = None) -> list[Slice]:
         return self._run(self._async.slices(session_id, user_id=user_id))
+
+    def recall(
+        self, session_id: str, query: str, *, k: int | None = None, user_id: str | None = None
+    ) -> list[RecallMatch]:
+        return self._run(self._async.recall(session_id, query, k=k, user_id=user_id))
 
     def messages(
         self,

@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tests.conftest import Daemon, new_sid, play
 from tests.conversations import ZH_12_TURNS
+from tests.faults import free_port
 from tiered_memory.model import NewMessage, Role
 from tiered_memory.tiers.sql_maintenance import SqlMaintenance
 from tiered_memory.tiers.sql_schema import sessions
@@ -309,3 +310,28 @@ def test_the_retention_lock_is_not_a_session_lock() -> None:
     from tiered_memory.retention import _LOCK_ID
 
     assert not _SESSION_ID.fullmatch(_LOCK_ID)
+
+
+async def test_check_reports_each_store(daemon: Daemon, tmp_path: Path) -> None:
+    """`tiered-memory check` asks the stores themselves: 0 when the hot tier and SQL answer and
+    the schema is current; 1, saying which, when Redis is unreachable or the database was never
+    migrated."""
+    code, out, err = await asyncio.to_thread(cli, "check", env=daemon.env)
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["ok"] is True
+    assert report["hot"]["status"] == report["sql"]["status"] == "ok"
+    assert report["sql"]["schema_version"] == report["sql"]["expected_version"]
+
+    unmigrated = daemon.env | {"DATABASE_URL": "", "DATA_DIR": str(tmp_path / "empty"), "AUTO_MIGRATE": "false"}
+    code, out, _ = await asyncio.to_thread(cli, "check", env=unmigrated)
+    assert code == 1
+    assert json.loads(out)["sql"]["status"] in ("schema_behind", "unavailable")
+
+    if daemon.settings.redis_url:
+        no_redis = daemon.env | {"REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}
+        code, out, _ = await asyncio.to_thread(cli, "check", env=no_redis)
+        assert code == 1
+        report = json.loads(out)
+        assert report["hot"]["status"] == "unavailable"
+        assert report["sql"]["status"] == "ok"

@@ -62,7 +62,7 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 def test_check_command_and_graceful_sigterm(tmp_path: Path) -> None:
-    """`tiered-memory check` exits 0 while the daemon answers and 1 once it has stopped;
+    """`tiered-memory check --http` exits 0 while the daemon answers and 1 once it has stopped;
     SIGTERM stops the daemon cleanly with exit status 0."""
     env = os.environ | {"PORT": str(_free_port()), "DATA_DIR": str(tmp_path), "LOG_FORMAT": "json"}
     cmd = [sys.executable, "-m", "tiered_memory"]
@@ -74,7 +74,7 @@ def test_check_command_and_graceful_sigterm(tmp_path: Path) -> None:
                     break
             except OSError:
                 time.sleep(0.05)
-        assert subprocess.run([*cmd, "check"], env=env, capture_output=True, check=False).returncode == 0
+        assert subprocess.run([*cmd, "check", "--http"], env=env, capture_output=True, check=False).returncode == 0
         assert subprocess.run([*cmd, "check", "--ready"], env=env, capture_output=True, check=False).returncode == 0
     finally:
         proc.terminate()
@@ -82,4 +82,5 @@ def test_check_command_and_graceful_sigterm(tmp_path: Path) -> None:
     assert proc.returncode == 0, err
     events = [json.loads(line)["event"] for line in err.splitlines() if line.startswith("{")]
     assert "schema_ready" in events
-    assert subprocess.run([*cmd, "check", "--timeout", "1"], env=env, capture_output=True, check=False).returncode == 1
+    stopped = subprocess.run([*cmd, "check", "--http", "--timeout", "1"], env=env, capture_output=True, check=False)
+    assert stopped.returncode == 1

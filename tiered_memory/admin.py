@@ -1,4 +1,4 @@
-"""The operator's commands behind `tiered-memory inspect | rebuild | export | purge`.
+"""The operator's commands behind `tiered-memory check | inspect | rebuild | export | purge`.
 
 Each works on the SQL tiers and the hot tier directly (never through the HTTP API), with the
 settings of the daemon it serves, and answers on stdout (JSON); progress and logs go to stderr.
@@ -31,6 +31,7 @@ from tiered_memory.summarize.extractive import Extractor
 from tiered_memory.summary_job import SummaryJob
 from tiered_memory.tiers.hot import HotTier
 from tiered_memory.tiers.sql_maintenance import SqlMaintenance
+from tiered_memory.tiers.sql_schema import SCHEMA_VERSION
 from tiered_memory.tiers.sql_store import SqlStore
 
 log = structlog.get_logger("tiered_memory.admin")
@@ -168,6 +169,33 @@ async def _hot_view(tools: Tools, session_id: str) -> dict[str, Any]:
         "turn_count": hot.turn_count,
         "message_count": hot.message_count,
     }
+
+
+async def check_stores(settings: Settings, *, out: TextIO = sys.stdout) -> int:
+    """Whether the stores answer: the hot tier (Redis when REDIS_URL is set) and SQL, with its
+    schema at the version this code needs. One JSON object on stdout; 0 when all are ok."""
+    report: dict[str, Any] = {}
+    async with open_tools(settings) as tools:
+        try:
+            await tools.hot.ping()
+            report["hot"] = {"backend": tools.hot.backend, "status": "ok"}
+        except HotUnavailable as exc:
+            report["hot"] = {"backend": tools.hot.backend, "status": "unavailable", "error": str(exc)}
+        try:
+            version = await tools.store.schema_version()
+        except SqlUnavailable as exc:
+            report["sql"] = {"dialect": tools.store.dialect, "status": "unavailable", "error": str(exc)}
+        else:
+            current = version >= SCHEMA_VERSION
+            report["sql"] = {
+                "dialect": tools.store.dialect,
+                "status": "ok" if current else "schema_behind",
+                "schema_version": version,
+                "expected_version": SCHEMA_VERSION,
+            }
+    ok = all(part["status"] == "ok" for part in report.values())
+    print(_dumps({"ok": ok, **report}), file=out)
+    return 0 if ok else 1
 
 
 async def inspect(settings: Settings, session_id: str, *, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:

@@ -115,9 +115,12 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("serve", help="run the daemon (configured by environment variables)")
     sub.add_parser("config", help="print the effective settings, secrets masked")
     sub.add_parser("migrate", help="create or upgrade the SQL schema (idempotent)")
-    check = sub.add_parser("check", help="exit 0 if the local daemon answers /healthz (or /readyz)")
-    check.add_argument("--ready", action="store_true", help="check /readyz instead of /healthz")
-    check.add_argument("--timeout", type=float, default=3.0, help="seconds to wait (default 3)")
+    check = sub.add_parser(
+        "check", help="exit 0 if Redis and SQL answer and the schema is current (with --http: the local daemon)"
+    )
+    check.add_argument("--http", action="store_true", help="ask the local daemon's /healthz instead (health probes)")
+    check.add_argument("--ready", action="store_true", help="with --http: ask /readyz instead of /healthz")
+    check.add_argument("--timeout", type=float, default=3.0, help="with --http: seconds to wait (default 3)")
     inspect = sub.add_parser("inspect", help="print what every tier holds about a session (JSON)")
     inspect.add_argument("session_id")
     rebuild = sub.add_parser("rebuild", help="recompute a session's summary from its messages, or catch up every lag")
@@ -140,6 +143,8 @@ def _admin(settings: Settings, args: argparse.Namespace) -> int:
     from tiered_memory.logging import configure_logging
 
     configure_logging(settings.log_level, settings.log_format)
+    if args.command == "check":
+        return asyncio.run(admin.check_stores(settings))
     if args.command == "inspect":
         return asyncio.run(admin.inspect(settings, args.session_id))
     if args.command == "rebuild":
@@ -173,6 +178,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "migrate":
         return asyncio.run(_migrate(settings))
-    if args.command == "check":
+    if args.command == "check" and (args.http or args.ready):
         return _check(settings, "/readyz" if args.ready else "/healthz", args.timeout)
     return _admin(settings, args)

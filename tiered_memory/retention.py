@@ -4,6 +4,7 @@ RETENTION_DAYS the daemon runs it every hour, one replica at a time (a lock in t
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -26,6 +27,8 @@ INTERVAL_S = 3600.0
 # session id, so no session's lock can ever be this one.
 _LOCK_ID = "#retention"
 _LOCK_TTL_S = 300.0
+_LOCK_ATTEMPTS = 5
+_LOCK_RETRY_S = 2.0
 _PAGE = 100
 
 
@@ -88,11 +91,18 @@ class RetentionJob:
     async def run(self) -> None:
         """One pass, unless another replica holds the lock (or the hot tier that keeps it is down:
         the next pass tries again). Never raises for a store outage; it is logged."""
-        try:
-            token = await self._hot.try_lock(_LOCK_ID, _LOCK_TTL_S)
-        except HotUnavailable:
-            log.warning("retention_skipped", reason="hot tier unavailable for the lock")
-            return
+        token: str | None = None
+        for attempt in range(_LOCK_ATTEMPTS):
+            try:
+                token = await self._hot.try_lock(_LOCK_ID, _LOCK_TTL_S)
+                break
+            except HotUnavailable:
+                # A moment's failure (the first pass runs while the daemon starts up, its event
+                # loop busy) must not cost an hour: try again shortly, then give up until the next pass.
+                if attempt == _LOCK_ATTEMPTS - 1:
+                    log.warning("retention_skipped", reason="hot tier unavailable for the lock")
+                    return
+                await asyncio.sleep(_LOCK_RETRY_S)
         if token is None:
             log.info("retention_skipped", reason="another replica is purging")
             return

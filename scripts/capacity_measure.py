@@ -47,6 +47,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 from benchkit import procs  # noqa: E402
 
 from tests.conversations import ZH_12_TURNS  # noqa: E402
+from tiered_memory.settings import Settings  # noqa: E402
 from tiered_memory.tiers.keys import Keys  # noqa: E402
 
 PREFIX = "cap"
@@ -412,7 +413,11 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 "turns": FLEET_TURNS,
                 "closed": True,
             }
-            doc["settings"] = {"SUMMARY_EVERY_N_TURNS": EVERY_N, "hot_recent_messages": 2 * (3 + EVERY_N)}
+            defaults = Settings.from_env({})
+            doc["settings"] = {
+                "SUMMARY_EVERY_N_TURNS": EVERY_N,
+                "redis_recent_messages": defaults.redis_recent_messages,
+            }
     doc["environment"]["load_average_end"] = os.getloadavg()
     doc["environment"]["seconds"] = round(time.monotonic() - started, 1)
     return doc

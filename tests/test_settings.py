@@ -108,7 +108,7 @@ def test_migrate_command_is_idempotent(
     monkeypatch.setenv("DATA_DIR", str(tmp_path))
     assert main(["migrate"]) == 0
     assert main(["migrate"]) == 0
-    assert capsys.readouterr().out.splitlines() == ["schema version 4 (sqlite)"] * 2
+    assert capsys.readouterr().out.splitlines() == ["schema version 5 (sqlite)"] * 2
 
 
 def test_tokens_from_the_variable_and_the_file(tmp_path: Path) -> None:

@@ -557,7 +557,9 @@ class MemoryService:
                 )
                 shown = [*before_window, *recent]
                 fetched = [m for m in before_window if not available or m.seq < available[0].seq]
-                if fetched and exclude_message_id is None:
+                # Only while the hot list has room: once it is full, the rest of a long, terse
+                # session's older turns come from SQL on each read (one indexed read).
+                if fetched and exclude_message_id is None and len(available) < self._hot.recent_max:
                     await self._keep_older(session_id, sql_info, hot, [*fetched, *available])
             else:
                 shown = recent

@@ -16,6 +16,11 @@ class HotTier(Protocol):
     backend: str
     """`redis` or `memory`, for logs, metrics and /readyz."""
 
+    @property
+    def recent_max(self) -> int:
+        """How many messages the recent list keeps (the newest)."""
+        ...
+
     async def read_summary(self, session_id: str) -> tuple[Summary | None, int | None, Owner | None]:
         """The cached summary, turn count and owner of a session (any may be missing)."""
         ...

@@ -86,6 +86,10 @@ class MemoryHot:
                 self._entries.popitem(last=False)
         return entry
 
+    @property
+    def recent_max(self) -> int:
+        return self._recent_max
+
     async def read_summary(self, session_id: str) -> tuple[Summary | None, int | None, Owner | None]:
         entry = self._get(session_id)
         return (entry.summary, entry.turns, entry.owner) if entry else (None, None, None)

@@ -153,6 +153,10 @@ class RedisHot:
         # not tracked, and the gap check of its next append is what repairs it.
         self._dirty: set[str] = set()
 
+    @property
+    def recent_max(self) -> int:
+        return self._recent_max
+
     @classmethod
     def from_url(
         cls,

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 
 # The Alembic head revision, as a number: the schema version this code needs.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 _MYSQL_TABLE: dict[str, Any] = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin"}
 
@@ -81,6 +81,8 @@ messages = sa.Table(
     sa.Column("status", sa.String(16), nullable=False, server_default="completed"),
     sa.Column("created_at", _TIMESTAMP, nullable=False),
     sa.Index("ix_messages_session_id", "session_id", "id"),
+    # Reads by seq range: the context's older turns, GET …/messages. (Version 5.)
+    sa.Index("ix_messages_session_seq", "session_id", "seq"),
     sa.UniqueConstraint("session_id", "message_id", name="uq_messages_session_message_id"),
     **_MYSQL_TABLE,
 )

@@ -19,18 +19,20 @@ from tiered_memory.model import (
 )
 
 
-def row_to_message(r: sa.Row[*tuple[Any, ...]]) -> Message:
+def row_to_message(r: sa.Row[*tuple[Any, ...]], prefix: str = "") -> Message:
+    """The message in a row of `messages`, or in the columns labelled `prefix` + name of a join."""
+    m = r._mapping
     return Message(
-        session_id=r.session_id,
-        seq=int(r.seq),
-        turn=int(r.turn),
-        role=Role(r.role),
-        content=r.content,
-        message_id=r.message_id,
-        created_at=float(r.created_at),
-        user_id=r.user_id,
-        channel=Channel(r.channel),
-        status=MessageStatus(r.status),
+        session_id=m[prefix + "session_id"],
+        seq=int(m[prefix + "seq"]),
+        turn=int(m[prefix + "turn"]),
+        role=Role(m[prefix + "role"]),
+        content=m[prefix + "content"],
+        message_id=m[prefix + "message_id"],
+        created_at=float(m[prefix + "created_at"]),
+        user_id=m[prefix + "user_id"],
+        channel=Channel(m[prefix + "channel"]),
+        status=MessageStatus(m[prefix + "status"]),
     )
 
 

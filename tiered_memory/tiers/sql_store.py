@@ -23,7 +23,6 @@ from tiered_memory.errors import Conflict, Forbidden, SqlUnavailable
 from tiered_memory.model import (
     AppendResult,
     Caller,
-    Channel,
     Message,
     MessageStatus,
     NewMessage,
@@ -62,8 +61,7 @@ _TAIL_PAGE_MAX = 4096
 
 def _lock_session_and_message() -> sa.Select[Any]:
     """The session row (:sid) FOR UPDATE, outer-joined to the message stored under :mid."""
-    names = ("seq", "turn", "role", "content", "created_at", "user_id", "channel", "status", "completes_turn")
-    stored = [msgs.c[name].label(f"m_{name}") for name in names]
+    stored = [column.label(f"m_{column.name}") for column in msgs.c if column.name != "id"]
     on = sa.and_(msgs.c.session_id == sessions.c.session_id, msgs.c.message_id == sa.bindparam("mid"))
     return (
         sa.select(sessions, *stored)
@@ -248,18 +246,7 @@ class SqlStore:
                 raise Forbidden
             owner = Owner(srow.tenant, srow.user_id or new.user_id)
             if srow.m_seq is not None:
-                stored = Message(
-                    session_id=new.session_id,
-                    seq=int(srow.m_seq),
-                    turn=int(srow.m_turn),
-                    role=Role(srow.m_role),
-                    content=srow.m_content,
-                    message_id=new.message_id,
-                    created_at=float(srow.m_created_at),
-                    user_id=srow.m_user_id,
-                    channel=Channel(srow.m_channel),
-                    status=MessageStatus(srow.m_status),
-                )
+                stored = row_to_message(srow, prefix="m_")
                 if stored.role is not new.role or stored.content != new.content or stored.status is not new.status:
                     raise Conflict(f"message_id {new.message_id!r} was already used for a different message")
                 return dataclasses.replace(

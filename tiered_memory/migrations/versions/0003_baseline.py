@@ -156,4 +156,4 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    raise NotImplementedError("schema version 3 is the first Alembic revision: there is nothing below it to go to")
+    raise RuntimeError("schema version 3 is the first Alembic revision: there is nothing below it to go to")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -14,6 +16,22 @@ from tests.conftest import Daemon, new_sid, play
 from tests.conversations import ZH_12_TURNS, ZH_EARLY_EVIDENCE
 from tiered_memory.app import HOT_KEY
 from tiered_memory.model import NewMessage, Role
+
+
+@contextlib.contextmanager
+def sql_statements(daemon: Daemon) -> Iterator[list[str]]:
+    """Every SQL statement the daemon sends while the block runs."""
+    statements: list[str] = []
+
+    def count(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
+        statements.append(statement)
+
+    engine = daemon.store._engine.sync_engine
+    sa_event.listen(engine, "before_cursor_execute", count)
+    try:
+        yield statements
+    finally:
+        sa_event.remove(engine, "before_cursor_execute", count)
 
 
 async def test_summaries_are_scheduled_every_third_turn(daemon: Daemon) -> None:
@@ -382,22 +400,13 @@ async def _hot_again(daemon: Daemon) -> None:
     await daemon.settle()
     expected = await daemon.get(f"/v1/sessions/{sid}/context")
     await daemon.flush_hot()
-    statements: list[str] = []
-
-    def count(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
-        statements.append(statement)
-
-    engine = daemon.store._engine.sync_engine
-    sa_event.listen(engine, "before_cursor_execute", count)
-    try:
+    with sql_statements(daemon) as statements:
         first = await daemon.get(f"/v1/sessions/{sid}/context")
         assert first["summary_tier"] == "warm"
         assert statements
         statements.clear()
         second = await daemon.get(f"/v1/sessions/{sid}/context")
         summary = await daemon.get(f"/v1/sessions/{sid}/summary")
-    finally:
-        sa_event.remove(engine, "before_cursor_execute", count)
     assert statements == []
     assert second["summary_tier"] == "hot"
     assert summary["tier"] == "hot"
@@ -643,20 +652,11 @@ async def test_older_turns_read_from_sql_are_kept_hot(daemon: Daemon) -> None:
     await play(daemon, sid, ZH_12_TURNS)
     await daemon.settle()
     await daemon.flush_hot()
-    statements: list[str] = []
-
-    def count(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
-        statements.append(statement)
-
-    engine = daemon.store._engine.sync_engine
-    sa_event.listen(engine, "before_cursor_execute", count)
-    try:
+    with sql_statements(daemon) as statements:
         first = await daemon.get(f"/v1/sessions/{sid}/context")
         assert any("FROM messages" in s for s in statements)
         statements.clear()
         second = await daemon.get(f"/v1/sessions/{sid}/context")
-    finally:
-        sa_event.remove(engine, "before_cursor_execute", count)
     assert first["messages"] == second["messages"]
     assert next(m["content"] for m in second["messages"] if m["role"] == "user") == ZH_12_TURNS[0][0]
     if daemon.settings.redis_url:

@@ -31,7 +31,8 @@ from tiered_memory.errors import (
 )
 from tiered_memory.metrics import Metrics
 from tiered_memory.model import Caller, Channel, Message, MessageStatus, NewMessage, Role, Slice, SummaryAnswer
-from tiered_memory.service import ContextAnswer, MemoryService
+from tiered_memory.reads import ContextAnswer
+from tiered_memory.service import MemoryService
 from tiered_memory.settings import Settings
 from tiered_memory.tiers.codec import dumps
 

@@ -10,29 +10,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any
 
 import structlog
 
-from tiered_memory.context import (
-    ChatMessage,
-    alternate,
-    answer_transcript,
-    compose,
-    estimate_tokens,
-    fit_recent,
-    frame,
-    hot_window_complete,
-    language_of,
-    recall_text,
-    recent_transcript,
-    summary_room,
-    summary_system_text,
-    window,
-    window_start_turn,
-    with_recall,
-)
 from tiered_memory.errors import Forbidden, HotUnavailable, NotFound, SqlUnavailable
 from tiered_memory.history import History
 from tiered_memory.metrics import Metrics
@@ -41,22 +21,17 @@ from tiered_memory.model import (
     AppendResult,
     Caller,
     CloseResult,
-    HotSession,
     Message,
     NewMessage,
-    Owner,
     SessionInfo,
     Slice,
     Summary,
     SummaryAnswer,
-    SummarySource,
-    Tier,
 )
+from tiered_memory.reads import ContextAnswer, SessionReads, authorize
 from tiered_memory.recall import RecallIndex, RecallMatch
 from tiered_memory.settings import Settings
-from tiered_memory.summarize.cold import cold_summary
-from tiered_memory.summarize.extractive import Extractor, render
-from tiered_memory.summarize.payload import planning, planning_history
+from tiered_memory.summarize.extractive import Extractor
 from tiered_memory.summarize.scheduler import SingleFlight
 from tiered_memory.summarize.topics import TopicTagger
 from tiered_memory.summary_job import JobResult, Outcome, SummaryJob
@@ -68,36 +43,11 @@ log = structlog.get_logger("tiered_memory.service")
 
 # Sessions whose recall index this process keeps (least recently asked dropped first).
 _RECALL_SESSIONS = 256
-# Earlier turns that match a question may take up to this fraction (1/3) of the budget.
-_SNIPPET_SHARE = 3
 # How many sessions one sweep looks at; the next sweep takes the rest.
 _SWEEP_BATCH = 500
 # While another replica holds a session's summary lock, look again this often, this many times.
 _LOCKED_RETRY_S = 0.2
 _LOCKED_RETRIES = 50
-
-
-# A cold extraction reads at most this many messages from the start of a session and from its end.
-_COLD_HEAD_MESSAGES = 200
-_COLD_TAIL_MESSAGES = 400
-# A context read puts at most this many turns between a lagging summary and the window.
-_GAP_MAX_TURNS = 100
-
-
-@dataclass(frozen=True, slots=True)
-class ContextAnswer:
-    session_id: str
-    summary_tier: Tier
-    summary: str | None
-    covered_turns: int
-    topics: tuple[str, ...]
-    messages: list[ChatMessage]
-    turn_count: int
-    recent_transcript: str
-    answer_transcript: str
-    estimated_tokens: dict[str, int]
-    planning: dict[str, Any] | None
-    planning_history: str
 
 
 class MemoryService:
@@ -129,6 +79,16 @@ class MemoryService:
         self._tagger = tagger
         self._metrics = metrics
         self._clock = clock
+        self._reads = SessionReads(
+            settings=settings,
+            store=store,
+            hot=hot,
+            history=self._history,
+            extractor=extractor,
+            tagger=tagger,
+            metrics=metrics,
+            clock=clock,
+        )
         self.summaries = SingleFlight(self._summarize, on_pending=metrics.pending_summarizations.set)
         # Bounds background summaries only: a start-up sweep that finds hundreds of due sessions
         # must not open hundreds of transactions and LLM calls at once. close() does not queue.
@@ -293,151 +253,12 @@ class MemoryService:
         info = await self._store.get_session(session_id)
         if info is None:
             raise NotFound(f"session {session_id!r} does not exist")
-        _authorize(caller, info.owner)
+        authorize(caller, info.owner)
         return info
 
     async def load_best_summary(self, session_id: str, *, caller: Caller) -> SummaryAnswer:
-        """Hot summary → warm row (backfilling hot) → deterministic extraction from messages → none.
-
-        The owner comes from the same hot round trip; only when the hot tier does not know it is
-        SQL asked, and for a restricted caller that answer is required (SqlUnavailable otherwise).
-        Raises Forbidden when the session is not the caller's.
-        """
-        try:
-            summary, turns, owner = await self._hot.read_summary(session_id)
-        except HotUnavailable:
-            self._metrics.tier_errors.labels("hot", "read_summary").inc()
-            summary, turns, owner = None, None, None
-        if owner is not None:
-            _authorize(caller, owner)
-        if summary is not None:
-            info: SessionInfo | None = None
-            if owner is None and not caller.unrestricted:
-                info = await self._store.get_session(session_id)
-                if info is None:
-                    # SQL knows no such session: the cached summary is an orphan, shown to nobody.
-                    return self._answer(session_id, Tier.NONE, None, 0)
-                _authorize(caller, info.owner)
-            elif turns is None:
-                # The counters expired before the summary did; SQL knows the turn count.
-                info = await self._sql_session(session_id)
-            if info is not None:
-                # Counters and owner back into the hot tier, so that the next read needs no SQL.
-                await self._backfill(info, summary=None, recent=None)
-                turns = info.turn_count
-            return self._answer(session_id, Tier.HOT, summary, summary.covered_turns if turns is None else turns)
-        answer, info = await self._summary_below_hot(session_id, caller)
-        if info is not None and (answer.tier is Tier.WARM or owner is None):
-            await self._backfill(info, summary=answer.summary if answer.tier is Tier.WARM else None, recent=None)
-        return answer
-
-    async def _summary_below_hot(self, session_id: str, caller: Caller) -> tuple[SummaryAnswer, SessionInfo | None]:
-        """The warm row, else the cold extraction, else none; with the session SQL returned.
-        Raises Forbidden when SQL says the session is not the caller's."""
-        try:
-            summary, info = await self._store.get_summary(session_id)
-        except SqlUnavailable:
-            self._metrics.tier_errors.labels("sql", "read_summary").inc()
-            return self._answer(session_id, Tier.NONE, None, 0), None
-        if info is None:
-            return self._answer(session_id, Tier.NONE, None, 0), None
-        _authorize(caller, info.owner)
-        if summary is not None:
-            return self._answer(session_id, Tier.WARM, summary, info.turn_count), info
-        cold = await self._cold_summary(info)
-        tier = Tier.NONE if cold is None else Tier.COLD
-        return self._answer(session_id, tier, cold, info.turn_count), info
-
-    async def _backfill(self, info: SessionInfo, *, summary: Summary | None, recent: list[Message] | None) -> None:
-        try:
-            await self._hot.backfill(
-                info.session_id,
-                summary=summary,
-                recent=recent,
-                turn_count=info.turn_count,
-                message_count=info.message_count,
-                last_activity=info.last_activity,
-                owner=info.owner,
-                content_chars=info.content_chars,
-            )
-        except HotUnavailable:
-            self._metrics.tier_errors.labels("hot", "backfill").inc()
-
-    async def _keep_older(
-        self, session_id: str, info: SessionInfo | None, hot: HotSession, messages: list[Message]
-    ) -> None:
-        """Put older messages a context read from SQL into the hot list, in front of what it
-        holds, so that the next context of the session reads them from the hot tier (a list that
-        was refilled with the window only, after Redis lost it, otherwise sends every context to
-        SQL until appends have grown it back). Written only if no append reached the hot tier
-        meanwhile; the tier keeps the newest of them it has room for."""
-        if info is not None:
-            # The list must end where the counters do, or the next read takes it as incomplete.
-            if messages and messages[-1].seq == info.message_count:
-                await self._backfill(info, summary=None, recent=messages)
-            return
-        if hot.turn_count is None or hot.message_count is None or hot.last_activity is None or hot.owner is None:
-            return
-        if not messages or messages[-1].seq != hot.message_count:
-            return
-        try:
-            await self._hot.backfill(
-                session_id,
-                summary=None,
-                recent=messages,
-                turn_count=hot.turn_count,
-                message_count=hot.message_count,
-                last_activity=hot.last_activity,
-                owner=hot.owner,
-                content_chars=hot.content_chars or 0,
-            )
-        except HotUnavailable:
-            self._metrics.tier_errors.labels("hot", "backfill").inc()
-
-    async def _cold_summary(self, info: SessionInfo) -> Summary | None:
-        try:
-            messages = await self._cold_messages(info)
-        except SqlUnavailable:
-            self._metrics.tier_errors.labels("sql", "read_messages").inc()
-            return None
-        return await asyncio.to_thread(
-            cold_summary,
-            info,
-            messages,
-            extractor=self._extractor,
-            tagger=self._tagger,
-            max_chars=self._s.summary_max_chars,
-        )
-
-    async def _cold_messages(self, info: SessionInfo) -> list[Message]:
-        """What a cold extraction reads: the whole session when it is short, else its opening and
-        its latest messages. A cold read runs on the request path, so its cost must not grow with
-        the session (a 10,000-turn session took 8 s read whole); the opening holds who the user is
-        and what they came for, the tail what is going on now, and the background summary job,
-        which reads every turn batch by batch, covers the middle. Completed turns only, like a
-        real summary: an open question is in the window, raw."""
-        sid = info.session_id
-        head = await self._store.first_messages(sid, _COLD_HEAD_MESSAGES)
-        if len(head) < _COLD_HEAD_MESSAGES:
-            messages = head
-        else:
-            tail = await self._store.recent_messages(sid, _COLD_TAIL_MESSAGES)
-            last_head = head[-1].seq
-            messages = head + [m for m in tail if m.seq > last_head]
-        return [m for m in messages if m.turn <= info.turn_count]
-
-    def _answer(self, session_id: str, tier: Tier, summary: Summary | None, turns: int) -> SummaryAnswer:
-        self._metrics.summary_loads.labels(tier.value).inc()
-        if summary is not None:
-            self._metrics.summary_lag.observe(max(0, turns - summary.covered_turns))
-        return SummaryAnswer(session_id=session_id, tier=tier, summary=summary, turn_count=turns)
-
-    async def _sql_session(self, session_id: str) -> SessionInfo | None:
-        try:
-            return await self._store.get_session(session_id)
-        except SqlUnavailable:
-            self._metrics.tier_errors.labels("sql", "read_session").inc()
-            return None
+        """Hot summary → warm row (backfilling hot) → deterministic extraction → none (see reads.py)."""
+        return await self._reads.load_best_summary(session_id, caller=caller)
 
     async def context(
         self,
@@ -449,190 +270,14 @@ class MemoryService:
         question: str | None = None,
         exclude_message_id: str | None = None,
     ) -> ContextAnswer:
-        """Summary plus recent turns, prompt-ordered, within max_chars of memory.
-
-        One hot round trip answers both when Redis has them; otherwise the summary walk and the
-        SQL read of the recent turns run concurrently, each with its own fallback, and what SQL
-        gave is backfilled into the hot tier in one more round trip so the next read is hot.
-        Turns the summary does not cover yet (it lags behind a slow LLM) and that are older than
-        the window are added raw when they fit, or as a deterministic digest: no turn falls
-        between the summary and the window. `system_prompt` and `question` (not counted in
-        max_chars) frame the result: rules and summary in one system message, the question last.
-
-        The owner comes from the same hot round trip; only when the hot tier does not know it is
-        SQL asked, and for a restricted caller that answer is required (SqlUnavailable otherwise).
-        Raises Forbidden when the session is not the caller's.
-        """
-        try:
-            hot = await self._hot.read_session(session_id)
-        except HotUnavailable:
-            self._metrics.tier_errors.labels("hot", "read_session").inc()
-            hot = _NO_HOT
-        known: SessionInfo | None = None
-        if hot.owner is not None:
-            _authorize(caller, hot.owner)
-        elif not caller.unrestricted:
-            known = await self._store.get_session(session_id)
-            if known is None:
-                # SQL knows no such session: whatever the cache still holds is shown to nobody.
-                hot = _NO_HOT
-            else:
-                _authorize(caller, known.owner)
-
-        async def sql_session() -> SessionInfo | None:
-            return known if known is not None else await self._sql_session(session_id)
-
-        mode = self._s.memory_mode
-        keep = 0 if mode == "none" else self._s.keep_recent_turns
-        complete = hot_window_complete(
-            hot.recent, message_count=hot.message_count, turn_count=hot.turn_count, keep_recent_turns=keep
-        )
-
-        async def summary_part() -> tuple[SummaryAnswer, SessionInfo | None]:
-            if mode != "summary":
-                return SummaryAnswer(session_id, Tier.NONE, None, hot.turn_count or 0), None
-            if hot.summary is not None:
-                turns = hot.turn_count if hot.turn_count is not None else hot.summary.covered_turns
-                return self._answer(session_id, Tier.HOT, hot.summary, turns), None
-            return await self._summary_below_hot(session_id, caller)
-
-        async def recent_part() -> tuple[list[Message], SessionInfo | None, list[Message] | None]:
-            """Messages from the window's first turn (hot list, or SQL with one turn more), the SQL
-            session when SQL was asked, and the rows to backfill."""
-            if keep == 0:
-                return [], known if hot.turn_count is not None else await sql_session(), None
-            if complete:
-                return list(hot.recent), known, None
-            info = await sql_session()
-            if info is None:
-                # SQL is down (or the session is unknown): whatever Redis still has beats nothing.
-                return list(hot.recent), None, None
-            first = window_start_turn(info.turn_count, max(keep, 1))
-            try:
-                # One turn more than the window (down to turn 0, a greeting), so that the hot
-                # list this refills is seen as complete by hot_window_complete next time.
-                rows = await self._store.messages_in_turns(session_id, after_turn=first - 2)
-            except SqlUnavailable:
-                self._metrics.tier_errors.labels("sql", "read_recent").inc()
-                return list(hot.recent), info, None
-            return rows, info, rows
-
-        (answer, warm_info), (available, info, rows) = await asyncio.gather(summary_part(), recent_part())
-        if exclude_message_id is not None:
-            # A retried load-then-append: its message is stored already and comes back as the question.
-            available = [m for m in available if m.message_id != exclude_message_id]
-        sql_info = info or warm_info
-        warm_summary = answer.summary if answer.tier is Tier.WARM else None
-        if sql_info is not None and (rows is not None or warm_summary is not None or hot.owner is None):
-            await self._backfill(sql_info, summary=warm_summary, recent=rows)
-        turn_count = sql_info.turn_count if sql_info else max(hot.turn_count or 0, answer.turn_count)
-        recent = window(available, turn_count=turn_count, keep_recent_turns=keep)
-        summary = answer.summary
-        memory_text = None
-        summary_last = sql_info.last_activity if sql_info else hot.last_activity
-        if summary is not None:
-            memory_text = self._summary_text(summary.text, summary_last)
-        covered = summary.covered_turns if summary else 0
-        shown = recent
-        snippets: list[list[Message]] = []
-        budget = max_chars
-        if mode == "summary":
-            recent = await self._with_gap(session_id, covered, turn_count, recent, available)
-            count = sql_info.message_count if sql_info else hot.message_count
-            if question and recent and count:
-                # Earlier turns that match the question get up to a third of the budget.
-                snippets = await self._history.snippets(
-                    session_id, question, count, before_seq=recent[0].seq, seen=available
-                )
-                budget -= min(max_chars // _SNIPPET_SHARE, len(recall_text(snippets, max_chars=max_chars)))
-            room = budget - summary_room(len(memory_text or ""), budget) - _chars(recent)
-            if self._s.context_older_turns:
-                before_window = await self._history.older(
-                    session_id,
-                    recent,
-                    available,
-                    room,
-                    message_count=sql_info.message_count if sql_info else hot.message_count,
-                    content_chars=sql_info.content_chars if sql_info else hot.content_chars,
-                )
-                shown = [*before_window, *recent]
-                fetched = [m for m in before_window if not available or m.seq < available[0].seq]
-                # Only while the hot list has room: once it is full, the rest of a long, terse
-                # session's older turns come from SQL on each read (one indexed read).
-                if fetched and exclude_message_id is None and len(available) < self._hot.recent_max:
-                    await self._keep_older(session_id, sql_info, hot, [*fetched, *available])
-            else:
-                shown = recent
-        if memory_text is not None and shown and shown[0].seq <= 1 and _chars(shown) <= budget:
-            # The raw turns hold the whole conversation: a summary of them would only repeat them.
-            memory_text = None
-        kept, dropped = fit_recent(shown, room=budget - summary_room(len(memory_text or ""), budget))
-        if memory_text is not None and summary is not None and summary.source is SummarySource.DETERMINISTIC:
-            # Re-rendered for the room the raw turns left, from the facts said before them: whole
-            # facts by priority instead of the cut-off start of the stored text, none repeated.
-            frame_chars = len(self._summary_text("", summary_last))
-            body = render(
-                summary.structured,
-                budget - _chars(kept) - frame_chars,
-                before_turn=kept[0].turn if kept else None,
-                topics=summary.topics,
-                # The facts just before the raw turns first: the turns shown raw and the summary
-                # then cover one stretch back from now, which is what later turns refer to most.
-                newest_first=True,
-            )
-            if body is not None:
-                memory_text = self._summary_text(body, summary_last) if body else None
-        uncovered = [m for m in dropped if m.turn > covered] if mode == "summary" else []
-        if uncovered:
-            # Turns the summary does not hold yet and that did not fit raw: a digest of them leads
-            # the system text, so that a budget cut falls on the (older) summary, not on them.
-            digest = await asyncio.to_thread(
-                self._extractor.extract, uncovered, max_chars=max(50, min(self._s.summary_max_chars, budget // 4))
-            )
-            if digest.text:
-                label = "最近几轮：" if language_of(digest.text) == "zh" else "Recent turns: "
-                memory_text = label + digest.text + (f"\n{memory_text}" if memory_text else "")
-        messages = compose(memory_text, alternate(kept), max_chars=budget)
-        if snippets:
-            # Only turns not shown raw; whatever the rest left unused is theirs too.
-            first_shown = kept[0].seq if kept else None
-            older = [t for t in snippets if first_shown is None or t[-1].seq < first_shown]
-            room = max_chars - sum(len(m.content) for m in messages) - 1
-            messages = with_recall(messages, recall_text(older, max_chars=room))
-        messages = frame(messages, system_prompt=system_prompt, question=question)
-        # What sending the whole history instead would cost, framed the same way.
-        framing = len(system_prompt or "") + len(question or "")
-        full = (sql_info.content_chars if sql_info else (hot.content_chars or 0)) + framing
-        returned = sum(len(m.content) for m in messages)
-        payload = summary.structured.get("payload") if summary else None
-        return ContextAnswer(
-            session_id=session_id,
-            summary_tier=answer.tier,
-            summary=summary.text if summary else None,
-            covered_turns=summary.covered_turns if summary else 0,
-            topics=summary.topics if summary else (),
-            messages=messages,
-            turn_count=turn_count,
-            recent_transcript=recent_transcript(recent, max_chars=self._s.recent_transcript_max_chars),
-            answer_transcript=answer_transcript(recent, max_chars=self._s.answer_history_max_chars),
-            estimated_tokens={
-                "context": estimate_tokens(returned, self._s.chars_per_token),
-                "full_history": estimate_tokens(full, self._s.chars_per_token),
-            },
-            planning=planning(payload) if payload else None,
-            planning_history=planning_history(
-                recent_transcript(recent, max_chars=self._s.planning_history_max_chars),
-                payload,
-                max_chars=self._s.planning_history_max_chars,
-            ),
-        )
-
-    def _summary_text(self, text: str, last_activity: float | None) -> str:
-        return summary_system_text(
-            text,
-            idle_seconds=None if last_activity is None else self._clock() - last_activity,
-            reconnect_gap_s=self._s.reconnect_gap_seconds,
-            templates=self._s.reconnect_templates,
+        """Summary plus recent and older turns within max_chars (see reads.py)."""
+        return await self._reads.context(
+            session_id,
+            caller=caller,
+            max_chars=max_chars,
+            system_prompt=system_prompt,
+            question=question,
+            exclude_message_id=exclude_message_id,
         )
 
     async def recall(self, session_id: str, *, caller: Caller, query: str, k: int) -> list[RecallMatch]:
@@ -640,26 +285,6 @@ class MemoryService:
         of its turn and the slice that covers it. Raises NotFound, Forbidden, SqlUnavailable."""
         info = await self._owned_session(session_id, caller)
         return await self._history.matches(session_id, query, info.message_count, k)
-
-    async def _with_gap(
-        self, session_id: str, covered: int, turn_count: int, recent: list[Message], available: list[Message]
-    ) -> list[Message]:
-        """The window with the turns covered+1 … (window start - 1) in front of it: turns the
-        summary does not hold yet (it lags behind a slow LLM) and that left the window."""
-        first = recent[0].turn if recent else turn_count + 1
-        # A summary that lags far (hours of LLM outage) leaves a gap too long to read on every
-        # request: its latest turns are read, and the summary job catches up with the rest.
-        covered = max(covered, first - 1 - _GAP_MAX_TURNS)
-        if covered + 1 >= first:
-            return recent
-        gap = [m for m in available if covered < m.turn < first]
-        if not gap or gap[0].turn != covered + 1:
-            try:
-                gap = await self._store.messages_in_turns(session_id, after_turn=covered, through_turn=first - 1)
-            except SqlUnavailable:
-                self._metrics.tier_errors.labels("sql", "read_gap").inc()
-                return recent
-        return [*gap, *recent]
 
     # --- health and background ------------------------------------------------------------
 
@@ -711,15 +336,3 @@ class MemoryService:
                 await self.close(sid, caller=Caller(), reason="idle")
             except NotFound:
                 continue
-
-
-def _chars(messages: list[Message]) -> int:
-    return sum(len(m.content) for m in messages)
-
-
-def _authorize(caller: Caller, owner: Owner) -> None:
-    if not caller.may_access(owner):
-        raise Forbidden
-
-
-_NO_HOT = HotSession(summary=None, recent=(), turn_count=None, message_count=None, last_activity=None)

@@ -9,6 +9,7 @@ REQUIRE_REAL_BACKENDS=1, which makes that a failure.
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -38,6 +39,18 @@ class RealServers:
     redis_url: str
     mysql_url: str  # SQLAlchemy URL of this run's own database
     run_id: str
+
+
+def required_tool(name: str, install: str) -> str:
+    """The path of a command-line tool a test needs (.ci/run installs each). Missing, the test
+    skips, unless REQUIRE_REAL_BACKENDS=1, where it fails, like the real-backend gate below."""
+    path = shutil.which(name)
+    if path is None:
+        reason = f"{name} not on PATH ({install})"
+        if os.environ.get("REQUIRE_REAL_BACKENDS") == "1":
+            pytest.fail(f"REQUIRE_REAL_BACKENDS=1 but {reason}", pytrace=False)
+        pytest.skip(reason)
+    return path
 
 
 def _unreachable(what: str, exc: Exception) -> None:

@@ -11,7 +11,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +20,7 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
-from tests.conftest import Daemon
+from tests.conftest import Daemon, required_tool
 from tiered_memory import cli
 from tiered_memory.settings import Settings
 
@@ -118,10 +117,10 @@ def test_systemd_unit_meets_the_issue() -> None:
     assert "WantedBy" in _unit()["Install"]
 
 
-@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
 def test_systemd_unit_verifies(tmp_path: Path) -> None:
     """systemd-analyze verify accepts the unit (its ExecStart pointed at this checkout's binary,
     since /opt/tiered-memory does not exist here), and rejects a broken copy of it."""
+    analyze = required_tool("systemd-analyze", "apt-get install systemd")
     binary = Path(sys.executable).parent / "tiered-memory"
     text = UNIT.read_text(encoding="utf-8").replace("/opt/tiered-memory/.venv/bin/tiered-memory", str(binary))
     for name, content, ok in (
@@ -130,7 +129,7 @@ def test_systemd_unit_verifies(tmp_path: Path) -> None:
     ):
         (tmp_path / name).write_text(content, encoding="utf-8")
         out = subprocess.run(
-            ["systemd-analyze", "verify", str(tmp_path / name)], capture_output=True, text=True, timeout=60, check=False
+            [analyze, "verify", str(tmp_path / name)], capture_output=True, text=True, timeout=60, check=False
         )
         assert (out.returncode == 0 and not out.stderr.strip()) is ok, out.stderr
 

@@ -5,7 +5,6 @@ label the alerts and the dashboard query is one a running daemon exports."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -18,7 +17,7 @@ import yaml
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import Daemon, new_sid, play
+from tests.conftest import Daemon, new_sid, play, required_tool
 from tests.fake_llm import Behaviour, FakeLlm
 from tests.faults import RedisProcess
 from tests.promql import Selector, grouping_labels, selectors
@@ -43,15 +42,8 @@ _DASHBOARD_MUST_SHOW = {
 
 @pytest.fixture(scope="module")
 def promtool() -> str:
-    """promtool (Debian's prometheus package; .ci/run installs it). Missing, it skips, unless
-    REQUIRE_REAL_BACKENDS=1, where it fails, as the real-backend gate in conftest does."""
-    path = shutil.which("promtool")
-    if path is None:
-        reason = "promtool not on PATH (apt-get install prometheus)"
-        if os.environ.get("REQUIRE_REAL_BACKENDS") == "1":
-            pytest.fail(f"REQUIRE_REAL_BACKENDS=1 but {reason}", pytrace=False)
-        pytest.skip(reason)
-    return path
+    """promtool (Debian's prometheus package; .ci/run installs it)."""
+    return required_tool("promtool", "apt-get install prometheus")
 
 
 def _run(*args: str | Path) -> subprocess.CompletedProcess[str]:

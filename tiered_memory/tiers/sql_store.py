@@ -32,6 +32,7 @@ from tiered_memory.model import (
     Slice,
     Summary,
 )
+from tiered_memory.tiers.sql_messages import MessageReads
 from tiered_memory.tiers.sql_migrate import current_version, migrate
 from tiered_memory.tiers.sql_rows import (
     append_result_of,
@@ -52,11 +53,6 @@ _RETRYABLE_MYSQL = {1205, 1213}
 _TX_ATTEMPTS = 3
 # The store's own callers (the summary job, the sweeper, tests) act for nobody in particular.
 _ANYONE = Caller()
-
-# messages_in_turns reads the session's tail in pages: the first one holds a summary batch's
-# new turns (a few messages each) with room to spare; later ones grow, to catch up a long lag.
-_TAIL_PAGE = 64
-_TAIL_PAGE_MAX = 4096
 
 
 def _lock_session_and_message() -> sa.Select[Any]:
@@ -86,7 +82,7 @@ def summary_due(*, every_n: int, min_turns_to_persist: int) -> sa.ColumnElement[
     )
 
 
-class SqlStore:
+class SqlStore(MessageReads):
     """Cold messages, warm summaries and session rows on one SQLAlchemy async engine."""
 
     def __init__(self, engine: AsyncEngine, *, timeout_s: float, breaker: CircuitBreaker | None = None) -> None:
@@ -322,74 +318,6 @@ class SqlStore:
 
         return await self._transaction(body)
 
-    async def first_messages(self, session_id: str, limit: int) -> list[Message]:
-        """The first `limit` messages of a session, oldest first."""
-
-        async def op() -> list[Message]:
-            async with self._engine.connect() as conn:
-                rows = (
-                    await conn.execute(
-                        sa.select(msgs).where(msgs.c.session_id == session_id).order_by(msgs.c.id).limit(limit)
-                    )
-                ).all()
-            return [row_to_message(r) for r in rows]
-
-        return await self._bounded(op)
-
-    async def recent_messages(self, session_id: str, limit: int) -> list[Message]:
-        """The last `limit` messages of a session, oldest first."""
-
-        async def op() -> list[Message]:
-            async with self._engine.connect() as conn:
-                rows = (
-                    await conn.execute(
-                        sa.select(msgs).where(msgs.c.session_id == session_id).order_by(msgs.c.id.desc()).limit(limit)
-                    )
-                ).all()
-            return [row_to_message(r) for r in reversed(rows)]
-
-        return await self._bounded(op)
-
-    async def messages_in_turns(
-        self, session_id: str, *, after_turn: int, through_turn: int | None = None
-    ) -> list[Message]:
-        """Messages of turns after_turn+1 … through_turn (all later turns when None), oldest first.
-
-        Read backwards from the session's newest message in growing pages, through the
-        (session_id, id) index, until a message of turn after_turn or earlier appears. A message's
-        turn never decreases as its id grows (both are assigned under the session-row lock), so
-        every older row is earlier still. The cost follows the messages after the watermark, not
-        the session's length: a `turn > ?` filter had to visit all 20,000 rows of a 10,000-turn
-        session on every summary job.
-        """
-
-        async def op() -> list[Message]:
-            if after_turn < 1:
-                # Every turn from the first: one forward read of the whole session.
-                q = sa.select(msgs).where(msgs.c.session_id == session_id)
-                if through_turn is not None:
-                    q = q.where(msgs.c.turn <= through_turn)
-                async with self._engine.connect() as conn:
-                    return [row_to_message(r) for r in (await conn.execute(q.order_by(msgs.c.id))).all()]
-            newest_first: list[Any] = []
-            before_id: int | None = None
-            page = _TAIL_PAGE
-            async with self._engine.connect() as conn:
-                while True:
-                    q = sa.select(msgs).where(msgs.c.session_id == session_id)
-                    if before_id is not None:
-                        q = q.where(msgs.c.id < before_id)
-                    rows = (await conn.execute(q.order_by(msgs.c.id.desc()).limit(page))).all()
-                    older = [r for r in rows if r.turn <= after_turn]
-                    newest_first.extend(r for r in rows if r.turn > after_turn)
-                    if older or len(rows) < page:
-                        break
-                    before_id = int(rows[-1].id)
-                    page = min(page * 4, _TAIL_PAGE_MAX)
-            return [row_to_message(r) for r in reversed(newest_first) if through_turn is None or r.turn <= through_turn]
-
-        return await self._bounded(op)
-
     # --- sessions -------------------------------------------------------------------------
 
     async def get_session(self, session_id: str) -> SessionInfo | None:
@@ -622,32 +550,9 @@ class SqlStore:
 
         return await self._bounded(op)
 
-    async def messages_by_seq(self, session_id: str, *, first_seq: int, last_seq: int, limit: int) -> list[Message]:
-        """Messages first_seq..last_seq (at most `limit`), oldest first: where a slice leads back to."""
-
-        async def op() -> list[Message]:
-            q = (
-                sa.select(msgs)
-                .where(msgs.c.session_id == session_id, msgs.c.seq >= first_seq, msgs.c.seq <= last_seq)
-                .order_by(msgs.c.id)
-                .limit(limit)
-            )
-            async with self._engine.connect() as conn:
-                return [row_to_message(r) for r in (await conn.execute(q)).all()]
-
-        return await self._bounded(op)
-
     async def ping(self) -> None:
         async def op() -> None:
             async with self._engine.connect() as conn:
                 await conn.execute(sa.text("SELECT 1"))
 
         await self._bounded(op)
-
-    async def count_messages(self, session_id: str) -> int:
-        async def op() -> int:
-            async with self._engine.connect() as conn:
-                q = sa.select(sa.func.count()).select_from(msgs).where(msgs.c.session_id == session_id)
-                return int((await conn.execute(q)).scalar() or 0)
-
-        return await self._bounded(op)

@@ -1,0 +1,111 @@
+"""Reads of the cold tier's messages: a session's first, latest, by turn range, by seq range.
+
+Each is one bounded read through the store's `read` (its timeout, breaker and error mapping).
+Mixed into SqlStore, so callers read messages from the store they write them with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from tiered_memory.model import Message
+from tiered_memory.tiers.sql_rows import row_to_message
+from tiered_memory.tiers.sql_schema import messages as msgs
+
+T = TypeVar("T")
+
+# messages_in_turns reads the session's tail in pages: the first one holds a summary batch's
+# new turns (a few messages each) with room to spare; later ones grow, to catch up a long lag.
+_TAIL_PAGE = 64
+_TAIL_PAGE_MAX = 4096
+
+
+class _Reader(Protocol):
+    async def read(self, op: Callable[[AsyncConnection], Awaitable[T]]) -> T: ...
+
+
+class MessageReads:
+    """The message reads of SqlStore (which provides `read`)."""
+
+    async def first_messages(self: _Reader, session_id: str, limit: int) -> list[Message]:
+        """The first `limit` messages of a session, oldest first."""
+
+        async def op(conn: AsyncConnection) -> list[Message]:
+            q = sa.select(msgs).where(msgs.c.session_id == session_id).order_by(msgs.c.id).limit(limit)
+            return [row_to_message(r) for r in (await conn.execute(q)).all()]
+
+        return await self.read(op)
+
+    async def recent_messages(self: _Reader, session_id: str, limit: int) -> list[Message]:
+        """The last `limit` messages of a session, oldest first."""
+
+        async def op(conn: AsyncConnection) -> list[Message]:
+            q = sa.select(msgs).where(msgs.c.session_id == session_id).order_by(msgs.c.id.desc()).limit(limit)
+            return [row_to_message(r) for r in reversed((await conn.execute(q)).all())]
+
+        return await self.read(op)
+
+    async def messages_in_turns(
+        self: _Reader, session_id: str, *, after_turn: int, through_turn: int | None = None
+    ) -> list[Message]:
+        """Messages of turns after_turn+1 … through_turn (all later turns when None), oldest first.
+
+        Read backwards from the session's newest message in growing pages, through the
+        (session_id, id) index, until a message of turn after_turn or earlier appears. A message's
+        turn never decreases as its id grows (both are assigned under the session-row lock), so
+        every older row is earlier still. The cost follows the messages after the watermark, not
+        the session's length: a `turn > ?` filter had to visit all 20,000 rows of a 10,000-turn
+        session on every summary job.
+        """
+
+        async def op(conn: AsyncConnection) -> list[Message]:
+            if after_turn < 1:
+                # Every turn from the first: one forward read of the whole session.
+                q = sa.select(msgs).where(msgs.c.session_id == session_id)
+                if through_turn is not None:
+                    q = q.where(msgs.c.turn <= through_turn)
+                return [row_to_message(r) for r in (await conn.execute(q.order_by(msgs.c.id))).all()]
+            newest_first: list[Any] = []
+            before_id: int | None = None
+            page = _TAIL_PAGE
+            while True:
+                q = sa.select(msgs).where(msgs.c.session_id == session_id)
+                if before_id is not None:
+                    q = q.where(msgs.c.id < before_id)
+                rows = (await conn.execute(q.order_by(msgs.c.id.desc()).limit(page))).all()
+                older = [r for r in rows if r.turn <= after_turn]
+                newest_first.extend(r for r in rows if r.turn > after_turn)
+                if older or len(rows) < page:
+                    break
+                before_id = int(rows[-1].id)
+                page = min(page * 4, _TAIL_PAGE_MAX)
+            return [row_to_message(r) for r in reversed(newest_first) if through_turn is None or r.turn <= through_turn]
+
+        return await self.read(op)
+
+    async def messages_by_seq(
+        self: _Reader, session_id: str, *, first_seq: int, last_seq: int, limit: int
+    ) -> list[Message]:
+        """Messages first_seq..last_seq (at most `limit`), oldest first: where a slice leads back to."""
+
+        async def op(conn: AsyncConnection) -> list[Message]:
+            q = (
+                sa.select(msgs)
+                .where(msgs.c.session_id == session_id, msgs.c.seq >= first_seq, msgs.c.seq <= last_seq)
+                .order_by(msgs.c.id)
+                .limit(limit)
+            )
+            return [row_to_message(r) for r in (await conn.execute(q)).all()]
+
+        return await self.read(op)
+
+    async def count_messages(self: _Reader, session_id: str) -> int:
+        async def op(conn: AsyncConnection) -> int:
+            q = sa.select(sa.func.count()).select_from(msgs).where(msgs.c.session_id == session_id)
+            return int((await conn.execute(q)).scalar() or 0)
+
+        return await self.read(op)

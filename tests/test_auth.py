@@ -1,5 +1,6 @@
 """Bearer tokens, tenants and stated users over real HTTP, on the embedded default and on real
-Redis + MariaDB: who may touch which session, and that a refused request changes nothing."""
+Redis + MariaDB: who may touch which session, that a tenant cannot tell which ids another tenant
+uses, and that a refused request changes nothing."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from sqlalchemy import event as sa_event
 
 from tests.conftest import Daemon, new_sid, play
 from tests.conversations import ZH_12_TURNS
+from tiered_memory.app import HOT_KEY
 
 ADMIN = "admin-token-0123456789abcdef"
 ACME = "acme-token-0123456789abcdef"
@@ -24,10 +26,12 @@ SECRET_Q = "我的病历编号是 XK-4417，请帮我查一下复诊时间。"
 SECRET_A = "XK-4417 的复诊时间是下周三上午九点。"
 
 
-def bearer(token: str, user: str | None = None) -> dict[str, str]:
+def bearer(token: str, user: str | None = None, tenant: str | None = None) -> dict[str, str]:
     headers = {"Authorization": f"Bearer {token}"}
     if user is not None:
         headers["X-User-ID"] = user
+    if tenant is not None:
+        headers["X-Tenant"] = tenant
     return headers
 
 
@@ -57,6 +61,7 @@ def session_verbs(sid: str, first_message_id: str) -> list[tuple[str, str, Any]]
         ("GET", base, None),
         ("GET", f"{base}/slices", None),
         ("GET", f"{base}/messages", None),
+        ("GET", f"{base}/recall?q=XK-4417", None),
         ("POST", f"{base}/close", None),
         ("DELETE", f"{base}/summary", None),
         ("POST", f"{base}/summary/rebuild", None),
@@ -64,9 +69,9 @@ def session_verbs(sid: str, first_message_id: str) -> list[tuple[str, str, Any]]
     ]
 
 
-async def snapshot(d: Daemon, sid: str) -> dict[str, Any]:
-    """Everything stored about a session, read with the unrestricted token."""
-    admin = bearer(ADMIN)
+async def snapshot(d: Daemon, sid: str, tenant: str | None = "acme") -> dict[str, Any]:
+    """Everything stored about a session of `tenant`, read with the unrestricted token."""
+    admin = bearer(ADMIN, tenant=tenant)
 
     async def get(path: str) -> Any:
         resp = await d.http.get(path, headers=admin)
@@ -80,7 +85,7 @@ async def snapshot(d: Daemon, sid: str) -> dict[str, Any]:
         "slices": await get(f"/v1/sessions/{sid}/slices"),
         "summary": {k: summary[k] for k in ("summary", "version", "covered_turns", "turn_count")},
         "context": (await get(f"/v1/sessions/{sid}/context"))["messages"],
-        "rows": await d.store.count_messages(sid),
+        "rows": await d.store.count_messages(sid if tenant is None else f"{tenant}/{sid}"),
     }
 
 
@@ -134,10 +139,38 @@ async def test_v1_routes_need_a_valid_bearer_token(authed: Daemon) -> None:
         assert resp.status == 201, headers
 
 
-async def test_another_tenant_is_refused_on_every_verb_and_changes_nothing(authed: Daemon) -> None:
-    """Every session verb with another tenant's token answers the same 403 body, which never holds
-    the owner's text, and leaves the session exactly as it was: with the owner known to the hot
-    tier, and again after a hot-tier flush (the owner then comes from SQL)."""
+def normalized(body: Any, sid: str) -> Any:
+    """A reply with what differs between any two sessions (ids, times) taken out."""
+    if isinstance(body, dict):
+        return {
+            k: normalized(v, sid)
+            for k, v in body.items()
+            if k not in {"message_id", "created_at", "updated_at", "last_activity", "age_seconds", "closed_at"}
+        }
+    if isinstance(body, list):
+        return [normalized(v, sid) for v in body]
+    return "<sid>" if body == sid else body
+
+
+async def play_verbs(d: Daemon, sid: str, headers: dict[str, str]) -> list[tuple[int, Any]]:
+    """Every session verb on `sid` in turn: each status and normalized reply."""
+    answers = []
+    for method, path, body in session_verbs(sid, "m-secret"):
+        resp = await d.http.request(method, path, json=body, headers=headers)
+        text = await resp.text()
+        # The verbs post the owner's question themselves, never its reply.
+        assert "下周三" not in text, (method, path)
+        answers.append((resp.status, normalized(json.loads(text), sid) if text else None))
+    return answers
+
+
+async def test_another_tenant_cannot_reach_or_tell_a_session_and_changes_nothing(authed: Daemon) -> None:
+    """Another tenant's token names its own namespace: every verb on the id of acme's session
+    answers exactly what it answers on an id nobody used (it makes and deletes a session of its
+    own), never holds acme's text, and leaves acme's session exactly as it was. Stating acme's
+    tenant with X-Tenant is the same 403 body on every verb, for that session and for an unused id
+    alike. Both with the owner known to the hot tier, and again after a hot-tier flush (the owner
+    then comes from SQL)."""
     sid = new_sid()
     await owned_conversation(authed, sid)
     before = await snapshot(authed, sid)
@@ -145,28 +178,29 @@ async def test_another_tenant_is_refused_on_every_verb_and_changes_nothing(authe
     for attempt in ("owner in the hot tier", "after a hot-tier flush"):
         if attempt == "after a hot-tier flush":
             await authed.flush_hot()
-        for method, path, body in session_verbs(sid, "m-secret"):
-            resp = await authed.http.request(method, path, json=body, headers=bearer(OTHER))
-            text = await resp.text()
-            assert resp.status == 403, (attempt, method, path, text)
-            assert json.loads(text) == FORBIDDEN
-            assert "XK-4417" not in text
+        unused = new_sid()
+        answers = await play_verbs(authed, sid, bearer(OTHER))
+        assert answers == await play_verbs(authed, unused, bearer(OTHER)), attempt
+        assert [status for status, _ in answers] == [201, 201, 201, 200, 200, 200, 200, 200, 200, 200, 204, 200, 204]
+        for target in (sid, unused):
+            refused = await play_verbs(authed, target, bearer(OTHER, tenant="acme"))
+            assert refused == [(403, FORBIDDEN)] * len(refused), (attempt, target)
         assert await snapshot(authed, sid) == before, attempt
+        assert (await authed.http.get(f"/v1/sessions/{unused}")).status == 404
 
 
-async def test_a_restricted_token_owns_its_tenants_sessions_only(authed: Daemon) -> None:
-    """A tenant's token may do everything with its tenant's sessions, nothing with a session an
-    unrestricted token made; the unrestricted token may touch both."""
+async def test_a_restricted_token_owns_its_tenants_namespace_only(authed: Daemon) -> None:
+    """A tenant's token may do everything with its tenant's sessions; the id of a session the
+    unrestricted token made (of no tenant) names another session in the tenant's namespace. The
+    unrestricted token reaches the tenant's sessions by stating X-Tenant, its own without it."""
     mine, shared = new_sid(), new_sid()
     await owned_conversation(authed, mine)
     resp = await authed.http.post(
         f"/v1/sessions/{shared}/messages", json={"role": "user", "content": SECRET_Q}, headers=bearer(ADMIN)
     )
     assert resp.status == 201
-    for method, path, body in session_verbs(shared, "m-secret"):
-        resp = await authed.http.request(method, path, json=body)
-        assert resp.status == 403, (method, path)
-    expected = [201, 200, 201, 200, 200, 200, 200, 200, 200, 204, 200, 204]
+    assert (await authed.http.get(f"/v1/sessions/{shared}")).status == 404
+    expected = [201, 200, 201, 200, 200, 200, 200, 200, 200, 200, 204, 200, 204]
     got = []
     for method, path, body in session_verbs(mine, "m-secret"):
         resp = await authed.http.request(method, path, json=body)
@@ -174,10 +208,19 @@ async def test_a_restricted_token_owns_its_tenants_sessions_only(authed: Daemon)
         if resp.status >= 400:
             raise AssertionError(f"{method} {path}: {await resp.text()}")
     assert got == expected
-    # "m-secret" was already there: the retry answered 200 and stored nothing.
-    for method, path, _body in session_verbs(shared, "m-secret")[3:]:
-        resp = await authed.http.request(method, path, headers=bearer(ADMIN))
+    # The unrestricted token's session is untouched, and the acme session is gone for it too.
+    resp = await authed.http.get(f"/v1/sessions/{shared}/messages", headers=bearer(ADMIN))
+    assert len((await resp.json())["messages"]) == 1
+    assert (await authed.http.get(f"/v1/sessions/{mine}", headers=bearer(ADMIN, tenant="acme"))).status == 404
+    other = new_sid()
+    await owned_conversation(authed, other)
+    for method, path, _body in session_verbs(other, "m-secret")[3:]:
+        resp = await authed.http.request(method, path, headers=bearer(ADMIN, tenant="acme"))
         assert resp.status < 400, (method, path)
+    assert (await authed.http.get(f"/v1/sessions/{other}", headers=bearer(ADMIN))).status == 404
+    resp = await authed.http.get(f"/v1/sessions/{other}", headers=bearer(ADMIN, tenant="acme/x"))
+    assert resp.status == 400
+    assert "X-Tenant" in (await resp.json())["error"]["message"]
 
 
 async def test_a_stated_user_touches_only_its_sessions(daemon: Daemon) -> None:
@@ -223,8 +266,9 @@ async def test_a_stated_user_touches_only_its_sessions(daemon: Daemon) -> None:
 
 
 async def test_user_summaries_are_scoped(authed: Daemon) -> None:
-    """A tenant's token lists only its tenant's sessions of the user, the unrestricted token all
-    of them; a stated X-User-ID other than the path's user is the 403."""
+    """A tenant's token lists only its tenant's sessions of the user, by the ids it knows them by;
+    the unrestricted token those of the tenant it states, or all of them; a stated X-User-ID other
+    than the path's user is the 403."""
     sessions = {}
     for token in (ACME, OTHER, ADMIN):
         sid = new_sid()
@@ -246,7 +290,9 @@ async def test_user_summaries_are_scoped(authed: Daemon) -> None:
 
     assert await listed(bearer(ACME)) == {sessions[ACME]}
     assert await listed(bearer(OTHER, "u1")) == {sessions[OTHER]}
-    assert await listed(bearer(ADMIN)) == set(sessions.values())
+    assert await listed(bearer(ADMIN, tenant="acme")) == {sessions[ACME]}
+    # Without X-Tenant the unrestricted token lists every tenant's, under their stored keys.
+    assert await listed(bearer(ADMIN)) == {sessions[ADMIN], f"acme/{sessions[ACME]}", f"other/{sessions[OTHER]}"}
     resp = await authed.http.get("/v1/users/u1/summaries", headers=bearer(ACME, "u2"))
     assert resp.status == 403
     assert await resp.json() == FORBIDDEN
@@ -266,8 +312,8 @@ async def test_a_new_session_reads_as_before(authed: Daemon) -> None:
 async def test_a_restricted_read_stays_one_hot_round_trip(authed: Daemon) -> None:
     """The owner lives in the hot tier with the counters: after a hot-tier loss the first read of
     a restricted token asks SQL and refills it, and the next context and summary reads are
-    answered without asking SQL for the session, its owner or its summary, refusing another tenant
-    all the same. (A context whose budget has room for raw turns older than the hot list reads
+    answered without asking SQL for the session, its owner or its summary, refusing another
+    tenant's token all the same. (A context whose budget has room for raw turns older than the hot list reads
     those, in one bounded statement: CONTEXT_OLDER_TURNS.)"""
     sid = new_sid()
     await owned_conversation(authed, sid)
@@ -286,9 +332,42 @@ async def test_a_restricted_read_stays_one_hot_round_trip(authed: Daemon) -> Non
         assert (await authed.get(f"/v1/sessions/{sid}/context"))["summary_tier"] == "hot"
         assert (await authed.get(f"/v1/sessions/{sid}/summary"))["tier"] == "hot"
         for path in (f"/v1/sessions/{sid}/context", f"/v1/sessions/{sid}/summary"):
-            assert (await authed.http.get(path, headers=bearer(OTHER))).status == 403
+            assert (await authed.http.get(path, headers=bearer(OTHER, tenant="acme"))).status == 403
     finally:
         sa_event.remove(engine, "before_cursor_execute", count)
     older = [s for s in statements if "FROM messages" in s and "messages.seq >=" in s and "LIMIT" in s]
     assert statements == older
     assert len(older) <= 1  # the one context read that had a budget to fill
+
+
+async def test_a_hot_entry_outside_its_namespace_is_never_shown(authed: Daemon) -> None:
+    """Before schema version 6 a tenant's session was cached under its bare id. Such an entry is
+    a stranger's to whoever now uses that id in the namespace of no tenant: summary and context
+    go to SQL (which knows no such session) and show nothing of it."""
+    sid = new_sid()
+    await owned_conversation(authed, sid)
+    assert authed.app is not None
+    hot = authed.app[HOT_KEY]
+    cached = await hot.read_session(f"acme/{sid}")
+    assert cached.owner is not None
+    assert cached.summary is not None
+    assert cached.turn_count is not None
+    assert cached.message_count is not None
+    assert cached.last_activity is not None
+    await hot.backfill(
+        sid,
+        summary=cached.summary,
+        recent=cached.recent,
+        turn_count=cached.turn_count,
+        message_count=cached.message_count,
+        last_activity=cached.last_activity,
+        owner=cached.owner,
+    )
+    assert (await hot.read_session(sid)).summary == cached.summary
+    admin = bearer(ADMIN)
+    summary = await (await authed.http.get(f"/v1/sessions/{sid}/summary", headers=admin)).json()
+    assert (summary["tier"], summary["summary"]) == ("none", None)
+    context = await (await authed.http.get(f"/v1/sessions/{sid}/context", headers=admin)).json()
+    assert (context["summary_tier"], context["messages"], context["turn_count"]) == ("none", [], 0)
+    # The tenant still finds its session, hot.
+    assert (await authed.get(f"/v1/sessions/{sid}/summary"))["tier"] == "hot"

@@ -137,10 +137,10 @@ async def test_errors_carry_the_servers_message_and_are_not_retried(authed: Daem
     async with AsyncClient(base_url(authed), token="not-a-configured-token-000") as stranger:
         with pytest.raises(Unauthorized):
             await stranger.summary(sid)
-    async with AsyncClient(base_url(authed), token=TOKEN) as admin:
+    async with AsyncClient(base_url(authed), token=TOKEN, headers={"X-Tenant": "acme"}) as admin:
         with pytest.raises(Forbidden):
-            # A tenant's session is not another tenant's, and an unrestricted token stating a user
-            # other than the owner is refused too.
+            # An unrestricted token in acme's namespace stating a user other than the owner is
+            # refused too.
             await admin.append(sid, "user", "x", user_id="u-9")
     assert requests_seen(authed, route, "POST", 403) == 1
     assert requests_seen(authed, route, "POST", 409) == 1

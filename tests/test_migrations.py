@@ -15,6 +15,7 @@ from typing import Any
 import pymysql
 import pytest
 import sqlalchemy as sa
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
@@ -24,6 +25,10 @@ from tests.conftest import Daemon, RealServers, new_sid
 from tiered_memory.errors import ConfigError
 from tiered_memory.tiers.sql_migrate import config, head_version
 from tiered_memory.tiers.sql_schema import SCHEMA_VERSION, metadata
+from tiered_memory.tiers.sql_schema import conversation_summaries as t_summaries
+from tiered_memory.tiers.sql_schema import messages as t_messages
+from tiered_memory.tiers.sql_schema import sessions as t_sessions
+from tiered_memory.tiers.sql_schema import summary_slices as t_slices
 
 _MYSQL_TABLE: dict[str, Any] = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin"}
 _BIGID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
@@ -333,6 +338,118 @@ async def test_an_old_database_is_migrated_without_loss_and_served(database: str
         assert retried["message_id"] == "m-1"  # a retry of a message stored before the migration
         info = await daemon.get(f"/v1/sessions/{sid}")
         assert (info["message_count"], info["user_id"]) == (7, "u-old")
+    finally:
+        await daemon.stop()
+
+
+def session_keys(engine: sa.Engine) -> dict[str, list[str]]:
+    """Each table's session_id values, sorted."""
+    with engine.connect() as conn:
+        return {
+            t.name: sorted(r[0] for r in conn.execute(sa.select(t.c.session_id)))
+            for t in (t_sessions, t_messages, t_summaries, t_slices)
+        }
+
+
+async def test_tenant_sessions_move_to_their_namespace(database: str, tmp_path: Path) -> None:
+    """Version 6 stores a tenant's sessions under `<tenant>/<id>`: a version-5 database's tenant
+    sessions move there in every table (sessions of no tenant stay), a downgrade moves them back
+    and the upgrade again, and the tenant's token then finds its conversation under its old id."""
+    env = {"DATABASE_URL": database, "DATA_DIR": str(tmp_path / "data"), "AUTO_MIGRATE": "false"}
+    mine, open_sid = new_sid(), new_sid()
+    engine = sync_engine(database)
+    try:
+        with engine.begin() as conn:
+            command.upgrade(config(conn), "0005")
+        with engine.begin() as conn:
+            for sid, tenant in ((mine, "acme"), (open_sid, "")):
+                conn.execute(
+                    t_sessions.insert().values(
+                        session_id=sid,
+                        tenant=tenant,
+                        user_id="u-old",
+                        turn_count=3,
+                        message_count=6,
+                        created_at=100.0,
+                        last_activity=160.0,
+                        content_chars=0,
+                    )
+                )
+                conn.execute(
+                    t_messages.insert(),
+                    [
+                        {
+                            "session_id": sid,
+                            "seq": n,
+                            "turn": (n + 1) // 2,
+                            "user_id": "u-old",
+                            "role": "user" if n % 2 else "assistant",
+                            "content": text,
+                            "channel": "chat",
+                            "message_id": f"m-{n}",
+                            "completes_turn": int(n % 2 == 0),
+                            "created_at": 100.0 + n,
+                        }
+                        for n, text in enumerate((x for pair in zip(QUESTIONS, ANSWERS, strict=True) for x in pair), 1)
+                    ],
+                )
+                conn.execute(
+                    t_summaries.insert().values(
+                        session_id=sid,
+                        user_id="u-old",
+                        summary=f"活力健：每天2次（{tenant or 'none'}）",
+                        turn_count=3,
+                        covered_turns=3,
+                        topics=["活力健"],
+                        structured={},
+                        source="deterministic",
+                        compressions=1,
+                        version=1,
+                        created_at=150.0,
+                        updated_at=150.0,
+                    )
+                )
+                conn.execute(
+                    t_slices.insert().values(
+                        session_id=sid,
+                        from_turn=1,
+                        to_turn=3,
+                        first_seq=1,
+                        last_seq=6,
+                        text="三轮",
+                        source="deterministic",
+                        summary_version=1,
+                        created_at=150.0,
+                    )
+                )
+        before = session_keys(engine)
+        moved = {
+            "sessions": sorted([f"acme/{mine}", open_sid]),
+            "messages": sorted([f"acme/{mine}"] * 6 + [open_sid] * 6),
+            "conversation_summaries": sorted([f"acme/{mine}", open_sid]),
+            "summary_slices": sorted([f"acme/{mine}", open_sid]),
+        }
+        done = run_cli("migrate", env=env)
+        assert done.returncode == 0, done.stderr
+        assert session_keys(engine) == moved
+        assert schema_differences(engine) == []
+        with engine.begin() as conn:
+            command.downgrade(config(conn), "0005")
+        assert session_keys(engine) == before
+        assert run_cli("migrate", env=env).returncode == 0
+        assert session_keys(engine) == moved
+    finally:
+        engine.dispose()
+
+    token = "acme-token-0123456789abcdef"
+    daemon = Daemon(env | {"API_TOKENS": f"acme:{token}"}, headers={"Authorization": f"Bearer {token}"})
+    await daemon.start()
+    try:
+        summary = await daemon.get(f"/v1/sessions/{mine}/summary")
+        assert (summary["session_id"], summary["tier"], summary["summary"]) == (mine, "warm", "活力健：每天2次（acme）")
+        assert len((await daemon.get(f"/v1/sessions/{mine}/messages"))["messages"]) == 6
+        # The session of no tenant is not in acme's namespace.
+        assert (await daemon.http.get(f"/v1/sessions/{open_sid}")).status == 404
     finally:
         await daemon.stop()
 

@@ -79,7 +79,7 @@ async def test_document_covers_the_router(daemon: Daemon) -> None:
 @pytest.mark.parametrize("backend_env", ["embedded"], indirect=True)
 async def test_document_describes_authentication(daemon: Daemon) -> None:
     """Every /v1 operation requires the bearer scheme and may answer 401 with WWW-Authenticate;
-    every session operation takes X-User-ID and may answer 403; the others need no token."""
+    every /v1 operation takes X-User-ID and X-Tenant and may answer 403; the others need no token."""
     doc = await daemon.get("/openapi.json")
     bearer = doc["components"]["securitySchemes"]["bearerAuth"]
     assert (bearer["type"], bearer["scheme"]) == ("http", "bearer")
@@ -93,15 +93,19 @@ async def test_document_describes_authentication(daemon: Daemon) -> None:
                 continue
             assert operation["security"] == [{"bearerAuth": []}], where
             assert "WWW-Authenticate" in responses["401"]["headers"], where
-            user_headers = [
-                (p["in"], p["required"], p["schema"])
+            headers = {
+                p["name"]: (p["in"], p["required"], p["schema"])
                 for p in (_resolve(doc, x) for x in operation["parameters"])
-                if p["name"] == "X-User-ID"
-            ]
-            if path.startswith("/v1/sessions/"):
-                assert user_headers == [("header", False, {"type": "string", "minLength": 1, "maxLength": 128})], where
-                error = responses["403"]["content"]["application/json"]["schema"]
-                assert error == {"$ref": "#/components/schemas/Error"}, where
+                if p["in"] == "header"
+            }
+            assert headers["X-User-ID"] == ("header", False, {"type": "string", "minLength": 1, "maxLength": 128}), (
+                where
+            )
+            assert headers["X-Tenant"] == ("header", False, {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,64}$"}), (
+                where
+            )
+            error = responses["403"]["content"]["application/json"]["schema"]
+            assert error == {"$ref": "#/components/schemas/Error"}, where
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from tiered_memory.auth import Principal, authenticate
 from tiered_memory.cli import main
 from tiered_memory.errors import ConfigError
 from tiered_memory.settings import Settings
+from tiered_memory.tiers.sql_schema import SCHEMA_VERSION
 
 TOKEN = "t0ken-0123456789abcdef"
 
@@ -108,7 +109,7 @@ def test_migrate_command_is_idempotent(
     monkeypatch.setenv("DATA_DIR", str(tmp_path))
     assert main(["migrate"]) == 0
     assert main(["migrate"]) == 0
-    assert capsys.readouterr().out.splitlines() == ["schema version 5 (sqlite)"] * 2
+    assert capsys.readouterr().out.splitlines() == [f"schema version {SCHEMA_VERSION} (sqlite)"] * 2
 
 
 def test_tokens_from_the_variable_and_the_file(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from tiered_memory.auth import PRINCIPAL_KEY
+from tiered_memory.auth import PRINCIPAL_KEY, valid_tenant
 from tiered_memory.errors import (
     Conflict,
     Forbidden,
@@ -117,16 +117,33 @@ def _user_id(value: object, name: str) -> str | None:
 
 
 def _caller(request: web.Request, body_user_id: str | None = None) -> Caller:
-    """The token's tenant (none without authentication or with an unrestricted token) and the
-    user stated by the X-User-ID header or the body's user_id (which must then agree)."""
+    """The tenant the request acts in and the user it speaks for.
+
+    The tenant is the token's; an unrestricted token (or any caller of a daemon without tokens)
+    may state one with X-Tenant, and a restricted token may state only its own (another is the
+    403, whether or not the session exists). The user is stated by the X-User-ID header or the
+    body's user_id, which must then agree."""
     principal = request.get(PRINCIPAL_KEY)
-    headers = request.headers.getall("X-User-ID", [])
-    if len(headers) > 1:
-        raise InvalidInput("X-User-ID: expected one header")
-    stated = _user_id(headers[0], "X-User-ID") if headers else None
+    tenant = principal.tenant if principal else None
+    stated_tenant = _one_header(request, "X-Tenant")
+    if stated_tenant is not None:
+        if not valid_tenant(stated_tenant):
+            raise InvalidInput("X-Tenant: expected 1-64 characters of ASCII letters, digits and . _ -")
+        if tenant is not None and stated_tenant != tenant:
+            raise Forbidden
+        tenant = stated_tenant
+    header_user = _one_header(request, "X-User-ID")
+    stated = _user_id(header_user, "X-User-ID") if header_user is not None else None
     if stated is not None and body_user_id is not None and stated != body_user_id:
         raise InvalidInput("user_id: expected the same user as the X-User-ID header")
-    return Caller(tenant=principal.tenant if principal else None, user_id=stated or body_user_id)
+    return Caller(tenant=tenant, user_id=stated or body_user_id)
+
+
+def _one_header(request: web.Request, name: str) -> str | None:
+    values = request.headers.getall(name, [])
+    if len(values) > 1:
+        raise InvalidInput(f"{name}: expected one header")
+    return values[0] if values else None
 
 
 def _query(request: web.Request, *allowed: str) -> None:
@@ -178,10 +195,10 @@ def parse_message(session_id: str, body: dict[str, Any], *, max_bytes: int) -> N
     )
 
 
-def _summary_json(answer: SummaryAnswer, now: float) -> dict[str, Any]:
+def _summary_json(sid: str, answer: SummaryAnswer, now: float) -> dict[str, Any]:
     s = answer.summary
     return {
-        "session_id": answer.session_id,
+        "session_id": sid,
         "tier": answer.tier.value,
         "summary": s.text if s else None,
         "turn_count": answer.turn_count,
@@ -201,7 +218,8 @@ async def post_message(request: web.Request) -> web.Response:
     sid = _session_id(request)
     new = parse_message(sid, await _json_object(request), max_bytes=request.app[SETTINGS_KEY].max_message_bytes)
     caller = _caller(request, new.user_id)
-    outcome = await service.append(dataclasses.replace(new, user_id=caller.user_id), caller=caller)
+    new = dataclasses.replace(new, session_id=caller.session_key(sid), user_id=caller.user_id)
+    outcome = await service.append(new, caller=caller)
     r = outcome.result
     return reply(
         {
@@ -216,9 +234,10 @@ async def post_message(request: web.Request) -> web.Response:
 
 async def get_summary(request: web.Request) -> web.Response:
     _query(request)
-    answer = await request.app[SERVICE_KEY].load_best_summary(_session_id(request), caller=_caller(request))
+    sid, caller = _session_id(request), _caller(request)
+    answer = await request.app[SERVICE_KEY].load_best_summary(caller.session_key(sid), caller=caller)
     request[TIER_KEY] = answer.tier.value
-    return reply(_summary_json(answer, time.time()))
+    return reply(_summary_json(sid, answer, time.time()))
 
 
 def _max_chars(request: web.Request) -> int:
@@ -233,9 +252,9 @@ def _framing_text(value: object, name: str, max_bytes: int) -> str | None:
     return value or None
 
 
-def _context_json(ctx: ContextAnswer) -> dict[str, Any]:
+def _context_json(sid: str, ctx: ContextAnswer) -> dict[str, Any]:
     return {
-        "session_id": ctx.session_id,
+        "session_id": sid,
         "summary_tier": ctx.summary_tier.value,
         "summary": ctx.summary,
         "covered_turns": ctx.covered_turns,
@@ -253,15 +272,16 @@ def _context_json(ctx: ContextAnswer) -> dict[str, Any]:
 async def get_context(request: web.Request) -> web.Response:
     _query(request, "max_chars", "system_prompt", "question")
     limit = request.app[SETTINGS_KEY].max_message_bytes
+    sid, caller = _session_id(request), _caller(request)
     ctx = await request.app[SERVICE_KEY].context(
-        _session_id(request),
-        caller=_caller(request),
+        caller.session_key(sid),
+        caller=caller,
         max_chars=_max_chars(request),
         system_prompt=_framing_text(request.query.get("system_prompt"), "system_prompt", limit),
         question=_framing_text(request.query.get("question"), "question", limit),
     )
     request[TIER_KEY] = ctx.summary_tier.value
-    return reply(_context_json(ctx))
+    return reply(_context_json(sid, ctx))
 
 
 async def post_turn(request: web.Request) -> web.Response:
@@ -277,10 +297,10 @@ async def post_turn(request: web.Request) -> web.Response:
         raise InvalidInput("role: a turn starts with the user's message; expected 'user'")
     new = parse_message(sid, body, max_bytes=settings.max_message_bytes)
     caller = _caller(request, new.user_id)
-    new = dataclasses.replace(new, user_id=caller.user_id)
+    new = dataclasses.replace(new, session_id=caller.session_key(sid), user_id=caller.user_id)
     service = request.app[SERVICE_KEY]
     ctx = await service.context(
-        sid,
+        new.session_id,
         caller=caller,
         max_chars=_max_chars(request),
         system_prompt=system_prompt,
@@ -292,7 +312,7 @@ async def post_turn(request: web.Request) -> web.Response:
     request[TIER_KEY] = ctx.summary_tier.value
     return reply(
         {
-            **_context_json(ctx),
+            **_context_json(sid, ctx),
             "message_id": r.message.message_id,
             "turn_count": r.turn_count,
             "summary_scheduled": outcome.summary_scheduled,
@@ -303,10 +323,11 @@ async def post_turn(request: web.Request) -> web.Response:
 
 async def post_close(request: web.Request) -> web.Response:
     _query(request)
-    result = await request.app[SERVICE_KEY].close(_session_id(request), caller=_caller(request))
+    sid, caller = _session_id(request), _caller(request)
+    result = await request.app[SERVICE_KEY].close(caller.session_key(sid), caller=caller)
     return reply(
         {
-            "session_id": result.session_id,
+            "session_id": sid,
             "persisted": result.persisted,
             "cached": result.cached,
             "turn_count": result.turn_count,
@@ -316,10 +337,11 @@ async def post_close(request: web.Request) -> web.Response:
 
 async def get_session(request: web.Request) -> web.Response:
     _query(request)
-    info = await request.app[SERVICE_KEY].session(_session_id(request), caller=_caller(request))
+    sid, caller = _session_id(request), _caller(request)
+    info = await request.app[SERVICE_KEY].session(caller.session_key(sid), caller=caller)
     return reply(
         {
-            "session_id": info.session_id,
+            "session_id": sid,
             "user_id": info.user_id,
             "turn_count": info.turn_count,
             "message_count": info.message_count,
@@ -334,13 +356,15 @@ async def get_session(request: web.Request) -> web.Response:
 
 async def delete_session(request: web.Request) -> web.Response:
     _query(request)
-    await request.app[SERVICE_KEY].delete(_session_id(request), caller=_caller(request))
+    sid, caller = _session_id(request), _caller(request)
+    await request.app[SERVICE_KEY].delete(caller.session_key(sid), caller=caller)
     return web.Response(status=204)
 
 
 async def delete_summary(request: web.Request) -> web.Response:
     _query(request)
-    await request.app[SERVICE_KEY].reset_summary(_session_id(request), caller=_caller(request))
+    sid, caller = _session_id(request), _caller(request)
+    await request.app[SERVICE_KEY].reset_summary(caller.session_key(sid), caller=caller)
     return web.Response(status=204)
 
 
@@ -350,14 +374,15 @@ async def get_user_summaries(request: web.Request) -> web.Response:
     if not 0 < len(user_id) <= 128 or not _encodable(user_id):
         raise InvalidInput("user_id: expected 1-128 characters")
     limit = _int_query(request, "limit", 10, 1, 100)
-    rows = await request.app[SERVICE_KEY].user_summaries(user_id, caller=_caller(request), limit=limit)
+    caller = _caller(request)
+    rows = await request.app[SERVICE_KEY].user_summaries(user_id, caller=caller, limit=limit)
     now = time.time()
     return reply(
         {
             "user_id": user_id,
             "summaries": [
                 {
-                    "session_id": sid,
+                    "session_id": caller.session_id(key),
                     "summary": s.text,
                     "turn_count": turns,
                     "covered_turns": s.covered_turns,
@@ -366,7 +391,7 @@ async def get_user_summaries(request: web.Request) -> web.Response:
                     "updated_at": s.updated_at,
                     "age_seconds": round(max(0.0, now - s.updated_at), 3),
                 }
-                for sid, turns, s in rows
+                for key, turns, s in rows
             ],
         }
     )
@@ -391,7 +416,8 @@ def _slice_json(sid: str, s: Slice) -> dict[str, Any]:
 async def get_slices(request: web.Request) -> web.Response:
     _query(request)
     sid = _session_id(request)
-    slices = await request.app[SERVICE_KEY].slices(sid, caller=_caller(request))
+    caller = _caller(request)
+    slices = await request.app[SERVICE_KEY].slices(caller.session_key(sid), caller=caller)
     return reply({"session_id": sid, "slices": [_slice_json(sid, s) for s in slices]})
 
 
@@ -406,7 +432,8 @@ async def get_recall(request: web.Request) -> web.Response:
     if query is None or not query.strip():
         raise InvalidInput("q: expected a non-empty search text")
     k = _int_query(request, "k", 5, 1, 50)
-    matches = await request.app[SERVICE_KEY].recall(sid, caller=_caller(request), query=query, k=k)
+    caller = _caller(request)
+    matches = await request.app[SERVICE_KEY].recall(caller.session_key(sid), caller=caller, query=query, k=k)
     return reply(
         {
             "session_id": sid,
@@ -444,8 +471,9 @@ async def get_messages(request: web.Request) -> web.Response:
     first = _int_query(request, "from_seq", 1, 1, 2**31 - 1)
     last = _int_query(request, "to_seq", 2**31 - 1, 1, 2**31 - 1)
     limit = _int_query(request, "limit", 1000, 1, 1000)
+    caller = _caller(request)
     rows = await request.app[SERVICE_KEY].messages(
-        sid, caller=_caller(request), first_seq=first, last_seq=last, limit=limit
+        caller.session_key(sid), caller=caller, first_seq=first, last_seq=last, limit=limit
     )
     return reply({"session_id": sid, "messages": [_message_json(m) for m in rows]})
 
@@ -466,7 +494,8 @@ def _message_json(m: Message) -> dict[str, Any]:
 async def post_rebuild(request: web.Request) -> web.Response:
     _query(request)
     sid = _session_id(request)
-    summary, slices = await request.app[SERVICE_KEY].rebuild_summary(sid, caller=_caller(request))
+    caller = _caller(request)
+    summary, slices = await request.app[SERVICE_KEY].rebuild_summary(caller.session_key(sid), caller=caller)
     return reply(
         {
             "session_id": sid,

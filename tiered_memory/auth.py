@@ -22,7 +22,7 @@ from aiohttp.typedefs import Handler, Middleware
 from tiered_memory.errors import Unauthorized
 
 MIN_TOKEN_CHARS = 16
-_TENANT = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+_TENANT = re.compile(r"[A-Za-z0-9._-]{1,64}")
 # Printable ASCII without spaces: what fits in an Authorization header as it is.
 _TOKEN = re.compile(r"^[\x21-\x7e]+$")
 _MAX_TOKEN_CHARS = 1024
@@ -54,6 +54,12 @@ def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode("utf-8", "replace")).digest()
 
 
+def valid_tenant(name: str) -> bool:
+    """Whether `name` may name a tenant: 1-64 of [A-Za-z0-9._-], so never the `/` that separates
+    it from the session id in a stored key."""
+    return _TENANT.fullmatch(name) is not None
+
+
 def _entry(raw: str, where: str) -> ApiToken:
     """One `token` or `tenant:token` entry. Errors name the entry's place, never its text: a
     misplaced colon could make part of a token look like a tenant name."""
@@ -61,7 +67,7 @@ def _entry(raw: str, where: str) -> ApiToken:
     token = raw
     if ":" in raw:
         tenant, token = raw.split(":", 1)
-        if not _TENANT.match(tenant):
+        if not valid_tenant(tenant):
             raise ValueError(f"{where}: expected token or tenant:token, the tenant 1-64 characters of [A-Za-z0-9._-]")
     if not _TOKEN.match(token):
         raise ValueError(f"{where}: expected a token of printable ASCII characters without spaces")

@@ -44,6 +44,16 @@ class SummarySource(enum.StrEnum):
     DETERMINISTIC = "deterministic"
 
 
+# Between a tenant and a session id in a stored session key (Caller.session_key).
+TENANT_SEPARATOR = "/"
+
+
+def key_tenant(key: str) -> str:
+    """The tenant whose namespace a stored session key is in ('' for none)."""
+    tenant, separator, _ = key.partition(TENANT_SEPARATOR)
+    return tenant if separator else ""
+
+
 @dataclass(frozen=True, slots=True)
 class Owner:
     """Whose a session is: the tenant of the token that created it ('' for an unrestricted token or
@@ -55,15 +65,32 @@ class Owner:
 
 @dataclass(frozen=True, slots=True)
 class Caller:
-    """Who is asking, as the HTTP edge established it: the tenant its token is restricted to (None:
-    an unrestricted token, or no authentication) and the user it speaks for (None: not stated).
+    """Who is asking, as the HTTP edge established it: the tenant it acts in (its token's, or the
+    one an unrestricted token states with X-Tenant; None: neither, or no authentication) and the
+    user it speaks for (None: not stated).
 
-    An unrestricted caller that states no user may touch every session: that is the trusted
-    gateway (or operator) mode, and what every caller is on a daemon without tokens.
+    A caller of no tenant that states no user may touch every session of the tenant-less
+    namespace: that is the trusted gateway (or operator) mode, and what every caller is on a
+    daemon without tokens.
     """
 
     tenant: str | None = None
     user_id: str | None = None
+
+    def session_key(self, session_id: str) -> str:
+        """Where the session a caller names by `session_id` is stored: a tenant's sessions live
+        under `<tenant>/<session_id>`, so each tenant has its own namespace of ids. Two tenants may
+        use the same id without meeting, and a tenant cannot tell whether another one uses an id
+        (with one namespace, "someone else's" answers 403 where "nobody's" answers empty or 404).
+        A caller of no tenant names the stored key itself; `/` is in no session id the API
+        accepts, so the namespaces cannot overlap."""
+        return session_id if self.tenant is None else f"{self.tenant}{TENANT_SEPARATOR}{session_id}"
+
+    def session_id(self, key: str) -> str:
+        """The id this caller knows the session stored under `key` by (the inverse of session_key)."""
+        if self.tenant is None:
+            return key
+        return key.removeprefix(f"{self.tenant}{TENANT_SEPARATOR}")
 
     @property
     def unrestricted(self) -> bool:

@@ -41,6 +41,7 @@ from tiered_memory.model import (
     SummaryAnswer,
     SummarySource,
     Tier,
+    key_tenant,
 )
 from tiered_memory.settings import Settings
 from tiered_memory.summarize.cold import cold_summary
@@ -113,6 +114,8 @@ class SessionReads:
             summary, turns, owner = await self._hot.read_summary(session_id)
         except HotUnavailable:
             self._metrics.tier_errors.labels("hot", "read_summary").inc()
+            summary, turns, owner = None, None, None
+        if owner is not None and not _in_namespace(owner, session_id):
             summary, turns, owner = None, None, None
         if owner is not None:
             authorize(caller, owner)
@@ -273,6 +276,8 @@ class SessionReads:
             hot = await self._hot.read_session(session_id)
         except HotUnavailable:
             self._metrics.tier_errors.labels("hot", "read_session").inc()
+            hot = _NO_HOT
+        if hot.owner is not None and not _in_namespace(hot.owner, session_id):
             hot = _NO_HOT
         known: SessionInfo | None = None
         if hot.owner is not None:
@@ -464,6 +469,13 @@ class SessionReads:
 
 def _chars(messages: list[Message]) -> int:
     return sum(len(m.content) for m in messages)
+
+
+def _in_namespace(owner: Owner, key: str) -> bool:
+    """Whether a hot entry's owner belongs under its key. One that does not was cached under a
+    tenant session's bare id before schema version 6 moved the session to `<tenant>/<id>`; until
+    its TTL it is a stranger's, and the read goes to SQL as if it were not there."""
+    return owner.tenant == key_tenant(key)
 
 
 def authorize(caller: Caller, owner: Owner) -> None:

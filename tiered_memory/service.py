@@ -207,7 +207,7 @@ class MemoryService:
         Raises NotFound for an unknown session, Forbidden (changing nothing) when it is not the
         caller's, HotUnavailable when Redis could not be cleared."""
         if not await self._store.delete_summary(session_id, caller=caller):
-            raise NotFound(f"session {session_id!r} does not exist")
+            raise NotFound("the session does not exist")
         try:
             # The whole hot entry: it is a cache, and the next read refills it from SQL.
             await self._hot.delete(session_id)
@@ -252,7 +252,7 @@ class MemoryService:
     async def _owned_session(self, session_id: str, caller: Caller) -> SessionInfo:
         info = await self._store.get_session(session_id)
         if info is None:
-            raise NotFound(f"session {session_id!r} does not exist")
+            raise NotFound("the session does not exist")
         authorize(caller, info.owner)
         return info
 

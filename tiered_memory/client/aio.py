@@ -68,6 +68,8 @@ class AsyncClient:
       Retry-After is waited for when longer, up to `max_backoff`.
     - `user_id` on a call is sent as X-User-ID (and as the body's user_id on writes): the user the
       gateway acts for, which the daemon checks against the session's owner.
+    - `headers`: sent with every call; e.g. `{"X-Tenant": "acme"}` for an unrestricted token that
+      acts on a tenant's sessions.
     - `session`: an aiohttp.ClientSession to use instead of an own one (its owner closes it).
     """
 

@@ -1,8 +1,9 @@
 """Every Redis key the daemon writes, built in one place.
 
-All keys of a session share the hash tag `{<session_id>}` so that on Redis Cluster they live in one
-slot and a session's pipeline or script never crosses nodes. Session ids are validated at the API
-edge to exclude `{` and `}`, so the tag is always exactly the session id.
+All keys of a session share the hash tag `{<session key>}` so that on Redis Cluster they live in
+one slot and a session's pipeline or script never crosses nodes. The key is the session id, under
+its tenant for a tenant's session (`acme/call-42`, `Caller.session_key`); session ids and tenant
+names are validated at the API edge to exclude `{` and `}`, so the tag is always exactly the key.
 """
 
 from __future__ import annotations

@@ -14,14 +14,16 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 
 # The Alembic head revision, as a number: the schema version this code needs.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 _MYSQL_TABLE: dict[str, Any] = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin"}
 
 # SQLite only auto-increments an INTEGER PRIMARY KEY; MySQL wants BIGINT for a table that grows forever.
 _BIGID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 _TIMESTAMP: sa.Double[float] = sa.Double()  # epoch seconds, fractional: ordering and ages without time-zone questions
-_SID = sa.String(128)
+# A stored session key: the id the API accepts (128 characters), under a tenant's name (64) and
+# "/" for a tenant's session (Caller.session_key). (Version 6; 128 before.)
+_SID = sa.String(193)
 
 metadata = sa.MetaData()
 

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import redis
 from sqlalchemy import event as sa_event
+from yarl import URL
 
 from tests.conftest import Daemon, new_sid, play
 from tests.conversations import ZH_12_TURNS, ZH_EARLY_EVIDENCE
@@ -415,7 +416,8 @@ async def _hot_again(daemon: Daemon) -> None:
 
 
 async def test_more_bad_input_is_a_400(daemon: Daemon) -> None:
-    """A lone surrogate in content, a non-ASCII digit budget and absurdly nested JSON are 400s."""
+    """A lone surrogate in content, a non-ASCII digit budget, a query string that is not UTF-8 and
+    absurdly nested JSON are 400s."""
     sid = new_sid()
     resp = await daemon.http.post(
         f"/v1/sessions/{sid}/messages",
@@ -426,6 +428,14 @@ async def test_more_bad_input_is_a_400(daemon: Daemon) -> None:
     assert "content" in (await resp.json())["error"]["message"]
     resp = await daemon.http.get(f"/v1/sessions/{sid}/context?max_chars=%C2%B2")
     assert resp.status == 400
+    # Query text that is not UTF-8 once percent-decoded, where aiohttp would put U+FFFD.
+    await daemon.post(sid, "user", "你好")
+    for query in ("context?question=%FF%FE", "context?system_prompt=%C3", "recall?q=%FFab", "context?%FF=1"):
+        resp = await daemon.http.get(URL(f"/v1/sessions/{sid}/{query}", encoded=True))
+        assert resp.status == 400, query
+        assert "UTF-8" in (await resp.json())["error"]["message"], query
+    assert (await daemon.get(f"/v1/sessions/{sid}/context?question=%E4%BD%A0%E5%A5%BD"))["messages"]
+    await daemon.http.delete(f"/v1/sessions/{sid}")
     resp = await daemon.http.post(f"/v1/sessions/{sid}/messages", data=b"[" * 100_000 + b"]" * 100_000)
     assert resp.status == 400
     assert (await daemon.http.get(f"/v1/sessions/{sid}")).status == 404

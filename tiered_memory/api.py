@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import unquote_to_bytes
 
 import structlog
 from aiohttp import web
@@ -148,7 +149,15 @@ def _one_header(request: web.Request, name: str) -> str | None:
 
 def _query(request: web.Request, *allowed: str) -> None:
     """Refuse query parameters the route does not read, or read twice: a misspelt one would
-    otherwise be ignored without a word."""
+    otherwise be ignored without a word. So is a query string that is not UTF-8 once
+    percent-decoded: aiohttp would hand on U+FFFD in place of the bytes, so that a question or a
+    search text would be answered for text nobody sent."""
+    raw = request.rel_url.raw_query_string
+    if raw:
+        try:
+            unquote_to_bytes(raw.replace("+", " ")).decode("utf-8")
+        except UnicodeDecodeError:
+            raise InvalidInput("query string: expected UTF-8 (percent-encoded)") from None
     unknown = sorted({name[:64] for name in request.query if name not in allowed})
     if unknown:
         expected = ", ".join(allowed) if allowed else "none"

@@ -21,6 +21,10 @@ from tests.fake_llm import Behaviour, FakeLlm
 
 # ASCII, so that no renderer's escaping of other characters could hide it from the search.
 MARK = "zq7MARK4417xv"
+# Configured tokens and a wrong one, which no log line may ever hold either.
+TOKEN = "zq7TOKENunrestricted0042"
+TENANT_TOKEN = "zq7TOKENacme0000000042"
+WRONG_TOKEN = "zq7TOKENwrong000000042"
 
 
 def _free_port() -> int:
@@ -31,9 +35,10 @@ def _free_port() -> int:
 
 
 async def _converse(base: str) -> None:
-    """Appends, a load-then-append turn, a framed context read, a refused request and a
-    summary whose LLM reply (holding the mark) is rejected."""
-    async with aiohttp.ClientSession(base) as http:
+    """Appends, a load-then-append turn, a framed context read, a refused request, requests with
+    a tenant's token and a wrong one, and a summary whose LLM reply (holding the mark) is
+    rejected."""
+    async with aiohttp.ClientSession(base, headers={"Authorization": f"Bearer {TOKEN}"}) as http:
         for _ in range(300):
             try:
                 async with http.get("/healthz") as resp:
@@ -59,6 +64,13 @@ async def _converse(base: str) -> None:
             assert resp.status == 200
         async with http.post(f"/v1/sessions/{sid}/messages", json={"role": "robot", "content": MARK}) as resp:
             assert resp.status == 400
+        for token, status in ((TENANT_TOKEN, 201), (WRONG_TOKEN, 401)):
+            async with http.post(
+                f"/v1/sessions/{sid}/messages",
+                json={"role": "user", "content": MARK},
+                headers={"Authorization": f"Bearer {token}"},
+            ) as resp:
+                assert resp.status == status
         for _ in range(600):
             async with http.get(f"/v1/sessions/{sid}/summary") as resp:
                 if (await resp.json())["tier"] in ("hot", "warm"):
@@ -74,7 +86,8 @@ async def test_content_is_logged_only_when_asked(
 ) -> None:
     """At LOG_LEVEL=DEBUG, with requests and an LLM reply all carrying a distinctive string, the
     daemon's log lines (append, request, llm_summary_failed, summary_written) never hold it; with
-    LOG_MESSAGE_CONTENT=true the append lines carry the content."""
+    LOG_MESSAGE_CONTENT=true the append lines carry the content. No bearer token, configured or
+    wrong, is ever in the log."""
     fake_llm.behaviour = Behaviour(text=f"这不是 JSON：{MARK}")
     port = _free_port()
     env = os.environ | backend_env
@@ -85,6 +98,7 @@ async def test_content_is_logged_only_when_asked(
         "LOG_MESSAGE_CONTENT": str(log_content).lower(),
         "LLM_BASE_URL": fake_llm.url,
         "SUMMARY_MODEL": "summary-model",
+        "API_TOKENS": f"{TOKEN},acme:{TENANT_TOKEN}",
     }
     log_path = tmp_path / "daemon.log"
     with log_path.open("wb") as log_file:
@@ -102,8 +116,9 @@ async def test_content_is_logged_only_when_asked(
     assert {"append", "request", "llm_summary_failed", "summary_written"} <= events, events
     assert fake_llm.requests, "the LLM was never asked"
     assert (MARK in text) is log_content
+    assert "zq7TOKEN" not in text
     appended = [r for r in records if r["event"] == "append"]
-    assert len(appended) == 7
+    assert len(appended) == 8
     assert all((MARK in r.get("content", "")) is log_content for r in appended)
 
 

@@ -33,7 +33,8 @@ class TcpProxy:
     - `blackhole()`: connections stay open but nothing passes (a hung server or a dropped route);
     - `cut()`: every open connection is reset and new ones are closed at once (a dead server);
     - `heal()`: back to plain forwarding.
-    `accepted` counts the connections the daemon opened to the proxy, `connections` and
+    `accepted` counts the connections the daemon opened to the proxy, `sent` the bytes it sent
+    (whether or not they were passed on: a hung server receives requests too), `connections` and
     `upstream_bytes` what reached the upstream, so a test can tell that the daemon stopped calling
     a dependency (a circuit breaker) without timing anything.
     """
@@ -45,6 +46,7 @@ class TcpProxy:
         self.accepted = 0
         self.connections = 0
         self.upstream_bytes = 0
+        self.sent = 0
         self._mode = "pass"
         self._loop = asyncio.new_event_loop()
         # Set while data may flow; cleared by blackhole(). Touched only on the proxy's loop.
@@ -126,14 +128,16 @@ class TcpProxy:
 
     async def _hold(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(OSError, ConnectionError):
-            while await reader.read(65536):
-                pass
+            while data := await reader.read(65536):
+                self.sent += len(data)
         self._writers.discard(writer)
         _abort(writer)
 
     async def _pipe(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, *, upstream: bool) -> None:
         try:
             while data := await src.read(65536):
+                if upstream:
+                    self.sent += len(data)
                 await self._flowing.wait()
                 if self._mode == "cut":
                     return

@@ -73,6 +73,17 @@ async def _eventually(check: Any, *, timeout_s: float = 30.0) -> None:
         await asyncio.sleep(0.05)
 
 
+async def _quiet(proxy: TcpProxy) -> None:
+    """Wait (at most 2 s) until the proxy has read nothing more from the daemon for 0.3 s: what
+    was sent before the breaker opened (held back by a slow proxy) is then counted."""
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        before = proxy.sent
+        await asyncio.sleep(0.3)
+        if proxy.sent == before:
+            return
+
+
 # --- Redis ------------------------------------------------------------------------------
 
 
@@ -83,8 +94,9 @@ async def test_redis_fault_falls_through_breaker_opens_and_hot_refills(
     """While Redis is down (killed), hung (accepts, never answers) or slower than REDIS_TIMEOUT_MS,
     appends commit to SQL and reads answer from SQL with the right content; after a few
     failures the breaker opens and Redis is no longer called on every request; when Redis is
-    back, the first probe closes the breaker and backfill refills the hot tier."""
-    reset_s = 1.0
+    back, a probe closes the breaker and backfill refills the hot tier."""
+    # Longer than ten reads from SQL take, so that normally no probe falls in that window.
+    reset_s = 3.0
     d = Daemon(
         _env(
             real_servers,
@@ -99,6 +111,10 @@ async def test_redis_fault_falls_through_breaker_opens_and_hot_refills(
         await play(d, sid, ZH_12_TURNS[:3])
         await d.settle()
         assert (await d.get(f"/v1/sessions/{sid}/summary"))["tier"] == "hot"
+        sent_before = redis_proxy.sent
+        assert (await d.get(f"/v1/sessions/{sid}/context"))["summary_tier"] == "hot"
+        one_read = redis_proxy.sent - sent_before
+        assert one_read > 0
 
         if fault == "killed":
             private_redis.kill()
@@ -106,12 +122,15 @@ async def test_redis_fault_falls_through_breaker_opens_and_hot_refills(
             redis_proxy.blackhole()
         else:
             redis_proxy.delay_s = 0.5
+        faulted = time.monotonic()  # the breaker opens after this
         await play(d, sid, ZH_12_TURNS[3:5])
         assert _gauge(d, "tiered_memory_breaker_state", dependency="redis") == 2
 
         # Open: ten requests (twenty Redis calls without a breaker), and only the probes, one
-        # per reset period (each with redis-py's own reconnect attempts), reach Redis.
-        started, accepted_before = time.monotonic(), redis_proxy.accepted
+        # per reset period, reach Redis: none at all when the ten take less than a period. A
+        # probe may reconnect, and send one read and a backfill.
+        await _quiet(redis_proxy)
+        started, accepted_before, sent_before = time.monotonic(), redis_proxy.accepted, redis_proxy.sent
         for _ in range(10):
             ctx = await d.get(f"/v1/sessions/{sid}/context")
             assert ctx["messages"][-1]["content"] == ZH_12_TURNS[4][1]
@@ -119,6 +138,8 @@ async def test_redis_fault_falls_through_breaker_opens_and_hot_refills(
             assert ctx["turn_count"] == 5
         probes_allowed = int((time.monotonic() - started) / reset_s) + 1
         assert redis_proxy.accepted - accepted_before <= probes_allowed * 4
+        probes_since_open = int((time.monotonic() - faulted) / reset_s)
+        assert redis_proxy.sent - sent_before <= probes_since_open * (4 * one_read + 4096)
         assert (_gauge(d, "tiered_memory_breaker_rejections_total", dependency="redis") or 0) >= 10
 
         if fault == "killed":
@@ -126,9 +147,15 @@ async def test_redis_fault_falls_through_breaker_opens_and_hot_refills(
         else:
             redis_proxy.heal()
         await asyncio.sleep(reset_s + 0.1)
-        ctx = await d.get(f"/v1/sessions/{sid}/context")
-        assert ctx["messages"][-1]["content"] == ZH_12_TURNS[4][1]
-        assert _gauge(d, "tiered_memory_breaker_state", dependency="redis") == 0
+
+        async def closed() -> bool:
+            # A probe on the connection that hung times out once and replaces it; the next
+            # probe, a reset period later, gets through.
+            ctx = await d.get(f"/v1/sessions/{sid}/context")
+            assert ctx["messages"][-1]["content"] == ZH_12_TURNS[4][1]
+            return _gauge(d, "tiered_memory_breaker_state", dependency="redis") == 0
+
+        await _eventually(closed, timeout_s=4 * reset_s)
         # Backfill put the session back: the recent list and the summary are in Redis again.
         with private_redis.client() as r:
             assert r.llen(f"{d.settings.redis_key_prefix}:{{{sid}}}:recent") > 0
@@ -188,8 +215,8 @@ async def test_redis_flushed_answers_warm_then_hot_again(
 async def test_sql_fault_refuses_writes_serves_hot_reads_and_loses_nothing(
     real_servers: RealServers, sql_proxy: TcpProxy, fault: str
 ) -> None:
-    """With SQL cut off or slower than SQL_TIMEOUT_MS: an append answers 503 with Retry-After and
-    is not stored; reads answer from Redis (tier hot); /readyz says SQL is degraded. Afterwards
+    """With SQL cut off or slower than SQL_TIMEOUT_MS: an append (or a turn) answers 503 with
+    Retry-After and is not stored; reads answer from Redis (tier hot); /readyz says SQL is degraded. Afterwards
     the gateway's retry with the same message_id stores the message exactly once."""
     reset_s = 0.5
     d = Daemon(
@@ -209,11 +236,13 @@ async def test_sql_fault_refuses_writes_serves_hot_reads_and_loses_nothing(
             sql_proxy.cut()
         else:
             sql_proxy.delay_s = 1.5
-        for _ in range(4):
+        for attempt in range(4):
+            # A plain append and a load-then-append turn alike.
+            route = "messages" if attempt % 2 == 0 else "turns"
             resp = await d.http.post(
-                f"/v1/sessions/{sid}/messages", json={"role": "user", "content": "还在吗？", "message_id": "m-outage"}
+                f"/v1/sessions/{sid}/{route}", json={"role": "user", "content": "还在吗？", "message_id": "m-outage"}
             )
-            assert resp.status == 503, await resp.text()
+            assert resp.status == 503, (route, await resp.text())
             assert resp.headers["Retry-After"] == "1"
             assert (await resp.json())["error"]["code"] == "sql_unavailable"
         assert _gauge(d, "tiered_memory_breaker_state", dependency="sql") == 2
@@ -233,7 +262,7 @@ async def test_sql_fault_refuses_writes_serves_hot_reads_and_loses_nothing(
 
         async def retried() -> bool:
             resp = await d.http.post(
-                f"/v1/sessions/{sid}/messages", json={"role": "user", "content": "还在吗？", "message_id": "m-outage"}
+                f"/v1/sessions/{sid}/turns", json={"content": "还在吗？", "message_id": "m-outage"}
             )
             return resp.status in (200, 201)
 

@@ -425,3 +425,45 @@ async def test_no_utterance_request_waits_on_a_slow_llm(backend_env: dict[str, s
         await d.settle()
     finally:
         await d.stop()
+
+
+async def test_close_never_waits_on_the_llm(backend_env: dict[str, str], fake_llm: FakeLlm) -> None:
+    """With an LLM that takes seconds: a close merges the uncovered turns without calling it
+    (persisted at once, the last slice deterministic); a close while a background pass waits on
+    it answers at once with what SQL has and leaves the final pass to the background, which then
+    covers every turn; the close after that reports it persisted."""
+    fake_llm.behaviour.delay_s = 3.0
+    d = Daemon(
+        backend_env
+        | {"LLM_BASE_URL": fake_llm.url, "SUMMARY_MODEL": "fake", "SUMMARY_FORMAT": "text", "LLM_TIMEOUT_SECONDS": "10"}
+    )
+    await d.start()
+    try:
+        quiet = new_sid()
+        await play(d, quiet, ZH_12_TURNS[:2])  # below the cadence: no background pass
+        resp = await d.http.post(f"/v1/sessions/{quiet}/close")
+        assert resp.status == 200
+        assert (await resp.json())["persisted"] is True
+        assert fake_llm.requests == []
+        slices = (await d.get(f"/v1/sessions/{quiet}/slices"))["slices"]
+        assert [(s["to_turn"], s["source"]) for s in slices] == [(2, "deterministic")]
+
+        busy = new_sid()
+        await play(d, busy, ZH_12_TURNS[:3])
+
+        async def llm_called() -> bool:
+            return fake_llm.in_flight == 1
+
+        await _eventually(llm_called)
+        await play(d, busy, ZH_12_TURNS[3:4])
+        resp = await d.http.post(f"/v1/sessions/{busy}/close")
+        assert resp.status == 200
+        assert ((await resp.json())["persisted"], fake_llm.in_flight) == (False, 1)
+        await d.settle()
+        summary = await d.get(f"/v1/sessions/{busy}/summary")
+        assert (summary["covered_turns"], summary["source"]) == (4, "llm")
+        resp = await d.http.post(f"/v1/sessions/{busy}/close")
+        assert (await resp.json())["persisted"] is True
+        assert (await d.get(f"/v1/sessions/{busy}"))["closed"] is True
+    finally:
+        await d.stop()

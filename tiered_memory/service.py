@@ -48,6 +48,9 @@ _SWEEP_BATCH = 500
 # While another replica holds a session's summary lock, look again this often, this many times.
 _LOCKED_RETRY_S = 0.2
 _LOCKED_RETRIES = 50
+# How long a close waits for a summarization that is already running: long enough for a
+# deterministic pass, short against an LLM call.
+_CLOSE_LOCK_WAIT_S = 1.0
 
 
 class MemoryService:
@@ -148,24 +151,39 @@ class MemoryService:
             and result.turn_count % self._s.summary_every_n_turns == 0
         )
 
-    async def _run_until_unlocked(self, session_id: str, *, background: bool) -> JobResult:
-        # Another replica holding the lock may have started before our latest turn was
-        # committed, so wait for it and look again rather than assume it covers everything.
-        # The wait happens outside the concurrency slot, so it blocks no other session.
+    async def _summarize(self, session_id: str) -> None:
+        """A background pass, within SUMMARY_CONCURRENCY. Another replica holding the lock may
+        have started before our latest turn was committed, so wait for it and look again rather
+        than assume it covers everything. The wait happens outside the concurrency slot, so it
+        blocks no other session."""
         for _ in range(_LOCKED_RETRIES):
-            if background:
-                async with self._slots:
-                    result = await self._job.run(session_id)
-            else:
+            async with self._slots:
                 result = await self._job.run(session_id)
             if result.outcome is not Outcome.LOCKED:
-                return result
+                return
             await asyncio.sleep(_LOCKED_RETRY_S)
         log.info("summary_locked_elsewhere", session_id=session_id)
-        return result
 
-    async def _summarize(self, session_id: str) -> None:
-        await self._run_until_unlocked(session_id, background=True)
+    async def _close_pass(self, session_id: str) -> JobResult:
+        """The summary pass of a close, which never waits on the LLM: it merges the turns the
+        background passes have not covered yet with the deterministic extractor (on top of what
+        the LLM wrote before, whose text it carries), so a hung or slow LLM costs close nothing.
+        A pass already running (which may be waiting on the LLM) is waited for at most
+        _CLOSE_LOCK_WAIT_S; past that, close answers with what SQL has and the final pass runs
+        in the background after it (LLM first), as the sweeper would."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _CLOSE_LOCK_WAIT_S
+        while True:
+            # Started now, so it sees every turn committed before close. It does not queue
+            # behind background summaries; the summary lock still keeps it the only writer.
+            result = await self._job.run(session_id, use_llm=False)
+            if result.outcome is not Outcome.LOCKED:
+                return result
+            if loop.time() >= deadline:
+                self.summaries.schedule(session_id)
+                log.info("close_summary_left_to_background", session_id=session_id)
+                return result
+            await asyncio.sleep(_LOCKED_RETRY_S)
 
     async def close(self, session_id: str, *, caller: Caller, reason: str = "client") -> CloseResult:
         """Persist the final summary to both tiers (summarizing the uncovered turns now) when the
@@ -177,9 +195,7 @@ class MemoryService:
         info = await self._owned_session(session_id, caller)
         persisted = cached = False
         if self._s.summaries_enabled and info.turn_count >= max(1, self._s.summary_min_turns_to_persist):
-            # A pass started now sees every turn committed before close. It does not queue
-            # behind background summaries; the summary lock still keeps it the only writer.
-            result = await self._run_until_unlocked(session_id, background=False)
+            result = await self._close_pass(session_id)
             after = await self._store.get_session(session_id)
             persisted = after is not None and after.covered_turns >= info.turn_count
             cached = persisted and result.hot_written

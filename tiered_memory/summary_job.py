@@ -85,9 +85,10 @@ class SummaryJob:
         self._lock_ttl = lock_ttl_s
         self._clock = clock
 
-    async def run(self, session_id: str) -> JobResult:
+    async def run(self, session_id: str, *, use_llm: bool = True) -> JobResult:
         """One pass; never raises for store or LLM failures (they are counted and logged, and
-        the sweeper finds the session again because its watermark did not move)."""
+        the sweeper finds the session again because its watermark did not move). With
+        use_llm=False the deterministic extractor merges, whatever LLM is configured."""
         try:
             token = await self._hot.try_lock(session_id, self._lock_ttl)
         except HotUnavailable:
@@ -98,7 +99,7 @@ class SummaryJob:
         if token is None:
             return JobResult(Outcome.LOCKED)
         try:
-            return await self._run_locked(session_id, token)
+            return await self._run_locked(session_id, token, self._llm if use_llm else None)
         except SqlUnavailable as exc:
             source = SummarySource.LLM if self._llm else SummarySource.DETERMINISTIC
             self._metrics.tier_errors.labels("sql", "summarize").inc()
@@ -108,7 +109,7 @@ class SummaryJob:
         finally:
             await self._unlock(session_id, token)
 
-    async def _run_locked(self, session_id: str, token: str) -> JobResult:
+    async def _run_locked(self, session_id: str, token: str, llm: LlmSummarizer | None) -> JobResult:
         prev, info = await self._store.get_summary(session_id)
         if info is None:
             return JobResult(Outcome.NO_SESSION)
@@ -119,7 +120,9 @@ class SummaryJob:
             return JobResult(Outcome.UP_TO_DATE, hot_written=cached)
         started = time.perf_counter()
         rows = await self._store.messages_in_turns(session_id, after_turn=covered, through_turn=target)
-        summary, pieces = await self._merge_batches(session_id, token, prev, rows, covered=covered, target=target)
+        summary, pieces = await self._merge_batches(
+            session_id, token, prev, rows, covered=covered, target=target, llm=llm
+        )
         source = summary.source
         if not await self._store.put_summary(
             session_id, summary, user_id=info.user_id, turn_count=target, slices=pieces
@@ -146,7 +149,15 @@ class SummaryJob:
         return JobResult(Outcome.WRITTEN, hot_written=cached)
 
     async def _merge_batches(
-        self, session_id: str, token: str, prev: Summary | None, rows: list[Message], *, covered: int, target: int
+        self,
+        session_id: str,
+        token: str,
+        prev: Summary | None,
+        rows: list[Message],
+        *,
+        covered: int,
+        target: int,
+        llm: LlmSummarizer | None,
     ) -> tuple[Summary, list[Slice]]:
         """Merge turns covered+1..target into `prev`, at most COMPRESSION_BATCH_TURNS turns per
         call, one slice per batch. The result is one new version (the stored one plus one)."""
@@ -158,7 +169,7 @@ class SummaryJob:
                 await self._keep_lock(session_id, token)
             end = min(start + self._batch, target)
             batch = [m for m in rows if start < m.turn <= end]
-            running, piece = await self._merge(session_id, running, batch, covered=start, target=end)
+            running, piece = await self._merge(session_id, running, batch, covered=start, target=end, llm=llm)
             if piece:
                 pieces.append(piece)
             start = end
@@ -171,7 +182,14 @@ class SummaryJob:
         return final, [dataclasses.replace(p, summary_version=final.version) for p in pieces]
 
     async def _merge(
-        self, session_id: str, prev: Summary | None, rows: list[Message], *, covered: int, target: int
+        self,
+        session_id: str,
+        prev: Summary | None,
+        rows: list[Message],
+        *,
+        covered: int,
+        target: int,
+        llm: LlmSummarizer | None,
     ) -> tuple[Summary, Slice | None]:
         """The summary of turns 1..target from `prev` (covering 1..covered) and the messages of
         turns covered+1..target, with the slice recording that step."""
@@ -196,13 +214,13 @@ class SummaryJob:
             max_chars=self._max_chars,
         )
         text, source = extraction.text, SummarySource.DETERMINISTIC
-        if self._llm is not None and new:
+        if llm is not None and new:
             try:
                 if self._format == "structured":
-                    payload = await self._llm.summarize_structured(prev_payload, new)
+                    payload = await llm.summarize_structured(prev_payload, new)
                     text = payload["summary"]
                 else:
-                    text = await self._llm.summarize(prev.text if prev else None, new)
+                    text = await llm.summarize(prev.text if prev else None, new)
                     payload = {**payload, "summary": text}
                 source = SummarySource.LLM
             except LlmFailed as exc:
@@ -238,8 +256,8 @@ class SummaryJob:
             source=source,
             summary_version=summary.version,
             created_at=now,
-            model=self._llm.model if source is SummarySource.LLM and self._llm else None,
-            prompt_id=self._llm.prompt_id if source is SummarySource.LLM and self._llm else None,
+            model=llm.model if source is SummarySource.LLM and llm else None,
+            prompt_id=llm.prompt_id if source is SummarySource.LLM and llm else None,
         )
         return summary, piece
 
@@ -254,7 +272,9 @@ class SummaryJob:
                 return None
             rows = await self._store.messages_in_turns(session_id, after_turn=0, through_turn=info.turn_count)
             # From nothing, but as the next version of what is stored (so caches take it).
-            final, pieces = await self._merge_batches(session_id, token, None, rows, covered=0, target=info.turn_count)
+            final, pieces = await self._merge_batches(
+                session_id, token, None, rows, covered=0, target=info.turn_count, llm=self._llm
+            )
             final = dataclasses.replace(
                 final,
                 version=(prev.version if prev else 0) + 1,

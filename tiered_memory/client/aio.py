@@ -60,8 +60,8 @@ class AsyncClient:
     or call `aclose()`; one instance serves any number of concurrent calls on pooled connections.
 
     - `token`: sent as `Authorization: Bearer <token>` (the daemon's API_TOKENS).
-    - `timeout`: seconds for one attempt, connection to last byte (default 10). `close` may wait
-      for the LLM's final summary: give it a longer
+    - `timeout`: seconds for one attempt, connection to last byte (default 10).
+      `rebuild_summary` calls the LLM once per batch while it waits: give it a longer
       `attempt_timeout` of its own if LLM_TIMEOUT_SECONDS is long.
     - `retries`: further attempts after a connection failure or a 5xx (default 2); `backoff` the
       first wait in seconds (doubled each time, jittered, at most `max_backoff`); a 503's

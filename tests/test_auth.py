@@ -343,7 +343,8 @@ async def test_a_restricted_read_stays_one_hot_round_trip(authed: Daemon) -> Non
 async def test_a_hot_entry_outside_its_namespace_is_never_shown(authed: Daemon) -> None:
     """Before schema version 6 a tenant's session was cached under its bare id. Such an entry is
     a stranger's to whoever now uses that id in the namespace of no tenant: summary and context
-    go to SQL (which knows no such session) and show nothing of it."""
+    go to SQL (which knows no such session) and show nothing of it, and a session started under
+    that id never shows a summary left there."""
     sid = new_sid()
     await owned_conversation(authed, sid)
     assert authed.app is not None
@@ -371,3 +372,13 @@ async def test_a_hot_entry_outside_its_namespace_is_never_shown(authed: Daemon) 
     assert (context["summary_tier"], context["messages"], context["turn_count"]) == ("none", [], 0)
     # The tenant still finds its session, hot.
     assert (await authed.get(f"/v1/sessions/{sid}/summary"))["tier"] == "hot"
+    # A summary left alone under the bare id (its counters expired first): a session that
+    # starts under that id never shows it.
+    fresh = new_sid()
+    assert await hot.put_summary(fresh, cached.summary)
+    resp = await authed.http.post(
+        f"/v1/sessions/{fresh}/messages", json={"role": "user", "content": "新的会话"}, headers=admin
+    )
+    assert resp.status == 201
+    summary = await (await authed.http.get(f"/v1/sessions/{fresh}/summary", headers=admin)).json()
+    assert (summary["tier"], summary["summary"]) == ("none", None)

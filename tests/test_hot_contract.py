@@ -240,6 +240,20 @@ async def test_extend_lock_only_for_its_holder(hot: HotTier) -> None:
     assert await hot.extend_lock(sid, token, 60) is False
 
 
+async def test_a_first_message_drops_a_summary_left_under_its_key(hot: HotTier) -> None:
+    """A summary cached under a key before the session's first message (a stranger's: a tenant
+    session cached under its bare id before schema version 6) is gone once seq 1 is appended; a
+    repeat of seq 1 later leaves the session's own summary alone."""
+    sid = new_sid()
+    assert await hot.put_summary(sid, summary(7, "someone else's"))
+    await hot.record_append(msg(sid, 1), turn_count=0, message_count=1, last_activity=1.0, owner=OWNER)
+    assert await hot.read_summary(sid) == (None, 0, OWNER)
+    await hot.record_append(msg(sid, 2), turn_count=1, message_count=2, last_activity=2.0, owner=OWNER)
+    assert await hot.put_summary(sid, summary(1))
+    await hot.record_append(msg(sid, 1), turn_count=0, message_count=1, last_activity=1.0, owner=OWNER)
+    assert (await hot.read_summary(sid))[0] == summary(1)
+
+
 async def test_appends_apply_in_seq_order_only(hot: HotTier) -> None:
     """A repeated or late append changes nothing; an append past a gap (earlier ones never
     arrived) drops the window and counters, so the read path goes to SQL instead."""

@@ -44,7 +44,8 @@ class HotTier(Protocol):
 
         In seq order only: a message at or below the cached count changes nothing (a retry, or a
         write that arrived late), and one past a gap drops the recent list and counters, so the
-        next read goes to SQL rather than serving a window with messages missing."""
+        next read goes to SQL rather than serving a window with messages missing. A session's
+        first message (seq 1) drops any summary cached under its key: none can precede it."""
         ...
 
     async def put_summary(self, session_id: str, summary: Summary) -> bool:

@@ -130,6 +130,8 @@ class MemoryHot:
             entry.last = None
             entry.owner = None
             return
+        if message.seq == 1:
+            entry.summary = None  # a stranger's: no summary of a session precedes its first message
         entry.recent.append(message)
         del entry.recent[: -self._recent_max]
         entry.recent_until = now + self._history_ttl

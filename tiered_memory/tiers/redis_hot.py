@@ -67,11 +67,13 @@ redis.call('EXPIRE', KEYS[3], ARGV[3])
 return 1
 """
 
-# Appends one committed message, in order or not at all. Keys: recent, state. A write that arrives
+# Appends one committed message, in order or not at all. Keys: recent, state, summary. A write that arrives
 # late (it timed out here but Redis got it after newer ones) finds a count at or past its seq and
 # changes nothing; a write that finds a gap (earlier appends never reached Redis) drops the
 # session's hot entry, so the next read rebuilds it from SQL instead of trusting a stale window.
-# ARGV[10] = '1' drops the entry first: this process failed a write of the session before.
+# ARGV[10] = '1' drops the entry first: this process failed a write of the session before. A
+# session's first message drops any summary under its key: none can precede it, so one there is a
+# stranger's (cached under a tenant session's bare id before schema version 6 moved it).
 _APPEND_LUA = """
 if ARGV[10] == '1' then redis.call('DEL', KEYS[1], KEYS[2]) end
 local seq = tonumber(ARGV[2])
@@ -84,6 +86,7 @@ if have then
     return -1
   end
 end
+if seq == 1 then redis.call('DEL', KEYS[3]) end
 redis.call('RPUSH', KEYS[1], ARGV[1])
 redis.call('LTRIM', KEYS[1], -tonumber(ARGV[7]), -1)
 redis.call('EXPIRE', KEYS[1], ARGV[8])
@@ -322,7 +325,8 @@ class RedisHot:
         ]
 
         async def op() -> object:
-            return await self._script(self._append, [self._keys.recent(sid), self._keys.state(sid)], args)
+            keys = [self._keys.recent(sid), self._keys.state(sid), self._keys.summary(sid)]
+            return await self._script(self._append, keys, args)
 
         try:
             await self._call(op)

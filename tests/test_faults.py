@@ -467,3 +467,31 @@ async def test_close_never_waits_on_the_llm(backend_env: dict[str, str], fake_ll
         assert (await d.get(f"/v1/sessions/{busy}"))["closed"] is True
     finally:
         await d.stop()
+
+
+async def test_an_idle_close_still_asks_the_llm(backend_env: dict[str, str], fake_llm: FakeLlm) -> None:
+    """The sweeper's idle close has nobody waiting on it: the last turns are summarized LLM first."""
+    d = Daemon(
+        backend_env
+        | {
+            "LLM_BASE_URL": fake_llm.url,
+            "SUMMARY_MODEL": "fake",
+            "SUMMARY_FORMAT": "text",
+            "SESSION_IDLE_CLOSE_SECONDS": "1",
+            "SWEEP_INTERVAL_SECONDS": "0.2",
+        }
+    )
+    await d.start()
+    try:
+        sid = new_sid()
+        await play(d, sid, ZH_12_TURNS[:2])  # below the cadence: only the close summarizes
+
+        async def closed() -> bool:
+            return bool((await d.get(f"/v1/sessions/{sid}"))["closed"])
+
+        await _eventually(closed, timeout_s=15)
+        slices = (await d.get(f"/v1/sessions/{sid}/slices"))["slices"]
+        assert [(s["to_turn"], s["source"]) for s in slices] == [(2, "llm")]
+        assert len(fake_llm.requests) == 1
+    finally:
+        await d.stop()

@@ -164,19 +164,21 @@ class MemoryService:
             await asyncio.sleep(_LOCKED_RETRY_S)
         log.info("summary_locked_elsewhere", session_id=session_id)
 
-    async def _close_pass(self, session_id: str) -> JobResult:
-        """The summary pass of a close, which never waits on the LLM: it merges the turns the
-        background passes have not covered yet with the deterministic extractor (on top of what
-        the LLM wrote before, whose text it carries), so a hung or slow LLM costs close nothing.
-        A pass already running (which may be waiting on the LLM) is waited for at most
-        _CLOSE_LOCK_WAIT_S; past that, close answers with what SQL has and the final pass runs
-        in the background after it (LLM first), as the sweeper would."""
+    async def _close_pass(self, session_id: str, *, answering: bool) -> JobResult:
+        """The summary pass of a close. One that a caller waits for (`answering`) never waits on
+        the LLM: it merges the turns the background passes have not covered yet with the
+        deterministic extractor (on top of what the LLM wrote before, whose text it carries), so
+        a hung or slow LLM costs close nothing, and it waits for a pass already running (which
+        may be waiting on the LLM) at most _CLOSE_LOCK_WAIT_S; past that, close answers with
+        what SQL has and the final pass runs in the background after it (LLM first), as the
+        sweeper would. The sweeper's idle close has nobody waiting: LLM first, and it waits for
+        a running pass as long as a background pass does."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + _CLOSE_LOCK_WAIT_S
+        deadline = loop.time() + (_CLOSE_LOCK_WAIT_S if answering else _LOCKED_RETRIES * _LOCKED_RETRY_S)
         while True:
             # Started now, so it sees every turn committed before close. It does not queue
             # behind background summaries; the summary lock still keeps it the only writer.
-            result = await self._job.run(session_id, use_llm=False)
+            result = await self._job.run(session_id, use_llm=not answering)
             if result.outcome is not Outcome.LOCKED:
                 return result
             if loop.time() >= deadline:
@@ -195,7 +197,7 @@ class MemoryService:
         info = await self._owned_session(session_id, caller)
         persisted = cached = False
         if self._s.summaries_enabled and info.turn_count >= max(1, self._s.summary_min_turns_to_persist):
-            result = await self._close_pass(session_id)
+            result = await self._close_pass(session_id, answering=reason == "client")
             after = await self._store.get_session(session_id)
             persisted = after is not None and after.covered_turns >= info.turn_count
             cached = persisted and result.hot_written

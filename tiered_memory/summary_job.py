@@ -101,7 +101,7 @@ class SummaryJob:
         try:
             return await self._run_locked(session_id, token, self._llm if use_llm else None)
         except SqlUnavailable as exc:
-            source = SummarySource.LLM if self._llm else SummarySource.DETERMINISTIC
+            source = SummarySource.LLM if self._llm and use_llm else SummarySource.DETERMINISTIC
             self._metrics.tier_errors.labels("sql", "summarize").inc()
             self._metrics.summarizations.labels(source.value, "failed").inc()
             log.warning("summary_failed", session_id=session_id, error=str(exc))

@@ -18,6 +18,9 @@ from collections.abc import Sequence
 from tiered_memory.errors import ConfigError, SqlUnavailable
 from tiered_memory.settings import Settings
 
+# The admin commands address SQL and Redis directly, where a tenant's session lives under its tenant.
+_KEY_HELP = "the stored key: the session id, or <tenant>/<id> for a session of a tenant's token"
+
 
 def _settings() -> Settings:
     try:
@@ -122,13 +125,13 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--ready", action="store_true", help="with --http: ask /readyz instead of /healthz")
     check.add_argument("--timeout", type=float, default=3.0, help="with --http: seconds to wait (default 3)")
     inspect = sub.add_parser("inspect", help="print what every tier holds about a session (JSON)")
-    inspect.add_argument("session_id")
+    inspect.add_argument("session_id", help=_KEY_HELP)
     rebuild = sub.add_parser("rebuild", help="recompute a session's summary from its messages, or catch up every lag")
     which = rebuild.add_mutually_exclusive_group(required=True)
-    which.add_argument("session_id", nargs="?", help="the session to rebuild from the cold tier")
+    which.add_argument("session_id", nargs="?", help="the session to rebuild from the cold tier; " + _KEY_HELP)
     which.add_argument("--all-stale", action="store_true", help="bring every session whose summary lags up to date")
     export = sub.add_parser("export", help="write a session's messages, summary and slices as one JSON document")
-    export.add_argument("session_id")
+    export.add_argument("session_id", help=_KEY_HELP)
     export.add_argument("--output", "-o", help="write to this file instead of stdout")
     purge = sub.add_parser("purge", help="delete sessions inactive for more than DAYS, in small transactions")
     purge.add_argument("--older-than", type=_positive, required=True, metavar="DAYS", help="days of inactivity")

@@ -62,6 +62,11 @@ def _env(real_servers: RealServers, **extra: str) -> dict[str, str]:
     return env | extra
 
 
+def _with_llm(backend_env: dict[str, str], fake_llm: FakeLlm, **extra: str) -> Daemon:
+    """A daemon (not started) that summarizes with the fake LLM, with `extra` settings."""
+    return Daemon(backend_env | {"LLM_BASE_URL": fake_llm.url, "SUMMARY_MODEL": "fake"} | extra)
+
+
 def _gauge(d: Daemon, name: str, **labels: str) -> float | None:
     return d.registry.get_sample_value(name, labels)
 
@@ -342,15 +347,8 @@ async def test_llm_breaker_stops_calling_a_failing_llm(
         fake_llm.behaviour.delay_s = 2.0
     else:
         fake_llm.behaviour.mode = mode
-    d = Daemon(
-        backend_env
-        | {
-            "LLM_BASE_URL": fake_llm.url,
-            "SUMMARY_MODEL": "fake",
-            "LLM_TIMEOUT_SECONDS": "0.3",
-            "LLM_BREAKER_FAILURES": "2",
-            "LLM_BREAKER_RESET_SECONDS": "600",
-        }
+    d = _with_llm(
+        backend_env, fake_llm, LLM_TIMEOUT_SECONDS="0.3", LLM_BREAKER_FAILURES="2", LLM_BREAKER_RESET_SECONDS="600"
     )
     await d.start()
     try:
@@ -373,15 +371,8 @@ async def test_llm_breaker_stops_calling_a_failing_llm(
 
 async def test_llm_breaker_probes_and_recovers(backend_env: dict[str, str], fake_llm: FakeLlm) -> None:
     fake_llm.behaviour.mode = "status"
-    d = Daemon(
-        backend_env
-        | {
-            "LLM_BASE_URL": fake_llm.url,
-            "SUMMARY_MODEL": "fake",
-            "SUMMARY_FORMAT": "text",
-            "LLM_BREAKER_FAILURES": "1",
-            "LLM_BREAKER_RESET_SECONDS": "0.5",
-        }
+    d = _with_llm(
+        backend_env, fake_llm, SUMMARY_FORMAT="text", LLM_BREAKER_FAILURES="1", LLM_BREAKER_RESET_SECONDS="0.5"
     )
     await d.start()
     try:
@@ -404,7 +395,7 @@ async def test_no_utterance_request_waits_on_a_slow_llm(backend_env: dict[str, s
     """With a summary call outstanding for seconds, appends, context and summary reads of the
     same session are answered meanwhile (the LLM call is still in flight when they return)."""
     fake_llm.behaviour.delay_s = 3.0
-    d = Daemon(backend_env | {"LLM_BASE_URL": fake_llm.url, "SUMMARY_MODEL": "fake", "LLM_TIMEOUT_SECONDS": "10"})
+    d = _with_llm(backend_env, fake_llm, LLM_TIMEOUT_SECONDS="10")
     await d.start()
     try:
         sid = new_sid()
@@ -433,10 +424,7 @@ async def test_close_never_waits_on_the_llm(backend_env: dict[str, str], fake_ll
     it answers at once with what SQL has and leaves the final pass to the background, which then
     covers every turn; the close after that reports it persisted."""
     fake_llm.behaviour.delay_s = 3.0
-    d = Daemon(
-        backend_env
-        | {"LLM_BASE_URL": fake_llm.url, "SUMMARY_MODEL": "fake", "SUMMARY_FORMAT": "text", "LLM_TIMEOUT_SECONDS": "10"}
-    )
+    d = _with_llm(backend_env, fake_llm, SUMMARY_FORMAT="text", LLM_TIMEOUT_SECONDS="10")
     await d.start()
     try:
         quiet = new_sid()
@@ -471,15 +459,8 @@ async def test_close_never_waits_on_the_llm(backend_env: dict[str, str], fake_ll
 
 async def test_an_idle_close_still_asks_the_llm(backend_env: dict[str, str], fake_llm: FakeLlm) -> None:
     """The sweeper's idle close has nobody waiting on it: the last turns are summarized LLM first."""
-    d = Daemon(
-        backend_env
-        | {
-            "LLM_BASE_URL": fake_llm.url,
-            "SUMMARY_MODEL": "fake",
-            "SUMMARY_FORMAT": "text",
-            "SESSION_IDLE_CLOSE_SECONDS": "1",
-            "SWEEP_INTERVAL_SECONDS": "0.2",
-        }
+    d = _with_llm(
+        backend_env, fake_llm, SUMMARY_FORMAT="text", SESSION_IDLE_CLOSE_SECONDS="1", SWEEP_INTERVAL_SECONDS="0.2"
     )
     await d.start()
     try:
@@ -491,7 +472,10 @@ async def test_an_idle_close_still_asks_the_llm(backend_env: dict[str, str], fak
 
         await _eventually(closed, timeout_s=15)
         slices = (await d.get(f"/v1/sessions/{sid}/slices"))["slices"]
-        assert [(s["to_turn"], s["source"]) for s in slices] == [(2, "llm")]
-        assert len(fake_llm.requests) == 1
+        # (On a slow machine the sweeper may also have closed it after the first turn, before
+        # the second reopened it: then that close summarized turn 1, with the LLM as well.)
+        assert slices[-1]["to_turn"] == 2
+        assert {s["source"] for s in slices} == {"llm"}
+        assert len(fake_llm.requests) == len(slices)
     finally:
         await d.stop()

@@ -67,6 +67,17 @@ def _with_llm(backend_env: dict[str, str], fake_llm: FakeLlm, **extra: str) -> D
     return Daemon(backend_env | {"LLM_BASE_URL": fake_llm.url, "SUMMARY_MODEL": "fake"} | extra)
 
 
+def _marked(sid: str, turns: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The turns with «sid» in each question, so that the fake LLM tells this session's calls
+    from those for the other sessions in a shared database (a start-up or idle sweep does
+    them too)."""
+    return [(f"{user} «{sid}»", assistant) for user, assistant in turns]
+
+
+def _calls_for(fake_llm: FakeLlm, sid: str) -> int:
+    return sum(f"«{sid}»" in str(r["body"]["messages"][-1]["content"]) for r in fake_llm.requests)
+
+
 def _gauge(d: Daemon, name: str, **labels: str) -> float | None:
     return d.registry.get_sample_value(name, labels)
 
@@ -428,25 +439,25 @@ async def test_close_never_waits_on_the_llm(backend_env: dict[str, str], fake_ll
     await d.start()
     try:
         quiet = new_sid()
-        await play(d, quiet, ZH_12_TURNS[:2])  # below the cadence: no background pass
+        await play(d, quiet, _marked(quiet, ZH_12_TURNS[:2]))  # below the cadence: no background pass
         resp = await d.http.post(f"/v1/sessions/{quiet}/close")
         assert resp.status == 200
         assert (await resp.json())["persisted"] is True
-        assert fake_llm.requests == []
+        assert _calls_for(fake_llm, quiet) == 0
         slices = (await d.get(f"/v1/sessions/{quiet}/slices"))["slices"]
         assert [(s["to_turn"], s["source"]) for s in slices] == [(2, "deterministic")]
 
         busy = new_sid()
-        await play(d, busy, ZH_12_TURNS[:3])
+        await play(d, busy, _marked(busy, ZH_12_TURNS[:3]))
 
         async def llm_called() -> bool:
-            return fake_llm.in_flight == 1
+            return fake_llm.in_flight_by_marker.get(busy) == 1
 
         await _eventually(llm_called)
-        await play(d, busy, ZH_12_TURNS[3:4])
+        await play(d, busy, _marked(busy, ZH_12_TURNS[3:4]))
         resp = await d.http.post(f"/v1/sessions/{busy}/close")
         assert resp.status == 200
-        assert ((await resp.json())["persisted"], fake_llm.in_flight) == (False, 1)
+        assert ((await resp.json())["persisted"], fake_llm.in_flight_by_marker[busy]) == (False, 1)
         await d.settle()
         summary = await d.get(f"/v1/sessions/{busy}/summary")
         assert (summary["covered_turns"], summary["source"]) == (4, "llm")
@@ -465,7 +476,7 @@ async def test_an_idle_close_still_asks_the_llm(backend_env: dict[str, str], fak
     await d.start()
     try:
         sid = new_sid()
-        await play(d, sid, ZH_12_TURNS[:2])  # below the cadence: only the close summarizes
+        await play(d, sid, _marked(sid, ZH_12_TURNS[:2]))  # below the cadence: only the close summarizes
 
         async def closed() -> bool:
             return bool((await d.get(f"/v1/sessions/{sid}"))["closed"])
@@ -476,6 +487,6 @@ async def test_an_idle_close_still_asks_the_llm(backend_env: dict[str, str], fak
         # the second reopened it: then that close summarized turn 1, with the LLM as well.)
         assert slices[-1]["to_turn"] == 2
         assert {s["source"] for s in slices} == {"llm"}
-        assert len(fake_llm.requests) == len(slices)
+        assert _calls_for(fake_llm, sid) == len(slices)
     finally:
         await d.stop()

@@ -338,7 +338,7 @@ async def test_one_replica_purges_at_a_time(daemon: Daemon) -> None:
 
 def test_the_retention_lock_is_not_a_session_lock() -> None:
     """The scheduled purge's lock id can never be a session's: session ids exclude '#'."""
-    from tiered_memory.api import _SESSION_ID
+    from tiered_memory.api_input import SESSION_ID as _SESSION_ID
     from tiered_memory.retention import _LOCK_ID
 
     assert not _SESSION_ID.fullmatch(_LOCK_ID)

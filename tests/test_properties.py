@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import Daemon, new_sid
-from tiered_memory.api import parse_message
+from tiered_memory.api_input import parse_message
 from tiered_memory.context import alternate, assemble, compose, fit_recent
 from tiered_memory.errors import InvalidInput
 from tiered_memory.model import Message, MessageStatus, NewMessage, Role

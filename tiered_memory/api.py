@@ -1,26 +1,25 @@
-"""HTTP API v1: parse and validate requests, call the MemoryService, shape the JSON replies.
+"""HTTP API v1: the routes; each validates its request (api_input), calls the MemoryService and
+shapes the JSON reply.
 
 Errors are `{"error": {"code", "message"}}`. Domain errors map to status codes here and only here;
 bad input is refused with a 4xx that names what was wrong, before anything is changed. Who is
-asking (the token's tenant, the stated user) becomes a Caller here; the service checks it.
+asking (the token's tenant, the stated user) becomes a Caller at the edge, and names the session's
+stored key; the service checks the Caller against the session's owner.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import unquote_to_bytes
 
 import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from tiered_memory.auth import PRINCIPAL_KEY, valid_tenant
+from tiered_memory import api_input as read
 from tiered_memory.errors import (
     Conflict,
     Forbidden,
@@ -31,7 +30,7 @@ from tiered_memory.errors import (
     Unauthorized,
 )
 from tiered_memory.metrics import Metrics
-from tiered_memory.model import Caller, Channel, Message, MessageStatus, NewMessage, Role, Slice, SummaryAnswer
+from tiered_memory.model import Message, Slice, SummaryAnswer
 from tiered_memory.reads import ContextAnswer
 from tiered_memory.service import MemoryService
 from tiered_memory.settings import Settings
@@ -46,11 +45,6 @@ OPENAPI_KEY = web.AppKey("openapi", bytes)
 # The tier that answered a read (hot, warm, cold, none), for the request's log line.
 TIER_KEY = web.RequestKey("tier", str)
 
-# `{` and `}` are excluded so a session id can never break the Redis hash tag it is wrapped in.
-# Both are used with fullmatch: `$` also matches before a trailing newline, which let "a\n" in.
-_SESSION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
-_MESSAGE_ID = re.compile(r"[\x21-\x7e]{1,128}")
-_MESSAGE_FIELDS = {"role", "content", "user_id", "message_id", "channel", "status"}
 _RETRY_AFTER_S = "1"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -65,143 +59,6 @@ def reply(body: object, status: int = 200, headers: dict[str, str] | None = None
 
 def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> web.Response:
     return reply({"error": {"code": code, "message": message}}, status=status, headers=headers)
-
-
-def _session_id(request: web.Request) -> str:
-    sid = request.match_info["session_id"]
-    if not _SESSION_ID.fullmatch(sid):
-        raise InvalidInput("session_id: expected 1-128 characters of ASCII letters, digits and . _ : -")
-    return sid
-
-
-def _optional_str(body: dict[str, Any], name: str, pattern: re.Pattern[str]) -> str | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, str) or not pattern.fullmatch(value):
-        raise InvalidInput(f"{name}: expected a string of 1-128 printable ASCII characters")
-    return value
-
-
-async def _json_object(request: web.Request) -> dict[str, Any]:
-    try:
-        body = await request.json(loads=json.loads)
-    except (ValueError, RecursionError):
-        # ValueError covers malformed JSON and undecodable bytes; RecursionError absurd nesting.
-        raise InvalidInput("body: expected a JSON object") from None
-    except LookupError:
-        # The Content-Type names a charset Python does not know, so decoding cannot even start.
-        raise InvalidInput("body: unknown charset in Content-Type; expected utf-8") from None
-    except web.RequestPayloadError:
-        # The body cannot be read as sent: a broken gzip/deflate stream or a malformed chunk.
-        raise InvalidInput("body: could not be read (malformed Content-Encoding or chunked body)") from None
-    if not isinstance(body, dict):
-        raise InvalidInput("body: expected a JSON object")
-    return body
-
-
-def _encodable(text: str) -> bool:
-    # JSON may carry "\ud800": a str Python accepts but no database or UTF-8 encoder does.
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _user_id(value: object, name: str) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or not 0 < len(value) <= 128 or not _encodable(value):
-        raise InvalidInput(f"{name}: expected a string of 1-128 characters")
-    return value
-
-
-def _caller(request: web.Request, body_user_id: str | None = None) -> Caller:
-    """The tenant the request acts in and the user it speaks for.
-
-    The tenant is the token's; an unrestricted token (or any caller of a daemon without tokens)
-    may state one with X-Tenant, and a restricted token may state only its own (another is the
-    403, whether or not the session exists). The user is stated by the X-User-ID header or the
-    body's user_id, which must then agree."""
-    principal = request.get(PRINCIPAL_KEY)
-    tenant = principal.tenant if principal else None
-    stated_tenant = _one_header(request, "X-Tenant")
-    if stated_tenant is not None:
-        if not valid_tenant(stated_tenant):
-            raise InvalidInput("X-Tenant: expected 1-64 characters of ASCII letters, digits and . _ -")
-        if tenant is not None and stated_tenant != tenant:
-            raise Forbidden
-        tenant = stated_tenant
-    header_user = _one_header(request, "X-User-ID")
-    stated = _user_id(header_user, "X-User-ID") if header_user is not None else None
-    if stated is not None and body_user_id is not None and stated != body_user_id:
-        raise InvalidInput("user_id: expected the same user as the X-User-ID header")
-    return Caller(tenant=tenant, user_id=stated or body_user_id)
-
-
-def _one_header(request: web.Request, name: str) -> str | None:
-    values = request.headers.getall(name, [])
-    if len(values) > 1:
-        raise InvalidInput(f"{name}: expected one header")
-    return values[0] if values else None
-
-
-def _query(request: web.Request, *allowed: str) -> None:
-    """Refuse query parameters the route does not read, or read twice: a misspelt one would
-    otherwise be ignored without a word. So is a query string that is not UTF-8 once
-    percent-decoded: aiohttp would hand on U+FFFD in place of the bytes, so that a question or a
-    search text would be answered for text nobody sent."""
-    raw = request.rel_url.raw_query_string
-    if raw:
-        try:
-            unquote_to_bytes(raw.replace("+", " ")).decode("utf-8")
-        except UnicodeDecodeError:
-            raise InvalidInput("query string: expected UTF-8 (percent-encoded)") from None
-    unknown = sorted({name[:64] for name in request.query if name not in allowed})
-    if unknown:
-        expected = ", ".join(allowed) if allowed else "none"
-        raise InvalidInput(f"unknown query parameter(s): {', '.join(unknown)}; expected {expected}")
-    for name in allowed:
-        if len(request.query.getall(name, [])) > 1:
-            raise InvalidInput(f"{name}: expected at most one value")
-
-
-def parse_message(session_id: str, body: dict[str, Any], *, max_bytes: int) -> NewMessage:
-    """Validate an append body; raises InvalidInput naming the first bad field."""
-    unknown = sorted(set(body) - _MESSAGE_FIELDS)
-    if unknown:
-        raise InvalidInput(f"unknown field(s): {', '.join(unknown)}; expected {sorted(_MESSAGE_FIELDS)}")
-    role = body.get("role")
-    if role not in ("user", "assistant"):
-        raise InvalidInput("role: expected 'user' or 'assistant'")
-    content = body.get("content")
-    if not isinstance(content, str) or not content.strip():
-        raise InvalidInput("content: expected a non-empty string")
-    if not _encodable(content):
-        raise InvalidInput("content: expected valid Unicode text (it holds a lone surrogate)")
-    size = len(content.encode("utf-8"))
-    if size > max_bytes:
-        raise InvalidInput(f"content: expected at most {max_bytes} bytes of UTF-8 (MAX_MESSAGE_BYTES), got {size}")
-    channel = body.get("channel", "chat")
-    if channel not in ("voice", "chat"):
-        raise InvalidInput("channel: expected 'voice' or 'chat'")
-    user_id = _user_id(body.get("user_id"), "user_id")
-    status = body.get("status", "completed")
-    if status not in ("completed", "stopped", "failed", "streaming"):
-        raise InvalidInput("status: expected 'completed', 'stopped', 'failed' or 'streaming'")
-    if role == "user" and status != "completed":
-        raise InvalidInput("status: only an assistant message can be stopped, failed or streaming")
-    message_id = _optional_str(body, "message_id", _MESSAGE_ID) or uuid.uuid4().hex
-    return NewMessage(
-        session_id=session_id,
-        role=Role(role),
-        content=content,
-        message_id=message_id,
-        user_id=user_id,
-        channel=Channel(channel),
-        status=MessageStatus(status),
-    )
 
 
 def _summary_json(sid: str, answer: SummaryAnswer, now: float) -> dict[str, Any]:
@@ -222,11 +79,13 @@ def _summary_json(sid: str, answer: SummaryAnswer, now: float) -> dict[str, Any]
 
 
 async def post_message(request: web.Request) -> web.Response:
-    _query(request)
+    read.check_query(request)
     service = request.app[SERVICE_KEY]
-    sid = _session_id(request)
-    new = parse_message(sid, await _json_object(request), max_bytes=request.app[SETTINGS_KEY].max_message_bytes)
-    caller = _caller(request, new.user_id)
+    sid = read.session_id(request)
+    new = read.parse_message(
+        sid, await read.json_object(request), max_bytes=request.app[SETTINGS_KEY].max_message_bytes
+    )
+    caller = read.caller(request, new.user_id)
     new = dataclasses.replace(new, session_id=caller.session_key(sid), user_id=caller.user_id)
     outcome = await service.append(new, caller=caller)
     r = outcome.result
@@ -242,23 +101,15 @@ async def post_message(request: web.Request) -> web.Response:
 
 
 async def get_summary(request: web.Request) -> web.Response:
-    _query(request)
-    sid, caller = _session_id(request), _caller(request)
+    read.check_query(request)
+    sid, caller = read.session_id(request), read.caller(request)
     answer = await request.app[SERVICE_KEY].load_best_summary(caller.session_key(sid), caller=caller)
     request[TIER_KEY] = answer.tier.value
     return reply(_summary_json(sid, answer, time.time()))
 
 
 def _max_chars(request: web.Request) -> int:
-    return _int_query(request, "max_chars", request.app[SETTINGS_KEY].context_max_chars, 1, 1_000_000)
-
-
-def _framing_text(value: object, name: str, max_bytes: int) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or not _encodable(value) or len(value.encode("utf-8")) > max_bytes:
-        raise InvalidInput(f"{name}: expected a string of at most {max_bytes} bytes of UTF-8 (MAX_MESSAGE_BYTES)")
-    return value or None
+    return read.int_query(request, "max_chars", request.app[SETTINGS_KEY].context_max_chars, 1, 1_000_000)
 
 
 def _context_json(sid: str, ctx: ContextAnswer) -> dict[str, Any]:
@@ -279,15 +130,15 @@ def _context_json(sid: str, ctx: ContextAnswer) -> dict[str, Any]:
 
 
 async def get_context(request: web.Request) -> web.Response:
-    _query(request, "max_chars", "system_prompt", "question")
+    read.check_query(request, "max_chars", "system_prompt", "question")
     limit = request.app[SETTINGS_KEY].max_message_bytes
-    sid, caller = _session_id(request), _caller(request)
+    sid, caller = read.session_id(request), read.caller(request)
     ctx = await request.app[SERVICE_KEY].context(
         caller.session_key(sid),
         caller=caller,
         max_chars=_max_chars(request),
-        system_prompt=_framing_text(request.query.get("system_prompt"), "system_prompt", limit),
-        question=_framing_text(request.query.get("question"), "question", limit),
+        system_prompt=read.framing_text(request.query.get("system_prompt"), "system_prompt", limit),
+        question=read.framing_text(request.query.get("question"), "question", limit),
     )
     request[TIER_KEY] = ctx.summary_tier.value
     return reply(_context_json(sid, ctx))
@@ -296,16 +147,16 @@ async def get_context(request: web.Request) -> web.Response:
 async def post_turn(request: web.Request) -> web.Response:
     """Load-then-append: the context as it was before the user's new message (with that message
     as the closing question), then the message recorded. One round trip per utterance."""
-    _query(request, "max_chars")
+    read.check_query(request, "max_chars")
     settings = request.app[SETTINGS_KEY]
-    sid = _session_id(request)
-    body = await _json_object(request)
-    system_prompt = _framing_text(body.pop("system_prompt", None), "system_prompt", settings.max_message_bytes)
+    sid = read.session_id(request)
+    body = await read.json_object(request)
+    system_prompt = read.framing_text(body.pop("system_prompt", None), "system_prompt", settings.max_message_bytes)
     body.setdefault("role", "user")
     if body["role"] != "user":
         raise InvalidInput("role: a turn starts with the user's message; expected 'user'")
-    new = parse_message(sid, body, max_bytes=settings.max_message_bytes)
-    caller = _caller(request, new.user_id)
+    new = read.parse_message(sid, body, max_bytes=settings.max_message_bytes)
+    caller = read.caller(request, new.user_id)
     new = dataclasses.replace(new, session_id=caller.session_key(sid), user_id=caller.user_id)
     service = request.app[SERVICE_KEY]
     ctx = await service.context(
@@ -331,8 +182,8 @@ async def post_turn(request: web.Request) -> web.Response:
 
 
 async def post_close(request: web.Request) -> web.Response:
-    _query(request)
-    sid, caller = _session_id(request), _caller(request)
+    read.check_query(request)
+    sid, caller = read.session_id(request), read.caller(request)
     result = await request.app[SERVICE_KEY].close(caller.session_key(sid), caller=caller)
     return reply(
         {
@@ -345,8 +196,8 @@ async def post_close(request: web.Request) -> web.Response:
 
 
 async def get_session(request: web.Request) -> web.Response:
-    _query(request)
-    sid, caller = _session_id(request), _caller(request)
+    read.check_query(request)
+    sid, caller = read.session_id(request), read.caller(request)
     info = await request.app[SERVICE_KEY].session(caller.session_key(sid), caller=caller)
     return reply(
         {
@@ -364,26 +215,24 @@ async def get_session(request: web.Request) -> web.Response:
 
 
 async def delete_session(request: web.Request) -> web.Response:
-    _query(request)
-    sid, caller = _session_id(request), _caller(request)
+    read.check_query(request)
+    sid, caller = read.session_id(request), read.caller(request)
     await request.app[SERVICE_KEY].delete(caller.session_key(sid), caller=caller)
     return web.Response(status=204)
 
 
 async def delete_summary(request: web.Request) -> web.Response:
-    _query(request)
-    sid, caller = _session_id(request), _caller(request)
+    read.check_query(request)
+    sid, caller = read.session_id(request), read.caller(request)
     await request.app[SERVICE_KEY].reset_summary(caller.session_key(sid), caller=caller)
     return web.Response(status=204)
 
 
 async def get_user_summaries(request: web.Request) -> web.Response:
-    _query(request, "limit")
-    user_id = request.match_info["user_id"]
-    if not 0 < len(user_id) <= 128 or not _encodable(user_id):
-        raise InvalidInput("user_id: expected 1-128 characters")
-    limit = _int_query(request, "limit", 10, 1, 100)
-    caller = _caller(request)
+    read.check_query(request, "limit")
+    user_id = read.path_user_id(request)
+    limit = read.int_query(request, "limit", 10, 1, 100)
+    caller = read.caller(request)
     rows = await request.app[SERVICE_KEY].user_summaries(user_id, caller=caller, limit=limit)
     now = time.time()
     return reply(
@@ -423,9 +272,9 @@ def _slice_json(sid: str, s: Slice) -> dict[str, Any]:
 
 
 async def get_slices(request: web.Request) -> web.Response:
-    _query(request)
-    sid = _session_id(request)
-    caller = _caller(request)
+    read.check_query(request)
+    sid = read.session_id(request)
+    caller = read.caller(request)
     slices = await request.app[SERVICE_KEY].slices(caller.session_key(sid), caller=caller)
     return reply({"session_id": sid, "slices": [_slice_json(sid, s) for s in slices]})
 
@@ -433,15 +282,15 @@ async def get_slices(request: web.Request) -> web.Response:
 async def get_recall(request: web.Request) -> web.Response:
     """The earlier messages that best match `q` (BM25 over the session's messages), with their
     turn's raw messages and the slice that covers them."""
-    _query(request, "q", "k")
-    sid = _session_id(request)
+    read.check_query(request, "q", "k")
+    sid = read.session_id(request)
     limit = request.app[SETTINGS_KEY].max_message_bytes
     raw = request.query.get("q")
-    query = _framing_text(raw, "q", limit)
+    query = read.framing_text(raw, "q", limit)
     if query is None or not query.strip():
         raise InvalidInput("q: expected a non-empty search text")
-    k = _int_query(request, "k", 5, 1, 50)
-    caller = _caller(request)
+    k = read.int_query(request, "k", 5, 1, 50)
+    caller = read.caller(request)
     matches = await request.app[SERVICE_KEY].recall(caller.session_key(sid), caller=caller, query=query, k=k)
     return reply(
         {
@@ -461,26 +310,13 @@ async def get_recall(request: web.Request) -> web.Response:
     )
 
 
-def _int_query(request: web.Request, name: str, default: int, low: int, high: int) -> int:
-    """The query parameter `name` as an integer in [low, high], `default` when absent."""
-    raw = request.query.get(name)
-    if raw is None:
-        return default
-    # The length is checked before int(), which refuses more than 4300 digits with a ValueError
-    # (a 500 for a long query parameter); digits beyond those of `high` are out of range anyway.
-    digits = raw.lstrip("0") or "0"
-    if not (raw.isascii() and raw.isdigit()) or len(digits) > len(str(high)) or not low <= int(digits) <= high:
-        raise InvalidInput(f"{name}: expected an integer from {low} to {high}")
-    return int(digits)
-
-
 async def get_messages(request: web.Request) -> web.Response:
-    _query(request, "from_seq", "to_seq", "limit")
-    sid = _session_id(request)
-    first = _int_query(request, "from_seq", 1, 1, 2**31 - 1)
-    last = _int_query(request, "to_seq", 2**31 - 1, 1, 2**31 - 1)
-    limit = _int_query(request, "limit", 1000, 1, 1000)
-    caller = _caller(request)
+    read.check_query(request, "from_seq", "to_seq", "limit")
+    sid = read.session_id(request)
+    first = read.int_query(request, "from_seq", 1, 1, 2**31 - 1)
+    last = read.int_query(request, "to_seq", 2**31 - 1, 1, 2**31 - 1)
+    limit = read.int_query(request, "limit", 1000, 1, 1000)
+    caller = read.caller(request)
     rows = await request.app[SERVICE_KEY].messages(
         caller.session_key(sid), caller=caller, first_seq=first, last_seq=last, limit=limit
     )
@@ -501,9 +337,9 @@ def _message_json(m: Message) -> dict[str, Any]:
 
 
 async def post_rebuild(request: web.Request) -> web.Response:
-    _query(request)
-    sid = _session_id(request)
-    caller = _caller(request)
+    read.check_query(request)
+    sid = read.session_id(request)
+    caller = read.caller(request)
     summary, slices = await request.app[SERVICE_KEY].rebuild_summary(caller.session_key(sid), caller=caller)
     return reply(
         {

@@ -1,0 +1,190 @@
+"""What a request says, validated: the session id in the path, the JSON body of an append, the
+caller's headers (X-Tenant, X-User-ID) and the query parameters. Everything here raises
+InvalidInput (a 400 that names the field) or Forbidden before anything is read or changed; the
+handlers in api.py call it first.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from typing import Any
+from urllib.parse import unquote_to_bytes
+
+from aiohttp import web
+
+from tiered_memory.auth import PRINCIPAL_KEY, valid_tenant
+from tiered_memory.errors import Forbidden, InvalidInput
+from tiered_memory.model import Caller, Channel, MessageStatus, NewMessage, Role
+
+# `{` and `}` are excluded so a session id can never break the Redis hash tag it is wrapped in.
+# Both are used with fullmatch: `$` also matches before a trailing newline, which let "a\n" in.
+SESSION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+_MESSAGE_ID = re.compile(r"[\x21-\x7e]{1,128}")
+_MESSAGE_FIELDS = {"role", "content", "user_id", "message_id", "channel", "status"}
+
+
+def session_id(request: web.Request) -> str:
+    sid = request.match_info["session_id"]
+    if not SESSION_ID.fullmatch(sid):
+        raise InvalidInput("session_id: expected 1-128 characters of ASCII letters, digits and . _ : -")
+    return sid
+
+
+def path_user_id(request: web.Request) -> str:
+    user_id = request.match_info["user_id"]
+    if not 0 < len(user_id) <= 128 or not _encodable(user_id):
+        raise InvalidInput("user_id: expected 1-128 characters")
+    return user_id
+
+
+def _optional_str(body: dict[str, Any], name: str, pattern: re.Pattern[str]) -> str | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        raise InvalidInput(f"{name}: expected a string of 1-128 printable ASCII characters")
+    return value
+
+
+async def json_object(request: web.Request) -> dict[str, Any]:
+    try:
+        body = await request.json(loads=json.loads)
+    except (ValueError, RecursionError):
+        # ValueError covers malformed JSON and undecodable bytes; RecursionError absurd nesting.
+        raise InvalidInput("body: expected a JSON object") from None
+    except LookupError:
+        # The Content-Type names a charset Python does not know, so decoding cannot even start.
+        raise InvalidInput("body: unknown charset in Content-Type; expected utf-8") from None
+    except web.RequestPayloadError:
+        # The body cannot be read as sent: a broken gzip/deflate stream or a malformed chunk.
+        raise InvalidInput("body: could not be read (malformed Content-Encoding or chunked body)") from None
+    if not isinstance(body, dict):
+        raise InvalidInput("body: expected a JSON object")
+    return body
+
+
+def _encodable(text: str) -> bool:
+    # JSON may carry "\ud800": a str Python accepts but no database or UTF-8 encoder does.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _user_id(value: object, name: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 0 < len(value) <= 128 or not _encodable(value):
+        raise InvalidInput(f"{name}: expected a string of 1-128 characters")
+    return value
+
+
+def caller(request: web.Request, body_user_id: str | None = None) -> Caller:
+    """The tenant the request acts in and the user it speaks for.
+
+    The tenant is the token's; an unrestricted token (or any caller of a daemon without tokens)
+    may state one with X-Tenant, and a restricted token may state only its own (another is the
+    403, whether or not the session exists). The user is stated by the X-User-ID header or the
+    body's user_id, which must then agree."""
+    principal = request.get(PRINCIPAL_KEY)
+    tenant = principal.tenant if principal else None
+    stated_tenant = _one_header(request, "X-Tenant")
+    if stated_tenant is not None:
+        if not valid_tenant(stated_tenant):
+            raise InvalidInput("X-Tenant: expected 1-64 characters of ASCII letters, digits and . _ -")
+        if tenant is not None and stated_tenant != tenant:
+            raise Forbidden
+        tenant = stated_tenant
+    header_user = _one_header(request, "X-User-ID")
+    stated = _user_id(header_user, "X-User-ID") if header_user is not None else None
+    if stated is not None and body_user_id is not None and stated != body_user_id:
+        raise InvalidInput("user_id: expected the same user as the X-User-ID header")
+    return Caller(tenant=tenant, user_id=stated or body_user_id)
+
+
+def _one_header(request: web.Request, name: str) -> str | None:
+    values = request.headers.getall(name, [])
+    if len(values) > 1:
+        raise InvalidInput(f"{name}: expected one header")
+    return values[0] if values else None
+
+
+def check_query(request: web.Request, *allowed: str) -> None:
+    """Refuse query parameters the route does not read, or read twice: a misspelt one would
+    otherwise be ignored without a word. So is a query string that is not UTF-8 once
+    percent-decoded: aiohttp would hand on U+FFFD in place of the bytes, so that a question or a
+    search text would be answered for text nobody sent."""
+    raw = request.rel_url.raw_query_string
+    if raw:
+        try:
+            unquote_to_bytes(raw.replace("+", " ")).decode("utf-8")
+        except UnicodeDecodeError:
+            raise InvalidInput("query string: expected UTF-8 (percent-encoded)") from None
+    unknown = sorted({name[:64] for name in request.query if name not in allowed})
+    if unknown:
+        expected = ", ".join(allowed) if allowed else "none"
+        raise InvalidInput(f"unknown query parameter(s): {', '.join(unknown)}; expected {expected}")
+    for name in allowed:
+        if len(request.query.getall(name, [])) > 1:
+            raise InvalidInput(f"{name}: expected at most one value")
+
+
+def parse_message(session_id: str, body: dict[str, Any], *, max_bytes: int) -> NewMessage:
+    """Validate an append body; raises InvalidInput naming the first bad field."""
+    unknown = sorted(set(body) - _MESSAGE_FIELDS)
+    if unknown:
+        raise InvalidInput(f"unknown field(s): {', '.join(unknown)}; expected {sorted(_MESSAGE_FIELDS)}")
+    role = body.get("role")
+    if role not in ("user", "assistant"):
+        raise InvalidInput("role: expected 'user' or 'assistant'")
+    content = body.get("content")
+    if not isinstance(content, str) or not content.strip():
+        raise InvalidInput("content: expected a non-empty string")
+    if not _encodable(content):
+        raise InvalidInput("content: expected valid Unicode text (it holds a lone surrogate)")
+    size = len(content.encode("utf-8"))
+    if size > max_bytes:
+        raise InvalidInput(f"content: expected at most {max_bytes} bytes of UTF-8 (MAX_MESSAGE_BYTES), got {size}")
+    channel = body.get("channel", "chat")
+    if channel not in ("voice", "chat"):
+        raise InvalidInput("channel: expected 'voice' or 'chat'")
+    user_id = _user_id(body.get("user_id"), "user_id")
+    status = body.get("status", "completed")
+    if status not in ("completed", "stopped", "failed", "streaming"):
+        raise InvalidInput("status: expected 'completed', 'stopped', 'failed' or 'streaming'")
+    if role == "user" and status != "completed":
+        raise InvalidInput("status: only an assistant message can be stopped, failed or streaming")
+    message_id = _optional_str(body, "message_id", _MESSAGE_ID) or uuid.uuid4().hex
+    return NewMessage(
+        session_id=session_id,
+        role=Role(role),
+        content=content,
+        message_id=message_id,
+        user_id=user_id,
+        channel=Channel(channel),
+        status=MessageStatus(status),
+    )
+
+
+def framing_text(value: object, name: str, max_bytes: int) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _encodable(value) or len(value.encode("utf-8")) > max_bytes:
+        raise InvalidInput(f"{name}: expected a string of at most {max_bytes} bytes of UTF-8 (MAX_MESSAGE_BYTES)")
+    return value or None
+
+
+def int_query(request: web.Request, name: str, default: int, low: int, high: int) -> int:
+    """The query parameter `name` as an integer in [low, high], `default` when absent."""
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    # The length is checked before int(), which refuses more than 4300 digits with a ValueError
+    # (a 500 for a long query parameter); digits beyond those of `high` are out of range anyway.
+    digits = raw.lstrip("0") or "0"
+    if not (raw.isascii() and raw.isdigit()) or len(digits) > len(str(high)) or not low <= int(digits) <= high:
+        raise InvalidInput(f"{name}: expected an integer from {low} to {high}")
+    return int(digits)

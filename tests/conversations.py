@@ -20,3 +20,17 @@ ZH_12_TURNS: list[tuple[str, str]] = [
 
 # Evidence from the first three turns that memory must keep.
 ZH_EARLY_EVIDENCE = ["活力健", "398", "王小明"]
+
+# 3 turns in English: the summarizer must answer in the conversation's language.
+EN_3_TURNS: list[tuple[str, str]] = [
+    ("Hi, I'm Alice and I'd like to know about the X200 earbuds.", "Hello Alice! The X200 are wireless earbuds."),
+    ("How much do they cost?", "The X200 cost $129, in black or white."),
+    ("I prefer something light. How heavy are they?", "Each earbud weighs 4.5 grams."),
+]
+
+# The user writes English, the assistant answers in (longer) Chinese: the user's language decides.
+MIXED_3_TURNS: list[tuple[str, str]] = [
+    ("Tell me about the X200 earbuds.", "X200是一款无线耳机，续航30小时，支持主动降噪和快速充电功能。"),
+    ("Price?", "X200耳机售价129美元，有黑色和白色两种颜色可以选择。"),
+    ("Weight?", "每只耳机重4.5克，是我们店里最轻的一款无线耳机之一。"),
+]

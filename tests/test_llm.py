@@ -1,41 +1,57 @@
-"""The LLM path against a local chat-completions server: success, every failure, and never blocking."""
+"""The LLM path against a local chat-completions server: success, every failure, never blocking, and
+the prompt in the language the user writes in."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 
 from tests.conftest import Daemon, new_sid, play
-from tests.conversations import ZH_12_TURNS, ZH_EARLY_EVIDENCE
+from tests.conversations import EN_3_TURNS, MIXED_3_TURNS, ZH_12_TURNS, ZH_EARLY_EVIDENCE
 from tests.fake_llm import Behaviour, FakeLlm
 from tiered_memory.errors import LlmFailed
+from tiered_memory.language import Language, conversation_language, language_of
 from tiered_memory.model import Message, Role
-from tiered_memory.summarize.llm import LlmSummarizer, default_prompt
+from tiered_memory.summarize.llm import LlmSummarizer, default_prompt, load_prompts
 
 
-def _messages() -> list[Message]:
+def _messages(turns: Sequence[tuple[str, str]] = ZH_12_TURNS[:3]) -> list[Message]:
     out = []
-    for i, (u, a) in enumerate(ZH_12_TURNS[:3], start=1):
+    for i, (u, a) in enumerate(turns, start=1):
         out.append(Message("s", 2 * i - 1, i, Role.USER, u, f"u{i}", 0.0))
         out.append(Message("s", 2 * i, i, Role.ASSISTANT, a, f"a{i}", 0.0))
     return out
 
 
+def _client(
+    session: aiohttp.ClientSession,
+    llm: FakeLlm,
+    *,
+    timeout_s: float = 2.0,
+    prompts: Mapping[Language, str] | None = None,
+) -> LlmSummarizer:
+    return LlmSummarizer(
+        session,
+        base_url=llm.url,
+        api_key="sk-test",
+        model="summary-model",
+        max_tokens=120,
+        timeout_s=timeout_s,
+        prompts=prompts or load_prompts(None),
+        max_chars=50,
+    )
+
+
 async def _summarize(llm: FakeLlm, previous: str | None = None, timeout_s: float = 2.0) -> str:
     async with aiohttp.ClientSession() as session:
-        client = LlmSummarizer(
-            session,
-            base_url=llm.url,
-            api_key="sk-test",
-            model="summary-model",
-            max_tokens=120,
-            timeout_s=timeout_s,
-            prompt=default_prompt(),
-            max_chars=50,
-        )
-        return await client.summarize(previous, _messages())
+        return await _client(session, llm, timeout_s=timeout_s).summarize(previous, _messages())
 
 
 async def test_request_follows_the_protocol(fake_llm: FakeLlm) -> None:
@@ -54,6 +70,102 @@ async def test_request_follows_the_protocol(fake_llm: FakeLlm) -> None:
     assert "之前的摘要" in prompt
     assert "用户：你好，我叫王小明" in prompt
     assert req["headers"]["Authorization"] == "Bearer sk-test"
+
+
+def _prompt_id(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+
+
+_STRUCTURED_REPLY = json.dumps({"summary": "The user asked about the X200 earbuds.", "stable_facts": ["X200: $129"]})
+
+
+async def _ask(
+    llm: FakeLlm, summary_format: str, turns: Sequence[tuple[str, str]], prompts: Mapping[Language, str]
+) -> str:
+    """Summarize `turns` in `summary_format` with no previous summary; the prompt id the slice would record."""
+    messages = _messages(turns)
+    async with aiohttp.ClientSession() as session:
+        client = _client(session, llm, prompts=prompts)
+        if summary_format == "structured":
+            llm.behaviour = Behaviour(text=_STRUCTURED_REPLY)
+            await client.summarize_structured(None, messages)
+        else:
+            llm.behaviour = Behaviour(text="The user asked about the X200 earbuds.")
+            await client.summarize(None, messages)
+        return client.prompt_id_for(messages)
+
+
+# The request's opening and speaker labels in each language, per format (no previous summary).
+_OPENING = {
+    ("text", "en"): "Summary so far: (none)\n\nNew conversation:\nUser: ",
+    ("text", "zh"): "已有摘要：无\n\n新增对话：\n用户：",
+    ("structured", "en"): "Long-term memory so far: {}\n\nNew conversation:\nUser: ",
+    ("structured", "zh"): "已有长期记忆：{}\n\n新增对话：\n用户：",
+}
+_ASSISTANT = {"en": "\nAssistant: ", "zh": "\n助手："}
+
+
+@pytest.mark.parametrize("summary_format", ["text", "structured"])
+@pytest.mark.parametrize(
+    ("turns", "language"),
+    [(EN_3_TURNS, "en"), (ZH_12_TURNS[:3], "zh"), (MIXED_3_TURNS, "en")],
+    ids=["en", "zh", "mixed"],
+)
+async def test_the_built_in_prompt_follows_the_users_language(
+    fake_llm: FakeLlm, summary_format: str, turns: list[tuple[str, str]], language: Language
+) -> None:
+    """The system prompt and the request's labels are in the language the user writes in: an
+    English conversation gets the English prompt, a Chinese one the Chinese prompt, and a user
+    writing English to an assistant answering in Chinese gets English. The prompt id is that of
+    the prompt sent."""
+    prompt_id = await _ask(fake_llm, summary_format, turns, load_prompts(None, summary_format))
+    body = fake_llm.requests[-1]["body"]
+    system = body["messages"][0]["content"]
+    assert system == default_prompt(summary_format, language)
+    assert prompt_id == _prompt_id(system)
+    request = fake_llm.last_user_prompt()
+    assert request.startswith(_OPENING[summary_format, language] + turns[0][0])
+    assert _ASSISTANT[language] + turns[0][1] in request
+    other: Language = "zh" if language == "en" else "en"
+    assert _ASSISTANT[other] not in request
+
+
+def test_the_users_messages_decide_the_language() -> None:
+    """MIXED_3_TURNS tests the rule, not a tie: taken whole it reads as Chinese, its user as English;
+    with no user message the assistant's messages decide."""
+    messages = _messages(MIXED_3_TURNS)
+    assert language_of("".join(m.content for m in messages)) == "zh"
+    assert conversation_language(messages) == "en"
+    assert conversation_language([m for m in messages if m.role is Role.ASSISTANT]) == "zh"
+    assert conversation_language([m for m in _messages(EN_3_TURNS) if m.role is Role.ASSISTANT]) == "en"
+
+
+def test_the_english_prompts_ask_for_the_same_json() -> None:
+    """The English structured prompt asks for exactly the JSON keys of the Chinese one."""
+
+    def keys(prompt: str) -> list[str]:
+        line = next(line for line in prompt.splitlines() if line.startswith("{"))
+        doc: dict[str, Any] = json.loads(line)
+        return list(doc)
+
+    assert keys(default_prompt("structured", "en")) == keys(default_prompt("structured", "zh"))
+    assert "100 words" in default_prompt("text", "en")
+
+
+@pytest.mark.parametrize("summary_format", ["text", "structured"])
+async def test_an_operators_prompt_serves_every_language(
+    fake_llm: FakeLlm, tmp_path: Path, summary_format: str
+) -> None:
+    """A SUMMARY_PROMPT_FILE is sent as written for English and Chinese conversations alike, under
+    one prompt id; the request is still labelled in the conversation's language."""
+    path = tmp_path / "prompt.txt"
+    path.write_text("Summarize for the support team.", encoding="utf-8")
+    ids = set()
+    for turns, opening in [(EN_3_TURNS, "en"), (ZH_12_TURNS[:3], "zh")]:
+        ids.add(await _ask(fake_llm, summary_format, turns, load_prompts(path, summary_format)))
+        assert fake_llm.requests[-1]["body"]["messages"][0]["content"] == "Summarize for the support team."
+        assert fake_llm.last_user_prompt().startswith(_OPENING[summary_format, opening])
+    assert ids == {_prompt_id("Summarize for the support team.")}
 
 
 @pytest.mark.parametrize(
@@ -116,6 +228,26 @@ async def test_llm_summary_is_stored_with_its_source(backend_env: dict[str, str]
         assert "已有摘要：用户王小明咨询活力健" in second
         assert ZH_12_TURNS[3][0] in second
         assert ZH_12_TURNS[0][0] not in second
+    finally:
+        await d.stop()
+
+
+async def test_each_slice_records_the_prompt_of_its_language(backend_env: dict[str, str], fake_llm: FakeLlm) -> None:
+    """Through the daemon, an English session is summarized under the English prompt and a Chinese
+    one under the Chinese prompt, and each slice records the id of the prompt its call sent."""
+    fake_llm.behaviour = Behaviour(text="The user asked about a product; the assistant answered.")
+    d = Daemon(_llm_env(backend_env, fake_llm))
+    await d.start()
+    try:
+        languages: list[tuple[Language, list[tuple[str, str]]]] = [("en", EN_3_TURNS), ("zh", ZH_12_TURNS[:3])]
+        for language, turns in languages:
+            sid = new_sid()
+            await play(d, sid, turns)
+            await d.settle()
+            prompt = default_prompt("text", language)
+            assert fake_llm.requests[-1]["body"]["messages"][0]["content"] == prompt
+            slices = (await d.get(f"/v1/sessions/{sid}/slices"))["slices"]
+            assert [(s["source"], s["prompt_id"]) for s in slices] == [("llm", _prompt_id(prompt))]
     finally:
         await d.stop()
 

@@ -24,7 +24,7 @@ from tiered_memory.retention import RetentionJob
 from tiered_memory.service import MemoryService
 from tiered_memory.settings import Settings
 from tiered_memory.summarize.extractive import Extractor
-from tiered_memory.summarize.llm import LlmSummarizer, load_prompt
+from tiered_memory.summarize.llm import LlmSummarizer, load_prompts
 from tiered_memory.summarize.scheduler import Periodic
 from tiered_memory.summarize.topics import TopicTagger, load_keyword_groups
 from tiered_memory.summary_job import SummaryJob
@@ -87,7 +87,7 @@ def build_llm(settings: Settings, session: aiohttp.ClientSession, metrics: Metri
         model=settings.summary_model,
         max_tokens=settings.llm_max_tokens,
         timeout_s=settings.llm_timeout_seconds,
-        prompt=load_prompt(settings.summary_prompt_file, settings.summary_format),
+        prompts=load_prompts(settings.summary_prompt_file, settings.summary_format),
         max_chars=settings.summary_max_chars,
         breaker=metrics.breaker(
             "llm", failures=settings.llm_breaker_failures, reset_s=settings.llm_breaker_reset_seconds

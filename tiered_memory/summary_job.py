@@ -257,7 +257,7 @@ class SummaryJob:
             summary_version=summary.version,
             created_at=now,
             model=llm.model if source is SummarySource.LLM and llm else None,
-            prompt_id=llm.prompt_id if source is SummarySource.LLM and llm else None,
+            prompt_id=llm.prompt_id_for(new) if source is SummarySource.LLM and llm else None,
         )
         return summary, piece
 

@@ -12,6 +12,7 @@ import asyncio
 import hashlib
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
@@ -20,40 +21,95 @@ import aiohttp
 
 from tiered_memory.breaker import CircuitBreaker
 from tiered_memory.errors import LlmFailed
+from tiered_memory.language import LANGUAGES, Language, conversation_language
 from tiered_memory.model import Message, Role
 from tiered_memory.summarize.payload import check_text, parse_llm_payload
 
 T = TypeVar("T")
 
-_SPEAKER = {Role.USER: "用户", Role.ASSISTANT: "助手"}
+
+@dataclass(frozen=True, slots=True)
+class _Prompt:
+    text: str
+    # The first 12 hex digits of the text's SHA-256: the same text has the same id in every
+    # process and release, so slices made under one prompt can be found again.
+    id: str
 
 
-def default_prompt(summary_format: str = "text") -> str:
-    """The built-in system prompt: for text, the prompt of the system this daemon replaces
-    (Chinese, 150 characters); for structured, the JSON memory-merge prompt."""
-    name = "summary_structured_zh.txt" if summary_format == "structured" else "summary_zh.txt"
-    return resources.files("tiered_memory").joinpath(f"prompts/{name}").read_text(encoding="utf-8")
+@dataclass(frozen=True, slots=True)
+class _Labels:
+    """How the request to the LLM names its parts, in one language."""
+
+    user: str
+    assistant: str
+    summary: str
+    memory: str
+    new: str
+    none: str
 
 
-def load_prompt(path: Path | None, summary_format: str = "text") -> str:
-    return path.read_text(encoding="utf-8") if path is not None else default_prompt(summary_format)
+# Chinese labels end in the full-width colon Chinese text is written with.
+_LABELS: dict[Language, _Labels] = {
+    "zh": _Labels(
+        user="用户：", assistant="助手：", summary="已有摘要：", memory="已有长期记忆：", new="新增对话：", none="无"
+    ),
+    "en": _Labels(
+        user="User: ",
+        assistant="Assistant: ",
+        summary="Summary so far: ",
+        memory="Long-term memory so far: ",
+        new="New conversation:",
+        none="(none)",
+    ),
+}
 
 
-def render_request(previous: str | None, messages: Sequence[Message]) -> str:
-    """The user message sent to the LLM: the previous summary, then only the new turns."""
-    transcript = "\n".join(f"{_SPEAKER[m.role]}：{m.content}" for m in messages)
-    return f"已有摘要：{previous or '无'}\n\n新增对话：\n{transcript}"
+def default_prompt(summary_format: str = "text", language: Language = "zh") -> str:
+    """The built-in system prompt in `language`: for text, the prompt of the system this daemon
+    replaces (150 Chinese characters, or about 100 English words); for structured, the JSON
+    memory-merge prompt. Both languages ask for the same content under the same rules."""
+    stem = "summary_structured" if summary_format == "structured" else "summary"
+    return resources.files("tiered_memory").joinpath(f"prompts/{stem}_{language}.txt").read_text(encoding="utf-8")
 
 
-def render_structured_request(previous: Mapping[str, Any] | None, messages: Sequence[Message]) -> str:
+def load_prompts(path: Path | None, summary_format: str = "text") -> dict[Language, str]:
+    """The system prompt for each language. An operator's file (SUMMARY_PROMPT_FILE) serves every
+    language as written: choosing it is choosing its language. Without one, the built-in prompt of
+    each language. Raises OSError when the file cannot be read."""
+    if path is not None:
+        return dict.fromkeys(LANGUAGES, path.read_text(encoding="utf-8"))
+    return {language: default_prompt(summary_format, language) for language in LANGUAGES}
+
+
+def _transcript(messages: Sequence[Message], labels: _Labels) -> str:
+    speaker = {Role.USER: labels.user, Role.ASSISTANT: labels.assistant}
+    return "\n".join(f"{speaker[m.role]}{m.content}" for m in messages)
+
+
+def render_request(previous: str | None, messages: Sequence[Message], *, language: Language) -> str:
+    """The user message sent to the LLM, labelled in `language`: the previous summary, then only
+    the new turns."""
+    labels = _LABELS[language]
+    return f"{labels.summary}{previous or labels.none}\n\n{labels.new}\n{_transcript(messages, labels)}"
+
+
+def render_structured_request(
+    previous: Mapping[str, Any] | None, messages: Sequence[Message], *, language: Language
+) -> str:
     """The same for the structured format: the previous payload as JSON, then only the new turns."""
-    transcript = "\n".join(f"{_SPEAKER[m.role]}：{m.content}" for m in messages)
+    labels = _LABELS[language]
     memory = json.dumps(previous or {}, ensure_ascii=False)
-    return f"已有长期记忆：{memory}\n\n新增对话：\n{transcript}"
+    return f"{labels.memory}{memory}\n\n{labels.new}\n{_transcript(messages, labels)}"
 
 
 class LlmSummarizer:
-    """Calls `POST {base_url}/chat/completions`; one instance shares one aiohttp session."""
+    """Calls `POST {base_url}/chat/completions`; one instance shares one aiohttp session.
+
+    `prompts` holds the system prompt per language (see load_prompts); each call sends the one of
+    the language its messages are in (conversation_language: the user's), and labels the request
+    in that language. The previous summary's language does not count: a summary written before
+    the conversation switched language is merged into one in the new language.
+    """
 
     def __init__(
         self,
@@ -64,7 +120,7 @@ class LlmSummarizer:
         model: str,
         max_tokens: int,
         timeout_s: float,
-        prompt: str,
+        prompts: Mapping[Language, str],
         max_chars: int,
         breaker: CircuitBreaker | None = None,
     ) -> None:
@@ -75,11 +131,21 @@ class LlmSummarizer:
         self._model = model
         self._max_tokens = max_tokens
         self._timeout = timeout_s
-        self._prompt = prompt
+        missing = [language for language in LANGUAGES if language not in prompts]
+        if missing:
+            raise ValueError(f"prompts: no prompt for {', '.join(missing)}")
+        self._prompts = {
+            language: _Prompt(text, hashlib.sha256(text.encode("utf-8")).hexdigest()[:12])
+            for language, text in prompts.items()
+        }
         self._max_chars = max_chars
         self.model = model
-        # Recorded on every slice, so a summary made under another prompt can be found and rebuilt.
-        self.prompt_id = hashlib.sha256(prompt.encode("utf-8")).hexdigest()[:12]
+
+    def prompt_id_for(self, messages: Sequence[Message]) -> str:
+        """The id of the system prompt `summarize` and `summarize_structured` send for `messages`
+        (12 hex digits, stable per prompt text). Recorded on every slice, so a summary made under
+        another prompt can be found and rebuilt."""
+        return self._prompts[conversation_language(messages)].id
 
     async def summarize(self, previous: str | None, messages: Sequence[Message]) -> str:
         """A text summary merging `previous` with `messages`, at most max_chars long.
@@ -87,22 +153,24 @@ class LlmSummarizer:
         Raises LlmFailed on any failure (including a reply that is empty, says there is nothing
         to summarize, or answers the user); never waits longer than the configured timeout.
         """
-        return await self._guarded(
-            lambda: self._complete_text(render_request(previous, messages)),
-        )
+        language = conversation_language(messages)
+        request = render_request(previous, messages, language=language)
+        return await self._guarded(lambda: self._complete_text(language, request))
 
     async def summarize_structured(
         self, previous: Mapping[str, Any] | None, messages: Sequence[Message]
     ) -> dict[str, Any]:
         """A structured payload merging `previous` with `messages`, limits enforced.
         Raises LlmFailed as `summarize`, and for a reply that is not the JSON object asked for."""
-        return await self._guarded(lambda: self._complete_payload(render_structured_request(previous, messages)))
+        language = conversation_language(messages)
+        request = render_structured_request(previous, messages, language=language)
+        return await self._guarded(lambda: self._complete_payload(language, request))
 
-    async def _complete_text(self, user_content: str) -> str:
-        return check_text(await self._complete(user_content))[: self._max_chars]
+    async def _complete_text(self, language: Language, user_content: str) -> str:
+        return check_text(await self._complete(language, user_content))[: self._max_chars]
 
-    async def _complete_payload(self, user_content: str) -> dict[str, Any]:
-        return parse_llm_payload(await self._complete(user_content), max_chars=self._max_chars)
+    async def _complete_payload(self, language: Language, user_content: str) -> dict[str, Any]:
+        return parse_llm_payload(await self._complete(language, user_content), max_chars=self._max_chars)
 
     async def _guarded(self, call: Callable[[], Awaitable[T]]) -> T:
         # A garbage reply counts like no reply: an LLM that answers nonsense for every call is
@@ -120,13 +188,13 @@ class LlmSummarizer:
             breaker.success()
         return result
 
-    async def _complete(self, user_content: str) -> str:
+    async def _complete(self, language: Language, user_content: str) -> str:
         body = {
             "model": self._model,
             "max_tokens": self._max_tokens,
             "temperature": 0.2,
             "messages": [
-                {"role": "system", "content": self._prompt},
+                {"role": "system", "content": self._prompts[language].text},
                 {"role": "user", "content": user_content},
             ],
         }

@@ -1,0 +1,37 @@
+"""Which language a conversation is in, for everything the daemon writes for it: Chinese or English.
+
+It sits beside model.py, below every other module, so the summarizer (which prompt and labels to
+send the LLM) and context assembly (which labels to render) can share one rule and agree.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Literal
+
+from tiered_memory.model import Message, Role
+
+Language = Literal["zh", "en"]
+LANGUAGES: tuple[Language, ...] = ("zh", "en")
+
+_CJK = re.compile(r"[\u3400-\u9fff]")
+
+
+def language_of(text: str) -> Language:
+    """`zh` when at least a quarter of the characters are Chinese, `en` otherwise.
+
+    An empty text is `zh`, the language the daemon was first built for. (context.py keeps a copy of
+    this rule; the two must agree.)
+    """
+    if not text:
+        return "zh"
+    return "zh" if len(_CJK.findall(text)) * 4 >= len(text) else "en"
+
+
+def conversation_language(messages: Sequence[Message]) -> Language:
+    """The language of `messages` as the user speaks it: the user's messages decide, so an
+    assistant answering in another language does not change it; all messages when there is no
+    user message; `zh` when there are none at all."""
+    user = [m.content for m in messages if m.role is Role.USER]
+    return language_of("".join(user or [m.content for m in messages]))

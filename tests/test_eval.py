@@ -1,5 +1,6 @@
 """The memory-quality evaluation's parts that need no daemon: matching, baselines, the JSONL
-format, the KdConv and CrossWOZ importers, chaining and probe placement, and the report."""
+format, the KdConv, CrossWOZ and Topical-Chat importers, chaining and probe placement, and the
+report."""
 
 from __future__ import annotations
 
@@ -11,22 +12,27 @@ from pathlib import Path
 
 import pytest
 
-from tiered_memory.eval.baselines import BASELINES, newest_within
+from tiered_memory.eval.baselines import BASELINES, hybrid_compressed, hybrid_salient, newest_within
 from tiered_memory.eval.command import shipped_set
 from tiered_memory.eval.dataset import (
     INLINE_MIN_GAP,
+    SITTING_MIN_GAP,
     Conversation,
     DatasetError,
     Probe,
     chain,
+    chain_sittings,
     dump_jsonl,
     load_jsonl,
     read_crosswoz,
     read_kdconv,
+    read_topicalchat,
 )
 from tiered_memory.eval.match import Haystack
-from tiered_memory.eval.report import markdown, summarize
-from tiered_memory.eval.runner import DAEMON, Result
+from tiered_memory.eval.report import markdown, mean_message_chars, summarize
+from tiered_memory.eval.runner import DAEMON, WITH_QUESTION, Result
+
+_REAL_TOPICALCHAT = Path(__file__).resolve().parent.parent / "../shared/data/topicalchat-valid/valid_freq.json"
 
 
 def test_matching_normalizes_width_case_and_chinese_spaces() -> None:
@@ -58,6 +64,51 @@ def test_baselines_cut_to_the_budget_keeping_the_newest() -> None:
     assert BASELINES["whole-transcript"](turns, 8) == "u10\na10"
     for baseline in BASELINES.values():
         assert len(baseline(turns, 7)) <= 7
+
+
+_CHAT = "mostly reading and cooking at home"
+
+
+def _old_and_new(old: str, chat: int = 10) -> list[tuple[str, str]]:
+    """One old turn saying `old`, then `chat` turns of small talk."""
+    return [(old, "ok"), *[(f"what else do you like {i * 'x'}", _CHAT) for i in range(chat)]]
+
+
+def test_every_baseline_keeps_to_its_budget() -> None:
+    turns = _old_and_new("We met Tom Brady in 1990, it was fun; the rest of the day was quiet")
+    turns += [("你好，我叫王小明。价格398元", "好的，记住了")]
+    for name, baseline in BASELINES.items():
+        for budget in (0, 1, 7, 40, 90, 150, 300, 5000):
+            assert len(baseline(turns, budget)) <= budget, (name, budget)
+
+
+def test_hybrids_give_the_newest_text_priority() -> None:
+    """A hybrid ends with the newest text in its share of the budget (75% or 60%), as the plain
+    baseline would send it; what it keeps of older messages only comes before."""
+    turns = _old_and_new("We met Tom Brady in 1990")
+    newest = BASELINES["whole-transcript"]
+    for hybrid, share in ((hybrid_salient, 0.75), (hybrid_compressed, 0.6)):
+        for budget in (10, 60, 200, 400, 5000):
+            assert hybrid(turns, budget).endswith(newest(turns, int(budget * share))), (hybrid, budget)
+        assert "Brady" not in hybrid(turns, 60)
+
+
+def test_hybrid_salient_adds_old_clauses_with_a_number_or_a_name() -> None:
+    turns = _old_and_new("well, we met Tom Brady there, that was the year 1990; it was fun")
+    text = hybrid_salient(turns, 200)
+    assert "we met Tom Brady there\nthat was the year 1990\n" in text
+    assert "it was fun" not in text
+    assert "Brady" not in BASELINES["whole-transcript"](turns, 200)
+    assert text.endswith(_CHAT)
+
+
+def test_hybrid_compressed_drops_function_words_and_passes_chinese_through() -> None:
+    turns = _old_and_new("The price of the ticket was 40 dollars and it was late", chat=3)
+    assert hybrid_compressed(turns, 300).startswith("price ticket 40 dollars late\n")
+    assert "The price" not in BASELINES["whole-transcript"](turns, 180)
+    turns = _old_and_new("你好，我叫王小明。价格398元", chat=3)
+    assert hybrid_compressed(turns, 250).startswith("你好，我叫王小明。价格398元\n")
+    assert hybrid_salient(turns, 250).startswith("价格398元\n")
 
 
 def test_jsonl_round_trip_and_errors(tmp_path: Path) -> None:
@@ -147,6 +198,85 @@ def test_crosswoz_import_reads_the_zip(tmp_path: Path) -> None:
     ]
 
 
+def _topicalchat(path: Path) -> None:
+    """Two conversations in the Topical-Chat format: the first opens with an agent_2 greeting, has
+    two agent_1 messages in a row and ends on an unanswered agent_1 message; "250" and "Packers"
+    are said once, "Denver" twice."""
+
+    def msg(agent: str, text: str) -> dict[str, str]:
+        return {"agent": agent, "message": text, "sentiment": "Neutral"}
+
+    chat = [m for i in range(10) for m in (msg("agent_1", f"what else do you like {i}"), msg("agent_2", _CHAT))]
+    doc = {
+        "t_b": {"content": [msg("agent_1", "Good morning"), msg("agent_2", "Morning"), *chat]},
+        "t_a": {
+            "content": [
+                msg("agent_2", "Hello there!"),
+                msg("agent_1", "Hi."),
+                msg("agent_1", "Do you like football?"),
+                msg("agent_2", "Yes, we drove 250 miles to see the Packers play."),
+                msg("agent_1", "I was in Denver last year."),
+                msg("agent_2", "My aunt lives in Denver too."),
+                *chat,
+                msg("agent_1", "Bye now"),
+            ],
+            "config": "A",
+        },
+    }
+    path.write_text(json.dumps(doc), encoding="utf-8")
+
+
+def test_topicalchat_import_merges_messages_and_keeps_the_roles(tmp_path: Path) -> None:
+    """In id order; agent_1 is the user; consecutive messages of one agent are one message; a
+    leading agent_2 message and a trailing unanswered agent_1 one are dropped."""
+    _topicalchat(tmp_path / "valid_freq.json")
+    first, second = read_topicalchat(tmp_path / "valid_freq.json")
+    assert first.turns[0] == ("Hi. Do you like football?", "Yes, we drove 250 miles to see the Packers play.")
+    assert first.turns[-1] == ("what else do you like 9", _CHAT)
+    assert len(first.turns) == 12
+    assert second.turns[0] == ("Good morning", "Morning")
+    facts = {f.evidence: f for f in first.facts}
+    assert {"250", "Packers", "Denver"} <= set(facts)
+    assert facts["250"].turn == 1
+    assert facts["250"].question == 'What was the "…" in: Yes, we drove … miles to see the Packers play?'
+    assert facts["Packers"].question == 'What was the "…" in: Yes, we drove 250 miles to see the … play?'
+
+
+def test_topicalchat_sittings_are_dated_and_probe_what_is_said_once(tmp_path: Path) -> None:
+    """Each sitting opens with a later date stamp; a number and a name said once are probed, inline
+    from 5 turns on, at the reconnect point (the sitting boundary) and at the end; a name said twice
+    is not; no question gives its evidence away."""
+    _topicalchat(tmp_path / "valid_freq.json")
+    dialogues = read_topicalchat(tmp_path / "valid_freq.json")
+    (conv,) = chain_sittings(dialogues, dataset="topicalchat", per_session=2, sessions=1)
+    assert conv.turns[0][0] == "[Tue 2024-03-05] Hi. Do you like football?"
+    assert conv.turns[12][0] == "[Fri 2024-03-08] Good morning"
+    assert sum(u.startswith("[") for u, _ in conv.turns) == 2
+    assert {p.evidence for p in conv.probes} == {("250",), ("Packers",)}
+    assert {p.kind for p in conv.probes} == {"inline", "reconnect", "end"}
+    assert {p.after_turn for p in conv.probes if p.kind == "reconnect"} == {12}
+    inline = sorted(p.gap for p in conv.probes if p.kind == "inline" and p.evidence == ("250",))
+    assert inline == [9, 11, 14, 19]
+    for p in conv.probes:
+        assert p.question is not None
+        assert not Haystack(p.question).contains(p.evidence[0])
+        assert "…" in p.question
+        if p.kind != "end":
+            assert p.gap >= SITTING_MIN_GAP
+    assert chain_sittings(dialogues, dataset="topicalchat", per_session=3, sessions=1) == []
+
+
+@pytest.mark.skipif(not _REAL_TOPICALCHAT.exists(), reason=f"no Topical-Chat file at {_REAL_TOPICALCHAT}")
+def test_the_real_topicalchat_file_makes_eight_probed_sessions() -> None:
+    convs = chain_sittings(read_topicalchat(_REAL_TOPICALCHAT), dataset="topicalchat", per_session=10, sessions=8)
+    assert len(convs) == 8
+    for c in convs:
+        assert sum(u.startswith("[") for u, _ in c.turns) == 10, c.session
+        kinds = [p.kind for p in c.probes]
+        assert all(kinds.count(k) > 0 for k in ("inline", "reconnect", "end")), c.session
+    assert 80 < mean_message_chars(convs)["topicalchat"] < 200
+
+
 def test_report_tables_and_targets() -> None:
     results = [
         Result("d", "s", "inline", DAEMON, 4000, 12, True),
@@ -163,6 +293,38 @@ def test_report_tables_and_targets() -> None:
     g1 = next(t for t in summary["targets"] if t["target"].startswith("G1"))
     assert (g1["value"], g1["met"]) == (0.5, False)
     assert "| d | inline>=10 | daemon | 0.50 (2) |" in markdown(summary)
+
+
+def _results(method: str, kind: str, budget: int, hits: int, of: int = 10) -> list[Result]:
+    return [Result("d", "s", kind, method, budget, 20, i < hits) for i in range(of)]
+
+
+def test_report_targets_against_the_newest_text_and_the_hybrids() -> None:
+    """The daemon is held to the best of the newest text and the two hybrids, less 0.01; the
+    "x times the newest text" targets are informational; a question must never lower end recall."""
+    results = [
+        *_results(DAEMON, "end", 1000, 6),
+        *_results(WITH_QUESTION, "end", 1000, 5),
+        *_results("whole-transcript", "end", 1000, 3),
+        *_results("hybrid-salient", "end", 1000, 6),
+        *_results("hybrid-compressed", "end", 1000, 4),
+        *_results("last-5-turns", "end", 1000, 9),  # no longer a rival
+    ]
+    summary = summarize(results, budgets=[1000])
+    summary["run"] = {"mean_message_chars": {"d": 97.25}}
+    got = {t["target"]: t for t in summary["targets"]}
+    best = got[">= best of newest text and hybrids - 0.01, end @ 1000"]
+    assert (best["value"], best["bound"], best["met"]) == (0.6, 0.59, True)
+    times = got["end >= 1.5x newest text @ 1000"]
+    assert (times["bound"], times["met"], times["informational"]) == (pytest.approx(0.45), True, True)
+    asked = got["question end >= 2x newest text @ 1000"]
+    assert (asked["met"], asked["informational"]) == (False, True)
+    hurts = got["question never hurts, end @ 1000"]
+    assert (hurts["value"], hurts["bound"], hurts["met"], hurts["informational"]) == (0.5, 0.6, False, False)
+    text = markdown(summary)
+    assert "\n\n| dataset | mean message chars |\n|---|---|\n| d | 97.2 |\n" in text.split("### Recall")[0]
+    assert "| question end >= 2x newest text @ 1000 | 0.500 | 0.600 | no (informational) |" in text
+    assert "| question never hurts, end @ 1000 | 0.500 | 0.600 | NO |" in text
 
 
 def test_the_daemon_never_imports_the_evaluation() -> None:

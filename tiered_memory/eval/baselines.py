@@ -1,9 +1,13 @@
 """What a gateway without this daemon would send, computed from the transcript alone, at the same
-character budget as the daemon's context: the raw messages, newest kept, oldest cut first."""
+character budget as the daemon's context: the raw messages, newest kept, oldest cut first; and two
+cheap hybrids of that with something kept from the older messages."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
+
+from tiered_memory.eval.text import clauses, drop_function_words
 
 Turns = Sequence[tuple[str, str]]
 Baseline = Callable[[Turns, int], str]
@@ -48,9 +52,58 @@ def last_messages(n: int) -> Baseline:
     return baseline
 
 
+def _whole(messages: Sequence[str], budget: int) -> int:
+    """How many of the newest messages fit whole in `budget` characters, joined by newlines."""
+    used = -1
+    for n, m in enumerate(reversed(messages)):
+        used += len(m) + 1
+        if used > budget:
+            return n
+    return len(messages)
+
+
+def _hybrid(turns: Turns, budget: int, share: float, pieces: Callable[[Sequence[str]], list[str]]) -> str:
+    """The newest messages raw (as `newest_within`) in `share` of `budget`; then, in the room left,
+    `pieces` of the older messages (those that did not fit whole), newest piece first while each
+    fits whole. Kept pieces come before the raw text, oldest first, one per line."""
+    messages = _messages(turns)
+    raw_budget = int(budget * share)
+    raw = newest_within(messages, raw_budget)
+    room = budget - len(raw)
+    kept: list[str] = []
+    for piece in reversed(pieces(messages[: len(messages) - _whole(messages, raw_budget)])):
+        if len(piece) + 1 > room:
+            break
+        kept.append(piece)
+        room -= len(piece) + 1
+    return "\n".join(p for p in [*reversed(kept), raw] if p)
+
+
+_DIGIT = re.compile(r"\d")
+
+
+def _salient(clause: str) -> bool:
+    """A clause with a digit, or with an uppercase letter on a word other than its first (the
+    pronoun "I", "I'm", ... aside): a number or a name."""
+    later = (w for w in clause.split()[1:] if re.split("['’]", w)[0] != "I")
+    return bool(_DIGIT.search(clause)) or any(c.isupper() for w in later for c in w)
+
+
+def hybrid_salient(turns: Turns, budget: int) -> str:
+    """The newest text in 75% of the budget, then older clauses that carry a number or a name."""
+    return _hybrid(turns, budget, 0.75, lambda older: [c for m in older for c in clauses(m) if _salient(c)])
+
+
+def hybrid_compressed(turns: Turns, budget: int) -> str:
+    """The newest text in 60% of the budget, then older messages without English function words."""
+    return _hybrid(turns, budget, 0.6, lambda older: [c for m in older if (c := drop_function_words(m))])
+
+
 BASELINES: dict[str, Baseline] = {
     "last-3-turns": last_turns(3),
     "last-5-turns": last_turns(5),
     "whole-transcript": whole_transcript,
     "last-8-messages": last_messages(8),
+    "hybrid-salient": hybrid_salient,
+    "hybrid-compressed": hybrid_compressed,
 }

@@ -15,8 +15,16 @@ from pathlib import Path
 import aiohttp
 
 from tiered_memory.eval.daemon import ChildDaemon, RunningDaemon, Target
-from tiered_memory.eval.dataset import Conversation, chain, load_jsonl, read_crosswoz, read_kdconv
-from tiered_memory.eval.report import markdown, summarize
+from tiered_memory.eval.dataset import (
+    Conversation,
+    chain,
+    chain_sittings,
+    load_jsonl,
+    read_crosswoz,
+    read_kdconv,
+    read_topicalchat,
+)
+from tiered_memory.eval.report import markdown, mean_message_chars, summarize
 from tiered_memory.eval.runner import Runner
 
 DEFAULT_BUDGETS = (300, 600, 1000, 2000, 4000)
@@ -37,6 +45,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--shipped", action="store_true", help="the shipped bilingual set (the default without others)")
     p.add_argument("--kdconv", type=Path, help="a KdConv folder of {film,music,travel}.json (or one file)")
     p.add_argument("--crosswoz", type=Path, help="a CrossWOZ val.json or val.json.zip")
+    p.add_argument("--topicalchat", type=Path, help="a Topical-Chat valid_freq.json (English, dated sittings)")
     p.add_argument("--chain", type=int, default=10, help="imported dialogues per session (default 10)")
     p.add_argument("--sessions", type=int, default=8, help="sessions per imported dataset (default 8)")
     p.add_argument("--limit", type=int, help="use only the first N conversations of each dataset")
@@ -62,6 +71,9 @@ def conversations(args: argparse.Namespace) -> list[Conversation]:
     if args.crosswoz:
         dialogues = read_crosswoz(args.crosswoz)
         sources.append(chain(dialogues, dataset="crosswoz", per_session=args.chain, sessions=args.sessions))
+    if args.topicalchat:
+        dialogues = read_topicalchat(args.topicalchat)
+        sources.append(chain_sittings(dialogues, dataset="topicalchat", per_session=args.chain, sessions=args.sessions))
     sources.extend(load_jsonl(path) for path in args.jsonl)
     if args.shipped or not sources:
         sources.append(load_jsonl(shipped_set(), dataset="bilingual"))
@@ -96,6 +108,7 @@ async def evaluate(args: argparse.Namespace) -> dict[str, object]:
         "conversations": len(convs),
         "turns": sum(len(c.turns) for c in convs),
         "probes": sum(len(c.probes) for c in convs),
+        "mean_message_chars": mean_message_chars(convs),
         "skipped_probes": dict(runner.skipped),
         "seconds": round(time.perf_counter() - started, 1),
         "context_requests": len(ms),

@@ -3,6 +3,7 @@ ignores whitespace, English matches whole words only ("Ann" is not in "Annual").
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from collections.abc import Iterable
@@ -29,9 +30,22 @@ class Haystack:
             return False
         if _CJK.search(needle):
             return _SPACES.sub("", needle) in self._squeezed
-        words = [re.escape(w) for w in needle.split()]
-        pattern = r"(?<!\w)" + r"\s+".join(words) + r"(?!\w)"
-        return re.search(pattern, self._text) is not None
+        return word_pattern(needle).search(self._text) is not None
+
+    def count(self, evidence: str) -> int:
+        """How many times `evidence` occurs, by the same rules as `contains` (non-overlapping)."""
+        needle = normalize(evidence).strip()
+        if not needle:
+            return 0
+        if _CJK.search(needle):
+            return self._squeezed.count(_SPACES.sub("", needle))
+        return len(word_pattern(needle).findall(self._text))
 
     def contains_all(self, evidence: Iterable[str]) -> bool:
         return all(self.contains(e) for e in evidence)
+
+
+@functools.lru_cache(maxsize=8192)  # re's own cache (512) is too small for an importer's evidence
+def word_pattern(words: str, flags: int = 0) -> re.Pattern[str]:
+    """`words` as whole words, any whitespace between them."""
+    return re.compile(r"(?<!\w)" + r"\s+".join(re.escape(w) for w in words.split()) + r"(?!\w)", flags)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from tiered_memory.model import Message, Role
 
 SUMMARY_PREFIX = "[历史对话摘要] "
+SUMMARY_PREFIXES = {"zh": SUMMARY_PREFIX, "en": "[Conversation summary] "}
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,13 +221,19 @@ def _en(n: int, unit: str) -> str:
 
 
 def summary_system_text(
-    summary: str, *, idle_seconds: float | None, reconnect_gap_s: float, templates: dict[str, str]
+    summary: str,
+    *,
+    idle_seconds: float | None,
+    reconnect_gap_s: float,
+    templates: dict[str, str],
+    lang: str | None = None,
 ) -> str:
-    """The content of the summary system message: `[历史对话摘要] …`, or after a gap longer than
-    reconnect_gap_s, the language's reconnect template (`用户上次（2小时前）的对话摘要：…`)."""
+    """The content of the summary system message in the conversation's language `lang` (by
+    default the summary's): `[历史对话摘要] …` / `[Conversation summary] …`, or after a gap longer
+    than reconnect_gap_s, the language's reconnect template (`用户上次（2小时前）的对话摘要：…`)."""
+    lang = lang or language_of(summary)
     if idle_seconds is None or idle_seconds <= reconnect_gap_s:
-        return SUMMARY_PREFIX + summary
-    lang = language_of(summary)
+        return SUMMARY_PREFIXES[lang] + summary
     return templates[lang].format(ago=ago(idle_seconds, lang), summary=summary)
 
 

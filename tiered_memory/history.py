@@ -74,17 +74,17 @@ class History:
 
     async def snippets(
         self, session_id: str, question: str, message_count: int, *, before_seq: int, seen: Sequence[Message]
-    ) -> list[list[Message]]:
-        """The turns before `before_seq` that best match the question, best first (none when SQL
-        is needed and unavailable: a question never fails a context)."""
+    ) -> tuple[list[str], list[list[Message]]]:
+        """The question's search terms and the turns before `before_seq` that best match it, best
+        first (no turns when SQL is needed and unavailable: a question never fails a context)."""
         terms = await asyncio.to_thread(self._index.tokenize, question)
         if not terms:
-            return []
+            return terms, []
         try:
             index = await self._caught_up(session_id, message_count, seen)
         except SqlUnavailable:
             self._sql_error("recall_index")
-            return []
+            return terms, []
         turns: list[list[Message]] = []
         done: set[int] = set()
         for seq, _score in index.search(terms, k=2 * _SNIPPET_TURNS, before_seq=before_seq):
@@ -95,7 +95,7 @@ class History:
             turns.append([d.as_message(session_id) for d in docs])
             if len(turns) == _SNIPPET_TURNS:
                 break
-        return turns
+        return terms, turns
 
     async def matches(self, session_id: str, query: str, message_count: int, k: int) -> list[RecallMatch]:
         """The k messages that best match `query` (BM25), best first, each with the raw messages

@@ -16,18 +16,15 @@ from tiered_memory.context import (
     answer_transcript,
     compose,
     estimate_tokens,
-    fit_recent,
     frame,
     hot_window_complete,
     language_of,
-    recall_text,
     recent_transcript,
-    summary_room,
     summary_system_text,
     window,
     window_start_turn,
-    with_recall,
 )
+from tiered_memory.context_policy import Candidates, Facts, choose
 from tiered_memory.errors import Forbidden, HotUnavailable, SqlUnavailable
 from tiered_memory.history import History
 from tiered_memory.metrics import Metrics
@@ -36,6 +33,7 @@ from tiered_memory.model import (
     HotSession,
     Message,
     Owner,
+    Role,
     SessionInfo,
     Summary,
     SummaryAnswer,
@@ -45,14 +43,11 @@ from tiered_memory.model import (
 )
 from tiered_memory.settings import Settings
 from tiered_memory.summarize.cold import cold_summary
-from tiered_memory.summarize.extractive import Extractor, render
+from tiered_memory.summarize.extractive import Extractor, lead, render
 from tiered_memory.summarize.payload import planning, planning_history
 from tiered_memory.summarize.topics import TopicTagger
 from tiered_memory.tiers.hot import HotTier
 from tiered_memory.tiers.sql_store import SqlStore
-
-# Earlier turns that match a question may take up to this fraction (1/3) of the budget.
-_SNIPPET_SHARE = 3
 
 # A cold extraction reads at most this many messages from the start of a session and from its end.
 _COLD_HEAD_MESSAGES = 200
@@ -339,30 +334,27 @@ class SessionReads:
         turn_count = sql_info.turn_count if sql_info else max(hot.turn_count or 0, answer.turn_count)
         recent = window(available, turn_count=turn_count, keep_recent_turns=keep)
         summary = answer.summary
-        memory_text = None
         summary_last = sql_info.last_activity if sql_info else hot.last_activity
-        if summary is not None:
-            memory_text = self._summary_text(summary.text, summary_last)
         covered = summary.covered_turns if summary else 0
         shown = recent
         snippets: list[list[Message]] = []
-        budget = max_chars
+        terms: list[str] = []
         if mode == "summary":
             recent = await self._with_gap(session_id, covered, turn_count, recent, available)
             count = sql_info.message_count if sql_info else hot.message_count
             if question and recent and count:
-                # Earlier turns that match the question get up to a third of the budget.
-                snippets = await self._history.snippets(
+                terms, snippets = await self._history.snippets(
                     session_id, question, count, before_seq=recent[0].seq, seen=available
                 )
-                budget -= min(max_chars // _SNIPPET_SHARE, len(recall_text(snippets, max_chars=max_chars)))
-            room = budget - summary_room(len(memory_text or ""), budget) - _chars(recent)
+            shown = recent
             if self._s.context_older_turns:
+                # Older raw turns for the condensed stretch: about twice the budget of them, since
+                # condensing shortens long messages by about half.
                 before_window = await self._history.older(
                     session_id,
                     recent,
                     available,
-                    room,
+                    2 * max_chars - _chars(recent),
                     message_count=sql_info.message_count if sql_info else hot.message_count,
                     content_chars=sql_info.content_chars if sql_info else hot.content_chars,
                 )
@@ -372,44 +364,34 @@ class SessionReads:
                 # session's older turns come from SQL on each read (one indexed read).
                 if fetched and exclude_message_id is None and len(available) < self._hot.recent_max:
                     await self._keep_older(session_id, sql_info, hot, [*fetched, *available])
-            else:
-                shown = recent
-        if memory_text is not None and shown and shown[0].seq <= 1 and _chars(shown) <= budget:
-            # The raw turns hold the whole conversation: a summary of them would only repeat them.
-            memory_text = None
-        kept, dropped = fit_recent(shown, room=budget - summary_room(len(memory_text or ""), budget))
-        if memory_text is not None and summary is not None and summary.source is SummarySource.DETERMINISTIC:
-            # Re-rendered for the room the raw turns left, from the facts said before them: whole
-            # facts by priority instead of the cut-off start of the stored text, none repeated.
-            frame_chars = len(self._summary_text("", summary_last))
-            body = render(
-                summary.structured,
-                budget - _chars(kept) - frame_chars,
-                before_turn=kept[0].turn if kept else None,
-                topics=summary.topics,
-                # The facts just before the raw turns first: the turns shown raw and the summary
-                # then cover one stretch back from now, which is what later turns refer to most.
-                newest_first=True,
-            )
-            if body is not None:
-                memory_text = self._summary_text(body, summary_last) if body else None
-        uncovered = [m for m in dropped if m.turn > covered] if mode == "summary" else []
+        # The user's language labels the memory (a mixed conversation follows the user).
+        said = "".join(m.content for m in shown[-6:] if m.role is Role.USER)
+        lang = language_of(said or (summary.text if summary else ""))
+        chosen = choose(
+            Candidates(
+                messages=shown,
+                whole=bool(shown) and shown[0].seq <= 1,
+                lang=lang,
+                facts=self._facts(summary, summary_last, lang) if summary is not None else None,
+                subject=str(summary.structured.get("subject", "")) if summary else "",
+                snippets=snippets,
+                terms=terms,
+            ),
+            max_chars,
+        )
+        memory_text = chosen.system
+        first_shown = chosen.first_turn
+        uncovered = [m for m in shown if covered < m.turn < first_shown] if mode == "summary" and first_shown else []
         if uncovered:
-            # Turns the summary does not hold yet and that did not fit raw: a digest of them leads
-            # the system text, so that a budget cut falls on the (older) summary, not on them.
+            # Turns the summary does not hold yet and that the context does not show: a digest of
+            # them leads the system text, so that a budget cut falls on the rest, not on them.
             digest = await asyncio.to_thread(
-                self._extractor.extract, uncovered, max_chars=max(50, min(self._s.summary_max_chars, budget // 4))
+                self._extractor.extract, uncovered, max_chars=max(50, min(self._s.summary_max_chars, max_chars // 4))
             )
             if digest.text:
                 label = "最近几轮：" if language_of(digest.text) == "zh" else "Recent turns: "
                 memory_text = label + digest.text + (f"\n{memory_text}" if memory_text else "")
-        messages = compose(memory_text, alternate(kept), max_chars=budget)
-        if snippets:
-            # Only turns not shown raw; whatever the rest left unused is theirs too.
-            first_shown = kept[0].seq if kept else None
-            older = [t for t in snippets if first_shown is None or t[-1].seq < first_shown]
-            room = max_chars - sum(len(m.content) for m in messages) - 1
-            messages = with_recall(messages, recall_text(older, max_chars=room))
+        messages = compose(memory_text, alternate(chosen.raw), max_chars=max_chars)
         messages = frame(messages, system_prompt=system_prompt, question=question)
         # What sending the whole history instead would cost, framed the same way.
         framing = len(system_prompt or "") + len(question or "")
@@ -438,13 +420,38 @@ class SessionReads:
             ),
         )
 
-    def _summary_text(self, text: str, last_activity: float | None) -> str:
+    def _summary_text(self, text: str, last_activity: float | None, lang: str) -> str:
         return summary_system_text(
             text,
             idle_seconds=None if last_activity is None else self._clock() - last_activity,
             reconnect_gap_s=self._s.reconnect_gap_seconds,
             templates=self._s.reconnect_templates,
+            lang=lang,
         )
+
+    def _facts(self, summary: Summary, last_activity: float | None, lang: str) -> Facts:
+        """The summary's renderer for the policy: a deterministic summary is re-rendered from its
+        stored facts for the room and the turns it is given (whole facts, none the context shows
+        raw); another (an LLM's text) keeps the first sentences that fit."""
+        frame_chars = len(self._summary_text("", last_activity, lang))
+
+        def facts(room: int, before_turn: int | None, by_rank: bool) -> str:
+            if room <= frame_chars:
+                return ""
+            body: str | None = None
+            if summary.source is SummarySource.DETERMINISTIC:
+                body = render(
+                    summary.structured,
+                    room - frame_chars,
+                    before_turn=before_turn,
+                    topics=summary.topics,
+                    newest_first=not by_rank,
+                )
+            if body is None:
+                body = lead(summary.text, room - frame_chars)
+            return self._summary_text(body, last_activity, lang) if body else ""
+
+        return facts
 
     async def _with_gap(
         self, session_id: str, covered: int, turn_count: int, recent: list[Message], available: list[Message]

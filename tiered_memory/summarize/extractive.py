@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tiered_memory.condense import condense, is_phatic, strip_stamp
 from tiered_memory.model import Message, Role
 
 _VERSION = 1
@@ -30,6 +31,7 @@ _MAX_ENTITIES = 64
 # against the stored budget: enough to bound the count of short items, not so much that the dense
 # clauses the context re-renders from are pruned away (measured in docs/QUALITY.md).
 _ITEM_OVERHEAD = 4
+_SUBJECT_CHARS = 60  # the conversation's subject line at most
 _COMMON_NAME_FREQ = 1000  # jieba tags frequent words such as 谢谢 or 明白 `nr`; real names are rare words
 
 _EARLIER, _PROFILE, _FACT, _QUESTION = "earlier", "profile", "fact", "question"
@@ -172,6 +174,7 @@ class _State:
         self.entities: dict[str, list[float]] = {}  # term -> [score, first order, count]
         self.script = [0, 0]  # CJK characters, Latin letters: which language the labels speak
         self.next = 0
+        self.subject = ""  # the user's first clause that names something: what the session is about
 
     @classmethod
     def load(cls, data: Mapping[str, Any]) -> _State | None:
@@ -189,6 +192,7 @@ class _State:
             cjk, latin = data["script"]
             state.script = [int(cjk), int(latin)]
             state.next = int(data["next"])
+            state.subject = str(data.get("subject", ""))
         except (KeyError, TypeError, ValueError):
             return None
         return state
@@ -200,6 +204,7 @@ class _State:
             "entities": [[term, round(v[0], 3), int(v[1]), int(v[2])] for term, v in self.entities.items()],
             "script": list(self.script),
             "next": self.next,
+            "subject": self.subject,
         }
 
     def add(self, kind: str, speaker: str, rank: int, text: str, turn: int = 0) -> None:
@@ -236,16 +241,22 @@ class _State:
         return tuple(chosen)
 
     def prune(self, budget: int) -> None:
-        """Bound what is stored: the same priority as rendering, over a larger budget."""
-        kept: list[_Item] = []
-        used = 0
-        for item in sorted(self.items, key=lambda i: (i.rank, i.order)):
-            # Each item costs a little JSON framing too, so that many short items stay bounded.
-            cost = len(item.text) + _ITEM_OVERHEAD
-            if used + cost <= budget or item.kind == _EARLIER:
-                kept.append(item)
-                used += cost
-        self.items = sorted(kept, key=lambda i: i.order)
+        """Bound what is stored: half the budget by the rendering priority (the early facts that
+        nothing else remembers), the other half the newest items (what continues the raw turns a
+        context shows backwards), so that a long session keeps both ends."""
+        kept: set[int] = set()
+        for order_key, share in ((lambda i: (i.rank, i.order), budget // 2), (lambda i: -i.order, budget)):
+            used = sum(len(i.text) + _ITEM_OVERHEAD for i in self.items if i.order in kept)
+            limit = share if share == budget // 2 else budget
+            for item in sorted(self.items, key=order_key):
+                # Each item costs a little JSON framing too, so that many short items stay bounded.
+                cost = len(item.text) + _ITEM_OVERHEAD
+                if item.order in kept:
+                    continue
+                if used + cost <= limit or item.kind == _EARLIER:
+                    kept.add(item.order)
+                    used += cost
+        self.items = [i for i in self.items if i.order in kept]
         if len(self.entities) > _MAX_ENTITIES:
             top = sorted(self.entities.items(), key=_salience)[:_MAX_ENTITIES]
             self.entities = dict(sorted(top, key=lambda kv: (kv[1][1], kv[0])))
@@ -298,7 +309,7 @@ class Extractor:
         if previous_text and previous_text.strip():
             # An LLM wrote the previous summary: its text leads (replacing any earlier one), so a
             # fallback after it keeps what the LLM had condensed instead of dropping it.
-            state.replace_earlier(_lead(_SPACES.sub(" ", previous_text).strip(), max_chars))
+            state.replace_earlier(lead(_SPACES.sub(" ", previous_text).strip(), max_chars))
             state.count_script(previous_text)
         for message in messages:
             _read(jb, state, message)
@@ -344,10 +355,14 @@ def _read(jb: _Jieba, state: _State, message: Message) -> None:
         terms = _terms(jb, unit)
         for term, score, _ in terms:
             state.mention(term, score)
+        if is_phatic(unit):
+            continue  # greetings, thanks, "Hey Anna!", "嗯嗯", a bare date stamp
         named = any(is_named for _, _, is_named in terms)
-        number = _NUMBER.search(unit) is not None
+        number = _NUMBER.search(strip_stamp(unit)) is not None
         if len(_NOT_WORD.sub("", unit)) < 3 and not number:
             continue  # "好的", "ok", "嗯嗯"
+        if user and not state.subject and (named or number):
+            state.subject = _clip(condense(unit) or unit, _SUBJECT_CHARS)
         # Ranks are coarse on purpose: within one, the earliest fact wins, so a long session of
         # numeric small talk cannot push out the dose the user asked about at the start.
         turn = message.turn
@@ -356,11 +371,11 @@ def _read(jb: _Jieba, state: _State, message: Message) -> None:
         elif user and _QUESTION_MARK.search(unit):
             state.add(_QUESTION, "user", 1 if named or number else 2, _clip(unit, _ITEM_CHARS), turn)
         elif user and (named or number):
-            state.add(_FACT, "user", 1, _clip(_dense(unit, terms), _ITEM_CHARS), turn)
+            state.add(_FACT, "user", 1, _clip(_terse(_dense(unit, terms)), _ITEM_CHARS), turn)
         elif named or number:
             # The assistant names things in passing and in pleasantries; its numbers are what
             # later turns quote back ("the 398 one", "you said twice a day").
-            text = _clip(_dense(unit, terms), _ITEM_CHARS - len("assistant: "))
+            text = _clip(_terse(_dense(unit, terms)), _ITEM_CHARS - len("assistant: "))
             state.add(_FACT, "assistant", 1 if number else 2, text, turn)
 
 
@@ -373,6 +388,14 @@ def _dense(unit: str, terms: Sequence[tuple[str, float, bool]]) -> str:
     names = [term for term, _, is_named in terms if is_named]
     kept = [c for c in clauses if _NUMBER.search(c) or any(n in c for n in names)]
     return "".join(kept).rstrip("，,、：:") if kept else unit
+
+
+def _terse(text: str) -> str:
+    """An English fact without its function words ("I bought a Honda for $900" → "bought Honda
+    $900"): the same names and numbers in fewer characters. Chinese is kept as it is."""
+    if _CJK.search(text):
+        return text
+    return condense(text) or text
 
 
 def _terms(jb: _Jieba, text: str) -> list[tuple[str, float, bool]]:
@@ -457,7 +480,7 @@ def _clip(text: str, limit: int) -> str:
     return "…" + text[start : start + limit - 2] + "…"
 
 
-def _lead(text: str, limit: int) -> str:
+def lead(text: str, limit: int) -> str:
     """The first sentences of `text` that fit in `limit` (>= 1) chars: the early part of a summary
     is the part nothing else remembers."""
     if len(text) <= limit:
@@ -491,7 +514,7 @@ def _render(
     for item in sorted(items, key=_newest_first if newest_first else _by_rank):
         piece = assistant + item.text if item.speaker == Role.ASSISTANT.value else item.text
         if item.kind == _EARLIER:
-            piece = _lead(piece, max(max_chars // 2 - len(labels[_EARLIER]), 1))
+            piece = lead(piece, max(max_chars // 2 - len(labels[_EARLIER]), 1))
         bucket = chosen[item.kind]
         cost = len(piece) + (len(separator) if bucket else len(labels[item.kind]) + (1 if used else 0))
         if used + cost <= max_chars:

@@ -1,0 +1,393 @@
+"""The budget policy: which memory fills a context of `max_chars` characters, and in what form.
+
+Pure: the reads fetch the candidates (raw messages newest last, the summary's facts, the
+conversation's subject, the turns that match a question) and this module decides, with no I/O.
+
+What it keeps, in this order of claim on the budget:
+1. the last completed turn, raw (cut to fit and marked "…" when it alone is too long), and a
+   question still waiting for its reply: a context with no raw turn is never the answer;
+2. the conversation's subject (the user's first clause that names something), a few words that
+   survive the smallest budget;
+3. a snippet block for a question: the clauses of earlier turns that hold its terms;
+4. the rest by one of a few layouts (`LAYOUTS`): all raw; raw then the summary's newest facts;
+   raw then a condensed stretch (condense.py: the same content words, numbers and names in
+   fewer characters) reaching further back; the summary's facts first. Each layout is filled and
+   the one that holds the most of what later turns ask about wins: its distinct keys (numbers,
+   names), each weighted by how rarely the session says it and how recently, plus a little for
+   every turn it shows contiguously back from now. So the density of each source is measured on
+   the session at hand, not assumed: short Chinese turns stay raw where they reach far, long
+   English ones are condensed or summarized where raw text reaches only a few messages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from tiered_memory.condense import clauses, condense, keys
+from tiered_memory.model import Message, Role
+
+# The labels of the system message's parts, in the conversation's language.
+LABELS = {
+    "zh": {
+        "summary": "[历史对话摘要] ",
+        "subject": "主题：",
+        "condensed": "[更早的对话（精简）]",
+        "snippets": "[早前对话片段]",
+        "user": "用户：",
+        "assistant": "助手：",
+    },
+    "en": {
+        "summary": "[Conversation summary] ",
+        "subject": "Subject: ",
+        "condensed": "[Earlier turns, condensed]",
+        "snippets": "[Earlier in this conversation]",
+        "user": "User: ",
+        "assistant": "Assistant: ",
+    },
+}
+_CUT_MARK = "…"
+# A question's matching clauses may take up to this share of that room.
+SNIPPET_SHARE = 0.34
+
+Facts = Callable[[int, "int | None", bool], str]
+"""Renders the summary's facts said before a turn (None: all of them) in at most `room`
+characters, newest first or (True) by priority, framed (label or reconnect phrasing included);
+empty when nothing fits."""
+
+
+@dataclass(frozen=True, slots=True)
+class Candidates:
+    """What the reads fetched for one context.
+
+    `messages`: raw messages, oldest first, contiguous and ending with the newest; `whole` when
+    the first of them is the session's first message. `facts`: the summary's renderer, None
+    without a summary. `snippets`: turns that match the question, best first, with the
+    question's search `terms`.
+    """
+
+    messages: Sequence[Message]
+    whole: bool
+    lang: str
+    facts: Facts | None = None
+    subject: str = ""
+    snippets: Sequence[Sequence[Message]] = ()
+    terms: Sequence[str] = ()
+    terms_salient: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """The chosen memory: raw messages (oldest first) and the system text before them (None
+    when there is nothing to say), with the characters each source took."""
+
+    raw: list[Message]
+    system: str | None
+    chars: dict[str, int] = field(default_factory=dict)
+    first_turn: int | None = None  # the first turn shown raw or condensed
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """One way to share the room the last turn and the subject leave: `raw` of it for the newest
+    messages verbatim, `facts` for the summary's facts (newest first, or by priority when
+    `by_rank`), the rest for the condensed stretch (or raw, when not `condensed`)."""
+
+    raw: float
+    facts: float
+    condensed: bool
+    by_rank: bool = False
+    salient: bool = False  # the condensed stretch keeps only clauses that hold a key
+
+
+# The layouts tried for every context; the one whose text holds the most distinct keys (numbers,
+# names, the session's salient terms) wins, the earlier on a tie. They span the known good
+# policies: all raw, raw with the newest facts, raw with the stretch condensed, the facts first.
+LAYOUTS = (
+    Layout(raw=1.0, facts=0.0, condensed=False),
+    Layout(raw=0.75, facts=0.25, condensed=False),
+    Layout(raw=0.6, facts=0.0, condensed=True),
+    Layout(raw=0.3, facts=0.3, condensed=True),
+    Layout(raw=0.5, facts=0.5, condensed=False),
+    Layout(raw=0.0, facts=0.7, condensed=False, by_rank=True),
+)
+
+
+def choose(c: Candidates, max_chars: int) -> Selection:
+    """The memory that fits `max_chars` characters of content (system text and raw messages)."""
+    labels = LABELS[c.lang]
+    messages = [m for m in c.messages if m.answered]
+    if c.whole and _chars(messages) <= max_chars:
+        # The raw turns hold the whole conversation: a summary would only repeat them.
+        first = messages[0].turn if messages else None
+        return Selection(raw=messages, system=None, chars={"raw": _chars(messages)}, first_turn=first)
+    tail = last_turn(messages)
+    subject = ""
+    if c.subject and not any(c.subject.casefold() in m.content.casefold() for m in tail):
+        subject = labels["subject"] + c.subject
+        if len(subject) > max_chars // 4:
+            subject = ""
+    head = len(subject) + 1 if subject else 0
+    raw_tail = fit_tail(tail, max(0, max_chars - head))
+    room = max_chars - _chars(raw_tail) - head
+    older = messages[: len(messages) - len(tail)]
+    snippets = _snippet_lines(c, first_raw=raw_tail[0].seq if raw_tail else None, labels=labels)
+    snippet_room = min(int(room * SNIPPET_SHARE), _block_chars(snippets, labels["snippets"]))
+    room -= snippet_room
+    best: tuple[float, int, Selection] | None = None
+    lines = _condensed(older, labels)
+    salient_lines = _condensed(older, labels, c.terms_salient)
+    weight = _weights(messages, c.terms_salient)
+    for rank, layout in enumerate(LAYOUTS):
+        if layout.facts and c.facts is None:
+            continue
+        if layout.condensed and not lines:
+            continue
+        sel = _fill(c, layout, older, salient_lines if layout.salient else lines, raw_tail, room, labels)
+        score = sum(weight.get(k, 1.0) for k in keys(_text(sel), c.terms_salient))
+        score += REACH_WEIGHT * _reach(sel, messages)
+        if best is None or score > best[0]:
+            best = (score, rank, sel)
+    assert best is not None
+    sel = best[2]
+    shown = _text(sel)
+    extra = _fit_best(
+        [(seq, text) for seq, text in snippets if text.split(" ", 1)[-1] not in shown],
+        snippet_room + room - sum(sel.chars.values()),
+        labels["snippets"],
+    )
+    parts = []
+    if sel.system:
+        parts.append(sel.system)
+    if subject and c.subject.casefold() not in (sel.system or "").casefold():
+        # After the summary's label (or the reconnect phrasing), which leads the system text.
+        parts.insert(1 if sel.chars.get("facts") else 0, subject)
+    else:
+        subject = ""
+    if extra:
+        parts.append("\n".join([labels["snippets"], *(text for _, text in sorted(extra))]))
+    chars = {**sel.chars, "subject": len(subject), "snippets": _block_chars(extra, labels["snippets"])}
+    return Selection(raw=sel.raw, system="\n".join(parts) or None, chars=chars, first_turn=sel.first_turn)
+
+
+def _fill(
+    c: Candidates,
+    layout: Layout,
+    older: Sequence[Message],
+    lines: Sequence[tuple[int, int, str]],
+    raw_tail: list[Message],
+    room: int,
+    labels: dict[str, str],
+) -> Selection:
+    """One layout's memory in `room` characters (besides the last turn, already chosen)."""
+    fact_room = int(room * layout.facts) if c.facts is not None else 0
+    raw_room = int(room * layout.raw) if layout.condensed else room - fact_room
+    extra = _newest_that_fit(older, raw_room)
+    raw = [*extra, *raw_tail]
+    first_seq = raw[0].seq if raw else None
+    rest = [(seq, turn, text) for seq, turn, text in lines if first_seq is None or seq < first_seq]
+    cond_room = room - _chars(extra) - fact_room if layout.condensed else 0
+    kept = _fit_lines(rest, cond_room, labels["condensed"])
+    facts_text = ""
+    if c.facts is not None:
+        before = kept[0][1] if kept else (raw[0].turn if raw else None)
+        left = room - _chars(extra) - _block_chars(kept, labels["condensed"])
+        facts_text = c.facts(left - 1, before, layout.by_rank) if left > 1 else ""
+        if layout.condensed and len(kept) < len(rest):
+            # Room the facts did not take: the condensed stretch reaches further back.
+            spare = left - (len(facts_text) + 1 if facts_text else 0)
+            kept = _fit_lines(rest, _block_chars(kept, labels["condensed"]) + spare, labels["condensed"])
+    parts = []
+    if facts_text:
+        parts.append(facts_text)
+    if kept:
+        parts.append("\n".join([labels["condensed"], *(text for _, _, text in kept)]))
+    chars = {
+        "raw": _chars(raw),
+        "facts": len(facts_text),
+        "condensed": _block_chars(kept, labels["condensed"]),
+    }
+    first_turn = kept[0][1] if kept else (raw[0].turn if raw else None)
+    return Selection(raw=raw, system="\n".join(parts) or None, chars=chars, first_turn=first_turn)
+
+
+def _weights(messages: Sequence[Message], terms: frozenset[str]) -> dict[str, float]:
+    """Each key's worth to this context: one over the number of messages that say it (a key said
+    once is lost for good when left out; one said every other message is back soon), discounted
+    by the turns since it was last said (later turns refer to the recent past most)."""
+    counts: dict[str, int] = {}
+    last: dict[str, int] = {}
+    for m in messages:
+        for k in keys(m.content, terms):
+            counts[k] = counts.get(k, 0) + 1
+            last[k] = m.turn
+    now = messages[-1].turn if messages else 0
+    return {k: 1.0 / n / (1.0 + (now - last[k]) / _RECENCY_TURNS) for k, n in counts.items()}
+
+
+# What one more turn of contiguous reach is worth beside a key: a question about the recent
+# past may need a word that is no key (a genre, a colour), which only the turn itself holds.
+REACH_WEIGHT = 0.1
+# A key said this many turns ago counts half as much as one said now.
+_RECENCY_TURNS = 10.0
+
+
+def _reach(sel: Selection, messages: Sequence[Message]) -> int:
+    """Turns shown contiguously back from now, raw or condensed."""
+    if not messages:
+        return 0
+    now = messages[-1].turn
+    first = sel.first_turn if sel.first_turn is not None else now
+    return now - first + 1
+
+
+def _text(sel: Selection) -> str:
+    return "\n".join([sel.system or "", *(m.content for m in sel.raw)])
+
+
+def last_turn(messages: Sequence[Message]) -> list[Message]:
+    """The last completed turn (its question and reply) and a question still waiting after it."""
+    replies = [i for i, m in enumerate(messages) if m.role is Role.ASSISTANT]
+    if not replies:
+        return list(messages[-1:])
+    start = replies[-1]
+    while start > 0 and messages[start - 1].role is Role.USER and messages[start].role is Role.ASSISTANT:
+        start -= 1
+        if messages[start].turn != messages[replies[-1]].turn:
+            start += 1
+            break
+    return list(messages[start:])
+
+
+def fit_tail(tail: Sequence[Message], room: int) -> list[Message]:
+    """The last turn in `room` characters: whole when it fits; else the questions keep up to half
+    the room between them (a question is short, and the reply needs it beside it) and the reply
+    the rest, each cut and marked (a reply keeps its beginning, a question its end)."""
+    if _chars(tail) <= room:
+        return list(tail)
+    questions = [m for m in tail if m.role is Role.USER]
+    replies = [m for m in tail if m.role is not Role.USER]
+    q_room = min(_chars(questions), room // 2) if replies else room
+    shares = {}
+    left = q_room
+    for m in reversed(questions):  # the newest question first: it is what was just asked
+        shares[m.seq] = min(len(m.content), left)
+        left -= shares[m.seq]
+    left = room - q_room + left
+    for m in replies:
+        shares[m.seq] = min(len(m.content), left)
+        left -= shares[m.seq]
+    out = [cut(m, shares[m.seq]) for m in tail]
+    return [m for m in out if m.content]
+
+
+def cut(m: Message, limit: int) -> Message:
+    """A message cut to `limit` characters and marked: a reply keeps its beginning (where the
+    answer is), a user message its end (the words just spoken)."""
+    if len(m.content) <= limit:
+        return m
+    if limit <= 1:
+        return dataclasses.replace(m, content=m.content[:limit])
+    if m.role is Role.ASSISTANT:
+        return dataclasses.replace(m, content=m.content[: limit - 1] + _CUT_MARK)
+    return dataclasses.replace(m, content=_CUT_MARK + m.content[-(limit - 1) :])
+
+
+def _condensed(
+    older: Sequence[Message], labels: dict[str, str], salient: frozenset[str] | None = None
+) -> list[tuple[int, int, str]]:
+    """Condensed lines of the older messages, oldest first: (seq, turn, "User: …"); with
+    `salient` (the session's terms), only the clauses that hold a key."""
+    lines = []
+    for m in older:
+        content = m.content
+        if salient is not None:
+            content = " ".join(cl for cl in clauses(content) if keys(cl, salient))
+        text = condense(content)
+        if text:
+            lines.append((m.seq, m.turn, labels[m.role.value] + text))
+    return lines
+
+
+def _newest_that_fit(messages: Sequence[Message], room: int) -> list[Message]:
+    kept: list[Message] = []
+    used = 0
+    for m in reversed(messages):
+        if used + len(m.content) > room:
+            break
+        kept.append(m)
+        used += len(m.content)
+    kept.reverse()
+    # A raw stretch never starts with a reply whose question is not shown beside it.
+    while kept and kept[0].role is Role.ASSISTANT:
+        kept.pop(0)
+    return kept
+
+
+def _fit_lines(lines: Sequence[tuple[int, int, str]], room: int, label: str) -> list[tuple[int, int, str]]:
+    """The newest lines that fit `room` with their label (and the newline before the block),
+    kept in order."""
+    used = len(label) + 1
+    kept: list[tuple[int, int, str]] = []
+    for line in reversed(lines):
+        if used + 1 + len(line[2]) > room:
+            break
+        kept.append(line)
+        used += 1 + len(line[2])
+    kept.reverse()
+    return kept
+
+
+def _fit_best(lines: Sequence[tuple[int, str]], room: int, label: str) -> list[tuple[int, str]]:
+    """The first lines (best first) that fit `room` with their label."""
+    used = len(label) + 1
+    kept: list[tuple[int, str]] = []
+    for line in lines:
+        if used + 1 + len(line[1]) <= room:
+            kept.append(line)
+            used += 1 + len(line[1])
+    return kept
+
+
+def _block_chars(lines: Sequence[tuple[object, ...]], label: str) -> int:
+    """A block's characters: its label, each line after a newline, and the newline before it."""
+    return len(label) + sum(1 + len(str(line[-1])) for line in lines) + 1 if lines else 0
+
+
+_LATIN_WORD = re.compile(r"[a-z0-9]+")
+
+
+def _snippet_lines(c: Candidates, *, first_raw: int | None, labels: dict[str, str]) -> list[tuple[int, str]]:
+    """The clauses of the matching turns that hold a question term, condensed, best turn first
+    (returned oldest first for display is the caller's business)."""
+    if not c.snippets or not c.terms:
+        return []
+    terms = [t.casefold() for t in c.terms]
+    out: list[tuple[int, str]] = []
+    for turn in c.snippets:
+        for m in turn:
+            if not m.answered or (first_raw is not None and m.seq >= first_raw):
+                continue
+            hits = [cl for cl in clauses(m.content) if _holds_term(cl, terms)]
+            if hits:
+                text = condense(" ".join(hits)) or " ".join(hits)
+                out.append((m.seq, labels[m.role.value] + text))
+    return out
+
+
+def _holds_term(clause: str, terms: Sequence[str]) -> bool:
+    low = clause.casefold()
+    words = set(_LATIN_WORD.findall(low))
+    for t in terms:
+        if t.isascii():
+            if t in words or (t + "s") in words:
+                return True
+        elif t in low:
+            return True
+    return False
+
+
+def _chars(messages: Sequence[Message]) -> int:
+    return sum(len(m.content) for m in messages)

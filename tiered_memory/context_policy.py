@@ -155,7 +155,7 @@ def choose(c: Candidates, max_chars: int) -> Selection:
     shown = _text(sel)
     extra = _fit_best(
         [(seq, text) for seq, text in snippets if text.split(" ", 1)[-1] not in shown],
-        snippet_room + room - sum(sel.chars.values()),
+        max_chars - head - _chars(sel.raw) - (len(sel.system) + 1 if sel.system else 0),
         labels["snippets"],
     )
     parts = []

@@ -1,0 +1,171 @@
+"""The budget policy (context_policy.py) and the condenser it uses: each rule of the policy is a
+test here, on self-made conversations, with no store and no daemon."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conversations import ZH_12_TURNS
+from tiered_memory.condense import clauses, condense, is_phatic, keys
+from tiered_memory.context_policy import Candidates, Selection, choose
+from tiered_memory.eval.command import shipped_set
+from tiered_memory.eval.dataset import load_jsonl
+from tiered_memory.model import Message, Role
+from tiered_memory.summarize.extractive import Extractor, render
+
+_BUDGETS = (150, 200, 300, 600, 1000, 2000, 4000)
+
+
+def _messages(turns: list[tuple[str, str]]) -> list[Message]:
+    out: list[Message] = []
+    for t, (user, assistant) in enumerate(turns, 1):
+        for role, text in ((Role.USER, user), (Role.ASSISTANT, assistant)):
+            seq = len(out) + 1
+            out.append(Message("s", seq, t, role, text, f"m{seq}", 0.0))
+    return out
+
+
+def _candidates(messages: list[Message], extractor: Extractor, lang: str) -> Candidates:
+    extraction = extractor.extract(messages[:-2])
+
+    def facts(room: int, before: int | None, by_rank: bool) -> str:
+        body = render(extraction.structured, room - 10, before_turn=before, newest_first=not by_rank)
+        return "[summary] " + body if body and room > 10 else ""
+
+    return Candidates(
+        messages=messages,
+        whole=True,
+        lang=lang,
+        facts=facts,
+        subject=str(extraction.structured.get("subject", "")),
+    )
+
+
+def _text(sel: Selection) -> str:
+    return "\n".join([sel.system or "", *(m.content for m in sel.raw)])
+
+
+@pytest.fixture(scope="module")
+def extractor() -> Extractor:
+    return Extractor()
+
+
+def test_the_whole_conversation_raw_when_it_fits(extractor: Extractor) -> None:
+    """When every message fits, they are all raw and nothing else is said."""
+    messages = _messages(ZH_12_TURNS[:3])
+    sel = choose(_candidates(messages, extractor, "zh"), 10_000)
+    assert sel.system is None
+    assert sel.raw == messages
+
+
+def test_every_context_of_every_shipped_conversation_ends_with_its_last_turn_raw(extractor: Extractor) -> None:
+    """The last completed turn is always there raw (cut to fit when needed, and marked), at every
+    budget of 200 characters or more: a context with no raw turn is a bug. The budget holds."""
+    for conv in load_jsonl(shipped_set()):
+        messages = _messages(list(conv.turns))
+        lang = "zh" if conv.session.startswith("zh") else "en"
+        c = _candidates(messages, extractor, lang)
+        for budget in (200, 300, 600, 1000, 2000, 4000):
+            sel = choose(c, budget)
+            used = len(sel.system or "") + sum(len(m.content) for m in sel.raw)
+            assert used <= budget, (conv.session, budget)
+            last_user, last_reply = messages[-2], messages[-1]
+            assert [m.seq for m in sel.raw[-2:]] == [last_user.seq, last_reply.seq], (conv.session, budget)
+            for shown, original in zip(sel.raw[-2:], (last_user, last_reply), strict=True):
+                whole = shown.content == original.content
+                assert whole or "…" in shown.content, (conv.session, budget)
+
+
+def test_a_long_last_turn_is_cut_and_keeps_its_question() -> None:
+    """A reply longer than the budget is cut at its end, its question stays whole beside it."""
+    messages = _messages([("你好", "好的"), ("详细说说活力健？", "活力健" + "很好" * 400)])
+    sel = choose(Candidates(messages=messages, whole=True, lang="zh"), 300)
+    assert sel.raw[0].content == "详细说说活力健？"
+    assert sel.raw[-1].content.endswith("…")
+    assert sum(len(m.content) for m in sel.raw) <= 300
+
+
+@pytest.mark.parametrize("budget", _BUDGETS)
+def test_the_subject_survives_the_smallest_budget(extractor: Extractor, budget: int) -> None:
+    """The product named only in turn 1 is in the context at every budget of 150 or more."""
+    messages = _messages(ZH_12_TURNS)
+    sel = choose(_candidates(messages, extractor, "zh"), budget)
+    assert "活力健" in _text(sel), budget
+
+
+def test_older_turns_are_condensed_when_that_reaches_further(extractor: Extractor) -> None:
+    """Long English messages: the layout that reaches a fact 10 messages back wins over the
+    newest raw text, which cannot hold it."""
+    filler = "and honestly I was thinking about it the whole time while we were talking about it"
+    turns = [
+        (f"Day {i}: I went to the market with my friend, {filler}.", f"That sounds nice, {filler}.") for i in range(8)
+    ]
+    turns[2] = (f"My sister Marguerite moved to Winnipeg in 2019, {filler}.", f"Oh wow, {filler}.")
+    messages = _messages(turns)
+    sel = choose(_candidates(messages, extractor, "en"), 1000)
+    text = _text(sel)
+    for fact in ("Marguerite", "Winnipeg", "2019"):
+        assert fact in text
+    newest = "\n".join(m.content for m in messages)[-1000:]
+    assert "Marguerite" not in newest
+
+
+def test_a_question_adds_its_matching_clauses() -> None:
+    """With a question, the clauses of earlier turns holding its terms join the system text
+    (no summary here: the raw text alone does not reach them)."""
+    filler = "and honestly I was thinking about it the whole time while we were talking about it"
+    turns = [
+        (f"Day {i}: I went to the market with my friend, {filler}.", f"That sounds nice, {filler}.") for i in range(12)
+    ]
+    turns[1] = ("By the way, my locker code is 4471, do not forget it.", "Noted.")
+    messages = _messages(turns)
+    plain = choose(Candidates(messages=messages, whole=True, lang="en"), 600)
+    asked = choose(
+        Candidates(
+            messages=messages,
+            whole=True,
+            lang="en",
+            snippets=[messages[2:4]],
+            terms=["locker", "code"],
+        ),
+        600,
+    )
+    assert "4471" not in _text(plain)
+    assert "4471" in _text(asked)
+    assert sum(len(m.content) for m in asked.raw) + len(asked.system or "") <= 600
+
+
+def test_condense_keeps_names_numbers_and_content_words() -> None:
+    """Function words and phatic clauses go; names (with their small words), numbers, negations
+    and content words stay verbatim."""
+    text = "Hey Anna! I love the Lord of the Rings, it was filmed in New Zealand in 1999. I don't eat fish."
+    out = condense(text)
+    for kept in ("Lord of the Rings", "New Zealand", "1999", "love", "don't", "fish"):
+        assert kept in out
+    assert "Anna" not in out
+    assert len(out) < len(text) * 0.75
+    assert condense("[Tue 2024-03-05] Hi! I bought a Honda Civic for $12,000.") == (
+        "[Tue 2024-03-05] bought Honda Civic $12,000."
+    )
+
+
+@pytest.mark.parametrize(
+    ("clause", "phatic"),
+    [
+        ("Hey Anna!", True),
+        ("Thanks Tom", True),
+        ("yeah lol", True),
+        ("[Tue 2024-03-05]", True),
+        ("嗯嗯，好的", True),
+        ("I think Steve Carell was great", False),
+        ("It costs 12 dollars", False),
+        ("活力健每天2次", False),
+    ],
+)
+def test_phatic_clauses(clause: str, phatic: bool) -> None:
+    assert all(is_phatic(c) for c in clauses(clause)) is phatic
+
+
+def test_keys_are_numbers_names_and_session_terms() -> None:
+    assert keys("We met Tom Brady in 1999, said my iPhone", frozenset()) >= {"tom", "brady", "1999", "iphone"}
+    assert keys("活力健每天2次", frozenset({"活力"})) == {"2", "活力"}

@@ -7,7 +7,7 @@ import pytest
 
 from tests.conversations import ZH_12_TURNS
 from tiered_memory.condense import clauses, condense, is_phatic, keys
-from tiered_memory.context_policy import Candidates, Selection, choose
+from tiered_memory.context_policy import Candidates, Selection, choose, features
 from tiered_memory.eval.command import shipped_set
 from tiered_memory.eval.dataset import load_jsonl
 from tiered_memory.model import Message, Role
@@ -167,5 +167,9 @@ def test_phatic_clauses(clause: str, phatic: bool) -> None:
 
 
 def test_keys_are_numbers_names_and_session_terms() -> None:
-    assert keys("We met Tom Brady in 1999, said my iPhone", frozenset()) >= {"tom", "brady", "1999", "iphone"}
-    assert keys("活力健每天2次", frozenset({"活力"})) == {"2", "活力"}
+    """Keys are numbers (with their Chinese unit) and names; the session's terms and other content
+    words are features of their own class."""
+    assert keys("We met Tom Brady in 1999, said my iPhone") >= {"tom", "brady", "1999", "iphone"}
+    assert keys("活力健每天2次") == {"2次"}
+    found = features("活力健每天2次", frozenset({"活力"}))
+    assert {"2次", "\x01活力", "\x00每天"} <= found

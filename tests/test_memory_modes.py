@@ -371,8 +371,9 @@ async def test_forty_turns_hold_budgets_lose_no_turn_and_cost_flat(
             used = sum(len(m["content"]) for m in ctx["messages"])
             assert used <= budget
             if mode != "none" and turn >= 3:
-                # The budget binds: three raw turns (about 900 characters) do not fit in it.
-                assert used > budget * 0.7
+                # The budget binds: three raw turns (about 900 characters) do not fit in it, so
+                # the older turns are carried by their key points or the summary instead.
+                assert sum(1 for c in _contents(ctx) if c.startswith("第")) < 3, (turn, _contents(ctx))
             assert ctx["turn_count"] == turn
             if mode == "none":
                 assert ctx["messages"] == []
@@ -423,12 +424,10 @@ async def test_reconnect_phrasing_follows_the_summary_language(backend_env: dict
         await d.stop()
 
 
-async def test_under_a_tight_budget_uncovered_turns_become_a_digest(
-    backend_env: dict[str, str], fake_llm: FakeLlm
-) -> None:
+async def test_under_a_tight_budget_uncovered_turns_are_carried(backend_env: dict[str, str], fake_llm: FakeLlm) -> None:
     """With a long summary, a summary lagging behind a slow LLM and long replies, the turns it does
-    not cover and that do not fit raw are carried as a digest at the head of the system message;
-    the budget cuts the older summary, not them."""
+    not cover and that do not fit raw are carried in the system message (their key points, or a
+    digest at its head); the budget cuts the older summary, not them."""
     long_summary = "用户早前咨询了活力健。" + "细节" * 600
     fake_llm.behaviour = Behaviour(text=long_summary)
     env = backend_env | {"LLM_BASE_URL": fake_llm.url, "SUMMARY_MODEL": "m", "SUMMARY_FORMAT": "text"}
@@ -446,7 +445,6 @@ async def test_under_a_tight_budget_uncovered_turns_become_a_digest(
         assert sum(len(c) for c in _contents(ctx)) <= 2000
         system = ctx["messages"][0]
         assert system["role"] == "system"
-        assert system["content"].startswith("最近几轮：")
         everything = "\n".join(_contents(ctx))
         for turn in range(4, 12):
             assert f"{turn}99元" in everything, turn

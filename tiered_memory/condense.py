@@ -52,7 +52,7 @@ _PHATIC = _FUNCTION | frozenset(
 _GREETING = frozenset(("hi", "hello", "hey", "hiya", "thanks", "thank", "thx", "bye", "goodbye", "cheers", "dear"))
 # Chinese fillers and sentence-final particles: a clause of only these says nothing.
 _ZH_FILLER = re.compile(
-    r"^(?:嗯+|啊+|哦+|噢+|哈+|呵+|嘿+|呀+|诶+|唉+|好的?|好吧|行|可以|是的?|对的?|对呀|没错|谢谢(?:你|您)?|多谢|不客气"
+    r"^(?:真是|真的|真|太|非常|很|你|您|了|啊|呀|啦|哦|呢|吧|嘛|嗯+|啊+|哦+|噢+|哈+|呵+|嘿+|呀+|诶+|唉+|好的?|好吧|行|可以|是的?|对的?|对呀|没错|谢谢(?:你|您)?|多谢|不客气"
     r"|没关系|明白了?|知道了|了解|收到|再见|拜拜|你好|您好|嗯嗯|哈哈+|确实|真的|是吗|这样啊|原来如此|太好了)+$"
 )
 _ZH_EDGE = re.compile(r"^(?:嗯+|啊+|哦+|哈+|诶+|好的|是的|对)[，,、。！!～~\s]*|[啊呀呢吧啦嘛哦哈～~]+(?=[。！？!?]*$)")
@@ -129,10 +129,21 @@ def _drop_function_words(clause: str) -> str:
     small = [_word(t) in _FUNCTION for t in tokens]
     out: list[str] = []
     for i, token in enumerate(tokens):
-        if small[i] and not _inside_name(tokens, small, i):
+        if small[i] and not (_inside_name(tokens, small, i) or _leads_name(tokens, small, i)):
             continue
         out.append(token)
     return " ".join(out).strip(" ,;:")
+
+
+def _leads_name(tokens: list[str], small: list[bool], i: int) -> bool:
+    """Whether tokens[i] opens a name or a date: "The" before "Linden Hotel", "the" before
+    "Lord of the Rings" or "15th" (a name or a date is quoted back with its article)."""
+    if i + 1 >= len(tokens) or small[i + 1]:
+        return False
+    after = tokens[i + 1].lstrip("\"'([")
+    if _word(tokens[i]) == "the" and (after[:1].isdigit() or _capital(after)):
+        return True
+    return _capital(tokens[i]) and _capital(after)
 
 
 def _word(token: str) -> str:
@@ -155,17 +166,26 @@ def _capital(token: str) -> bool:
     return bool(token) and token[0].isupper()
 
 
-_NUMBER_KEY = re.compile(r"\d+(?:[.,:/]\d+)*")
+_NUMBER_KEY = re.compile(r"\d+(?:[.,:/]\d+)*[%\u3400-\u9fff]?")
+_LATIN_CONTENT = re.compile(r"[A-Za-z][A-Za-z'’-]{3,}")
+_CJK_RUN = re.compile(r"[\u3400-\u9fff]+")
 _NAME_KEY = re.compile(r"(?<![.!?。！？]\s)(?<!^)\b[A-Z][\w'’-]+|\b[a-z]+[A-Z\d][\w-]*")
 
 
-def keys(text: str, terms: frozenset[str] = frozenset()) -> set[str]:
-    """What in `text` a later question may ask for: its numbers, its capitalised or oddly cased
-    words past a sentence's start (names, products), and the session's salient `terms` it holds
-    (for Chinese, which has no capitals). Case-folded."""
-    found = {n for n in _NUMBER_KEY.findall(text)}
+def keys(text: str) -> set[str]:
+    """What in `text` a later question may ask for most: its numbers (with a Chinese unit or a
+    percent sign right after, "2次", "450元") and its capitalised or oddly cased words past a
+    sentence's start (names, products). Case-folded."""
+    found = set(_NUMBER_KEY.findall(text))
     found |= {w.casefold() for w in _NAME_KEY.findall(text) if w.casefold() not in _PHATIC}
-    if terms:
-        folded = text.casefold()
-        found |= {t for t in terms if t in folded}
+    return found
+
+
+def words(text: str) -> set[str]:
+    """The content words of `text`, case-folded: English words of four or more letters that are
+    not function words, and every pair of adjacent Chinese characters (Chinese has no spaces;
+    a pair is the unit most of its words are made of)."""
+    found = {w.casefold() for w in _LATIN_CONTENT.findall(text) if w.casefold() not in _PHATIC}
+    for run in _CJK_RUN.findall(text):
+        found.update(run[i : i + 2] for i in range(len(run) - 1))
     return found

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from tiered_memory.condense import clauses, condense, keys
+from tiered_memory.condense import clauses, condense, keys, words
 from tiered_memory.model import Message, Role
 
 # The labels of the system message's parts, in the conversation's language.
@@ -35,6 +36,7 @@ LABELS = {
         "summary": "[历史对话摘要] ",
         "subject": "主题：",
         "condensed": "[更早的对话（精简）]",
+        "salient": "[更早提到的要点]",
         "snippets": "[早前对话片段]",
         "user": "用户：",
         "assistant": "助手：",
@@ -43,13 +45,20 @@ LABELS = {
         "summary": "[Conversation summary] ",
         "subject": "Subject: ",
         "condensed": "[Earlier turns, condensed]",
+        "salient": "[Said earlier]",
         "snippets": "[Earlier in this conversation]",
         "user": "User: ",
         "assistant": "Assistant: ",
     },
 }
 _CUT_MARK = "…"
-# A question's matching clauses may take up to this share of that room.
+# What a content word and a session keyword count beside a key (a number or a name): a question
+# may need any word, but names and numbers are what later turns ask for most.
+WORD_WEIGHT = 0.1
+TERM_WEIGHT = 0.2
+# A feature last said this many turns ago counts half as much as one said now.
+_RECENCY_TURNS = 20.0
+# A question's matching clauses may take up to this share of the room.
 SNIPPET_SHARE = 0.34
 
 Facts = Callable[[int, "int | None", bool], str]
@@ -76,6 +85,8 @@ class Candidates:
     snippets: Sequence[Sequence[Message]] = ()
     terms: Sequence[str] = ()
     terms_salient: frozenset[str] = frozenset()
+    names: frozenset[str] = frozenset()  # the session's names that have no capitals (Chinese)
+    notes: Callable[[Message], Notes] | None = None  # a cache of notes_of; computed here without one
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,10 +120,72 @@ LAYOUTS = (
     Layout(raw=1.0, facts=0.0, condensed=False),
     Layout(raw=0.75, facts=0.25, condensed=False),
     Layout(raw=0.6, facts=0.0, condensed=True),
+    Layout(raw=0.9, facts=0.0, condensed=True, salient=True),
+    Layout(raw=0.75, facts=0.0, condensed=True, salient=True),
+    Layout(raw=0.4, facts=0.3, condensed=True, salient=True),
     Layout(raw=0.3, facts=0.3, condensed=True),
     Layout(raw=0.5, facts=0.5, condensed=False),
     Layout(raw=0.0, facts=0.7, condensed=False, by_rank=True),
 )
+
+
+@dataclass(frozen=True, slots=True)
+class Notes:
+    """What the policy reads of one message, worked out once: its condensed form, its clauses
+    that hold a key (condensed), and the features (see `features`) of each form."""
+
+    condensed: str
+    salient: str
+    features: frozenset[str]
+    condensed_features: frozenset[str]
+    salient_features: frozenset[str]
+
+
+def notes_of(content: str, terms: frozenset[str], names: frozenset[str] = frozenset()) -> Notes:
+    """The notes of a message's `content`, given the session's salient `terms` and `names`."""
+    short = condense(content)
+    salient = condense(" ".join(cl for cl in clauses(content) if keys(cl) or _named(cl, names)))
+    return Notes(
+        condensed=short,
+        salient=salient,
+        features=features(content, terms, names),
+        condensed_features=features(short, terms, names),
+        salient_features=features(salient, terms, names),
+    )
+
+
+def _named(text: str, names: frozenset[str]) -> bool:
+    folded = text.casefold()
+    return any(n in folded for n in names)
+
+
+class NoteCache:
+    """A bounded memo of `Notes` by (session, seq, summary version): a message never changes once
+    stored, and its notes change only with the session's terms, which come with the summary.
+    Owned by whoever reads contexts; the least recently used entries go first."""
+
+    def __init__(self, max_entries: int = 16_384) -> None:
+        self._max = max_entries
+        self._entries: OrderedDict[tuple[str, int, int], Notes] = OrderedDict()
+
+    def get(self, key: tuple[str, int, int], content: str, terms: frozenset[str], names: frozenset[str]) -> Notes:
+        found = self._entries.get(key)
+        if found is None:
+            found = notes_of(content, terms, names)
+            self._entries[key] = found
+            if len(self._entries) > self._max:
+                self._entries.popitem(last=False)
+        else:
+            self._entries.move_to_end(key)
+        return found
+
+
+@dataclass(slots=True)
+class _Filled:
+    selection: Selection
+    seqs: list[int]  # the older messages shown in the condensed (or salient) block
+    salient: bool
+    facts_text: str
 
 
 def choose(c: Candidates, max_chars: int) -> Selection:
@@ -123,6 +196,18 @@ def choose(c: Candidates, max_chars: int) -> Selection:
         # The raw turns hold the whole conversation: a summary would only repeat them.
         first = messages[0].turn if messages else None
         return Selection(raw=messages, system=None, chars={"raw": _chars(messages)}, first_turn=first)
+    if not messages:
+        # Nothing raw to show (a mode without turns, or a session without any): the facts alone.
+        text = c.facts(max_chars, None, True) if c.facts is not None else ""
+        return Selection(raw=[], system=text or None, chars={"facts": len(text)})
+    memo: dict[int, Notes] = {}
+
+    def note(m: Message) -> Notes:
+        found = memo.get(m.seq)
+        if found is None:
+            found = memo[m.seq] = c.notes(m) if c.notes else notes_of(m.content, c.terms_salient, c.names)
+        return found
+
     tail = last_turn(messages)
     subject = ""
     if c.subject and not any(c.subject.casefold() in m.content.casefold() for m in tail):
@@ -136,22 +221,33 @@ def choose(c: Candidates, max_chars: int) -> Selection:
     snippets = _snippet_lines(c, first_raw=raw_tail[0].seq if raw_tail else None, labels=labels)
     snippet_room = min(int(room * SNIPPET_SHARE), _block_chars(snippets, labels["snippets"]))
     room -= snippet_room
-    best: tuple[float, int, Selection] | None = None
-    lines = _condensed(older, labels)
-    salient_lines = _condensed(older, labels, c.terms_salient)
-    weight = _weights(messages, c.terms_salient)
-    for rank, layout in enumerate(LAYOUTS):
-        if layout.facts and c.facts is None:
+    lines = [(m.seq, m.turn, labels[m.role.value] + note(m).condensed) for m in older if note(m).condensed]
+    salient_lines = [(m.seq, m.turn, note(m).salient) for m in older if note(m).salient]
+    weight = _weights(messages, note)
+    by_seq = {m.seq: m for m in messages}
+    best: tuple[float, _Filled] | None = None
+    for layout in LAYOUTS:
+        if (layout.facts and c.facts is None) or (layout.condensed and not lines):
             continue
-        if layout.condensed and not lines:
-            continue
-        sel = _fill(c, layout, older, salient_lines if layout.salient else lines, raw_tail, room, labels)
-        score = sum(weight.get(k, 1.0) for k in keys(_text(sel), c.terms_salient))
-        score += REACH_WEIGHT * _reach(sel, messages)
+        filled = _fill(
+            c, layout, older, salient_lines if layout.salient else lines, salient_lines, raw_tail, room, labels
+        )
+        found = set(features(filled.facts_text, c.terms_salient, c.names))
+        for m in filled.selection.raw:
+            whole = by_seq.get(m.seq)
+            found |= (
+                note(m).features
+                if whole is not None and whole.content == m.content
+                else features(m.content, c.terms_salient, c.names)
+            )
+        for seq in filled.seqs:
+            n = note(by_seq[seq])
+            found |= n.salient_features if filled.salient else n.condensed_features
+        score = sum(weight.get(f, 0.0) for f in found)
         if best is None or score > best[0]:
-            best = (score, rank, sel)
+            best = (score, filled)
     assert best is not None
-    sel = best[2]
+    sel = best[1].selection
     shown = _text(sel)
     extra = _fit_best(
         [(seq, text) for seq, text in snippets if text.split(" ", 1)[-1] not in shown],
@@ -177,70 +273,78 @@ def _fill(
     layout: Layout,
     older: Sequence[Message],
     lines: Sequence[tuple[int, int, str]],
+    salient_lines: Sequence[tuple[int, int, str]],
     raw_tail: list[Message],
     room: int,
     labels: dict[str, str],
-) -> Selection:
-    """One layout's memory in `room` characters (besides the last turn, already chosen)."""
+) -> _Filled:
+    """One layout's memory in `room` characters (besides the last turn, already chosen). A
+    layout without a condensed stretch spills what its raw messages and facts leave (the next
+    older message did not fit whole) into the key clauses of the messages before them."""
     fact_room = int(room * layout.facts) if c.facts is not None else 0
     raw_room = int(room * layout.raw) if layout.condensed else room - fact_room
     extra = _newest_that_fit(older, raw_room)
     raw = [*extra, *raw_tail]
     first_seq = raw[0].seq if raw else None
     rest = [(seq, turn, text) for seq, turn, text in lines if first_seq is None or seq < first_seq]
-    cond_room = room - _chars(extra) - fact_room if layout.condensed else 0
-    kept = _fit_lines(rest, cond_room, labels["condensed"])
+    salient = layout.salient or not layout.condensed
+    if not layout.condensed:
+        rest = [line for line in salient_lines if first_seq is None or line[0] < first_seq]
+    label = labels["salient" if salient else "condensed"]
+    cond_room = room - _chars(extra) - fact_room
+    kept = _fit_lines(rest, cond_room, label)
     facts_text = ""
     if c.facts is not None:
         before = kept[0][1] if kept else (raw[0].turn if raw else None)
-        left = room - _chars(extra) - _block_chars(kept, labels["condensed"])
+        left = room - _chars(extra) - _block_chars(kept, label)
         facts_text = c.facts(left - 1, before, layout.by_rank) if left > 1 else ""
-        if layout.condensed and len(kept) < len(rest):
+        if len(kept) < len(rest):
             # Room the facts did not take: the condensed stretch reaches further back.
             spare = left - (len(facts_text) + 1 if facts_text else 0)
-            kept = _fit_lines(rest, _block_chars(kept, labels["condensed"]) + spare, labels["condensed"])
+            kept = _fit_lines(rest, _block_chars(kept, label) + spare, label)
     parts = []
     if facts_text:
         parts.append(facts_text)
     if kept:
-        parts.append("\n".join([labels["condensed"], *(text for _, _, text in kept)]))
+        parts.append("\n".join([label, *(text for _, _, text in kept)]))
     chars = {
         "raw": _chars(raw),
         "facts": len(facts_text),
-        "condensed": _block_chars(kept, labels["condensed"]),
+        "condensed": _block_chars(kept, label),
     }
     first_turn = kept[0][1] if kept else (raw[0].turn if raw else None)
-    return Selection(raw=raw, system="\n".join(parts) or None, chars=chars, first_turn=first_turn)
+    selection = Selection(raw=raw, system="\n".join(parts) or None, chars=chars, first_turn=first_turn)
+    return _Filled(selection, [seq for seq, _, _ in kept], salient, facts_text)
 
 
-def _weights(messages: Sequence[Message], terms: frozenset[str]) -> dict[str, float]:
-    """Each key's worth to this context: one over the number of messages that say it (a key said
-    once is lost for good when left out; one said every other message is back soon), discounted
-    by the turns since it was last said (later turns refer to the recent past most)."""
-    counts: dict[str, int] = {}
+def features(text: str, terms: frozenset[str], names: frozenset[str] = frozenset()) -> frozenset[str]:
+    """What a question may ask for in `text`, tagged by class: keys (numbers, names, and the
+    session's `names` found in it) bare, the session's other salient terms behind "\x01", other
+    content words behind "\x00"."""
+    folded = text.casefold()
+    found = keys(text) | {n for n in names if n in folded}
+    tagged = set(found)
+    tagged.update("\x01" + t for t in terms if t in folded and t not in found)
+    tagged.update("\x00" + w for w in words(text) - found)
+    return frozenset(tagged)
+
+
+def _weights(messages: Sequence[Message], note: Callable[[Message], Notes]) -> dict[str, float]:
+    """Each feature's worth to this context: one over the number of messages that say it (a
+    thing said once is lost for good when left out; one said every other message is back soon),
+    discounted by the turns since it was last said (later turns refer to the recent past most),
+    and by its class: a key (number, name) counts 1, a session term TERM_WEIGHT, another
+    content word WORD_WEIGHT (a question may need it, but names and numbers are what it asks
+    for most)."""
+    counts: dict[str, float] = {}
     last: dict[str, int] = {}
     for m in messages:
-        for k in keys(m.content, terms):
-            counts[k] = counts.get(k, 0) + 1
-            last[k] = m.turn
+        for f in note(m).features:
+            counts[f] = counts.get(f, 0.0) + 1.0
+            last[f] = m.turn
     now = messages[-1].turn if messages else 0
-    return {k: 1.0 / n / (1.0 + (now - last[k]) / _RECENCY_TURNS) for k, n in counts.items()}
-
-
-# What one more turn of contiguous reach is worth beside a key: a question about the recent
-# past may need a word that is no key (a genre, a colour), which only the turn itself holds.
-REACH_WEIGHT = 0.1
-# A key said this many turns ago counts half as much as one said now.
-_RECENCY_TURNS = 10.0
-
-
-def _reach(sel: Selection, messages: Sequence[Message]) -> int:
-    """Turns shown contiguously back from now, raw or condensed."""
-    if not messages:
-        return 0
-    now = messages[-1].turn
-    first = sel.first_turn if sel.first_turn is not None else now
-    return now - first + 1
+    cls = {"\x00": WORD_WEIGHT, "\x01": TERM_WEIGHT}
+    return {f: cls.get(f[:1], 1.0) / n / (1.0 + (now - last[f]) / _RECENCY_TURNS) for f, n in counts.items()}
 
 
 def _text(sel: Selection) -> str:
@@ -293,22 +397,6 @@ def cut(m: Message, limit: int) -> Message:
     if m.role is Role.ASSISTANT:
         return dataclasses.replace(m, content=m.content[: limit - 1] + _CUT_MARK)
     return dataclasses.replace(m, content=_CUT_MARK + m.content[-(limit - 1) :])
-
-
-def _condensed(
-    older: Sequence[Message], labels: dict[str, str], salient: frozenset[str] | None = None
-) -> list[tuple[int, int, str]]:
-    """Condensed lines of the older messages, oldest first: (seq, turn, "User: …"); with
-    `salient` (the session's terms), only the clauses that hold a key."""
-    lines = []
-    for m in older:
-        content = m.content
-        if salient is not None:
-            content = " ".join(cl for cl in clauses(content) if keys(cl, salient))
-        text = condense(content)
-        if text:
-            lines.append((m.seq, m.turn, labels[m.role.value] + text))
-    return lines
 
 
 def _newest_that_fit(messages: Sequence[Message], room: int) -> list[Message]:

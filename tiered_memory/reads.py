@@ -24,7 +24,7 @@ from tiered_memory.context import (
     window,
     window_start_turn,
 )
-from tiered_memory.context_policy import Candidates, Facts, choose
+from tiered_memory.context_policy import Candidates, Facts, NoteCache, Notes, choose
 from tiered_memory.errors import Forbidden, HotUnavailable, SqlUnavailable
 from tiered_memory.history import History
 from tiered_memory.metrics import Metrics
@@ -43,7 +43,7 @@ from tiered_memory.model import (
 )
 from tiered_memory.settings import Settings
 from tiered_memory.summarize.cold import cold_summary
-from tiered_memory.summarize.extractive import Extractor, lead, render
+from tiered_memory.summarize.extractive import Extractor, FactBook, lead
 from tiered_memory.summarize.payload import planning, planning_history
 from tiered_memory.summarize.topics import TopicTagger
 from tiered_memory.tiers.hot import HotTier
@@ -97,6 +97,10 @@ class SessionReads:
         self._tagger = tagger
         self._metrics = metrics
         self._clock = clock
+        # What the context policy works out of each message (its condensed form, its features),
+        # kept across reads: a message never changes, and a session's next context reads most
+        # of the same messages again.
+        self._notes = NoteCache()
 
     async def load_best_summary(self, session_id: str, *, caller: Caller) -> SummaryAnswer:
         """Hot summary → warm row (backfilling hot) → deterministic extraction from messages → none.
@@ -367,15 +371,27 @@ class SessionReads:
         # The user's language labels the memory (a mixed conversation follows the user).
         said = "".join(m.content for m in shown[-6:] if m.role is Role.USER)
         lang = language_of(said or (summary.text if summary else ""))
+        book = FactBook.load(summary.structured) if summary is not None and summary.structured else None
+        if book is not None and summary is not None and summary.source is not SummarySource.DETERMINISTIC:
+            book = None  # an LLM's summary: its text, not the extractor's facts beside it, is the memory
+        names, salient = book.terms() if book is not None else (frozenset(), frozenset())
+        version = summary.version if summary is not None else 0
+
+        def notes(m: Message) -> Notes:
+            return self._notes.get((session_id, m.seq, version), m.content, salient, names)
+
         chosen = choose(
             Candidates(
                 messages=shown,
                 whole=bool(shown) and shown[0].seq <= 1,
                 lang=lang,
-                facts=self._facts(summary, summary_last, lang) if summary is not None else None,
+                facts=self._facts(summary, book, summary_last, lang) if summary is not None else None,
                 subject=str(summary.structured.get("subject", "")) if summary else "",
                 snippets=snippets,
                 terms=terms,
+                terms_salient=salient,
+                names=names,
+                notes=notes,
             ),
             max_chars,
         )
@@ -429,7 +445,7 @@ class SessionReads:
             lang=lang,
         )
 
-    def _facts(self, summary: Summary, last_activity: float | None, lang: str) -> Facts:
+    def _facts(self, summary: Summary, book: FactBook | None, last_activity: float | None, lang: str) -> Facts:
         """The summary's renderer for the policy: a deterministic summary is re-rendered from its
         stored facts for the room and the turns it is given (whole facts, none the context shows
         raw); another (an LLM's text) keeps the first sentences that fit."""
@@ -438,16 +454,11 @@ class SessionReads:
         def facts(room: int, before_turn: int | None, by_rank: bool) -> str:
             if room <= frame_chars:
                 return ""
-            body: str | None = None
-            if summary.source is SummarySource.DETERMINISTIC:
-                body = render(
-                    summary.structured,
-                    room - frame_chars,
-                    before_turn=before_turn,
-                    topics=summary.topics,
-                    newest_first=not by_rank,
+            if book is not None:
+                body = book.render(
+                    room - frame_chars, before_turn=before_turn, topics=summary.topics, newest_first=not by_rank
                 )
-            if body is None:
+            else:
                 body = lead(summary.text, room - frame_chars)
             return self._summary_text(body, last_activity, lang) if body else ""
 

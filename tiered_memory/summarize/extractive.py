@@ -32,7 +32,10 @@ _MAX_ENTITIES = 64
 # clauses the context re-renders from are pruned away (measured in docs/QUALITY.md).
 _ITEM_OVERHEAD = 4
 _SUBJECT_CHARS = 60  # the conversation's subject line at most
-_COMMON_NAME_FREQ = 1000  # jieba tags frequent words such as 谢谢 or 明白 `nr`; real names are rare words
+_COMMON_NAME_FREQ = 1000
+# Salience per mention above which a stored entity is a name: names score 3x their information
+# (about 25-55), keywords 1x (about 5-18).
+_NAME_SCORE = 20.0  # jieba tags frequent words such as 谢谢 or 明白 `nr`; real names are rare words
 
 _EARLIER, _PROFILE, _FACT, _QUESTION = "earlier", "profile", "fact", "question"
 _KINDS = (_EARLIER, _PROFILE, _FACT, _QUESTION)
@@ -532,6 +535,51 @@ def _render(
     return body[:max_chars]
 
 
+class FactBook:
+    """A summary's stored facts (`Extraction.structured`), loaded once, rendered at any budget:
+    a context tries several layouts, each asking for the facts in another room."""
+
+    def __init__(self, state: _State) -> None:
+        self._state = state
+        cjk, latin = state.script
+        self._lang = "zh" if cjk > 0 and cjk * 3 >= latin else "en"
+
+    @classmethod
+    def load(cls, structured: Mapping[str, Any]) -> FactBook | None:
+        """None when `structured` is not this extractor's."""
+        state = _State.load(structured)
+        return None if state is None else cls(state)
+
+    @property
+    def subject(self) -> str:
+        return self._state.subject
+
+    def terms(self) -> tuple[frozenset[str], frozenset[str]]:
+        """The session's salient terms, case-folded: (names, other keywords). A name scored
+        three times a keyword's information per mention (see `_terms`): that tells them apart
+        where there are no capitals to go by (Chinese)."""
+        names: set[str] = set()
+        others: set[str] = set()
+        for term, (score, _, count) in self._state.entities.items():
+            (names if score / max(count, 1.0) >= _NAME_SCORE else others).add(term.casefold())
+        return frozenset(names), frozenset(others)
+
+    def render(
+        self,
+        max_chars: int,
+        *,
+        before_turn: int | None = None,
+        topics: Sequence[str] = (),
+        newest_first: bool = False,
+    ) -> str:
+        """The facts said before `before_turn` only (the turns from there on are shown beside
+        them), whole facts chosen by priority, in at most `max_chars`. Pure and cheap: no jieba."""
+        if max_chars <= 0:
+            return ""
+        items = [i for i in self._state.items if before_turn is None or i.turn < before_turn]
+        return _render(items, self._lang, topics, max_chars, newest_first=newest_first)
+
+
 def render(
     structured: Mapping[str, Any],
     max_chars: int,
@@ -544,10 +592,7 @@ def render(
     facts said before `before_turn` only (the turns from there on are shown raw beside it), so
     that a small budget holds whole facts chosen by priority rather than the cut-off start of a
     longer text. None when `structured` is not this extractor's. Pure and cheap: no jieba."""
-    state = _State.load(structured)
-    if state is None or max_chars <= 0:
+    book = FactBook.load(structured)
+    if book is None or max_chars <= 0:
         return None
-    items = [i for i in state.items if before_turn is None or i.turn < before_turn]
-    cjk, latin = state.script
-    lang = "zh" if cjk > 0 and cjk * 3 >= latin else "en"
-    return _render(items, lang, topics, max_chars, newest_first=newest_first)
+    return book.render(max_chars, before_turn=before_turn, topics=topics, newest_first=newest_first)

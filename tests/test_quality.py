@@ -1,12 +1,14 @@
-"""The memory-quality regression slice: part of the shipped bilingual set replayed through a daemon
-process (the embedded default, and real Redis + MariaDB), failing when recall falls below the
-thresholds committed in tests/quality_thresholds.json (each about 0.05 under what was measured
-when it was set; raise them when the memory gets better). `tiered-memory eval` runs the whole set;
-about 30 s per backend."""
+"""The memory-quality regression slice: part of the shipped bilingual set (short messages) and two
+chained Topical-Chat sessions (long English messages, from the tuning data beside the project)
+replayed through a daemon process (the embedded default, and real Redis + MariaDB), failing when
+recall falls below the thresholds committed in tests/quality_thresholds.json (each about 0.05
+under what was measured when it was set; raise them when the memory gets better).
+`tiered-memory eval` runs the whole sets; about 30 s per backend and set."""
 
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ import pytest
 from tests.conftest import RealServers
 from tiered_memory.eval.command import shipped_set
 from tiered_memory.eval.daemon import ChildDaemon
-from tiered_memory.eval.dataset import load_jsonl
+from tiered_memory.eval.dataset import Conversation, chain_sittings, load_jsonl, read_topicalchat
 from tiered_memory.eval.report import summarize
 from tiered_memory.eval.runner import Runner
 
@@ -28,9 +30,31 @@ _THRESHOLDS = Path(__file__).parent / "quality_thresholds.json"
 _SLICE = ("zh-00", "zh-01", "zh-02", "zh-03", "en-00", "en-01", "en-02", "en-03")
 
 
-async def _figures(daemon: ChildDaemon, budgets: list[int]) -> dict[str, float]:
+# Topical-Chat validation, beside the project as the tuning data (CI has it there too).
+_TOPICALCHAT = Path(__file__).resolve().parents[2] / "shared" / "data" / "topicalchat-valid" / "valid_freq.json"
+
+
+def _shipped_slice() -> list[Conversation]:
     convs = [c for c in load_jsonl(shipped_set(), dataset="bilingual") if c.session in _SLICE]
     assert len(convs) == len(_SLICE)
+    return convs
+
+
+def _topicalchat_slice() -> list[Conversation]:
+    """Two sessions of ten chained Topical-Chat conversations (about 200 long English messages
+    each). Missing data skips, unless REQUIRE_REAL_BACKENDS=1 (CI), where it fails."""
+    if not _TOPICALCHAT.is_file():
+        reason = f"no Topical-Chat data at {_TOPICALCHAT}"
+        if os.environ.get("REQUIRE_REAL_BACKENDS") == "1":
+            pytest.fail(f"REQUIRE_REAL_BACKENDS=1 but {reason}", pytrace=False)
+        pytest.skip(reason)
+    return chain_sittings(read_topicalchat(_TOPICALCHAT), dataset="topicalchat", per_session=10, sessions=2)
+
+
+async def _figures(
+    daemon: ChildDaemon, budgets: list[int], convs: list[Conversation] | None = None
+) -> dict[str, float]:
+    convs = convs if convs is not None else _shipped_slice()
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
         await daemon.start(http)
         try:
@@ -64,3 +88,20 @@ async def test_recall_stays_above_the_thresholds_on_redis_and_mariadb(real_serve
         redis_url=real_servers.redis_url, database_url=real_servers.mysql_url, run_id=uuid.uuid4().hex[:8]
     )
     _check(await _figures(daemon, thresholds["budgets"]), thresholds["real"])
+
+
+async def test_long_english_messages_stay_above_the_thresholds_embedded() -> None:
+    """Two chained Topical-Chat sessions on the embedded default: the long-message slice."""
+    thresholds = json.loads(_THRESHOLDS.read_text(encoding="utf-8"))["topicalchat"]
+    daemon = ChildDaemon(run_id=uuid.uuid4().hex[:8])
+    _check(await _figures(daemon, thresholds["budgets"], _topicalchat_slice()), thresholds["embedded"])
+
+
+@pytest.mark.real
+async def test_long_english_messages_stay_above_the_thresholds_on_redis_and_mariadb(real_servers: RealServers) -> None:
+    """The same long-message slice on real Redis and MariaDB."""
+    thresholds = json.loads(_THRESHOLDS.read_text(encoding="utf-8"))["topicalchat"]
+    daemon = ChildDaemon(
+        redis_url=real_servers.redis_url, database_url=real_servers.mysql_url, run_id=uuid.uuid4().hex[:8]
+    )
+    _check(await _figures(daemon, thresholds["budgets"], _topicalchat_slice()), thresholds["real"])

@@ -59,7 +59,7 @@ TERM_WEIGHT = 0.2
 # A feature last said this many turns ago counts half as much as one said now.
 _RECENCY_TURNS = 20.0
 # A question's matching clauses may take up to this share of the room.
-SNIPPET_SHARE = 0.34
+SNIPPET_SHARE = 0.25
 
 Facts = Callable[[int, "int | None", bool], str]
 """Renders the summary's facts said before a turn (None: all of them) in at most `room`

@@ -52,6 +52,8 @@ from tiered_memory.tiers.sql_store import SqlStore
 # A cold extraction reads at most this many messages from the start of a session and from its end.
 _COLD_HEAD_MESSAGES = 200
 _COLD_TAIL_MESSAGES = 400
+# Characters of raw messages a context hands the budget policy at least (one bounded read).
+_OLDER_MIN_CHARS = 4000
 # A context read puts at most this many turns between a lagging summary and the window.
 _GAP_MAX_TURNS = 100
 
@@ -352,13 +354,14 @@ class SessionReads:
                 )
             shown = recent
             if self._s.context_older_turns:
-                # Older raw turns for the condensed stretch: about twice the budget of them, since
-                # condensing shortens long messages by about half.
+                # Older raw turns for the policy to condense or take the key points of: about
+                # twice the budget of them (condensing halves long messages), and at least
+                # _OLDER_MIN_CHARS, since key points are a small part of what they come from.
                 before_window = await self._history.older(
                     session_id,
                     recent,
                     available,
-                    2 * max_chars - _chars(recent),
+                    max(2 * max_chars, _OLDER_MIN_CHARS) - _chars(recent),
                     message_count=sql_info.message_count if sql_info else hot.message_count,
                     content_chars=sql_info.content_chars if sql_info else hot.content_chars,
                 )

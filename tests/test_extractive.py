@@ -224,3 +224,31 @@ def test_extraction_topics_rank_the_conversations_entities(extractor: Extractor)
     result = extractor.extract(conversation(EN_TURNS))
     assert len(result.topics) <= 10
     assert {"Sarah Connor", "NordicNaturals"} <= set(result.topics)
+
+
+def test_english_facts_leave_out_greetings_addresses_and_bare_stamps(extractor: Extractor) -> None:
+    """Greetings, thanks, forms of address and a sitting's date stamp alone are no facts; a
+    stamp stays when it dates what follows it; English facts lose their function words."""
+    turns = [
+        ("[Tue 2024-03-05] Hey Anna!", "Hi Tom! Thanks for calling."),
+        ("Yeah Anna, so I finally booked the flight to Lisbon for April 5.", "Great, Tom! Which airline?"),
+        ("TAP, flight TP 1351. Thanks Anna!", "Yeah Tom, noted."),
+    ]
+    text = extractor.extract(conversation(turns)).text
+    for noise in ("Hey Anna", "Thanks Anna", "Yeah Tom", "Hi Tom"):
+        assert noise not in text
+    assert "Lisbon" in text
+    assert "April 5" in text
+    assert "TP 1351" in text
+    assert "Key facts: " in text  # English labels for an English conversation
+    assert " the flight" not in text
+
+
+def test_the_subject_is_the_users_first_clause_that_names_something(extractor: Extractor) -> None:
+    """Stored with the facts, carried through merges: what the session is about."""
+    first = extractor.extract(conversation(ZH_TURNS[:2]))
+    assert "益生菌冻干粉" in first.structured["subject"]
+    later = extractor.extract(conversation(ZH_TURNS[2:6], first_turn=3), previous_structured=first.structured)
+    assert later.structured["subject"] == first.structured["subject"]
+    english = extractor.extract(conversation([("[Tue 2024-03-05] Hey Anna!", "Hi!"), *EN_TURNS[:2]]))
+    assert "Sarah Connor" in english.structured["subject"]

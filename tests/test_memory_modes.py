@@ -512,3 +512,20 @@ async def test_a_late_reply_part_is_summarized_with_the_next_turn(daemon: Daemon
     slices = (await daemon.get(f"/v1/sessions/{sid}/slices"))["slices"]
     seqs = [(s["first_seq"], s["last_seq"]) for s in slices]
     assert seqs == [(1, 6), (7, 13)]
+
+
+async def test_the_product_named_in_turn_one_is_in_every_context_from_150_characters(daemon: Daemon) -> None:
+    """The README's 12-turn example: 活力健 is named only in turn 1 (and by the assistant),
+    and the context holds it at every budget of 150 characters or more, with the last turn raw."""
+    sid = new_sid()
+    await play(daemon, sid, ZH_12_TURNS[:11])
+    await daemon.post(sid, "user", "对了，那个产品适合高血压的人吗？")
+    await daemon.post(sid, "assistant", "一般人群都可以服用，高血压患者建议先咨询医生。")
+    await daemon.settle()
+    for budget in (150, 200, 300, 600, 1000, 2000, 4000):
+        ctx = await daemon.get(f"/v1/sessions/{sid}/context?max_chars={budget}")
+        contents = _contents(ctx)
+        assert sum(len(c) for c in contents) <= budget
+        assert "活力健" in "\n".join(contents), (budget, contents)
+        assert ctx["messages"][-1]["role"] == "assistant"
+        assert ctx["messages"][-2]["content"].endswith("适合高血压的人吗？"), budget

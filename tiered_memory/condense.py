@@ -47,9 +47,14 @@ _PHATIC = _FUNCTION | frozenset(
     """hi hello hey hiya thanks thank thx welcome bye goodbye cheers please sorry good morning
     afternoon evening night agreed agree absolutely definitely totally indeed exactly true
     interesting fun funny awesome amazing lovely sounds sound know see guess think mean
-    nice glad hear too much same true lmao lmfao omg gosh dear buddy friend man dude guys""".split()  # noqa: SIM905
+    nice glad hear too much same true lmao lmfao omg gosh dear buddy friend man dude guys noted
+    alright gotcha""".split()  # noqa: SIM905
 )
-_GREETING = frozenset(("hi", "hello", "hey", "hiya", "thanks", "thank", "thx", "bye", "goodbye", "cheers", "dear"))
+# Words that open a form of address: "Hey Anna", "Thanks Tom", "Yeah Mike", "Sorry Jo".
+_GREETING = frozenset(
+    """hi hello hey hiya thanks thank thx bye goodbye cheers dear yeah yes yep ok okay sure well oh
+    ah wow haha lol right cool great nice sorry no nope absolutely exactly true indeed awesome""".split()  # noqa: SIM905
+)
 # Chinese fillers and sentence-final particles: a clause of only these says nothing.
 _ZH_FILLER = re.compile(
     r"^(?:真是|真的|真|太|非常|很|你|您|了|啊|呀|啦|哦|呢|吧|嘛|嗯+|啊+|哦+|噢+|哈+|呵+|嘿+|呀+|诶+|唉+|好的?|好吧|行|可以|是的?|对的?|对呀|没错|谢谢(?:你|您)?|多谢|不客气"
@@ -105,6 +110,11 @@ def condense(text: str) -> str:
     (a capitalised one inside a name, "Lord of the Rings", stays with its name); numbers, names,
     negations and every other word are kept verbatim. Chinese loses only its fillers and the
     particles at a clause's edges. Empty when nothing is left."""
+    return " ".join(condensed_clauses(text))
+
+
+def condensed_clauses(text: str) -> list[str]:
+    """`condense`, clause by clause: the condensed form of each clause that is not phatic."""
     kept: list[str] = []
     stamp = ""
     for clause in clauses(text):
@@ -116,12 +126,10 @@ def condense(text: str) -> str:
         if stamp:
             clause = f"{stamp} {clause}" if strip_stamp(clause) == clause else clause
             stamp = ""
-        if _CJK.search(clause):
-            short = _ZH_EDGE.sub("", clause)
-            kept.append(short or clause)
-            continue
-        kept.append(_drop_function_words(clause))
-    return " ".join(k for k in kept if k)
+        short = (_ZH_EDGE.sub("", clause) or clause) if _CJK.search(clause) else _drop_function_words(clause)
+        if short:
+            kept.append(short)
+    return kept
 
 
 def _drop_function_words(clause: str) -> str:

@@ -27,7 +27,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from tiered_memory.condense import clauses, condense, keys, words
+from tiered_memory.condense import clauses, condense, condensed_clauses, keys, words
 from tiered_memory.model import Message, Role
 
 # The labels of the system message's parts, in the conversation's language.
@@ -86,7 +86,7 @@ class Candidates:
     terms: Sequence[str] = ()
     terms_salient: frozenset[str] = frozenset()
     names: frozenset[str] = frozenset()  # the session's names that have no capitals (Chinese)
-    notes: Callable[[Message], Notes] | None = None  # a cache of notes_of; computed here without one
+    notes: Callable[[Message], Notes] | None = None  # a cache of notes_of; worked out here without one
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,9 +130,58 @@ LAYOUTS = (
 
 
 @dataclass(frozen=True, slots=True)
+class Clause:
+    """One clause of a message, condensed: whether it holds a key (a number or a capitalised
+    name), and its features (see `features`, without the session's terms)."""
+
+    text: str
+    key: bool
+    features: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
 class Notes:
-    """What the policy reads of one message, worked out once: its condensed form, its clauses
-    that hold a key (condensed), and the features (see `features`) of each form."""
+    """What the policy reads of one message whatever the session's summary says, worked out once:
+    its condensed clauses, its features, and its text case-folded (to find the session's terms)."""
+
+    clauses: tuple[Clause, ...]
+    features: frozenset[str]
+    folded: str
+
+
+def notes_of(content: str) -> Notes:
+    """The notes of a message's `content`."""
+    return Notes(
+        clauses=tuple(Clause(text, bool(keys(text)), features(text)) for text in condensed_clauses(content)),
+        features=features(content),
+        folded=content.casefold(),
+    )
+
+
+class NoteCache:
+    """A bounded memo of `Notes` by (session, seq): a stored message never changes. Owned by whoever
+    reads contexts; the least recently used entries go first."""
+
+    def __init__(self, max_entries: int = 16_384) -> None:
+        self._max = max_entries
+        self._entries: OrderedDict[tuple[str, int], Notes] = OrderedDict()
+
+    def get(self, key: tuple[str, int], content: str) -> Notes:
+        found = self._entries.get(key)
+        if found is None:
+            found = notes_of(content)
+            self._entries[key] = found
+            if len(self._entries) > self._max:
+                self._entries.popitem(last=False)
+        else:
+            self._entries.move_to_end(key)
+        return found
+
+
+@dataclass(frozen=True, slots=True)
+class _View:
+    """A message's notes read with the session's terms and names: its condensed form, its key
+    points, and the features of the message and of each form."""
 
     condensed: str
     salient: str
@@ -141,43 +190,20 @@ class Notes:
     salient_features: frozenset[str]
 
 
-def notes_of(content: str, terms: frozenset[str], names: frozenset[str] = frozenset()) -> Notes:
-    """The notes of a message's `content`, given the session's salient `terms` and `names`."""
-    short = condense(content)
-    salient = condense(" ".join(cl for cl in clauses(content) if keys(cl) or _named(cl, names)))
-    return Notes(
-        condensed=short,
+def _view(n: Notes, terms: frozenset[str], names: frozenset[str]) -> _View:
+    present = {t for t in names if t in n.folded}
+    tagged = present | {"\x01" + t for t in terms if t in n.folded and t not in n.features}
+    chosen = [c for c in n.clauses if c.key or any(name in c.text.casefold() for name in present)]
+    salient = " ".join(c.text for c in chosen)
+    folded = salient.casefold()
+    return _View(
+        condensed=" ".join(c.text for c in n.clauses),
         salient=salient,
-        features=features(content, terms, names),
-        condensed_features=features(short, terms, names),
-        salient_features=features(salient, terms, names),
+        features=n.features | tagged,
+        condensed_features=frozenset().union(*(c.features for c in n.clauses)) | tagged,
+        salient_features=frozenset().union(*(c.features for c in chosen))
+        | {f for f in tagged if f.lstrip("\x01") in folded},
     )
-
-
-def _named(text: str, names: frozenset[str]) -> bool:
-    folded = text.casefold()
-    return any(n in folded for n in names)
-
-
-class NoteCache:
-    """A bounded memo of `Notes` by (session, seq, summary version): a message never changes once
-    stored, and its notes change only with the session's terms, which come with the summary.
-    Owned by whoever reads contexts; the least recently used entries go first."""
-
-    def __init__(self, max_entries: int = 16_384) -> None:
-        self._max = max_entries
-        self._entries: OrderedDict[tuple[str, int, int], Notes] = OrderedDict()
-
-    def get(self, key: tuple[str, int, int], content: str, terms: frozenset[str], names: frozenset[str]) -> Notes:
-        found = self._entries.get(key)
-        if found is None:
-            found = notes_of(content, terms, names)
-            self._entries[key] = found
-            if len(self._entries) > self._max:
-                self._entries.popitem(last=False)
-        else:
-            self._entries.move_to_end(key)
-        return found
 
 
 @dataclass(slots=True)
@@ -200,12 +226,13 @@ def choose(c: Candidates, max_chars: int) -> Selection:
         # Nothing raw to show (a mode without turns, or a session without any): the facts alone.
         text = c.facts(max_chars, None, True) if c.facts is not None else ""
         return Selection(raw=[], system=text or None, chars={"facts": len(text)})
-    memo: dict[int, Notes] = {}
+    memo: dict[int, _View] = {}
 
-    def note(m: Message) -> Notes:
+    def note(m: Message) -> _View:
         found = memo.get(m.seq)
         if found is None:
-            found = memo[m.seq] = c.notes(m) if c.notes else notes_of(m.content, c.terms_salient, c.names)
+            notes = c.notes(m) if c.notes else notes_of(m.content)
+            found = memo[m.seq] = _view(notes, c.terms_salient, c.names)
         return found
 
     tail = last_turn(messages)
@@ -218,39 +245,51 @@ def choose(c: Candidates, max_chars: int) -> Selection:
     raw_tail = fit_tail(tail, max(0, max_chars - head))
     room = max_chars - _chars(raw_tail) - head
     older = messages[: len(messages) - len(tail)]
-    snippets = _snippet_lines(c, first_raw=raw_tail[0].seq if raw_tail else None, labels=labels)
-    snippet_room = min(int(room * SNIPPET_SHARE), _block_chars(snippets, labels["snippets"]))
-    room -= snippet_room
     lines = [(m.seq, m.turn, labels[m.role.value] + note(m).condensed) for m in older if note(m).condensed]
     salient_lines = [(m.seq, m.turn, note(m).salient) for m in older if note(m).salient]
     weight = _weights(messages, note)
     by_seq = {m.seq: m for m in messages}
-    best: tuple[float, _Filled] | None = None
-    for layout in LAYOUTS:
-        if (layout.facts and c.facts is None) or (layout.condensed and not lines):
-            continue
-        filled = _fill(
-            c, layout, older, salient_lines if layout.salient else lines, salient_lines, raw_tail, room, labels
-        )
-        found = set(features(filled.facts_text, c.terms_salient, c.names))
-        for m in filled.selection.raw:
-            whole = by_seq.get(m.seq)
-            found |= (
-                note(m).features
-                if whole is not None and whole.content == m.content
-                else features(m.content, c.terms_salient, c.names)
+
+    def best(room: int) -> Selection:
+        """The layout whose text holds the most weighted features in `room`."""
+        top: tuple[float, Selection] | None = None
+        for layout in LAYOUTS:
+            if (layout.facts and c.facts is None) or (layout.condensed and not lines):
+                continue
+            filled = _fill(
+                c, layout, older, salient_lines if layout.salient else lines, salient_lines, raw_tail, room, labels
             )
-        for seq in filled.seqs:
-            n = note(by_seq[seq])
-            found |= n.salient_features if filled.salient else n.condensed_features
-        score = sum(weight.get(f, 0.0) for f in found)
-        if best is None or score > best[0]:
-            best = (score, filled)
-    assert best is not None
-    sel = best[1].selection
-    shown = _text(sel)
+            found = set(features(filled.facts_text, c.terms_salient, c.names))
+            for m in filled.selection.raw:
+                whole = by_seq.get(m.seq)
+                found |= (
+                    note(m).features
+                    if whole is not None and whole.content == m.content
+                    else features(m.content, c.terms_salient, c.names)
+                )
+            for seq in filled.seqs:
+                n = note(by_seq[seq])
+                found |= n.salient_features if filled.salient else n.condensed_features
+            score = sum(weight.get(f, 0.0) for f in found)
+            if top is None or score > top[0]:
+                top = (score, filled.selection)
+        assert top is not None
+        return top[1]
+
+    sel = best(room)
+    snippets = _snippet_lines(c, first_raw=raw_tail[0].seq if raw_tail else None)
+    shown = _text(sel).casefold()
+    snippets = [line for line in snippets if line[2].casefold() not in shown]
+    if snippets and _new_keys(snippets, shown, c.names):
+        # The question's clauses say something this context does not: they get room of their
+        # own. Otherwise they take only what the layout left, so a question never costs memory.
+        labelled = [(seq, labels[role] + body) for seq, role, body in snippets]
+        snippet_room = min(int(room * SNIPPET_SHARE), _block_chars(labelled, labels["snippets"]))
+        sel = best(room - snippet_room)
+        shown = _text(sel).casefold()
+        snippets = [line for line in snippets if line[2].casefold() not in shown]
     extra = _fit_best(
-        [(seq, text) for seq, text in snippets if text.split(" ", 1)[-1] not in shown],
+        [(seq, labels[role] + body) for seq, role, body in snippets],
         max_chars - head - _chars(sel.raw) - (len(sel.system) + 1 if sel.system else 0),
         labels["snippets"],
     )
@@ -317,7 +356,7 @@ def _fill(
     return _Filled(selection, [seq for seq, _, _ in kept], salient, facts_text)
 
 
-def features(text: str, terms: frozenset[str], names: frozenset[str] = frozenset()) -> frozenset[str]:
+def features(text: str, terms: frozenset[str] = frozenset(), names: frozenset[str] = frozenset()) -> frozenset[str]:
     """What a question may ask for in `text`, tagged by class: keys (numbers, names, and the
     session's `names` found in it) bare, the session's other salient terms behind "\x01", other
     content words behind "\x00"."""
@@ -329,7 +368,7 @@ def features(text: str, terms: frozenset[str], names: frozenset[str] = frozenset
     return frozenset(tagged)
 
 
-def _weights(messages: Sequence[Message], note: Callable[[Message], Notes]) -> dict[str, float]:
+def _weights(messages: Sequence[Message], note: Callable[[Message], _View]) -> dict[str, float]:
     """Each feature's worth to this context: one over the number of messages that say it (a
     thing said once is lost for good when left out; one said every other message is back soon),
     discounted by the turns since it was last said (later turns refer to the recent past most),
@@ -447,22 +486,32 @@ def _block_chars(lines: Sequence[tuple[object, ...]], label: str) -> int:
 _LATIN_WORD = re.compile(r"[a-z0-9]+")
 
 
-def _snippet_lines(c: Candidates, *, first_raw: int | None, labels: dict[str, str]) -> list[tuple[int, str]]:
-    """The clauses of the matching turns that hold a question term, condensed, best turn first
-    (returned oldest first for display is the caller's business)."""
+def _snippet_lines(c: Candidates, *, first_raw: int | None) -> list[tuple[int, str, str]]:
+    """(seq, role, condensed clauses) of the matching turns' messages shown before `first_raw`:
+    the clauses that hold a question term, best turn first."""
     if not c.snippets or not c.terms:
         return []
     terms = [t.casefold() for t in c.terms]
-    out: list[tuple[int, str]] = []
+    out: list[tuple[int, str, str]] = []
     for turn in c.snippets:
         for m in turn:
             if not m.answered or (first_raw is not None and m.seq >= first_raw):
                 continue
             hits = [cl for cl in clauses(m.content) if _holds_term(cl, terms)]
             if hits:
-                text = condense(" ".join(hits)) or " ".join(hits)
-                out.append((m.seq, labels[m.role.value] + text))
+                out.append((m.seq, m.role.value, condense(" ".join(hits)) or " ".join(hits)))
     return out
+
+
+def _new_keys(lines: Sequence[tuple[int, str, str]], shown: str, names: frozenset[str]) -> bool:
+    """Whether the lines hold a key (a number, a name, one of the session's `names`) that the
+    shown (case-folded) text lacks."""
+    for _, _, body in lines:
+        folded = body.casefold()
+        found = keys(body) | {n for n in names if n in folded}
+        if any(k not in shown for k in found):
+            return True
+    return False
 
 
 def _holds_term(clause: str, terms: Sequence[str]) -> bool:

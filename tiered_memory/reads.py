@@ -378,10 +378,9 @@ class SessionReads:
         if book is not None and summary is not None and summary.source is not SummarySource.DETERMINISTIC:
             book = None  # an LLM's summary: its text, not the extractor's facts beside it, is the memory
         names, salient = book.terms() if book is not None else (frozenset(), frozenset())
-        version = summary.version if summary is not None else 0
 
         def notes(m: Message) -> Notes:
-            return self._notes.get((session_id, m.seq, version), m.content, salient, names)
+            return self._notes.get((session_id, m.seq), m.content)
 
         chosen = choose(
             Candidates(

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tiered_memory.condense import condense, is_phatic, strip_stamp
+from tiered_memory.condense import clauses, condense, is_phatic, strip_stamp
 from tiered_memory.model import Message, Role
 
 _VERSION = 1
@@ -358,7 +358,7 @@ def _read(jb: _Jieba, state: _State, message: Message) -> None:
         terms = _terms(jb, unit)
         for term, score, _ in terms:
             state.mention(term, score)
-        if is_phatic(unit):
+        if all(is_phatic(clause) for clause in clauses(unit)):
             continue  # greetings, thanks, "Hey Anna!", "嗯嗯", a bare date stamp
         named = any(is_named for _, _, is_named in terms)
         number = _NUMBER.search(strip_stamp(unit)) is not None
@@ -385,11 +385,11 @@ def _read(jb: _Jieba, state: _State, message: Message) -> None:
 def _dense(unit: str, terms: Sequence[tuple[str, float, bool]]) -> str:
     """The clauses of a fact that carry a number or a name ("嗯，口碑也还不错，才2900万美元的小成本
     制作" keeps "才2900万美元的小成本制作"): a budget then holds more facts, not more filler."""
-    clauses = [c.strip() for c in _CLAUSE_END.split(unit) if _NOT_WORD.sub("", c)]
-    if len(clauses) < 2:
+    parts = [c.strip() for c in _CLAUSE_END.split(unit) if _NOT_WORD.sub("", c)]
+    if len(parts) < 2:
         return unit
     names = [term for term, _, is_named in terms if is_named]
-    kept = [c for c in clauses if _NUMBER.search(c) or any(n in c for n in names)]
+    kept = [c for c in parts if not is_phatic(c) and (_NUMBER.search(c) or any(n in c for n in names))]
     return "".join(kept).rstrip("，,、：:") if kept else unit
 
 

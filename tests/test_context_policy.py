@@ -173,3 +173,37 @@ def test_keys_are_numbers_names_and_session_terms() -> None:
     assert keys("活力健每天2次") == {"2次"}
     found = features("活力健每天2次", frozenset({"活力"}))
     assert {"2次", "\x01活力", "\x00每天"} <= found
+
+
+def test_a_question_whose_clauses_say_nothing_new_changes_nothing() -> None:
+    """When the matching clauses hold no key the context lacks, the context is the one without
+    the question (they may only use room the layout left): a question never costs memory."""
+    filler = "and honestly I was thinking about it the whole time while we were talking about it"
+    turns = [
+        (f"Day {i}: I went to the market with my friend, {filler}.", f"That sounds nice, {filler}.") for i in range(12)
+    ]
+    messages = _messages(turns)
+    plain = choose(Candidates(messages=messages, whole=True, lang="en"), 600)
+    asked = choose(
+        Candidates(messages=messages, whole=True, lang="en", snippets=[messages[2:4]], terms=["market"]), 600
+    )
+    assert [m.content for m in asked.raw] == [m.content for m in plain.raw]
+    assert (plain.system or "") in (asked.system or "")
+
+
+def test_summary_facts_do_not_displace_raw_turns_that_say_more() -> None:
+    """Short turns, each naming something: the raw text reaches back further than any summary
+    of it would say, so the context is raw turns (with their key points spilled behind them),
+    not the facts."""
+    turns = [(f"第{i}家店叫什么？", f"第{i}家店叫老王{i}号面馆。") for i in range(1, 80)]
+    messages = _messages(turns)
+
+    def facts(room: int, before: int | None, by_rank: bool) -> str:
+        return "[历史对话摘要] 用户问了很多面馆。"[:room]
+
+    sel = choose(Candidates(messages=messages, whole=True, lang="zh", facts=facts), 1000)
+    assert sel.chars.get("facts", 0) == 0
+    assert sel.chars["raw"] > 600
+    shown = _text(sel)
+    for i in range(70, 80):
+        assert f"老王{i}号面馆" in shown

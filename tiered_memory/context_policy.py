@@ -26,6 +26,7 @@ import re
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from tiered_memory.condense import clauses, condense, condensed_clauses, keys, words
 from tiered_memory.model import Message, Role
@@ -58,6 +59,8 @@ WORD_WEIGHT = 0.1
 TERM_WEIGHT = 0.2
 # A feature last said this many turns ago counts half as much as one said now.
 _RECENCY_TURNS = 20.0
+# Room below which the summary is not asked for its facts: a label and a word of it is noise.
+_MIN_FACTS_ROOM = 40
 # A question's matching clauses may take up to this share of the room.
 SNIPPET_SHARE = 0.25
 
@@ -86,7 +89,7 @@ class Candidates:
     terms: Sequence[str] = ()
     terms_salient: frozenset[str] = frozenset()
     names: frozenset[str] = frozenset()  # the session's names that have no capitals (Chinese)
-    notes: Callable[[Message], Notes] | None = None  # a cache of notes_of; worked out here without one
+    views: Callable[[Message], View] | None = None  # a cache of view_of; worked out here without one
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,27 +162,46 @@ def notes_of(content: str) -> Notes:
 
 
 class NoteCache:
-    """A bounded memo of `Notes` by (session, seq): a stored message never changes. Owned by whoever
-    reads contexts; the least recently used entries go first."""
+    """A bounded memo of what the policy reads of each message: its `Notes` by (session, seq), as
+    a stored message never changes, and its `View` by (session, seq, summary version), as the
+    session's terms change only with its summary. Owned by whoever reads contexts; the least
+    recently used entries go first."""
 
     def __init__(self, max_entries: int = 16_384) -> None:
         self._max = max_entries
-        self._entries: OrderedDict[tuple[str, int], Notes] = OrderedDict()
+        self._notes: OrderedDict[tuple[str, int], Notes] = OrderedDict()
+        self._views: OrderedDict[tuple[str, int, int], View] = OrderedDict()
 
-    def get(self, key: tuple[str, int], content: str) -> Notes:
-        found = self._entries.get(key)
+    def view(self, key: tuple[str, int, int], content: str, terms: frozenset[str], names: frozenset[str]) -> View:
+        found = _touch(self._views, key)
         if found is None:
-            found = notes_of(content)
-            self._entries[key] = found
-            if len(self._entries) > self._max:
-                self._entries.popitem(last=False)
-        else:
-            self._entries.move_to_end(key)
+            notes = _touch(self._notes, key[:2])
+            if notes is None:
+                notes = _put(self._notes, key[:2], notes_of(content), self._max)
+            found = _put(self._views, key, view_of(notes, terms, names), self._max)
         return found
 
 
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+def _touch(entries: OrderedDict[_K, _V], key: _K) -> _V | None:
+    found = entries.get(key)
+    if found is not None:
+        entries.move_to_end(key)
+    return found
+
+
+def _put(entries: OrderedDict[_K, _V], key: _K, value: _V, limit: int) -> _V:
+    entries[key] = value
+    if len(entries) > limit:
+        entries.popitem(last=False)
+    return value
+
+
 @dataclass(frozen=True, slots=True)
-class _View:
+class View:
     """A message's notes read with the session's terms and names: its condensed form, its key
     points, and the features of the message and of each form."""
 
@@ -190,13 +212,14 @@ class _View:
     salient_features: frozenset[str]
 
 
-def _view(n: Notes, terms: frozenset[str], names: frozenset[str]) -> _View:
+def view_of(n: Notes, terms: frozenset[str], names: frozenset[str]) -> View:
+    """The notes read with the session's salient `terms` and `names`."""
     present = {t for t in names if t in n.folded}
     tagged = present | {"\x01" + t for t in terms if t in n.folded and t not in n.features}
     chosen = [c for c in n.clauses if c.key or any(name in c.text.casefold() for name in present)]
     salient = " ".join(c.text for c in chosen)
     folded = salient.casefold()
-    return _View(
+    return View(
         condensed=" ".join(c.text for c in n.clauses),
         salient=salient,
         features=n.features | tagged,
@@ -226,13 +249,12 @@ def choose(c: Candidates, max_chars: int) -> Selection:
         # Nothing raw to show (a mode without turns, or a session without any): the facts alone.
         text = c.facts(max_chars, None, True) if c.facts is not None else ""
         return Selection(raw=[], system=text or None, chars={"facts": len(text)})
-    memo: dict[int, _View] = {}
+    memo: dict[int, View] = {}
 
-    def note(m: Message) -> _View:
+    def note(m: Message) -> View:
         found = memo.get(m.seq)
         if found is None:
-            notes = c.notes(m) if c.notes else notes_of(m.content)
-            found = memo[m.seq] = _view(notes, c.terms_salient, c.names)
+            found = memo[m.seq] = c.views(m) if c.views else view_of(notes_of(m.content), c.terms_salient, c.names)
         return found
 
     tail = last_turn(messages)
@@ -336,7 +358,7 @@ def _fill(
     if c.facts is not None:
         before = kept[0][1] if kept else (raw[0].turn if raw else None)
         left = room - _chars(extra) - _block_chars(kept, label)
-        facts_text = c.facts(left - 1, before, layout.by_rank) if left > 1 else ""
+        facts_text = c.facts(left - 1, before, layout.by_rank) if left > _MIN_FACTS_ROOM else ""
         if len(kept) < len(rest):
             # Room the facts did not take: the condensed stretch reaches further back.
             spare = left - (len(facts_text) + 1 if facts_text else 0)
@@ -368,7 +390,7 @@ def features(text: str, terms: frozenset[str] = frozenset(), names: frozenset[st
     return frozenset(tagged)
 
 
-def _weights(messages: Sequence[Message], note: Callable[[Message], _View]) -> dict[str, float]:
+def _weights(messages: Sequence[Message], note: Callable[[Message], View]) -> dict[str, float]:
     """Each feature's worth to this context: one over the number of messages that say it (a
     thing said once is lost for good when left out; one said every other message is back soon),
     discounted by the turns since it was last said (later turns refer to the recent past most),

@@ -24,7 +24,7 @@ from tiered_memory.context import (
     window,
     window_start_turn,
 )
-from tiered_memory.context_policy import Candidates, Facts, NoteCache, Notes, choose
+from tiered_memory.context_policy import Candidates, Facts, NoteCache, View, choose
 from tiered_memory.errors import Forbidden, HotUnavailable, SqlUnavailable
 from tiered_memory.history import History
 from tiered_memory.metrics import Metrics
@@ -378,9 +378,10 @@ class SessionReads:
         if book is not None and summary is not None and summary.source is not SummarySource.DETERMINISTIC:
             book = None  # an LLM's summary: its text, not the extractor's facts beside it, is the memory
         names, salient = book.terms() if book is not None else (frozenset(), frozenset())
+        version = summary.version if summary is not None else 0
 
-        def notes(m: Message) -> Notes:
-            return self._notes.get((session_id, m.seq), m.content)
+        def views(m: Message) -> View:
+            return self._notes.view((session_id, m.seq, version), m.content, salient, names)
 
         chosen = choose(
             Candidates(
@@ -393,7 +394,7 @@ class SessionReads:
                 terms=terms,
                 terms_salient=salient,
                 names=names,
-                notes=notes,
+                views=views,
             ),
             max_chars,
         )

@@ -101,6 +101,7 @@ class Selection:
     system: str | None
     chars: dict[str, int] = field(default_factory=dict)
     first_turn: int | None = None  # the first turn shown raw or condensed
+    layout: int | None = None  # the index in LAYOUTS of the layout chosen
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,6 +273,8 @@ def choose(c: Candidates, max_chars: int) -> Selection:
     weight = _weights(messages, note)
     by_seq = {m.seq: m for m in messages}
 
+    rendered: dict[str, frozenset[str]] = {}
+
     def best(room: int) -> Selection:
         """The layout whose text holds the most weighted features in `room`."""
         top: tuple[float, Selection] | None = None
@@ -281,7 +284,11 @@ def choose(c: Candidates, max_chars: int) -> Selection:
             filled = _fill(
                 c, layout, older, salient_lines if layout.salient else lines, salient_lines, raw_tail, room, labels
             )
-            found = set(features(filled.facts_text, c.terms_salient, c.names))
+            facts_features = rendered.get(filled.facts_text)
+            if facts_features is None:
+                # Layouts often render the same facts: their features are read once.
+                facts_features = rendered[filled.facts_text] = features(filled.facts_text, c.terms_salient, c.names)
+            found = set(facts_features)
             for m in filled.selection.raw:
                 whole = by_seq.get(m.seq)
                 found |= (
@@ -294,7 +301,7 @@ def choose(c: Candidates, max_chars: int) -> Selection:
                 found |= n.salient_features if filled.salient else n.condensed_features
             score = sum(weight.get(f, 0.0) for f in found)
             if top is None or score > top[0]:
-                top = (score, filled.selection)
+                top = (score, dataclasses.replace(filled.selection, layout=LAYOUTS.index(layout)))
         assert top is not None
         return top[1]
 
@@ -326,7 +333,9 @@ def choose(c: Candidates, max_chars: int) -> Selection:
     if extra:
         parts.append("\n".join([labels["snippets"], *(text for _, text in sorted(extra))]))
     chars = {**sel.chars, "subject": len(subject), "snippets": _block_chars(extra, labels["snippets"])}
-    return Selection(raw=sel.raw, system="\n".join(parts) or None, chars=chars, first_turn=sel.first_turn)
+    return Selection(
+        raw=sel.raw, system="\n".join(parts) or None, chars=chars, first_turn=sel.first_turn, layout=sel.layout
+    )
 
 
 def _fill(

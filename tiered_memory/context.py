@@ -10,10 +10,10 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tiered_memory.language import language_of
 from tiered_memory.model import Message, Role
 
 SUMMARY_PREFIX = "[历史对话摘要] "
@@ -155,14 +155,6 @@ def assemble(summary_text: str | None, messages: Sequence[Message], *, max_chars
 # Per-message caps of the recent transcript: a question is short, an answer may carry detail.
 _TRANSCRIPT_CAPS = {Role.USER: 160, Role.ASSISTANT: 320}
 _SPEAKERS = {"zh": {Role.USER: "用户", Role.ASSISTANT: "助手"}, "en": {Role.USER: "User", Role.ASSISTANT: "Assistant"}}
-_CJK = re.compile(r"[\u3400-\u9fff]")
-
-
-def language_of(text: str) -> str:
-    """`zh` when a noticeable share of the text is Chinese, `en` otherwise."""
-    if not text:
-        return "zh"
-    return "zh" if len(_CJK.findall(text)) * 4 >= len(text) else "en"
 
 
 def _keep_newest(lines: Sequence[str], max_chars: int) -> str:

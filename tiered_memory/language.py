@@ -21,8 +21,7 @@ _CJK = re.compile(r"[\u3400-\u9fff]")
 def language_of(text: str) -> Language:
     """`zh` when at least a quarter of the characters are Chinese, `en` otherwise.
 
-    An empty text is `zh`, the language the daemon was first built for. (context.py keeps a copy of
-    this rule; the two must agree.)
+    An empty text is `zh`, the language the daemon was first built for.
     """
     if not text:
         return "zh"

@@ -18,7 +18,6 @@ from tiered_memory.context import (
     estimate_tokens,
     frame,
     hot_window_complete,
-    language_of,
     recent_transcript,
     summary_system_text,
     window,
@@ -27,6 +26,7 @@ from tiered_memory.context import (
 from tiered_memory.context_policy import Candidates, Facts, NoteCache, View, choose
 from tiered_memory.errors import Forbidden, HotUnavailable, SqlUnavailable
 from tiered_memory.history import History
+from tiered_memory.language import language_of
 from tiered_memory.metrics import Metrics
 from tiered_memory.model import (
     Caller,

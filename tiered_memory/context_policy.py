@@ -259,11 +259,7 @@ def choose(c: Candidates, max_chars: int) -> Selection:
         return found
 
     tail = last_turn(messages)
-    subject = ""
-    if c.subject and not any(c.subject.casefold() in m.content.casefold() for m in tail):
-        subject = labels["subject"] + c.subject
-        if len(subject) > max_chars // 4:
-            subject = ""
+    subject = _subject_line(c, tail, labels, max_chars)
     head = len(subject) + 1 if subject else 0
     raw_tail = fit_tail(tail, max(0, max_chars - head))
     room = max_chars - _chars(raw_tail) - head
@@ -322,12 +318,26 @@ def choose(c: Candidates, max_chars: int) -> Selection:
         max_chars - head - _chars(sel.raw) - (len(sel.system) + 1 if sel.system else 0),
         labels["snippets"],
     )
-    parts = []
-    if sel.system:
-        parts.append(sel.system)
+    return _finish(c, sel, subject, extra, labels)
+
+
+def _subject_line(c: Candidates, tail: Sequence[Message], labels: dict[str, str], max_chars: int) -> str:
+    """`Subject: …` when the last turn does not say the subject and it takes at most a quarter of
+    the budget; empty otherwise."""
+    if not c.subject or any(c.subject.casefold() in m.content.casefold() for m in tail):
+        return ""
+    line = labels["subject"] + c.subject
+    return line if len(line) <= max_chars // 4 else ""
+
+
+def _finish(
+    c: Candidates, sel: Selection, subject: str, extra: Sequence[tuple[int, str]], labels: dict[str, str]
+) -> Selection:
+    """The chosen layout's memory with the subject line (unless its text says the subject) after
+    it, and the question's clauses last."""
+    parts = [sel.system] if sel.system else []
     if subject and c.subject.casefold() not in (sel.system or "").casefold():
-        # After the summary's label (or the reconnect phrasing), which leads the system text.
-        parts.insert(1 if sel.chars.get("facts") else 0, subject)
+        parts.append(subject)
     else:
         subject = ""
     if extra:

@@ -23,7 +23,7 @@ from tiered_memory.context import (
     window,
     window_start_turn,
 )
-from tiered_memory.context_policy import Candidates, Facts, NoteCache, View, choose
+from tiered_memory.context_policy import Candidates, Facts, NoteCache, Selection, View, choose
 from tiered_memory.errors import Forbidden, HotUnavailable, SqlUnavailable
 from tiered_memory.history import History
 from tiered_memory.language import language_of
@@ -56,6 +56,18 @@ _COLD_TAIL_MESSAGES = 400
 _OLDER_MIN_CHARS = 4000
 # A context read puts at most this many turns between a lagging summary and the window.
 _GAP_MAX_TURNS = 100
+
+
+@dataclass(frozen=True, slots=True)
+class _Walked:
+    """What the tier walk of a context read found: the hot entry, the summary's answer, the SQL
+    session when SQL was asked, the raw messages from the window on, and the turn count."""
+
+    hot: HotSession
+    answer: SummaryAnswer
+    info: SessionInfo | None
+    available: list[Message]
+    turn_count: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,38 +351,71 @@ class SessionReads:
             await self._backfill(sql_info, summary=warm_summary, recent=rows)
         turn_count = sql_info.turn_count if sql_info else max(hot.turn_count or 0, answer.turn_count)
         recent = window(available, turn_count=turn_count, keep_recent_turns=keep)
-        summary = answer.summary
-        summary_last = sql_info.last_activity if sql_info else hot.last_activity
-        covered = summary.covered_turns if summary else 0
-        shown = recent
-        snippets: list[list[Message]] = []
+        walked = _Walked(hot=hot, answer=answer, info=sql_info, available=available, turn_count=turn_count)
+        shown, recent, terms, snippets = await self._material(
+            session_id, walked, recent, max_chars=max_chars, question=question, exclude_message_id=exclude_message_id
+        )
+        chosen = choose(self._candidates(session_id, walked, shown, terms, snippets), max_chars)
+        memory_text = await self._with_digest(walked, shown, chosen, max_chars=max_chars)
+        messages = compose(memory_text, alternate(chosen.raw), max_chars=max_chars)
+        return self._shaped(session_id, walked, recent, messages, system_prompt=system_prompt, question=question)
+
+    async def _material(
+        self,
+        session_id: str,
+        walked: _Walked,
+        recent: list[Message],
+        *,
+        max_chars: int,
+        question: str | None,
+        exclude_message_id: str | None,
+    ) -> tuple[list[Message], list[Message], list[str], list[list[Message]]]:
+        """What the policy chooses from, beyond the window: the turns between a lagging summary
+        and the window, the older raw turns, and a question's terms and matching turns. Returns
+        (the raw messages to choose from, the window with its gap, terms, matching turns)."""
+        if self._s.memory_mode != "summary":
+            return recent, recent, [], []
+        hot, info, available = walked.hot, walked.info, walked.available
+        covered = walked.answer.summary.covered_turns if walked.answer.summary else 0
+        recent = await self._with_gap(session_id, covered, walked.turn_count, recent, available)
+        count = info.message_count if info else hot.message_count
         terms: list[str] = []
-        if mode == "summary":
-            recent = await self._with_gap(session_id, covered, turn_count, recent, available)
-            count = sql_info.message_count if sql_info else hot.message_count
-            if question and recent and count:
-                terms, snippets = await self._history.snippets(
-                    session_id, question, count, before_seq=recent[0].seq, seen=available
-                )
-            shown = recent
-            if self._s.context_older_turns:
-                # Older raw turns for the policy to condense or take the key points of: about
-                # twice the budget of them (condensing halves long messages), and at least
-                # _OLDER_MIN_CHARS, since key points are a small part of what they come from.
-                before_window = await self._history.older(
-                    session_id,
-                    recent,
-                    available,
-                    max(2 * max_chars, _OLDER_MIN_CHARS) - _chars(recent),
-                    message_count=sql_info.message_count if sql_info else hot.message_count,
-                    content_chars=sql_info.content_chars if sql_info else hot.content_chars,
-                )
-                shown = [*before_window, *recent]
-                fetched = [m for m in before_window if not available or m.seq < available[0].seq]
-                # Only while the hot list has room: once it is full, the rest of a long, terse
-                # session's older turns come from SQL on each read (one indexed read).
-                if fetched and exclude_message_id is None and len(available) < self._hot.recent_max:
-                    await self._keep_older(session_id, sql_info, hot, [*fetched, *available])
+        snippets: list[list[Message]] = []
+        if question and recent and count:
+            terms, snippets = await self._history.snippets(
+                session_id, question, count, before_seq=recent[0].seq, seen=available
+            )
+        if not self._s.context_older_turns:
+            return recent, recent, terms, snippets
+        # Older raw turns for the policy to condense or take the key points of: about twice the
+        # budget of them (condensing halves long messages), and at least _OLDER_MIN_CHARS, since
+        # key points are a small part of what they come from.
+        before_window = await self._history.older(
+            session_id,
+            recent,
+            available,
+            max(2 * max_chars, _OLDER_MIN_CHARS) - _chars(recent),
+            message_count=count,
+            content_chars=info.content_chars if info else hot.content_chars,
+        )
+        fetched = [m for m in before_window if not available or m.seq < available[0].seq]
+        # Only while the hot list has room: once it is full, the rest of a long, terse session's
+        # older turns come from SQL on each read (one indexed read).
+        if fetched and exclude_message_id is None and len(available) < self._hot.recent_max:
+            await self._keep_older(session_id, info, hot, [*fetched, *available])
+        return [*before_window, *recent], recent, terms, snippets
+
+    def _candidates(
+        self,
+        session_id: str,
+        walked: _Walked,
+        shown: list[Message],
+        terms: list[str],
+        snippets: list[list[Message]],
+    ) -> Candidates:
+        """The policy's input: the messages, the summary as a renderer of its facts, the subject,
+        the session's terms, and this process's cache of what each message reads as."""
+        summary = walked.answer.summary
         # The user's language labels the memory (a mixed conversation follows the user).
         said = "".join(m.content for m in shown[-6:] if m.role is Role.USER)
         lang = language_of(said or (summary.text if summary else ""))
@@ -383,48 +428,67 @@ class SessionReads:
         def views(m: Message) -> View:
             return self._notes.view((session_id, m.seq, version), m.content, salient, names)
 
-        chosen = choose(
-            Candidates(
-                messages=shown,
-                whole=bool(shown) and shown[0].seq <= 1,
-                lang=lang,
-                facts=self._facts(summary, book, summary_last, lang) if summary is not None else None,
-                subject=str(summary.structured.get("subject", "")) if summary else "",
-                snippets=snippets,
-                terms=terms,
-                terms_salient=salient,
-                names=names,
-                views=views,
-            ),
-            max_chars,
+        last = walked.info.last_activity if walked.info else walked.hot.last_activity
+        return Candidates(
+            messages=shown,
+            whole=bool(shown) and shown[0].seq <= 1,
+            lang=lang,
+            facts=self._facts(summary, book, last, lang) if summary is not None else None,
+            subject=str(summary.structured.get("subject", "")) if summary else "",
+            snippets=snippets,
+            terms=terms,
+            terms_salient=salient,
+            names=names,
+            views=views,
         )
-        memory_text = chosen.system
-        first_shown = chosen.first_turn
-        uncovered = [m for m in shown if covered < m.turn < first_shown] if mode == "summary" and first_shown else []
-        if uncovered:
-            # Turns the summary does not hold yet and that the context does not show: a digest of
-            # them leads the system text, so that a budget cut falls on the rest, not on them.
-            digest = await asyncio.to_thread(
-                self._extractor.extract, uncovered, max_chars=max(50, min(self._s.summary_max_chars, max_chars // 4))
-            )
-            if digest.text:
-                label = "最近几轮：" if language_of(digest.text) == "zh" else "Recent turns: "
-                memory_text = label + digest.text + (f"\n{memory_text}" if memory_text else "")
-        messages = compose(memory_text, alternate(chosen.raw), max_chars=max_chars)
+
+    async def _with_digest(
+        self, walked: _Walked, shown: list[Message], chosen: Selection, *, max_chars: int
+    ) -> str | None:
+        """The chosen system text, led by a digest of the turns the summary does not hold yet
+        and that the context does not show, so that a budget cut falls on the rest, not on them."""
+        summary = walked.answer.summary
+        covered = summary.covered_turns if summary else 0
+        first = chosen.first_turn
+        if self._s.memory_mode != "summary" or not first:
+            return chosen.system
+        uncovered = [m for m in shown if covered < m.turn < first]
+        if not uncovered:
+            return chosen.system
+        digest = await asyncio.to_thread(
+            self._extractor.extract, uncovered, max_chars=max(50, min(self._s.summary_max_chars, max_chars // 4))
+        )
+        if not digest.text:
+            return chosen.system
+        label = "最近几轮：" if language_of(digest.text) == "zh" else "Recent turns: "
+        return label + digest.text + (f"\n{chosen.system}" if chosen.system else "")
+
+    def _shaped(
+        self,
+        session_id: str,
+        walked: _Walked,
+        recent: list[Message],
+        messages: list[ChatMessage],
+        *,
+        system_prompt: str | None,
+        question: str | None,
+    ) -> ContextAnswer:
+        """The answer: the messages framed for a provider, the transcripts, the token estimates."""
+        summary, info = walked.answer.summary, walked.info
         messages = frame(messages, system_prompt=system_prompt, question=question)
         # What sending the whole history instead would cost, framed the same way.
         framing = len(system_prompt or "") + len(question or "")
-        full = (sql_info.content_chars if sql_info else (hot.content_chars or 0)) + framing
+        full = (info.content_chars if info else (walked.hot.content_chars or 0)) + framing
         returned = sum(len(m.content) for m in messages)
         payload = summary.structured.get("payload") if summary else None
         return ContextAnswer(
             session_id=session_id,
-            summary_tier=answer.tier,
+            summary_tier=walked.answer.tier,
             summary=summary.text if summary else None,
             covered_turns=summary.covered_turns if summary else 0,
             topics=summary.topics if summary else (),
             messages=messages,
-            turn_count=turn_count,
+            turn_count=walked.turn_count,
             recent_transcript=recent_transcript(recent, max_chars=self._s.recent_transcript_max_chars),
             answer_transcript=answer_transcript(recent, max_chars=self._s.answer_history_max_chars),
             estimated_tokens={

@@ -8,6 +8,7 @@ and a failure reproduces locally with the same command.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from typing import Any
 
@@ -17,7 +18,8 @@ from hypothesis import strategies as st
 
 from tests.conftest import Daemon, new_sid
 from tiered_memory.api_input import parse_message
-from tiered_memory.context import alternate, assemble, compose, fit_recent
+from tiered_memory.context import alternate, compose
+from tiered_memory.context_policy import Candidates, choose
 from tiered_memory.errors import InvalidInput
 from tiered_memory.model import Message, MessageStatus, NewMessage, Role
 from tiered_memory.summarize.extractive import Extractor
@@ -215,31 +217,25 @@ _BUDGET_MESSAGES = st.lists(
 
 
 @_bounded(200)
-@given(messages=_BUDGET_MESSAGES, room=st.integers(min_value=0, max_value=120))
-def test_fit_recent_fits_what_alternate_makes_of_it(messages: list[Message], room: int) -> None:
-    """The kept turns, once joined into alternating chat messages, take at most `room` characters
-    and never start with a reply; kept and dropped are the answered messages, in order."""
-    kept, dropped = fit_recent(messages, room=room)
-    assert sum(len(m.content) for m in alternate(kept)) <= room
-    assert not kept or kept[0].role is Role.USER
-    answered = [m for m in messages if m.answered]
-    assert [m.seq for m in dropped] + [m.seq for m in kept] == [m.seq for m in answered][: len(dropped) + len(kept)]
-
-
-@_bounded(200)
 @given(
     summary=st.none() | st.text(st.sampled_from("摘要ab "), max_size=200),
     messages=_BUDGET_MESSAGES,
-    max_chars=st.integers(min_value=1, max_value=200),
+    max_chars=st.integers(min_value=1, max_value=300),
 )
-def test_assembled_context_never_exceeds_its_budget(
+def test_the_chosen_context_never_exceeds_its_budget(
     summary: str | None, messages: list[Message], max_chars: int
 ) -> None:
-    """Summary plus recent turns stay within max_chars, with at most one leading system message;
-    compose gives the memory only the room the turns leave."""
-    out = assemble(summary, messages, max_chars=max_chars)
+    """Whatever the messages and the summary, the policy's memory and raw turns, composed as the
+    daemon sends them, stay within max_chars, with at most one leading system message, alternating
+    and starting with a user message; from 200 characters on, the newest answered message is there."""
+    facts = None if summary is None else (lambda room, _before, _by_rank: summary[: max(room, 0)])
+    sel = choose(Candidates(messages=messages, whole=True, lang="zh", facts=facts), max_chars)
+    out = compose(sel.system, alternate(sel.raw), max_chars=max_chars)
     assert sum(len(m.content) for m in out) <= max_chars
     assert all(m.role != "system" for m in out[1:])
-    recent = alternate(fit_recent(messages, room=max_chars)[0])
-    composed = compose(summary, recent, max_chars=max_chars)
-    assert sum(len(m.content) for m in composed) <= max_chars
+    turns = [m for m in out if m.role != "system"]
+    assert not turns or turns[0].role == "user"
+    assert all(a.role != b.role for a, b in itertools.pairwise(turns))
+    answered = [m for m in messages if m.answered]
+    if max_chars >= 200 and answered and answered[-1].role is Role.USER:
+        assert any(answered[-1].content[-1:] in m.content for m in turns)

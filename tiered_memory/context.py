@@ -1,13 +1,13 @@
-"""Assembling what a gateway sends its model: the summary, then the recent turns, within a budget.
+"""The shape of what a gateway sends its model: the raw window, provider-valid alternation, the
+system message's frame and the transcripts. What fills the budget is context_policy.py's choice.
 
-Pure functions over model objects: the service fetches, this module decides what fits and in
-which order. Models attend best to a system message carrying the long-term memory followed by the
-raw recent turns, alternating user/assistant and starting with a user message.
+Pure functions over model objects. Models attend best to a system message carrying the long-term
+memory followed by the raw recent turns, alternating user/assistant and starting with a user
+message.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 from collections.abc import Sequence
@@ -76,57 +76,6 @@ def alternate(messages: Sequence[Message]) -> list[ChatMessage]:
     return out
 
 
-def fit_recent(messages: Sequence[Message], *, room: int) -> tuple[list[Message], list[Message]]:
-    """Split the raw turns into those that fit `room` characters (newest first, whole messages)
-    and the older ones that do not. When the newest message alone is too long, it is cut — and a
-    reply keeps its question beside it (each cut to share the room), never a reply on its own.
-    Unanswered replies (stopped, failed, streaming) are left out; a kept list never starts with
-    an assistant message (its question did not fit), which then counts as not fitting."""
-    answered = [m for m in messages if m.answered]
-    kept: list[Message] = []
-    used = 0
-    for idx in range(len(answered) - 1, -1, -1):
-        m = answered[idx]
-        # alternate() joins consecutive messages of one role with a newline (two questions around
-        # a stopped reply): that newline is content too, or the joined turns overrun the room.
-        cost = len(m.content) + (1 if kept and kept[-1].role is m.role else 0)
-        if used + cost <= room:
-            kept.append(m)
-            used += cost
-            continue
-        if not kept and room > 0:
-            question = answered[idx - 1] if idx > 0 and answered[idx - 1].role is Role.USER else None
-            if m.role is Role.ASSISTANT and question is not None:
-                q_room = min(len(question.content), room // 2)
-                kept = [_cut(m, room - q_room), _cut(question, q_room)]
-            else:
-                kept = [_cut(m, room)]
-        break
-    kept.reverse()
-    while kept and kept[0].role is Role.ASSISTANT:
-        kept.pop(0)
-    return kept, answered[: len(answered) - len(kept)]
-
-
-def _cut(m: Message, limit: int) -> Message:
-    """A message cut to `limit` characters: a reply keeps its beginning (where the answer is), a
-    user message its end (the words just spoken)."""
-    if len(m.content) <= limit:
-        return m
-    if limit <= 1:
-        return dataclasses.replace(m, content=m.content[:limit])
-    if m.role is Role.ASSISTANT:
-        return dataclasses.replace(m, content=m.content[: limit - 1] + "…")
-    return dataclasses.replace(m, content="…" + m.content[-(limit - 1) :])
-
-
-def summary_room(summary_chars: int, max_chars: int) -> int:
-    """What the summary is guaranteed of a budget before raw turns take the rest: most of a small
-    budget (its facts are denser than raw turns), at most 700 characters of that, and half of a
-    large one (raw turns past the window then reach further back). Measured in docs/QUALITY.md."""
-    return min(summary_chars, max(max_chars // 2, min(max_chars * 7 // 10, 700)))
-
-
 def compose(memory_text: str | None, recent: Sequence[ChatMessage], *, max_chars: int) -> list[ChatMessage]:
     """The system message with the memory text, cut to what the recent messages leave of
     max_chars (cut at its end), followed by the recent messages."""
@@ -138,18 +87,6 @@ def compose(memory_text: str | None, recent: Sequence[ChatMessage], *, max_chars
             out.append(ChatMessage("system", memory_text[:room]))
     out.extend(recent)
     return out
-
-
-def assemble(summary_text: str | None, messages: Sequence[Message], *, max_chars: int) -> list[ChatMessage]:
-    """Fit the summary system text and the raw turns into max_chars of content.
-
-    The newest turns matter most for the next reply, the summary for everything older: the summary
-    is guaranteed up to half the budget, the recent messages take what they need of the rest
-    (newest first, whole messages; the newest cut only when it alone exceeds the room), and the
-    summary may then grow into whatever the recent turns left unused.
-    """
-    kept, _ = fit_recent(messages, room=max_chars - min(len(summary_text or ""), max_chars // 2))
-    return compose(summary_text, alternate(kept), max_chars=max_chars)
 
 
 # Per-message caps of the recent transcript: a question is short, an answer may carry detail.
@@ -248,38 +185,3 @@ def frame(messages: list[ChatMessage], *, system_prompt: str | None, question: s
         else:
             out.append(ChatMessage(Role.USER.value, question))
     return out
-
-
-_RECALL_LABELS = {"zh": "[早前对话片段]", "en": "[Earlier in this conversation]"}
-
-
-def recall_text(turns: Sequence[Sequence[Message]], *, max_chars: int) -> str:
-    """Earlier turns that match the question, labelled as earlier conversation: `turns` best
-    first, each kept whole (lines capped as in the transcript) while the text fits `max_chars`,
-    shown in conversation order. Empty when none fits."""
-    if not turns:
-        return ""
-    lang = language_of("".join(m.content for turn in turns for m in turn))
-    label = _RECALL_LABELS[lang]
-    chosen: list[tuple[int, str]] = []
-    used = len(label)
-    for turn in turns:
-        sep = "：" if lang == "zh" else ": "
-        block = "\n".join(
-            f"{_SPEAKERS[lang][m.role]}{sep}{_cap(m.content, _TRANSCRIPT_CAPS[m.role])}" for m in turn if m.answered
-        )
-        if block and used + 1 + len(block) <= max_chars:
-            chosen.append((turn[0].seq, block))
-            used += 1 + len(block)
-    if not chosen:
-        return ""
-    return "\n".join([label, *(block for _, block in sorted(chosen))])
-
-
-def with_recall(messages: list[ChatMessage], text: str) -> list[ChatMessage]:
-    """The recalled text at the end of the leading system message (one is made when there is none)."""
-    if not text:
-        return messages
-    if messages and messages[0].role == "system":
-        return [ChatMessage("system", f"{messages[0].content}\n{text}"), *messages[1:]]
-    return [ChatMessage("system", text), *messages]

@@ -22,6 +22,7 @@ What it keeps, in this order of claim on the budget:
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -262,7 +263,7 @@ def choose(c: Candidates, max_chars: int) -> Selection:
     subject = _subject_line(c, tail, labels, max_chars)
     head = len(subject) + 1 if subject else 0
     raw_tail = fit_tail(tail, max(0, max_chars - head))
-    room = max_chars - _chars(raw_tail) - head
+    room = max_chars - _joined(raw_tail) - head
     older = messages[: len(messages) - len(tail)]
     lines = [(m.seq, m.turn, labels[m.role.value] + note(m).condensed) for m in older if note(m).condensed]
     salient_lines = [(m.seq, m.turn, note(m).salient) for m in older if note(m).salient]
@@ -315,7 +316,7 @@ def choose(c: Candidates, max_chars: int) -> Selection:
         snippets = [line for line in snippets if line[2].casefold() not in shown]
     extra = _fit_best(
         [(seq, labels[role] + body) for seq, role, body in snippets],
-        max_chars - head - _chars(sel.raw) - (len(sel.system) + 1 if sel.system else 0),
+        max_chars - head - _joined(sel.raw) - (len(sel.system) + 1 if sel.system else 0),
         labels["snippets"],
     )
     return _finish(c, sel, subject, extra, labels)
@@ -363,7 +364,7 @@ def _fill(
     older message did not fit whole) into the key clauses of the messages before them."""
     fact_room = int(room * layout.facts) if c.facts is not None else 0
     raw_room = int(room * layout.raw) if layout.condensed else room - fact_room
-    extra = _newest_that_fit(older, raw_room)
+    extra, extra_chars = _newest_that_fit(older, raw_room, raw_tail[0] if raw_tail else None)
     raw = [*extra, *raw_tail]
     first_seq = raw[0].seq if raw else None
     rest = [(seq, turn, text) for seq, turn, text in lines if first_seq is None or seq < first_seq]
@@ -371,12 +372,12 @@ def _fill(
     if not layout.condensed:
         rest = [line for line in salient_lines if first_seq is None or line[0] < first_seq]
     label = labels["salient" if salient else "condensed"]
-    cond_room = room - _chars(extra) - fact_room
+    cond_room = room - extra_chars - fact_room
     kept = _fit_lines(rest, cond_room, label)
     facts_text = ""
     if c.facts is not None:
         before = kept[0][1] if kept else (raw[0].turn if raw else None)
-        left = room - _chars(extra) - _block_chars(kept, label)
+        left = room - extra_chars - _block_chars(kept, label)
         facts_text = c.facts(left - 1, before, layout.by_rank) if left > _MIN_FACTS_ROOM else ""
         if len(kept) < len(rest):
             # Room the facts did not take: the condensed stretch reaches further back.
@@ -388,7 +389,7 @@ def _fill(
     if kept:
         parts.append("\n".join([label, *(text for _, _, text in kept)]))
     chars = {
-        "raw": _chars(raw),
+        "raw": _joined(raw),
         "facts": len(facts_text),
         "condensed": _block_chars(kept, label),
     }
@@ -449,8 +450,9 @@ def fit_tail(tail: Sequence[Message], room: int) -> list[Message]:
     """The last turn in `room` characters: whole when it fits; else the questions keep up to half
     the room between them (a question is short, and the reply needs it beside it) and the reply
     the rest, each cut and marked (a reply keeps its beginning, a question its end)."""
-    if _chars(tail) <= room:
+    if _joined(tail) <= room:
         return list(tail)
+    room -= _joined(tail) - _chars(tail)  # the newlines that join messages of one role
     questions = [m for m in tail if m.role is Role.USER]
     replies = [m for m in tail if m.role is not Role.USER]
     q_room = min(_chars(questions), room // 2) if replies else room
@@ -479,19 +481,26 @@ def cut(m: Message, limit: int) -> Message:
     return dataclasses.replace(m, content=_CUT_MARK + m.content[-(limit - 1) :])
 
 
-def _newest_that_fit(messages: Sequence[Message], room: int) -> list[Message]:
+def _newest_that_fit(messages: Sequence[Message], room: int, before: Message | None) -> tuple[list[Message], int]:
+    """The newest messages that fit `room` in front of `before` (the first raw message after
+    them), and the characters they take: alternation joins two messages of one role with a
+    newline, which counts too."""
     kept: list[Message] = []
     used = 0
     for m in reversed(messages):
-        if used + len(m.content) > room:
+        nxt = kept[-1] if kept else before
+        cost = len(m.content) + (1 if nxt is not None and nxt.role is m.role else 0)
+        if used + cost > room:
             break
         kept.append(m)
-        used += len(m.content)
-    kept.reverse()
+        used += cost
     # A raw stretch never starts with a reply whose question is not shown beside it.
-    while kept and kept[0].role is Role.ASSISTANT:
-        kept.pop(0)
-    return kept
+    while kept and kept[-1].role is Role.ASSISTANT:
+        m = kept.pop()
+        nxt = kept[-1] if kept else before
+        used -= len(m.content) + (1 if nxt is not None and nxt.role is m.role else 0)
+    kept.reverse()
+    return kept, used
 
 
 def _fit_lines(lines: Sequence[tuple[int, int, str]], room: int, label: str) -> list[tuple[int, int, str]]:
@@ -569,3 +578,8 @@ def _holds_term(clause: str, terms: Sequence[str]) -> bool:
 
 def _chars(messages: Sequence[Message]) -> int:
     return sum(len(m.content) for m in messages)
+
+
+def _joined(messages: Sequence[Message]) -> int:
+    """The characters of the messages once alternated: a newline joins two of one role."""
+    return _chars(messages) + sum(1 for a, b in itertools.pairwise(messages) if a.role is b.role)

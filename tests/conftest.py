@@ -53,6 +53,21 @@ def required_tool(name: str, install: str) -> str:
     return path
 
 
+# Topical-Chat validation, beside the project as the tuning data (CI has a copy of shared/ there).
+TOPICALCHAT = Path(__file__).resolve().parents[2] / "shared" / "data" / "topicalchat-valid" / "valid_freq.json"
+
+
+def required_file(path: Path, what: str) -> Path:
+    """A data file a test needs from beside the project. Missing, the test skips, unless
+    REQUIRE_REAL_BACKENDS=1, where it fails, like the real-backend gate below."""
+    if not path.is_file():
+        reason = f"no {what} at {path}"
+        if os.environ.get("REQUIRE_REAL_BACKENDS") == "1":
+            pytest.fail(f"REQUIRE_REAL_BACKENDS=1 but {reason}", pytrace=False)
+        pytest.skip(reason)
+    return path
+
+
 def _unreachable(what: str, exc: Exception) -> None:
     reason = f"{what} not reachable ({type(exc).__name__}: {exc})"
     if os.environ.get("REQUIRE_REAL_BACKENDS") == "1":

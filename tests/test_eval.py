@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import TOPICALCHAT, required_file
 from tiered_memory.eval.baselines import BASELINES, hybrid_compressed, hybrid_salient, newest_within
 from tiered_memory.eval.command import shipped_set
 from tiered_memory.eval.dataset import (
@@ -31,8 +32,6 @@ from tiered_memory.eval.dataset import (
 from tiered_memory.eval.match import Haystack
 from tiered_memory.eval.report import markdown, mean_message_chars, summarize
 from tiered_memory.eval.runner import DAEMON, WITH_QUESTION, Result
-
-_REAL_TOPICALCHAT = Path(__file__).resolve().parent.parent / "../shared/data/topicalchat-valid/valid_freq.json"
 
 
 def test_matching_normalizes_width_case_and_chinese_spaces() -> None:
@@ -266,9 +265,11 @@ def test_topicalchat_sittings_are_dated_and_probe_what_is_said_once(tmp_path: Pa
     assert chain_sittings(dialogues, dataset="topicalchat", per_session=3, sessions=1) == []
 
 
-@pytest.mark.skipif(not _REAL_TOPICALCHAT.exists(), reason=f"no Topical-Chat file at {_REAL_TOPICALCHAT}")
 def test_the_real_topicalchat_file_makes_eight_probed_sessions() -> None:
-    convs = chain_sittings(read_topicalchat(_REAL_TOPICALCHAT), dataset="topicalchat", per_session=10, sessions=8)
+    """The Topical-Chat file beside the project makes 8 sessions of 10 dated sittings, each with
+    probes of every kind, of long messages."""
+    path = required_file(TOPICALCHAT, "Topical-Chat data")
+    convs = chain_sittings(read_topicalchat(path), dataset="topicalchat", per_session=10, sessions=8)
     assert len(convs) == 8
     for c in convs:
         assert sum(u.startswith("[") for u, _ in c.turns) == 10, c.session

@@ -8,7 +8,6 @@ under what was measured when it was set; raise them when the memory gets better)
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.conftest import RealServers
+from tests.conftest import TOPICALCHAT, RealServers, required_file
 from tiered_memory.eval.command import shipped_set
 from tiered_memory.eval.daemon import ChildDaemon
 from tiered_memory.eval.dataset import Conversation, chain_sittings, load_jsonl, read_topicalchat
@@ -30,10 +29,6 @@ _THRESHOLDS = Path(__file__).parent / "quality_thresholds.json"
 _SLICE = ("zh-00", "zh-01", "zh-02", "zh-03", "en-00", "en-01", "en-02", "en-03")
 
 
-# Topical-Chat validation, beside the project as the tuning data (CI has it there too).
-_TOPICALCHAT = Path(__file__).resolve().parents[2] / "shared" / "data" / "topicalchat-valid" / "valid_freq.json"
-
-
 def _shipped_slice() -> list[Conversation]:
     convs = [c for c in load_jsonl(shipped_set(), dataset="bilingual") if c.session in _SLICE]
     assert len(convs) == len(_SLICE)
@@ -43,12 +38,8 @@ def _shipped_slice() -> list[Conversation]:
 def _topicalchat_slice() -> list[Conversation]:
     """Two sessions of ten chained Topical-Chat conversations (about 200 long English messages
     each). Missing data skips, unless REQUIRE_REAL_BACKENDS=1 (CI), where it fails."""
-    if not _TOPICALCHAT.is_file():
-        reason = f"no Topical-Chat data at {_TOPICALCHAT}"
-        if os.environ.get("REQUIRE_REAL_BACKENDS") == "1":
-            pytest.fail(f"REQUIRE_REAL_BACKENDS=1 but {reason}", pytrace=False)
-        pytest.skip(reason)
-    return chain_sittings(read_topicalchat(_TOPICALCHAT), dataset="topicalchat", per_session=10, sessions=2)
+    path = required_file(TOPICALCHAT, "Topical-Chat data")
+    return chain_sittings(read_topicalchat(path), dataset="topicalchat", per_session=10, sessions=2)
 
 
 async def _figures(

@@ -302,13 +302,27 @@ def choose(c: Candidates, max_chars: int) -> Selection:
         assert top is not None
         return top[1]
 
-    sel = best(room)
     snippets = _snippet_lines(c, first_raw=raw_tail[0].seq if raw_tail else None)
+    sel, extra = _with_question(best, snippets, c.names, room, max_chars - head, labels)
+    return _finish(c, sel, subject, extra, labels)
+
+
+def _with_question(
+    best: Callable[[int], Selection],
+    snippets: list[tuple[int, str, str]],
+    names: frozenset[str],
+    room: int,
+    max_chars: int,
+    labels: dict[str, str],
+) -> tuple[Selection, list[tuple[int, str]]]:
+    """The best layout and the question's clauses, labelled, that fit beside it in `max_chars`.
+    The clauses get room of their own (up to SNIPPET_SHARE of `room`) only when they say
+    something the layout does not; otherwise they take only what it left, so a question never
+    costs memory."""
+    sel = best(room)
     shown = _text(sel).casefold()
     snippets = [line for line in snippets if line[2].casefold() not in shown]
-    if snippets and _new_keys(snippets, shown, c.names):
-        # The question's clauses say something this context does not: they get room of their
-        # own. Otherwise they take only what the layout left, so a question never costs memory.
+    if snippets and _new_keys(snippets, shown, names):
         labelled = [(seq, labels[role] + body) for seq, role, body in snippets]
         snippet_room = min(int(room * SNIPPET_SHARE), _block_chars(labelled, labels["snippets"]))
         sel = best(room - snippet_room)
@@ -316,10 +330,10 @@ def choose(c: Candidates, max_chars: int) -> Selection:
         snippets = [line for line in snippets if line[2].casefold() not in shown]
     extra = _fit_best(
         [(seq, labels[role] + body) for seq, role, body in snippets],
-        max_chars - head - _joined(sel.raw) - (len(sel.system) + 1 if sel.system else 0),
+        max_chars - _joined(sel.raw) - (len(sel.system) + 1 if sel.system else 0),
         labels["snippets"],
     )
-    return _finish(c, sel, subject, extra, labels)
+    return sel, extra
 
 
 def _subject_line(c: Candidates, tail: Sequence[Message], labels: dict[str, str], max_chars: int) -> str:

@@ -303,14 +303,8 @@ class SessionReads:
             else:
                 authorize(caller, known.owner)
 
-        async def sql_session() -> SessionInfo | None:
-            return known if known is not None else await self._sql_session(session_id)
-
         mode = self._s.memory_mode
         keep = 0 if mode == "none" else self._s.keep_recent_turns
-        complete = hot_window_complete(
-            hot.recent, message_count=hot.message_count, turn_count=hot.turn_count, keep_recent_turns=keep
-        )
 
         async def summary_part() -> tuple[SummaryAnswer, SessionInfo | None]:
             if mode != "summary":
@@ -320,28 +314,9 @@ class SessionReads:
                 return self._answer(session_id, Tier.HOT, hot.summary, turns), None
             return await self._summary_below_hot(session_id, caller)
 
-        async def recent_part() -> tuple[list[Message], SessionInfo | None, list[Message] | None]:
-            """Messages from the window's first turn (hot list, or SQL with one turn more), the SQL
-            session when SQL was asked, and the rows to backfill."""
-            if keep == 0:
-                return [], known if hot.turn_count is not None else await sql_session(), None
-            if complete:
-                return list(hot.recent), known, None
-            info = await sql_session()
-            if info is None:
-                # SQL is down (or the session is unknown): whatever Redis still has beats nothing.
-                return list(hot.recent), None, None
-            first = window_start_turn(info.turn_count, max(keep, 1))
-            try:
-                # One turn more than the window (down to turn 0, a greeting), so that the hot
-                # list this refills is seen as complete by hot_window_complete next time.
-                rows = await self._store.messages_in_turns(session_id, after_turn=first - 2)
-            except SqlUnavailable:
-                self._metrics.tier_errors.labels("sql", "read_recent").inc()
-                return list(hot.recent), info, None
-            return rows, info, rows
-
-        (answer, warm_info), (available, info, rows) = await asyncio.gather(summary_part(), recent_part())
+        (answer, warm_info), (available, info, rows) = await asyncio.gather(
+            summary_part(), self._window_rows(session_id, hot, known, keep)
+        )
         if exclude_message_id is not None:
             # A retried load-then-append: its message is stored already and comes back as the question.
             available = [m for m in available if m.message_id != exclude_message_id]
@@ -359,6 +334,36 @@ class SessionReads:
         memory_text = await self._with_digest(walked, shown, chosen, max_chars=max_chars)
         messages = compose(memory_text, alternate(chosen.raw), max_chars=max_chars)
         return self._shaped(session_id, walked, recent, messages, system_prompt=system_prompt, question=question)
+
+    async def _window_rows(
+        self, session_id: str, hot: HotSession, known: SessionInfo | None, keep: int
+    ) -> tuple[list[Message], SessionInfo | None, list[Message] | None]:
+        """Messages from the window's first turn (hot list, or SQL with one turn more), the SQL
+        session when SQL was asked (`known` when the caller's check already asked it), and the
+        rows to backfill."""
+
+        async def sql_session() -> SessionInfo | None:
+            return known if known is not None else await self._sql_session(session_id)
+
+        if keep == 0:
+            return [], known if hot.turn_count is not None else await sql_session(), None
+        if hot_window_complete(
+            hot.recent, message_count=hot.message_count, turn_count=hot.turn_count, keep_recent_turns=keep
+        ):
+            return list(hot.recent), known, None
+        info = await sql_session()
+        if info is None:
+            # SQL is down (or the session is unknown): whatever Redis still has beats nothing.
+            return list(hot.recent), None, None
+        first = window_start_turn(info.turn_count, max(keep, 1))
+        try:
+            # One turn more than the window (down to turn 0, a greeting), so that the hot list
+            # this refills is seen as complete by hot_window_complete next time.
+            rows = await self._store.messages_in_turns(session_id, after_turn=first - 2)
+        except SqlUnavailable:
+            self._metrics.tier_errors.labels("sql", "read_recent").inc()
+            return list(hot.recent), info, None
+        return rows, info, rows
 
     async def _material(
         self,

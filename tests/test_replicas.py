@@ -199,7 +199,17 @@ async def test_a_replica_killed_mid_load_costs_nothing(
     ):
         victim = daemons[1]
         gateways = [Gateway(new_sid()) for _ in range(8)]
-        load = [asyncio.create_task(_converse(g, http, nginx.url, range(1, TURNS + 1))) for g in gateways]
+        # The last turns wait for the kill, so load is still running when it lands: without the
+        # gate a late summary call could come after every message was already acknowledged.
+        killed = asyncio.Event()
+        held = TURNS - 2
+
+        async def converse(g: Gateway) -> None:
+            await _converse(g, http, nginx.url, range(1, held + 1))
+            await killed.wait()
+            await _converse(g, http, nginx.url, range(held + 1, TURNS + 1))
+
+        load = [asyncio.create_task(converse(g)) for g in gateways]
 
         def victim_calls() -> int:
             return sum(1 for r in fake_llm.requests if r["headers"].get("Authorization") == "Bearer replica-1")
@@ -216,6 +226,7 @@ async def test_a_replica_killed_mid_load_costs_nothing(
                 await asyncio.sleep(0.02)
             victim.kill()
             acked_at_kill = sum(len(g.acked) for g in gateways)
+            killed.set()
             await asyncio.wait_for(asyncio.gather(*load), timeout=240)
         finally:
             for task in load:

@@ -7,10 +7,11 @@ import pytest
 
 from tests.conversations import ZH_12_TURNS
 from tiered_memory.condense import clauses, condense, is_phatic, keys
-from tiered_memory.context_policy import Candidates, Selection, choose, features
+from tiered_memory.context_policy import Candidates, Selection, choose
 from tiered_memory.eval.command import shipped_set
 from tiered_memory.eval.dataset import load_jsonl
 from tiered_memory.model import Message, Role
+from tiered_memory.notes import features
 from tiered_memory.summarize.extractive import Extractor, render
 
 _BUDGETS = (150, 200, 300, 600, 1000, 2000, 4000)

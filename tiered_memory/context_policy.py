@@ -24,13 +24,13 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import re
-from collections import OrderedDict
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
 
-from tiered_memory.condense import clauses, condense, condensed_clauses, keys, words
+from tiered_memory.condense import clauses, condense, keys
 from tiered_memory.model import Message, Role
+from tiered_memory.notes import View, features, notes_of, view_of
 
 # The labels of the system message's parts, in the conversation's language.
 LABELS = {
@@ -91,6 +91,8 @@ class Candidates:
     terms_salient: frozenset[str] = frozenset()
     names: frozenset[str] = frozenset()  # the session's names that have no capitals (Chinese)
     views: Callable[[Message], View] | None = None  # a cache of view_of; worked out here without one
+    # A cache of `features` for the summary's rendered text (with the session's terms and names).
+    text_features: Callable[[str], frozenset[str]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,103 +136,6 @@ LAYOUTS = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Clause:
-    """One clause of a message, condensed: whether it holds a key (a number or a capitalised
-    name), and its features (see `features`, without the session's terms)."""
-
-    text: str
-    key: bool
-    features: frozenset[str]
-
-
-@dataclass(frozen=True, slots=True)
-class Notes:
-    """What the policy reads of one message whatever the session's summary says, worked out once:
-    its condensed clauses, its features, and its text case-folded (to find the session's terms)."""
-
-    clauses: tuple[Clause, ...]
-    features: frozenset[str]
-    folded: str
-
-
-def notes_of(content: str) -> Notes:
-    """The notes of a message's `content`."""
-    return Notes(
-        clauses=tuple(Clause(text, bool(keys(text)), features(text)) for text in condensed_clauses(content)),
-        features=features(content),
-        folded=content.casefold(),
-    )
-
-
-class NoteCache:
-    """A bounded memo of what the policy reads of each message: its `Notes` by (session, seq), as
-    a stored message never changes, and its `View` by (session, seq, summary version), as the
-    session's terms change only with its summary. Owned by whoever reads contexts; the least
-    recently used entries go first."""
-
-    def __init__(self, max_entries: int = 16_384) -> None:
-        self._max = max_entries
-        self._notes: OrderedDict[tuple[str, int], Notes] = OrderedDict()
-        self._views: OrderedDict[tuple[str, int, int], View] = OrderedDict()
-
-    def view(self, key: tuple[str, int, int], content: str, terms: frozenset[str], names: frozenset[str]) -> View:
-        found = _touch(self._views, key)
-        if found is None:
-            notes = _touch(self._notes, key[:2])
-            if notes is None:
-                notes = _put(self._notes, key[:2], notes_of(content), self._max)
-            found = _put(self._views, key, view_of(notes, terms, names), self._max)
-        return found
-
-
-_K = TypeVar("_K")
-_V = TypeVar("_V")
-
-
-def _touch(entries: OrderedDict[_K, _V], key: _K) -> _V | None:
-    found = entries.get(key)
-    if found is not None:
-        entries.move_to_end(key)
-    return found
-
-
-def _put(entries: OrderedDict[_K, _V], key: _K, value: _V, limit: int) -> _V:
-    entries[key] = value
-    if len(entries) > limit:
-        entries.popitem(last=False)
-    return value
-
-
-@dataclass(frozen=True, slots=True)
-class View:
-    """A message's notes read with the session's terms and names: its condensed form, its key
-    points, and the features of the message and of each form."""
-
-    condensed: str
-    salient: str
-    features: frozenset[str]
-    condensed_features: frozenset[str]
-    salient_features: frozenset[str]
-
-
-def view_of(n: Notes, terms: frozenset[str], names: frozenset[str]) -> View:
-    """The notes read with the session's salient `terms` and `names`."""
-    present = {t for t in names if t in n.folded}
-    tagged = present | {"\x01" + t for t in terms if t in n.folded and t not in n.features}
-    chosen = [c for c in n.clauses if c.key or any(name in c.text.casefold() for name in present)]
-    salient = " ".join(c.text for c in chosen)
-    folded = salient.casefold()
-    return View(
-        condensed=" ".join(c.text for c in n.clauses),
-        salient=salient,
-        features=n.features | tagged,
-        condensed_features=frozenset().union(*(c.features for c in n.clauses)) | tagged,
-        salient_features=frozenset().union(*(c.features for c in chosen))
-        | {f for f in tagged if f.lstrip("\x01") in folded},
-    )
-
-
 @dataclass(slots=True)
 class _Filled:
     selection: Selection
@@ -251,13 +156,8 @@ def choose(c: Candidates, max_chars: int) -> Selection:
         # Nothing raw to show (a mode without turns, or a session without any): the facts alone.
         text = c.facts(max_chars, None, True) if c.facts is not None else ""
         return Selection(raw=[], system=text or None, chars={"facts": len(text)})
-    memo: dict[int, View] = {}
-
-    def note(m: Message) -> View:
-        found = memo.get(m.seq)
-        if found is None:
-            found = memo[m.seq] = c.views(m) if c.views else view_of(notes_of(m.content), c.terms_salient, c.names)
-        return found
+    read = c.views or (lambda m: view_of(notes_of(m.content), c.terms_salient, c.names))
+    view = {m.seq: read(m) for m in messages}
 
     tail = last_turn(messages)
     subject = _subject_line(c, tail, labels, max_chars)
@@ -265,12 +165,21 @@ def choose(c: Candidates, max_chars: int) -> Selection:
     raw_tail = fit_tail(tail, max(0, max_chars - head))
     room = max_chars - _joined(raw_tail) - head
     older = messages[: len(messages) - len(tail)]
-    lines = [(m.seq, m.turn, labels[m.role.value] + note(m).condensed) for m in older if note(m).condensed]
-    salient_lines = [(m.seq, m.turn, note(m).salient) for m in older if note(m).salient]
-    weight = _weights(messages, note)
+    lines = [(m.seq, m.turn, labels[m.role.value] + view[m.seq].condensed) for m in older if view[m.seq].condensed]
+    salient_lines = [(m.seq, m.turn, view[m.seq].salient) for m in older if view[m.seq].salient]
+    weight = _weights(messages, view)
     by_seq = {m.seq: m for m in messages}
 
     rendered: dict[str, frozenset[str]] = {}
+
+    def text_features(text: str) -> frozenset[str]:
+        found = rendered.get(text)
+        if found is None:
+            # Layouts often render the same facts: their features are read once.
+            found = rendered[text] = (
+                c.text_features(text) if c.text_features else features(text, c.terms_salient, c.names)
+            )
+        return found
 
     def best(room: int) -> Selection:
         """The layout whose text holds the most weighted features in `room`."""
@@ -281,22 +190,14 @@ def choose(c: Candidates, max_chars: int) -> Selection:
             filled = _fill(
                 c, layout, older, salient_lines if layout.salient else lines, salient_lines, raw_tail, room, labels
             )
-            facts_features = rendered.get(filled.facts_text)
-            if facts_features is None:
-                # Layouts often render the same facts: their features are read once.
-                facts_features = rendered[filled.facts_text] = features(filled.facts_text, c.terms_salient, c.names)
-            found = set(facts_features)
-            for m in filled.selection.raw:
-                whole = by_seq.get(m.seq)
-                found |= (
-                    note(m).features
-                    if whole is not None and whole.content == m.content
-                    else features(m.content, c.terms_salient, c.names)
-                )
-            for seq in filled.seqs:
-                n = note(by_seq[seq])
-                found |= n.salient_features if filled.salient else n.condensed_features
-            score = sum(weight.get(f, 0.0) for f in found)
+            found = set(text_features(filled.facts_text))
+            found.update(*(_raw_features(m, by_seq, view, text_features) for m in filled.selection.raw))
+            if filled.salient:
+                found.update(*(view[seq].salient_features for seq in filled.seqs))
+            else:
+                found.update(*(view[seq].condensed_features for seq in filled.seqs))
+            # Every feature of a message shown has a weight; one only the facts say counts nothing.
+            score = sum(map(weight.get, found, itertools.repeat(0.0)))
             if top is None or score > top[0]:
                 top = (score, dataclasses.replace(filled.selection, layout=LAYOUTS.index(layout)))
         assert top is not None
@@ -305,6 +206,14 @@ def choose(c: Candidates, max_chars: int) -> Selection:
     snippets = _snippet_lines(c, first_raw=raw_tail[0].seq if raw_tail else None)
     sel, extra = _with_question(best, snippets, c.names, room, max_chars - head, labels)
     return _finish(c, sel, subject, extra, labels)
+
+
+def _raw_features(
+    m: Message, by_seq: dict[int, Message], view: dict[int, View], text: Callable[[str], frozenset[str]]
+) -> frozenset[str]:
+    """The features of a raw message as shown: its view's when whole, its text's when cut."""
+    whole = by_seq.get(m.seq)
+    return view[m.seq].features if whole is not None and whole.content == m.content else text(m.content)
 
 
 def _with_question(
@@ -412,31 +321,16 @@ def _fill(
     return _Filled(selection, [seq for seq, _, _ in kept], salient, facts_text)
 
 
-def features(text: str, terms: frozenset[str] = frozenset(), names: frozenset[str] = frozenset()) -> frozenset[str]:
-    """What a question may ask for in `text`, tagged by class: keys (numbers, names, and the
-    session's `names` found in it) bare, the session's other salient terms behind "\x01", other
-    content words behind "\x00"."""
-    folded = text.casefold()
-    found = keys(text) | {n for n in names if n in folded}
-    tagged = set(found)
-    tagged.update("\x01" + t for t in terms if t in folded and t not in found)
-    tagged.update("\x00" + w for w in words(text) - found)
-    return frozenset(tagged)
-
-
-def _weights(messages: Sequence[Message], note: Callable[[Message], View]) -> dict[str, float]:
+def _weights(messages: Sequence[Message], view: dict[int, View]) -> dict[str, float]:
     """Each feature's worth to this context: one over the number of messages that say it (a
     thing said once is lost for good when left out; one said every other message is back soon),
     discounted by the turns since it was last said (later turns refer to the recent past most),
     and by its class: a key (number, name) counts 1, a session term TERM_WEIGHT, another
     content word WORD_WEIGHT (a question may need it, but names and numbers are what it asks
     for most)."""
-    counts: dict[str, float] = {}
-    last: dict[str, int] = {}
-    for m in messages:
-        for f in note(m).features:
-            counts[f] = counts.get(f, 0.0) + 1.0
-            last[f] = m.turn
+    said = [(m.turn, view[m.seq].features) for m in messages]
+    counts = Counter(itertools.chain.from_iterable(fs for _, fs in said))
+    last = {f: turn for turn, fs in said for f in fs}  # a later message overwrites an earlier one
     now = messages[-1].turn if messages else 0
     cls = {"\x00": WORD_WEIGHT, "\x01": TERM_WEIGHT}
     return {f: cls.get(f[:1], 1.0) / n / (1.0 + (now - last[f]) / _RECENCY_TURNS) for f, n in counts.items()}

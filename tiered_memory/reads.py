@@ -23,10 +23,11 @@ from tiered_memory.context import (
     window,
     window_start_turn,
 )
-from tiered_memory.context_policy import Candidates, Facts, NoteCache, Selection, View, choose
+from tiered_memory.context_policy import Candidates, Facts, Selection, choose
 from tiered_memory.errors import Forbidden, HotUnavailable, SqlUnavailable
 from tiered_memory.history import History
 from tiered_memory.language import language_of
+from tiered_memory.lru import Lru
 from tiered_memory.metrics import Metrics
 from tiered_memory.model import (
     Caller,
@@ -41,6 +42,7 @@ from tiered_memory.model import (
     Tier,
     key_tenant,
 )
+from tiered_memory.notes import NoteCache, View
 from tiered_memory.settings import Settings
 from tiered_memory.summarize.cold import cold_summary
 from tiered_memory.summarize.extractive import Extractor, FactBook, lead
@@ -115,6 +117,8 @@ class SessionReads:
         # kept across reads: a message never changes, and a session's next context reads most
         # of the same messages again.
         self._notes = NoteCache()
+        # Each summary's facts, loaded once (None: not the extractor's), by (session, summary stamp).
+        self._books: Lru[tuple[str, tuple[int, float]], tuple[FactBook | None]] = Lru(1024)
 
     async def load_best_summary(self, session_id: str, *, caller: Caller) -> SummaryAnswer:
         """Hot summary → warm row (backfilling hot) → deterministic extraction from messages → none.
@@ -424,14 +428,17 @@ class SessionReads:
         # The user's language labels the memory (a mixed conversation follows the user).
         said = "".join(m.content for m in shown[-6:] if m.role is Role.USER)
         lang = language_of(said or (summary.text if summary else ""))
-        book = FactBook.load(summary.structured) if summary is not None and summary.structured else None
-        if book is not None and summary is not None and summary.source is not SummarySource.DETERMINISTIC:
-            book = None  # an LLM's summary: its text, not the extractor's facts beside it, is the memory
+        # A summary's version and write time tell it apart, even from one of a deleted session
+        # that had the same id.
+        stamp = (summary.version, summary.updated_at) if summary is not None else (0, 0.0)
+        book = self._book(session_id, stamp, summary)
         names, salient = book.terms() if book is not None else (frozenset(), frozenset())
-        version = summary.version if summary is not None else 0
 
         def views(m: Message) -> View:
-            return self._notes.view((session_id, m.seq, version), m.content, salient, names)
+            return self._notes.view((session_id, m.seq, stamp), m.content, salient, names)
+
+        def text_features(text: str) -> frozenset[str]:
+            return self._notes.features((session_id, stamp), text, salient, names)
 
         last = walked.info.last_activity if walked.info else walked.hot.last_activity
         return Candidates(
@@ -445,7 +452,18 @@ class SessionReads:
             terms_salient=salient,
             names=names,
             views=views,
+            text_features=text_features,
         )
+
+    def _book(self, session_id: str, stamp: tuple[int, float], summary: Summary | None) -> FactBook | None:
+        """The extractor's facts of `summary`, loaded once per summary; None for an LLM's summary
+        (its text, not the extractor's facts beside it, is the memory) or without one."""
+        if summary is None or not summary.structured or summary.source is not SummarySource.DETERMINISTIC:
+            return None
+        found = self._books.get((session_id, stamp))
+        if found is None:
+            found = self._books.put((session_id, stamp), (FactBook.load(summary.structured),))
+        return found[0]
 
     async def _with_digest(
         self, walked: _Walked, shown: list[Message], chosen: Selection, *, max_chars: int

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tiered_memory.condense import clauses, condense, is_phatic, strip_stamp
+from tiered_memory.lru import Lru
 from tiered_memory.model import Message, Role
 
 _VERSION = 1
@@ -537,12 +538,16 @@ def _render(
 
 class FactBook:
     """A summary's stored facts (`Extraction.structured`), loaded once, rendered at any budget:
-    a context tries several layouts, each asking for the facts in another room."""
+    a context tries several layouts, each asking for the facts in another room. It remembers
+    its renders, so it belongs to one thread (the reads keep one per summary, on the event loop)."""
 
     def __init__(self, state: _State) -> None:
         self._state = state
         cjk, latin = state.script
         self._lang = "zh" if cjk > 0 and cjk * 3 >= latin else "en"
+        self._terms: tuple[frozenset[str], frozenset[str]] | None = None
+        # A session's contexts ask for the same few rooms until its next summary: rendered once.
+        self._rendered: Lru[tuple[int, int | None, tuple[str, ...], bool], str] = Lru(64)
 
     @classmethod
     def load(cls, structured: Mapping[str, Any]) -> FactBook | None:
@@ -558,11 +563,13 @@ class FactBook:
         """The session's salient terms, case-folded: (names, other keywords). A name scored
         three times a keyword's information per mention (see `_terms`): that tells them apart
         where there are no capitals to go by (Chinese)."""
-        names: set[str] = set()
-        others: set[str] = set()
-        for term, (score, _, count) in self._state.entities.items():
-            (names if score / max(count, 1.0) >= _NAME_SCORE else others).add(term.casefold())
-        return frozenset(names), frozenset(others)
+        if self._terms is None:
+            names: set[str] = set()
+            others: set[str] = set()
+            for term, (score, _, count) in self._state.entities.items():
+                (names if score / max(count, 1.0) >= _NAME_SCORE else others).add(term.casefold())
+            self._terms = frozenset(names), frozenset(others)
+        return self._terms
 
     def render(
         self,
@@ -576,8 +583,12 @@ class FactBook:
         them), whole facts chosen by priority, in at most `max_chars`. Pure and cheap: no jieba."""
         if max_chars <= 0:
             return ""
-        items = [i for i in self._state.items if before_turn is None or i.turn < before_turn]
-        return _render(items, self._lang, topics, max_chars, newest_first=newest_first)
+        key = (max_chars, before_turn, tuple(topics), newest_first)
+        found = self._rendered.get(key)
+        if found is None:
+            items = [i for i in self._state.items if before_turn is None or i.turn < before_turn]
+            found = self._rendered.put(key, _render(items, self._lang, topics, max_chars, newest_first=newest_first))
+        return found
 
 
 def render(

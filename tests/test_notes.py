@@ -1,0 +1,47 @@
+"""The memo of what the policy reads of each message (notes.py) and the LRU under it: bounded,
+and never answering for content other than what it was made from."""
+
+from __future__ import annotations
+
+from tiered_memory.lru import Lru
+from tiered_memory.notes import NoteCache, features, notes_of, view_of
+
+_TERMS = frozenset({"harbour"})
+_NAMES = frozenset({"oskar"})
+
+
+def test_a_view_is_the_one_of_the_content_asked_about() -> None:
+    """A session deleted and started again under its id reuses seq 1: its new message must read
+    as itself, never as the deleted one."""
+    cache = NoteCache()
+    old = cache.view(("s", 1, (1, 10.0)), "We met Oskar at the harbour in 1999.", _TERMS, _NAMES)
+    new = cache.view(("s", 1, (1, 10.0)), "Rome in May, for 3 nights.", _TERMS, _NAMES)
+    assert "Oskar" in old.condensed
+    assert "Oskar" not in new.condensed and "Rome" in new.condensed
+    assert new == view_of(notes_of("Rome in May, for 3 nights."), _TERMS, _NAMES)
+
+
+def test_a_view_reads_with_the_terms_of_its_summary() -> None:
+    cache = NoteCache()
+    text = "The harbour closes at 6."
+    before = cache.view(("s", 1, (1, 10.0)), text, frozenset(), frozenset())
+    after = cache.view(("s", 1, (2, 20.0)), text, _TERMS, frozenset())
+    assert "\x01harbour" not in before.features
+    assert "\x01harbour" in after.features
+
+
+def test_text_features_are_those_of_the_text() -> None:
+    cache = NoteCache()
+    text = "[Conversation summary] Oskar booked 3 nights near the harbour."
+    assert cache.features(("s", (1, 1.0)), text, _TERMS, _NAMES) == features(text, _TERMS, _NAMES)
+    assert cache.features(("s", (1, 1.0)), text, _TERMS, _NAMES) == features(text, _TERMS, _NAMES)
+
+
+def test_the_lru_drops_the_least_recently_used() -> None:
+    lru: Lru[str, int] = Lru(2)
+    lru.put("a", 1)
+    lru.put("b", 2)
+    assert lru.get("a") == 1  # "a" is now the more recent
+    lru.put("c", 3)
+    assert lru.get("b") is None
+    assert (lru.get("a"), lru.get("c"), len(lru)) == (1, 3, 2)

@@ -133,6 +133,60 @@ async def test_concurrent_appends_get_distinct_seqs(store: SqlStore) -> None:
     assert await store.count_messages(sid) == 20
 
 
+async def test_concurrent_appends_share_commits_and_keep_each_sessions_order(store: SqlStore) -> None:
+    """Group commit: appends to several sessions at once share transactions, and each session's
+    messages get seqs in the order they were sent."""
+    sizes: list[int] = []
+    store._commits._on_batch = sizes.append
+    sids = [new_sid() for _ in range(4)]
+    sent = [new(sids[i % 4], Role.USER, f"m{i}", f"id{i}") for i in range(40)]
+    results = await asyncio.gather(*(store.append(m, now=time.time()) for m in sent))
+    for sid in sids:
+        mine = [r.message for r in results if r.message.session_id == sid]
+        assert [m.seq for m in mine] == list(range(1, 11))
+        assert [m.content for m in mine] == [m.content for m in sent if m.session_id == sid]
+        assert await store.count_messages(sid) == 10
+    assert max(sizes) > 1
+    assert sum(sizes) == 40
+
+
+async def test_a_refused_message_fails_alone_in_its_batch(store: SqlStore) -> None:
+    """In one batch: a reused message_id (Conflict) and another tenant's session (Forbidden) fail
+    their own callers only; every other message is stored, once."""
+    sid, theirs = new_sid(), new_sid()
+    await store.append(new(sid, Role.USER, "first", "m1"), now=1.0)
+    await store.append(new(theirs, Role.USER, "x", "t1"), now=1.0, caller=Caller(tenant="other"))
+    results = await asyncio.gather(
+        store.append(new(sid, Role.ASSISTANT, "a", "m2"), now=2.0),
+        store.append(new(sid, Role.USER, "not first", "m1"), now=2.0),
+        store.append(new(theirs, Role.USER, "y", "t2"), now=2.0, caller=Caller(tenant="acme")),
+        store.append(new(sid, Role.USER, "b", "m3"), now=2.0),
+        return_exceptions=True,
+    )
+    assert isinstance(results[1], Conflict)
+    assert isinstance(results[2], Forbidden)
+    assert [m.content for m in await store.recent_messages(sid, 10)] == ["first", "a", "b"]
+    assert [m.content for m in await store.recent_messages(theirs, 10)] == ["x"]
+
+
+async def test_a_statement_the_server_refuses_fails_only_its_caller(store: SqlStore) -> None:
+    """A message whose statement the server refuses (a message_id over the column's 128
+    characters, on MariaDB's strict mode) aborts the shared transaction; the others are then
+    committed alone and only its caller gets the error. SQLite does not enforce the length."""
+    sid = new_sid()
+    results = await asyncio.gather(
+        *(store.append(new(sid, Role.USER, f"m{i}", "x" * 200 if i == 2 else f"id{i}"), now=1.0) for i in range(5)),
+        return_exceptions=True,
+    )
+    stored = [m.content for m in await store.recent_messages(sid, 10)]
+    if store.dialect == "mysql":
+        assert isinstance(results[2], SqlUnavailable)
+        assert stored == ["m0", "m1", "m3", "m4"]
+    else:
+        assert stored == [f"m{i}" for i in range(5)]
+    assert all(not isinstance(r, BaseException) for i, r in enumerate(results) if i != 2)
+
+
 async def test_turn_queries(store: SqlStore) -> None:
     """recent_messages returns the last n oldest-first; messages_in_turns selects whole turns."""
     sid = new_sid()

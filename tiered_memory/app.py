@@ -74,6 +74,7 @@ def build_store(settings: Settings, metrics: Metrics, *, timeout_s: float | None
         create_engine(settings.sqlalchemy_url),
         timeout_s=timeout_s if timeout_s is not None else settings.sql_timeout_ms / 1000,
         breaker=breaker,
+        on_commit_batch=metrics.commit_batch.observe,
     )
 
 

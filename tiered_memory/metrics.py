@@ -9,6 +9,7 @@ from tiered_memory.breaker import BreakerState, CircuitBreaker
 # Request latencies of a memory daemon live between a fraction of a millisecond and a few seconds.
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _SUMMARY_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32)
 _LAG_BUCKETS = (0, 1, 2, 3, 5, 10, 20, 50, 100, 1000)
 
 
@@ -65,6 +66,12 @@ class Metrics:
             "tiered_memory_summary_lag_turns",
             "Completed turns not covered by the summary a read returned (turn_count - covered_turns).",
             buckets=_LAG_BUCKETS,
+            registry=registry,
+        )
+        self.commit_batch = Histogram(
+            "tiered_memory_sql_commit_batch_messages",
+            "Messages committed together by one group commit (1 when appends do not overlap).",
+            buckets=_BATCH_BUCKETS,
             registry=registry,
         )
         self.pending_summarizations = Gauge(

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -20,25 +18,21 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from tiered_memory.breaker import CircuitBreaker
-from tiered_memory.errors import Conflict, Forbidden, SqlUnavailable
+from tiered_memory.errors import Forbidden, SqlUnavailable
 from tiered_memory.model import (
     AppendResult,
     Caller,
-    Message,
-    MessageStatus,
     NewMessage,
     Owner,
-    Role,
     SessionInfo,
     Slice,
     Summary,
 )
 from tiered_memory.tiers.group_commit import GroupCommit, Outcome
+from tiered_memory.tiers.sql_append import Append, AppendStatements, store_batch
 from tiered_memory.tiers.sql_messages import MessageReads
 from tiered_memory.tiers.sql_migrate import current_version, migrate
 from tiered_memory.tiers.sql_rows import (
-    append_result_of,
-    row_to_message,
     row_to_session,
     row_to_slice,
     row_to_summary,
@@ -56,29 +50,11 @@ _TX_ATTEMPTS = 3
 # Messages one group commit holds at most: its row locks are held until it commits, so a batch
 # stays short (a few ms on MariaDB), and a caller waits for at most the batch in front of it.
 _COMMIT_BATCH = 32
+# Batches in flight at once, each on a connection of its own: one at a time leaves the server idle
+# while the daemon prepares the next; a few keep both busy (see docs/BENCHMARKS.md).
+_COMMIT_CONCURRENCY = 4
 # The store's own callers (the summary job, the sweeper, tests) act for nobody in particular.
 _ANYONE = Caller()
-
-
-@dataclass(frozen=True, slots=True)
-class _Append:
-    """One queued append: the message, when it arrived, and who sent it."""
-
-    new: NewMessage
-    now: float
-    caller: Caller
-
-
-def _lock_session_and_message() -> sa.Select[Any]:
-    """The session row (:sid) FOR UPDATE, outer-joined to the message stored under :mid."""
-    stored = [column.label(f"m_{column.name}") for column in msgs.c if column.name != "id"]
-    on = sa.and_(msgs.c.session_id == sessions.c.session_id, msgs.c.message_id == sa.bindparam("mid"))
-    return (
-        sa.select(sessions, *stored)
-        .select_from(sessions.outerjoin(msgs, on))
-        .where(sessions.c.session_id == sa.bindparam("sid"))
-        .with_for_update()
-    )
 
 
 def summary_due(*, every_n: int, min_turns_to_persist: int) -> sa.ColumnElement[bool]:
@@ -116,29 +92,15 @@ class SqlStore(MessageReads):
         self._write_lock: asyncio.Lock | None = asyncio.Lock() if self._dialect == "sqlite" else None
         # The append's statements, built once with bound parameters: building a statement and its
         # cache key on every call cost more CPU than the driver did (docs/BENCHMARKS.md).
-        self._commits: GroupCommit[_Append, AppendResult] = GroupCommit(
+        self._commits: GroupCommit[Append, AppendResult] = GroupCommit(
             self._append_batch,
+            key=lambda a: a.new.session_id,
             max_batch=_COMMIT_BATCH,
+            concurrency=_COMMIT_CONCURRENCY,
             closed=lambda: SqlUnavailable("sql: the store closed before this write committed"),
             on_batch=on_commit_batch,
         )
-        self._lock_stmt = _lock_session_and_message()
-        self._insert_message = msgs.insert()
-        self._update_session = (
-            sessions.update()
-            .where(sessions.c.session_id == sa.bindparam("sid"))
-            .values(
-                turn_count=sa.bindparam("turns"),
-                message_count=sa.bindparam("seq"),
-                pending_user=sa.bindparam("pending"),
-                content_chars=sessions.c.content_chars + sa.bindparam("chars", type_=sa.BigInteger),
-                last_activity=sa.bindparam("now"),
-                # A gateway that reconnects to a closed session reopens it.
-                closed_at=None,
-                close_reason=None,
-                user_id=sa.func.coalesce(sessions.c.user_id, sa.bindparam("uid", type_=sa.String)),
-            )
-        )
+        self._append_statements = AppendStatements()
 
     @property
     def dialect(self) -> str:
@@ -245,142 +207,27 @@ class SqlStore(MessageReads):
         Concurrent appends share a transaction and its commit (group commit, `_append_batch`):
         each caller is answered after the commit that holds its message.
         """
-        return await self._commits.submit(_Append(new, now, caller))
+        return await self._commits.submit(Append(new, now, caller))
 
-    async def _append_batch(self, batch: Sequence[_Append]) -> list[Outcome[AppendResult]]:
-        """One transaction for the batch. Messages go in arrival order within a session, and
-        sessions in id order, so that two replicas' batches lock rows in the same order (no
-        deadlock between them). A message refused (Forbidden, Conflict) writes nothing and the
-        others go on; a statement the server refuses aborts the transaction, and then each
-        message is tried alone, so that only its own caller gets the error."""
-        order = sorted(range(len(batch)), key=lambda i: batch[i].new.session_id)
-        outcomes: list[Outcome[AppendResult]] = [SqlUnavailable("sql: not attempted")] * len(batch)
-
-        async def body(conn: AsyncConnection) -> None:
-            for i in order:
-                a = batch[i]
-                try:
-                    outcomes[i] = await self._append_in(conn, a.new, a.now, a.caller)
-                except (Forbidden, Conflict) as exc:
-                    outcomes[i] = exc
-
+    async def _append_batch(self, batch: Sequence[Append]) -> list[Outcome[AppendResult]]:
+        """One transaction for the batch (sql_append.store_batch). A statement the server
+        refuses aborts it; then each message is tried alone, so that only its own caller gets the
+        error. A failure of the server or the connection fails the whole batch."""
         try:
-            await self._transaction(body)
+            return await self._transaction(self._storing(batch))
         except SqlUnavailable as exc:
             if len(batch) == 1 or not isinstance(exc.__cause__, sa.exc.IntegrityError | sa.exc.DataError):
-                raise  # the server or the connection failed: the whole batch failed with it
-            for i in order:
-                try:
-                    outcomes[i] = await self._transaction(self._one(batch[i]))
-                except (SqlUnavailable, Forbidden, Conflict) as alone:
-                    outcomes[i] = alone
+                raise
+        outcomes: list[Outcome[AppendResult]] = []
+        for a in batch:
+            try:
+                outcomes.extend(await self._transaction(self._storing([a])))
+            except SqlUnavailable as alone:
+                outcomes.append(alone)
         return outcomes
 
-    def _one(self, a: _Append) -> Callable[[AsyncConnection], Awaitable[AppendResult]]:
-        return lambda conn: self._append_in(conn, a.new, a.now, a.caller)
-
-    async def _append_in(self, conn: AsyncConnection, new: NewMessage, now: float, caller: Caller) -> AppendResult:
-        """Store one message in the transaction `conn` (see `append`)."""
-        # The session row, locked, and the message already stored under this message_id (if
-        # any), in one round trip: most appends go to a session that exists, and each round
-        # trip to the server costs more than the statement (docs/BENCHMARKS.md).
-        keys = {"sid": new.session_id, "mid": new.message_id}
-        srow = (await conn.execute(self._lock_stmt, keys)).one_or_none()
-        if srow is None:
-            await conn.execute(
-                self._insert_if_absent(
-                    sessions,
-                    {
-                        "session_id": new.session_id,
-                        "user_id": new.user_id,
-                        "tenant": caller.tenant or "",
-                        "turn_count": 0,
-                        "message_count": 0,
-                        "created_at": now,
-                        "last_activity": now,
-                    },
-                )
-            )
-            srow = (await conn.execute(self._lock_stmt, keys)).one()
-        if (srow.user_id is not None and new.user_id is not None and srow.user_id != new.user_id) or (
-            not caller.may_access(Owner(srow.tenant, srow.user_id))
-        ):
-            raise Forbidden
-        owner = Owner(srow.tenant, srow.user_id or new.user_id)
-        if srow.m_seq is not None:
-            stored = row_to_message(srow, prefix="m_")
-            if stored.role is not new.role or stored.content != new.content or stored.status is not new.status:
-                raise Conflict(f"message_id {new.message_id!r} was already used for a different message")
-            return dataclasses.replace(
-                append_result_of(stored, completed_turn=bool(srow.m_completes_turn), duplicate=True),
-                content_chars=int(srow.content_chars),
-                owner=Owner(srow.tenant, srow.user_id),
-            )
-        seq = int(srow.message_count) + 1
-        completed = int(srow.turn_count)
-        pending_user = bool(srow.pending_user)
-        if new.role is Role.USER:
-            # Opens (or, after another user message, continues) turn completed+1.
-            turn, turns_after, completes, pending_after = completed + 1, completed, False, True
-        elif new.status is not MessageStatus.COMPLETED:
-            # A stopped, failed or streaming reply leaves the question open.
-            turn, turns_after, completes, pending_after = completed + 1, completed, False, pending_user
-        elif pending_user:
-            turn, turns_after, completes, pending_after = completed + 1, completed + 1, True, False
-        else:
-            # A greeting before any question, or a further part of a reply already given: it
-            # completes nothing and goes with the next turn, so that the summary of that turn
-            # takes it in (the turn it followed may be summarized already).
-            turn, turns_after, completes, pending_after = completed + 1, completed, False, False
-        message = Message(
-            session_id=new.session_id,
-            seq=seq,
-            turn=turn,
-            role=new.role,
-            content=new.content,
-            message_id=new.message_id,
-            created_at=now,
-            user_id=new.user_id or srow.user_id,
-            channel=new.channel,
-            status=new.status,
-        )
-        await conn.execute(
-            self._insert_message,
-            {
-                "session_id": message.session_id,
-                "seq": seq,
-                "turn": turn,
-                "user_id": message.user_id,
-                "role": message.role.value,
-                "content": message.content,
-                "channel": message.channel.value,
-                "message_id": message.message_id,
-                "completes_turn": int(completes),
-                "status": message.status.value,
-                "created_at": now,
-            },
-        )
-        await conn.execute(
-            self._update_session,
-            {
-                "sid": new.session_id,
-                "turns": turns_after,
-                "seq": seq,
-                "pending": int(pending_after),
-                "chars": len(new.content),
-                "now": now,
-                "uid": new.user_id,
-            },
-        )
-        return AppendResult(
-            message=message,
-            turn_count=turns_after,
-            message_count=seq,
-            duplicate=False,
-            completed_turn=completes,
-            content_chars=int(srow.content_chars) + len(new.content),
-            owner=owner,
-        )
+    def _storing(self, batch: Sequence[Append]) -> Callable[[AsyncConnection], Awaitable[list[Outcome[AppendResult]]]]:
+        return lambda conn: store_batch(conn, self._append_statements, batch, self._insert_if_absent)
 
     # --- sessions -------------------------------------------------------------------------
 

@@ -1,0 +1,251 @@
+"""How a batch of appends is stored in one transaction, in a fixed number of statements whatever
+its size: lock the batch's session rows (creating the new ones), read the message_ids already
+stored, number every message in Python, insert them all, update each session once.
+
+Round trips to the server and statements through the driver are what an append costs (the
+commit aside, which group_commit.py shares); numbering a message is cheap arithmetic on the
+locked rows. The rules are those of one append at a time, applied in order: a message sees the
+ones before it in the batch as stored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from tiered_memory.errors import Conflict, Forbidden
+from tiered_memory.model import AppendResult, Caller, Message, MessageStatus, NewMessage, Owner, Role
+from tiered_memory.tiers.group_commit import Outcome
+from tiered_memory.tiers.sql_rows import append_result_of, row_to_message
+from tiered_memory.tiers.sql_schema import messages as msgs
+from tiered_memory.tiers.sql_schema import sessions
+
+
+@dataclass(frozen=True, slots=True)
+class Append:
+    """One queued append: the message, when it arrived, and who sent it."""
+
+    new: NewMessage
+    now: float
+    caller: Caller
+
+
+@dataclass(slots=True)
+class _Session:
+    """A locked session row as the batch changes it."""
+
+    tenant: str
+    user_id: str | None
+    turn_count: int
+    message_count: int
+    pending_user: bool
+    content_chars: int
+    first_uid: str | None = None  # the first user_id a stored message of this batch brought
+    added_chars: int = 0
+    last_at: float = 0.0
+    changed: bool = False
+
+
+class AppendStatements:
+    """The statements of a batch append, built once with bound parameters (building a statement
+    and its cache key per call cost more CPU than the driver did: docs/BENCHMARKS.md)."""
+
+    def __init__(self) -> None:
+        # The sessions' rows, locked in id order, each outer-joined to its messages stored under
+        # the batch's message_ids (other pairs the IN list matches are dropped in Python): one
+        # round trip finds both what to number from and what is a retry.
+        stored = [column.label(f"m_{column.name}") for column in msgs.c if column.name != "id"]
+        on = sa.and_(
+            msgs.c.session_id == sessions.c.session_id,
+            msgs.c.message_id.in_(sa.bindparam("mids", expanding=True)),
+        )
+        self.lock = (
+            sa.select(sessions, *stored)
+            .select_from(sessions.outerjoin(msgs, on))
+            .where(sessions.c.session_id.in_(sa.bindparam("sids", expanding=True)))
+            .order_by(sessions.c.session_id)
+            .with_for_update()
+        )
+        self.insert_message = msgs.insert()
+        self.update_session = (
+            sessions.update()
+            .where(sessions.c.session_id == sa.bindparam("sid"))
+            .values(
+                turn_count=sa.bindparam("turns"),
+                message_count=sa.bindparam("seq"),
+                pending_user=sa.bindparam("pending"),
+                content_chars=sessions.c.content_chars + sa.bindparam("chars", type_=sa.BigInteger),
+                last_activity=sa.bindparam("now"),
+                # A gateway that reconnects to a closed session reopens it.
+                closed_at=None,
+                close_reason=None,
+                user_id=sa.func.coalesce(sessions.c.user_id, sa.bindparam("uid", type_=sa.String)),
+            )
+        )
+
+
+async def store_batch(
+    conn: AsyncConnection,
+    st: AppendStatements,
+    batch: Sequence[Append],
+    insert_if_absent: Callable[[sa.Table, dict[str, Any]], sa.Executable],
+) -> list[Outcome[AppendResult]]:
+    """Store `batch` in the transaction `conn`; one outcome per append, in order: its result, or
+    Forbidden / Conflict for a message refused (which writes nothing). `insert_if_absent(table,
+    values)` builds the dialect's insert-or-nothing. Messages of one session are numbered in batch
+    order; sessions are locked in id order, so that batches lock rows in one global order."""
+    sids = sorted({a.new.session_id for a in batch})
+    mids = sorted({a.new.message_id for a in batch})
+    state, stored = await _lock(conn, st, sids, mids)
+    missing = [sid for sid in sids if sid not in state]
+    if missing:
+        for sid in missing:
+            first = next(a for a in batch if a.new.session_id == sid)
+            values = {
+                "session_id": sid,
+                "user_id": first.new.user_id,
+                "tenant": first.caller.tenant or "",
+                "turn_count": 0,
+                "message_count": 0,
+                "created_at": first.now,
+                "last_activity": first.now,
+            }
+            await conn.execute(insert_if_absent(sessions, values))
+        more_state, more_stored = await _lock(conn, st, missing, mids)
+        state.update(more_state)
+        stored.update(more_stored)
+    outcomes: list[Outcome[AppendResult]] = []
+    inserts: list[dict[str, Any]] = []
+    for a in batch:
+        s = state[a.new.session_id]
+        try:
+            result = _one(a, s, stored.get((a.new.session_id, a.new.message_id)))
+        except (Forbidden, Conflict) as exc:
+            outcomes.append(exc)
+            continue
+        outcomes.append(result)
+        if not result.duplicate:
+            m = result.message
+            stored[(m.session_id, m.message_id)] = (m, result.completed_turn)
+            inserts.append(_row(m, result.completed_turn))
+    if inserts:
+        await conn.execute(st.insert_message, inserts)
+        updates = [_update(sid, s) for sid, s in state.items() if s.changed]
+        await conn.execute(st.update_session, updates)
+    return outcomes
+
+
+async def _lock(
+    conn: AsyncConnection, st: AppendStatements, sids: list[str], mids: list[str]
+) -> tuple[dict[str, _Session], dict[tuple[str, str], tuple[Message, bool]]]:
+    """The sessions `sids` that exist, locked, and their messages stored under `mids`."""
+    state: dict[str, _Session] = {}
+    stored: dict[tuple[str, str], tuple[Message, bool]] = {}
+    for r in (await conn.execute(st.lock, {"sids": sids, "mids": mids})).all():
+        if r.session_id not in state:
+            state[r.session_id] = _Session(
+                tenant=r.tenant,
+                user_id=r.user_id,
+                turn_count=int(r.turn_count),
+                message_count=int(r.message_count),
+                pending_user=bool(r.pending_user),
+                content_chars=int(r.content_chars),
+            )
+        if r.m_seq is not None:
+            stored[(r.session_id, r.m_message_id)] = (row_to_message(r, prefix="m_"), bool(r.m_completes_turn))
+    return state, stored
+
+
+def _one(a: Append, s: _Session, stored: tuple[Message, bool] | None) -> AppendResult:
+    """One append against its session's state, which it advances when it stores a message."""
+    new = a.new
+    if (s.user_id is not None and new.user_id is not None and s.user_id != new.user_id) or (
+        not a.caller.may_access(Owner(s.tenant, s.user_id))
+    ):
+        raise Forbidden
+    if stored is not None:
+        message, completes = stored
+        if message.role is not new.role or message.content != new.content or message.status is not new.status:
+            raise Conflict(f"message_id {new.message_id!r} was already used for a different message")
+        return dataclasses.replace(
+            append_result_of(message, completed_turn=completes, duplicate=True),
+            content_chars=s.content_chars,
+            owner=Owner(s.tenant, s.user_id),
+        )
+    owner = Owner(s.tenant, s.user_id or new.user_id)
+    seq = s.message_count + 1
+    completed = s.turn_count
+    if new.role is Role.USER:
+        # Opens (or, after another user message, continues) turn completed+1.
+        turn, turns_after, completes, pending_after = completed + 1, completed, False, True
+    elif new.status is not MessageStatus.COMPLETED:
+        # A stopped, failed or streaming reply leaves the question open.
+        turn, turns_after, completes, pending_after = completed + 1, completed, False, s.pending_user
+    elif s.pending_user:
+        turn, turns_after, completes, pending_after = completed + 1, completed + 1, True, False
+    else:
+        # A greeting before any question, or a further part of a reply already given: it
+        # completes nothing and goes with the next turn, so that the summary of that turn takes
+        # it in (the turn it followed may be summarized already).
+        turn, turns_after, completes, pending_after = completed + 1, completed, False, False
+    message = Message(
+        session_id=new.session_id,
+        seq=seq,
+        turn=turn,
+        role=new.role,
+        content=new.content,
+        message_id=new.message_id,
+        created_at=a.now,
+        user_id=new.user_id or s.user_id,
+        channel=new.channel,
+        status=new.status,
+    )
+    s.message_count, s.turn_count, s.pending_user = seq, turns_after, pending_after
+    s.content_chars += len(new.content)
+    s.added_chars += len(new.content)
+    s.first_uid = s.first_uid or new.user_id
+    s.user_id = s.user_id or new.user_id
+    s.last_at = a.now
+    s.changed = True
+    return AppendResult(
+        message=message,
+        turn_count=turns_after,
+        message_count=seq,
+        duplicate=False,
+        completed_turn=completes,
+        content_chars=s.content_chars,
+        owner=owner,
+    )
+
+
+def _row(m: Message, completes: bool) -> dict[str, Any]:
+    return {
+        "session_id": m.session_id,
+        "seq": m.seq,
+        "turn": m.turn,
+        "user_id": m.user_id,
+        "role": m.role.value,
+        "content": m.content,
+        "channel": m.channel.value,
+        "message_id": m.message_id,
+        "completes_turn": int(completes),
+        "status": m.status.value,
+        "created_at": m.created_at,
+    }
+
+
+def _update(sid: str, s: _Session) -> dict[str, Any]:
+    return {
+        "sid": sid,
+        "turns": s.turn_count,
+        "seq": s.message_count,
+        "pending": int(s.pending_user),
+        "chars": s.added_chars,
+        "now": s.last_at,
+        "uid": s.first_uid,
+    }

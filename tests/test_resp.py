@@ -5,8 +5,9 @@ blackholed one, and the same under uvloop (the serving loop)."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,10 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
 from tests.faults import RedisProcess, proxied
+from tiered_memory.breaker import CircuitBreaker
+from tiered_memory.model import HotSession
+from tiered_memory.tiers.keys import Keys
+from tiered_memory.tiers.redis_hot import RedisHot
 from tiered_memory.tiers.resp import Endpoint, RespMux, Script
 
 
@@ -190,3 +195,63 @@ async def test_scripts_run_by_sha_and_are_loaded_when_the_server_lacks_them(redi
             await mux.run_script(broken, [], [])
     finally:
         await mux.aclose()
+
+
+async def _blocked_loop_read(call: Callable[[], Awaitable[object]], block_s: float) -> object:
+    """Start `call`, let it write its commands, then keep the event loop busy for `block_s`
+    (the reply waits in the socket meanwhile), as a saturated daemon does."""
+    task = asyncio.ensure_future(call())
+    for _ in range(3):
+        await asyncio.sleep(0)
+    time.sleep(block_s)  # noqa: ASYNC251 - the point: the loop runs nothing else meanwhile
+    return await task
+
+
+async def test_a_busy_event_loop_is_not_a_silent_server(redis_proc: RedisProcess) -> None:
+    """A reply that waited in the socket while the event loop was busy for longer than the
+    timeout still reaches its caller: the bound measures the server's silence since the
+    commands were written, not the caller's wait."""
+    mux = _mux("127.0.0.1", redis_proc.port, timeout_s=0.1)
+    try:
+        await mux.execute(("SET", "a", "1"))
+        assert await _blocked_loop_read(lambda: mux.execute(("GET", "a")), 0.4) == [b"1"]
+    finally:
+        await mux.aclose()
+
+
+async def test_a_silent_server_times_out_after_one_timeout(redis_proc: RedisProcess) -> None:
+    """The multiplexed client bounds a call by itself: a blackholed server fails it after about
+    one timeout of silence."""
+    with proxied("127.0.0.1", redis_proc.port) as proxy:
+        mux = _mux("127.0.0.1", proxy.port, timeout_s=0.2)
+        try:
+            await mux.execute(("SET", "k", "v"))
+            proxy.blackhole()
+            started = time.monotonic()
+            with pytest.raises(TimeoutError):
+                await mux.execute(("GET", "k"))
+            assert time.monotonic() - started < 1.5
+        finally:
+            await mux.aclose()
+
+
+async def test_the_hot_tier_counts_a_busy_loop_as_no_redis_failure(redis_proc: RedisProcess) -> None:
+    """Through RedisHot (REDIS_TIMEOUT_MS 100): a read held up by a busy event loop answers,
+    and the breaker records no failure, so overload does not send reads to SQL as an outage."""
+    breaker = CircuitBreaker("redis", failures=1, reset_s=60)
+    hot = RedisHot.from_url(
+        f"redis://127.0.0.1:{redis_proc.port}/0",
+        keys=Keys(f"tmt{uuid.uuid4().hex[:8]}"),
+        timeout_s=0.1,
+        summary_ttl_s=60,
+        history_ttl_s=60,
+        recent_max=4,
+        breaker=breaker,
+    )
+    try:
+        await hot.read_session("s")
+        found = await _blocked_loop_read(lambda: hot.read_session("s"), 0.4)
+        assert isinstance(found, HotSession)
+        assert breaker.allow()
+    finally:
+        await hot.aclose()

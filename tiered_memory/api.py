@@ -25,6 +25,7 @@ from tiered_memory.errors import (
     Forbidden,
     InvalidInput,
     NotFound,
+    Overloaded,
     SqlUnavailable,
     TierUnavailable,
     Unauthorized,
@@ -448,6 +449,8 @@ async def _mapped(request: web.Request, handler: Handler) -> web.StreamResponse:
         return error_response(403, "forbidden", Forbidden.message)
     except Conflict as exc:
         return error_response(409, "conflict", str(exc))
+    except Overloaded as exc:
+        return error_response(503, "overloaded", str(exc), {"Retry-After": _RETRY_AFTER_S})
     except SqlUnavailable as exc:
         log.warning("sql_unavailable", error=str(exc))
         return error_response(

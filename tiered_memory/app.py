@@ -14,6 +14,7 @@ import structlog
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from tiered_memory.admission import admission_middleware
 from tiered_memory.api import METRICS_KEY, OPENAPI_KEY, SERVICE_KEY, SETTINGS_KEY, add_routes, observe
 from tiered_memory.auth import auth_middleware
 from tiered_memory.errors import ConfigError, SqlUnavailable
@@ -227,11 +228,15 @@ def create_app(
     """The daemon as an aiohttp application; nothing connects until the app starts. With
     API_TOKENS or API_TOKENS_FILE set, every route but the probes and /metrics needs a token. An
     extractor may be handed in to share its loaded dictionary (tests start many apps in one process)."""
-    # observe is outermost, so that a refused token is logged, timed and answered like any error.
-    middlewares = [observe, auth_middleware(settings.api_tokens)] if settings.api_tokens else [observe]
+    metrics = Metrics(registry if registry is not None else CollectorRegistry())
+    # observe is outermost, so that a refused token or an overload is logged, timed and answered
+    # like any error; admission comes before authentication, which is work too.
+    middlewares = [observe, admission_middleware(settings.max_inflight_requests, metrics)]
+    if settings.api_tokens:
+        middlewares.append(auth_middleware(settings.api_tokens))
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
     app[SETTINGS_KEY] = settings
-    app[METRICS_KEY] = Metrics(registry if registry is not None else CollectorRegistry())
+    app[METRICS_KEY] = metrics
     app[EXTRACTOR_KEY] = extractor if extractor is not None else Extractor()
     app[OPENAPI_KEY] = load_document()
     app.cleanup_ctx.extend([_sql_ctx, _hot_ctx, _llm_ctx, _service_ctx])

@@ -7,6 +7,7 @@ TieredMemoryError
 ├── NotFound               the session does not exist (→ 404)
 ├── Forbidden              the session belongs to another tenant or user (→ 403)
 ├── Conflict               a message_id was reused for different content (→ 409)
+├── Overloaded             this process has MAX_INFLIGHT_REQUESTS in progress (→ 503)
 ├── LlmFailed              the LLM gave no usable summary (→ deterministic fallback)
 └── TierUnavailable        a store did not answer in time or failed (→ 503 on writes)
     ├── HotUnavailable     Redis / the in-process cache
@@ -48,6 +49,11 @@ class Forbidden(TieredMemoryError):
 
 class Conflict(TieredMemoryError):
     """The request contradicts what is stored (a message_id reused for other content)."""
+
+
+class Overloaded(TieredMemoryError):
+    """The process is at its limit of requests in progress: refused at once, before any work, so
+    that a gateway retries (or goes to another replica) instead of queueing behind the others."""
 
 
 class TierUnavailable(TieredMemoryError):

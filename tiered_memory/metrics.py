@@ -37,6 +37,17 @@ class Metrics:
             ["tier", "operation"],
             registry=registry,
         )
+        self.requests_shed = Counter(
+            "tiered_memory_requests_shed_total",
+            "Requests refused with 503 because MAX_INFLIGHT_REQUESTS were in progress, by route.",
+            ["route"],
+            registry=registry,
+        )
+        self.requests_in_flight = Gauge(
+            "tiered_memory_requests_in_flight",
+            "Requests in progress in this process (the probes and /metrics not counted).",
+            registry=registry,
+        )
         self.appends = Counter(
             "tiered_memory_appends_total",
             "Messages appended, by role and result (created, duplicate).",

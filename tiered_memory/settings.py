@@ -102,6 +102,8 @@ class Settings(BaseSettings):
     # is MEDIUMTEXT (16 MiB), so storage is not the bound: 64 KiB keeps one request, one entry
     # of the hot list and the request body limit small for a conversation turn.
     max_message_bytes: int = Field(32_768, alias="MAX_MESSAGE_BYTES", ge=1, le=65_535)
+    # Past this many requests in progress a new one is refused with 503 (0: no limit).
+    max_inflight_requests: int = Field(256, alias="MAX_INFLIGHT_REQUESTS", ge=0, le=1_000_000)
 
     # --- authentication ---
     # `token` or `tenant:token` entries, comma-separated; parsed into `api_tokens` by the cross-check.

@@ -113,6 +113,11 @@ return 0
 """
 
 
+# How many REDIS_TIMEOUT_MS a call on the multiplexed client may take in all while Redis keeps
+# answering (it fails sooner, after one timeout of silence from the server).
+_MUX_BACKSTOP = 10
+
+
 class RedisHot:
     """HotTier on a Redis server. Every call is bounded by `timeout_s`; failures become HotUnavailable."""
 
@@ -195,8 +200,12 @@ class RedisHot:
         if breaker is not None and not breaker.allow():
             # Down a moment ago: the caller's fallback answers now instead of after a timeout.
             raise HotUnavailable("redis: circuit open")
+        # The multiplexed client bounds each call by Redis's own silence (resp.py): a call queued
+        # behind a saturated event loop is overload, not an outage, and must not open the
+        # breaker. Its outer bound is only a backstop. redis-py's calls have no such measure.
+        bound = self._timeout if self._mux is None else self._timeout * _MUX_BACKSTOP
         try:
-            async with asyncio.timeout(self._timeout):
+            async with asyncio.timeout(bound):
                 result = await op()
         # RedisClusterException: a cluster whose slot map cannot be read (every node down, or
         # mid-failover) is an unavailable tier like a refused connection. AttributeError: the

@@ -95,6 +95,7 @@ class _Pending:
     future: asyncio.Future[list[object]]
     expected: int
     replies: list[object] = field(default_factory=list)
+    sent_at: float | None = None  # when its commands left in a write (None: still buffered)
 
 
 class _Protocol(asyncio.Protocol):
@@ -104,6 +105,7 @@ class _Protocol(asyncio.Protocol):
         self._reader = hiredis.Reader(protocolError=InvalidResponse, replyError=ResponseError)
         self._queue: deque[_Pending] = deque()
         self._out = bytearray()
+        self._unsent: list[_Pending] = []
         self._flush_scheduled = False
         self.closed: asyncio.Future[None] = loop.create_future()
         # When a reply last arrived: a connection that has requests in flight and has sent
@@ -151,22 +153,34 @@ class _Protocol(asyncio.Protocol):
     def in_flight(self) -> int:
         return len(self._queue)
 
-    def send(self, commands: Sequence[Command]) -> asyncio.Future[list[object]]:
-        future: asyncio.Future[list[object]] = self._loop.create_future()
+    def send(self, commands: Sequence[Command]) -> _Pending:
+        pending = _Pending(self._loop.create_future(), len(commands))
         for command in commands:
             _pack(command, self._out)
-        self._queue.append(_Pending(future, len(commands)))
+        self._queue.append(pending)
+        self._unsent.append(pending)
         if not self._flush_scheduled:
             # Every request of this tick joins the same write.
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
-        return future
+        return pending
 
     def _flush(self) -> None:
         self._flush_scheduled = False
         if self._out and self._transport is not None and not self._transport.is_closing():
             self._transport.write(bytes(self._out))
+        now = time.monotonic()
+        for pending in self._unsent:
+            pending.sent_at = now
+        self._unsent.clear()
         self._out.clear()
+
+    def silent_for(self, pending: _Pending) -> float:
+        """Seconds the server has sent nothing since `pending`'s commands were written (0 while
+        they are still buffered): how long Redis, not the event loop, has kept it waiting."""
+        if pending.sent_at is None:
+            return 0.0
+        return time.monotonic() - max(pending.sent_at, self.last_reply)
 
     def _fail(self, exc: Exception) -> None:
         while self._queue:
@@ -184,8 +198,8 @@ class RespMux:
     """Commands from any number of tasks over one lazily (re)connected connection.
 
     `execute` raises redis-py's exceptions (ConnectionError, ResponseError, InvalidResponse), all
-    RedisError, so that callers handle it like the rest of the hot tier; a timeout is the
-    caller's (RedisHot bounds every call).
+    RedisError, so that callers handle it like the rest of the hot tier, and TimeoutError when
+    the server has sent nothing for `stale_after_s` since the call's commands were written.
     """
 
     def __init__(self, endpoint: Endpoint, *, connect_timeout_s: float, stale_after_s: float) -> None:
@@ -200,9 +214,9 @@ class RespMux:
         if not commands:
             raise ValueError("execute: expected at least one command")
         conn = self._conn if self._conn is not None and self._conn.usable else await self._connection()
-        future = conn.send(commands)
+        pending = conn.send(commands)
         try:
-            replies = await future
+            replies = await self._patient(conn, pending)
         except asyncio.CancelledError:
             # The caller timed out (or went away). The connection stays, and the replies meant
             # for this caller are dropped when they come; unless the server has sent nothing for
@@ -215,6 +229,21 @@ class RespMux:
             if isinstance(reply, ResponseError):
                 raise reply
         return replies
+
+    async def _patient(self, conn: _Protocol, pending: _Pending) -> list[object]:
+        """The replies, waited for as long as the server keeps answering: the bound measures
+        Redis's silence since these commands were written, not the time this task spent queued
+        behind a busy event loop (that is overload, not an outage, and must not open the
+        breaker). TimeoutError once the server has sent nothing for `stale_after`; the
+        connection is then dropped, since every request behind this one would wait as long."""
+        while True:
+            # A reply that arrived while the loop was busy is processed before the timer fires.
+            await asyncio.wait((pending.future,), timeout=self._stale_after)
+            if pending.future.done():
+                return pending.future.result()
+            if conn.silent_for(pending) >= self._stale_after:
+                conn.close(RedisConnectionError("no reply within the timeout; reconnecting"))
+                raise TimeoutError(f"redis: no reply for {self._stale_after:.3f} s")
 
     async def run_script(self, script: Script, keys: Sequence[Arg], args: Sequence[Arg]) -> object:
         """EVALSHA, and EVAL when the server does not have the script yet (a new or restarted
@@ -248,7 +277,7 @@ class RespMux:
                 if ep.db:
                     setup.append(("SELECT", ep.db))
                 if setup:
-                    for reply in await conn.send(setup):
+                    for reply in await conn.send(setup).future:
                         if isinstance(reply, ResponseError):
                             raise reply
         except BaseException as exc:

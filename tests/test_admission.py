@@ -33,7 +33,8 @@ async def test_a_request_past_the_limit_is_refused_at_once(backend_env: dict[str
         assert "MAX_INFLIGHT_REQUESTS" in error["message"]
         assert (await d.http.get("/healthz")).status == 200
         metrics = await (await d.http.get("/metrics")).text()
-        assert 'tiered_memory_requests_shed_total{route="/v1/sessions/{session_id}/summary"} 1.0' in metrics
+        assert "tiered_memory_requests_shed_total 1.0" in metrics
+        assert 'route="/v1/sessions/{session_id}/summary",status="503"' in metrics
         assert "tiered_memory_requests_in_flight 1.0" in metrics
         assert (await slow).status == 200
         # Nothing was changed by the refused request, and the next one is served.

@@ -32,8 +32,7 @@ def admission_middleware(limit: int, metrics: Metrics) -> Middleware:
         if request.path in OPEN_PATHS:
             return await handler(request)
         if limit and in_flight >= limit:
-            resource = request.match_info.route.resource
-            metrics.requests_shed.labels(resource.canonical if resource is not None else "unmatched").inc()
+            metrics.requests_shed.inc()
             raise Overloaded(f"{limit} requests in progress (MAX_INFLIGHT_REQUESTS); retry")
         in_flight += 1
         metrics.requests_in_flight.set(in_flight)

@@ -39,8 +39,8 @@ class Metrics:
         )
         self.requests_shed = Counter(
             "tiered_memory_requests_shed_total",
-            "Requests refused with 503 because MAX_INFLIGHT_REQUESTS were in progress, by route.",
-            ["route"],
+            "Requests refused with 503 because MAX_INFLIGHT_REQUESTS were in progress (their routes are in"
+            " tiered_memory_request_duration_seconds, status 503).",
             registry=registry,
         )
         self.requests_in_flight = Gauge(

@@ -10,6 +10,8 @@ import pytest
 
 from tests.conftest import Daemon, new_sid, play
 from tests.conversations import ZH_12_TURNS
+from tiered_memory.model import Message, Role
+from tiered_memory.recall import RecallIndex, SessionIndex
 
 # Chit-chat that pushes the facts of ZH_12_TURNS far out of the raw window.
 _DRIFT = [(f"第{i}个闲聊问题，随便聊聊天气和路况？", f"第{i}个回答：今天路上车不多，天气也还行。") for i in range(30)]
@@ -123,3 +125,27 @@ async def test_context_fills_its_budget_with_older_raw_turns(daemon: Daemon) -> 
     whole = await daemon.get(f"/v1/sessions/{sid}/context?max_chars=100000")
     assert whole["messages"][0]["role"] == "user"  # everything fits raw: no summary
     assert whole["messages"][0]["content"] == ZH_12_TURNS[0][0]
+
+
+def test_the_recall_indexes_are_bounded_by_messages_not_sessions() -> None:
+    """Many short sessions stay indexed together; past the bound the least recently asked go
+    first, and the count follows appends and forgets."""
+    indexes = RecallIndex(str.split, max_messages=10)
+    for n in range(5):
+        index = SessionIndex()
+        index.add(Message(f"s{n}", 1, 1, Role.USER, "a b", "m1", 0.0), ["a", "b"])
+        indexes.put(f"s{n}", index)
+    assert (len(indexes), indexes.messages) == (5, 5)
+    indexes.get("s0")  # s0 is now the most recently asked
+    indexes.appended(Message("s0", 2, 1, Role.ASSISTANT, "c d", "m2", 0.0))
+    assert indexes.messages == 6
+    big = SessionIndex()
+    for seq in range(1, 7):
+        big.add(Message("big", seq, seq, Role.USER, "x", f"m{seq}", 0.0), ["x"])
+    indexes.put("big", big)
+    assert indexes.messages <= 10
+    assert indexes.get("s1") is None  # the least recently asked went first
+    assert indexes.get("s0") is not None
+    assert indexes.get("big") is not None
+    indexes.forget("big")
+    assert indexes.messages == sum(len(i.docs) for i in (indexes.get(f"s{n}") for n in range(5)) if i is not None)

@@ -119,15 +119,20 @@ class RecallMatch:
 
 
 class RecallIndex:
-    """The indexes of up to `max_sessions` sessions, least recently used dropped first.
+    """The indexes of as many sessions as hold `max_messages` indexed messages in all, least
+    recently used dropped first. Bounded by messages, not sessions: a daemon serves thousands of
+    short sessions at once, and a bound of a few hundred sessions rebuilt an index from SQL on
+    nearly every question (docs/BENCHMARKS.md); what an index costs grows with its messages.
 
     `tokenize` turns text into search terms; it may be called from worker threads."""
 
-    def __init__(self, tokenize: Callable[[str], list[str]], *, max_sessions: int = 256) -> None:
+    def __init__(self, tokenize: Callable[[str], list[str]], *, max_messages: int = 20_000) -> None:
         self.tokenize = tokenize
-        self._max = max_sessions
+        self._max = max_messages
         self._lock = threading.Lock()
         self._sessions: OrderedDict[str, SessionIndex] = OrderedDict()
+        self._sizes: dict[str, int] = {}  # each index's messages when last counted
+        self._messages = 0
 
     def get(self, session_id: str) -> SessionIndex | None:
         with self._lock:
@@ -140,12 +145,21 @@ class RecallIndex:
         with self._lock:
             self._sessions[session_id] = index
             self._sessions.move_to_end(session_id)
-            while len(self._sessions) > self._max:
-                self._sessions.popitem(last=False)
+            self._count(session_id, index)
+            # The newest index stays even alone over the bound: it is the one being asked.
+            while self._messages > self._max and len(self._sessions) > 1:
+                gone, _ = self._sessions.popitem(last=False)
+                self._messages -= self._sizes.pop(gone, 0)
 
     def forget(self, session_id: str) -> None:
         with self._lock:
             self._sessions.pop(session_id, None)
+            self._messages -= self._sizes.pop(session_id, 0)
+
+    def _count(self, session_id: str, index: SessionIndex) -> None:
+        size = len(index.docs)
+        self._messages += size - self._sizes.get(session_id, 0)
+        self._sizes[session_id] = size
 
     def appended(self, message: Message) -> None:
         """Index an appended message if its session is indexed and it is the next one; otherwise the
@@ -153,6 +167,14 @@ class RecallIndex:
         index = self.get(message.session_id)
         if index is not None and message.seq == index.last_seq + 1:
             index.add(message, self.tokenize(message.content))
+            with self._lock:
+                if self._sessions.get(message.session_id) is index:
+                    self._count(message.session_id, index)
 
     def __len__(self) -> int:
         return len(self._sessions)
+
+    @property
+    def messages(self) -> int:
+        """Messages indexed in all, as last counted."""
+        return self._messages

@@ -41,8 +41,9 @@ from tiered_memory.tiers.sql_store import SqlStore
 
 log = structlog.get_logger("tiered_memory.service")
 
-# Sessions whose recall index this process keeps (least recently asked dropped first).
-_RECALL_SESSIONS = 256
+# Messages the recall indexes of this process hold in all (least recently asked session dropped
+# first): about 2 KB each with their postings, so some 40 MB at most; 1,600 sessions of 12 turns.
+_RECALL_MESSAGES = 20_000
 # How many sessions one sweep looks at; the next sweep takes the rest.
 _SWEEP_BATCH = 500
 # While another replica holds a session's summary lock, look again this often, this many times.
@@ -72,7 +73,7 @@ class MemoryService:
         self._s = settings
         self._history = History(
             store,
-            recall or RecallIndex(extractor.search_terms, max_sessions=_RECALL_SESSIONS),
+            recall or RecallIndex(extractor.search_terms, max_messages=_RECALL_MESSAGES),
             sql_error=lambda op: metrics.tier_errors.labels("sql", op).inc(),
         )
         self._store = store

@@ -160,10 +160,6 @@ class Bench:
             "SWEEP_INTERVAL_SECONDS": "3600",
             "LLM_BASE_URL": f"{self.llm.base}/v1",
             "SUMMARY_MODEL": "bench",
-            # At concurrency 64 on a shared 2-core machine a request can wait longer than the
-            # default 200 ms bound for the event loop; the bound then sends hot reads to SQL and
-            # the figures would no longer be those of the hot path (docs/BENCHMARKS.md).
-            "REDIS_TIMEOUT_MS": "2000",
         }
         # Empty means unset (the embedded default), whatever the caller's environment holds.
         env["REDIS_URL"] = self.redis_url or ""

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Literal
+from typing import BinaryIO, Literal
 
+import orjson
 import structlog
 
 
@@ -30,12 +31,23 @@ def configure_logging(level: str, fmt: Literal["auto", "json", "console"], *, me
         structlog.stdlib.add_logger_name,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
-    structlog.configure(
-        processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
-        logger_factory=structlog.stdlib.LoggerFactory(),
-        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level)),
-        cache_logger_on_first_use=True,
-    )
+    if use_console:
+        structlog.configure(
+            processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+            logger_factory=structlog.stdlib.LoggerFactory(),
+            wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level)),
+            cache_logger_on_first_use=True,
+        )
+    else:
+        # The daemon's own events skip the standard library: rendered by orjson straight to
+        # stderr's bytes, one write per line. Through logging's records and formatter a request's
+        # line cost about 25 µs, a tenth of a hot read; this way about a third of that.
+        structlog.configure(
+            processors=[*shared, structlog.processors.format_exc_info, _orjson_renderer],
+            logger_factory=_NamedBytesLoggerFactory(sys.stderr.buffer),
+            wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level)),
+            cache_logger_on_first_use=True,
+        )
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
@@ -54,3 +66,24 @@ def configure_logging(level: str, fmt: Literal["auto", "json", "console"], *, me
     logging.getLogger("tiered_memory").setLevel(numeric)
     # jieba announces its dictionary load at INFO; it is not an event of ours.
     logging.getLogger("jieba").setLevel(logging.WARNING)
+
+
+class _NamedBytesLogger(structlog.BytesLogger):
+    """A BytesLogger with the name it was asked for, so that add_logger_name says who logged."""
+
+    def __init__(self, file: BinaryIO, name: str) -> None:
+        super().__init__(file)
+        self.name = name
+
+
+class _NamedBytesLoggerFactory:
+    def __init__(self, file: BinaryIO) -> None:
+        self._file = file
+
+    def __call__(self, *args: object) -> _NamedBytesLogger:
+        return _NamedBytesLogger(self._file, str(args[0]) if args else "")
+
+
+def _orjson_renderer(_: structlog.typing.WrappedLogger, __: str, event_dict: structlog.typing.EventDict) -> bytes:
+    # default=str: a value orjson does not know (a Path, an exception) is logged as its text.
+    return orjson.dumps(event_dict, default=str)

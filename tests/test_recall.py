@@ -137,7 +137,7 @@ def test_the_recall_indexes_are_bounded_by_messages_not_sessions() -> None:
         indexes.put(f"s{n}", index)
     assert (len(indexes), indexes.messages) == (5, 5)
     indexes.get("s0")  # s0 is now the most recently asked
-    indexes.appended(Message("s0", 2, 1, Role.ASSISTANT, "c d", "m2", 0.0))
+    indexes.appended(Message("s0", 2, 1, Role.ASSISTANT, "c d", "m2", 0.0), ["c", "d"])
     assert indexes.messages == 6
     big = SessionIndex()
     for seq in range(1, 7):

@@ -216,6 +216,7 @@ async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
     if retention is not None:
         await retention.stop()
     await sweeper.stop()
+    await service.aclose()
     cancelled = await service.summaries.drain(settings.shutdown_grace_seconds)
     if cancelled:
         # Their watermark did not move: the next start-up sweep does them again.

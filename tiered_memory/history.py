@@ -10,6 +10,7 @@ endpoint's answer) raises instead.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import math
 from collections.abc import Callable, Sequence
@@ -33,9 +34,34 @@ class History:
         self._store = store
         self._index = index
         self._sql_error = sql_error
+        self._pending: list[Message] = []
+        self._indexer: asyncio.Task[None] | None = None
 
     def appended(self, message: Message) -> None:
-        self._index.appended(message)
+        """Index an appended message of an indexed session, off the event loop (jieba takes a
+        fraction of a millisecond per message, and holds the loop meanwhile): queued, tokenized
+        in a worker thread in arrival order, then added. A question before that catches up from
+        SQL with what the index lacks, as after a restart."""
+        if not self._index.indexed(message.session_id):
+            return
+        self._pending.append(message)
+        if self._indexer is None or self._indexer.done():
+            self._indexer = asyncio.create_task(self._index_pending(), name="recall-indexer")
+
+    async def _index_pending(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending, []
+            terms = await asyncio.to_thread(_tokenize_all, self._index.tokenize, batch)
+            for m, t in zip(batch, terms, strict=True):
+                self._index.appended(m, t)
+
+    async def aclose(self) -> None:
+        """Stop indexing appends (what is left is caught up from SQL by the next process)."""
+        self._pending = []
+        if self._indexer is not None:
+            self._indexer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._indexer
 
     def forget(self, session_id: str) -> None:
         self._index.forget(session_id)

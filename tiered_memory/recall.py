@@ -161,12 +161,16 @@ class RecallIndex:
         self._messages += size - self._sizes.get(session_id, 0)
         self._sizes[session_id] = size
 
-    def appended(self, message: Message) -> None:
-        """Index an appended message if its session is indexed and it is the next one; otherwise the
-        next question catches up from SQL."""
+    def indexed(self, session_id: str) -> bool:
+        with self._lock:
+            return session_id in self._sessions
+
+    def appended(self, message: Message, terms: Sequence[str]) -> None:
+        """Index an appended message (its search `terms`) if its session is indexed and it is the
+        next one; otherwise the next question catches up from SQL."""
         index = self.get(message.session_id)
         if index is not None and message.seq == index.last_seq + 1:
-            index.add(message, self.tokenize(message.content))
+            index.add(message, terms)
             with self._lock:
                 if self._sessions.get(message.session_id) is index:
                     self._count(message.session_id, index)

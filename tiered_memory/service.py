@@ -188,6 +188,10 @@ class MemoryService:
                 return result
             await asyncio.sleep(_LOCKED_RETRY_S)
 
+    async def aclose(self) -> None:
+        """Stop this process's background indexing of appends (the summaries drain separately)."""
+        await self._history.aclose()
+
     async def close(self, session_id: str, *, caller: Caller, reason: str = "client") -> CloseResult:
         """Persist the final summary to both tiers (summarizing the uncovered turns now) when the
         session has at least SUMMARY_MIN_TURNS_TO_PERSIST turns, and mark it closed. Idempotent.

@@ -59,6 +59,7 @@ def build_hot(settings: Settings, metrics: Metrics) -> HotTier:
             breaker=metrics.breaker(
                 "redis", failures=settings.redis_breaker_failures, reset_s=settings.redis_breaker_reset_seconds
             ),
+            cache_sessions=settings.hot_read_cache_sessions,
         )
     return MemoryHot(
         max_sessions=settings.hot_max_sessions,

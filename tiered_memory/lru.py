@@ -32,5 +32,11 @@ class Lru(Generic[K, V]):
             self._entries.popitem(last=False)
         return value
 
+    def pop(self, key: K) -> V | None:
+        return self._entries.pop(key, None)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
     def __len__(self) -> int:
         return len(self._entries)

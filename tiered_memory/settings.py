@@ -65,6 +65,9 @@ class Settings(BaseSettings):
     data_dir: Path = Field(Path("data"), alias="DATA_DIR")
     auto_migrate: bool | None = Field(None, alias="AUTO_MIGRATE")
     hot_max_sessions: int = Field(10_000, alias="HOT_MAX_SESSIONS", ge=1)
+    # Sessions whose latest Redis reads each process keeps in memory, invalidated by Redis
+    # (client-side caching; plain redis:// servers only). 0: every read goes to Redis.
+    hot_read_cache_sessions: int = Field(2_000, alias="HOT_READ_CACHE_SESSIONS", ge=0, le=1_000_000)
     # Circuit breakers: after this many consecutive failures a dependency is not called for
     # *_BREAKER_RESET_SECONDS (its fallback answers at once), then one call probes it.
     redis_breaker_failures: int = Field(3, alias="REDIS_BREAKER_FAILURES", ge=1, le=1000)

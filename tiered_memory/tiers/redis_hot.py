@@ -7,9 +7,10 @@ event-loop tick); on any other URL (TLS, a socket, URL options) through redis-py
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
-from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import TypeVar, cast
 
 from redis.exceptions import RedisClusterException, RedisError
 
@@ -17,6 +18,7 @@ from tiered_memory.breaker import CircuitBreaker
 from tiered_memory.errors import HotUnavailable
 from tiered_memory.model import HotSession, Message, Owner, Summary
 from tiered_memory.tiers.codec import decode_message, decode_summary, encode_message, encode_summary
+from tiered_memory.tiers.hot_cache import HotCache, cache_invalidator
 from tiered_memory.tiers.keys import Keys
 from tiered_memory.tiers.redis_url import HotClient, connect, parse_redis_url
 from tiered_memory.tiers.resp import Arg, Command, Endpoint, RespMux, Script
@@ -134,10 +136,14 @@ class RedisHot:
         recent_max: int,
         breaker: CircuitBreaker | None = None,
         mux: RespMux | None = None,
+        cache: HotCache[object] | None = None,
         close: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
+        """`cache`: the reads kept in process memory, with a `mux` created with
+        `on_invalidate=cache_invalidator(cache)` (see from_url); used only while it tracks."""
         self._r = client
         self._mux = mux
+        self._cache = cache if mux is not None else None
         self._close = close if close is not None else client.aclose
         self._breaker = breaker
         self._keys = keys
@@ -176,16 +182,25 @@ class RedisHot:
         history_ttl_s: int,
         recent_max: int,
         breaker: CircuitBreaker | None = None,
+        cache_sessions: int = 0,
     ) -> RedisHot:
         """One server, a Redis Cluster or a Sentinel-managed master, by the URL's scheme
-        (see redis_url); a plain redis:// server's hot reads go through the multiplexed client.
-        Raises ValueError for a URL of none of these forms."""
+        (see redis_url); a plain redis:// server's hot reads go through the multiplexed client,
+        and with `cache_sessions` the latest reads of that many sessions are kept in process
+        memory, invalidated by Redis (hot_cache.py). Raises ValueError for a URL of none of
+        these forms."""
         client, close = connect(parse_redis_url(url), timeout_s=timeout_s)
         # None for a cluster or Sentinel URL: redis-py follows their topology.
         endpoint = Endpoint.from_url(url)
+        cache: HotCache[object] | None = HotCache(cache_sessions) if cache_sessions and endpoint else None
+        mux = None
+        if endpoint:
+            on_invalidate = cache_invalidator(cache) if cache is not None else None
+            mux = RespMux(endpoint, connect_timeout_s=timeout_s, stale_after_s=timeout_s, on_invalidate=on_invalidate)
         return cls(
             client,
-            mux=RespMux(endpoint, connect_timeout_s=timeout_s, stale_after_s=timeout_s) if endpoint else None,
+            mux=mux,
+            cache=cache,
             keys=keys,
             timeout_s=timeout_s,
             summary_ttl_s=summary_ttl_s,
@@ -258,9 +273,39 @@ class RedisHot:
             k = self._keys
             return await self._command("DEL", k.recent(session_id), k.summary(session_id), k.state(session_id))
 
-        await self._call(op)
+        with self._writing(session_id):
+            await self._call(op)
         self._dirty.discard(session_id)
         return True
+
+    def _cached(self) -> HotCache[object] | None:
+        """The read cache, while Redis tells us what changes (never otherwise)."""
+        return self._cache if self._cache is not None and self._mux is not None and self._mux.tracking else None
+
+    async def _through_cache(self, session_id: str, kind: str, op: Callable[[], Awaitable[T]]) -> T:
+        cache = self._cached()
+        if cache is None:
+            return await self._call(op)
+        found = cache.get(session_id, kind)
+        if found is not None:
+            return cast(T, found)
+        stamp = cache.stamp(session_id)
+        result = await self._call(op)
+        if self._cached() is cache:
+            cache.put(session_id, kind, result, stamp)
+        return result
+
+    @contextlib.contextmanager
+    def _writing(self, session_id: str) -> Iterator[None]:
+        """Around a write of ours: the session's cached reads go before it is sent, and reads in
+        flight are not kept, before or after it is answered (its invalidation may come later)."""
+        if self._cache is not None:
+            self._cache.changed(session_id)
+        try:
+            yield
+        finally:
+            if self._cache is not None:
+                self._cache.changed(session_id)
 
     async def read_summary(self, session_id: str) -> tuple[Summary | None, int | None, Owner | None]:
         if await self._drop_if_dirty(session_id):
@@ -278,7 +323,7 @@ class RedisHot:
                 _owner(tenant, uid),
             )
 
-        return await self._call(op)
+        return await self._through_cache(session_id, "summary", op)
 
     async def read_session(self, session_id: str) -> HotSession:
         if await self._drop_if_dirty(session_id):
@@ -302,7 +347,7 @@ class RedisHot:
                 owner=_owner(tenant, uid),
             )
 
-        return await self._call(op)
+        return await self._through_cache(session_id, "session", op)
 
     async def record_append(
         self,
@@ -338,7 +383,8 @@ class RedisHot:
             return await self._script(self._append, keys, args)
 
         try:
-            await self._call(op)
+            with self._writing(sid):
+                await self._call(op)
         except HotUnavailable:
             if len(self._dirty) < _DIRTY_MAX:
                 self._dirty.add(sid)
@@ -354,7 +400,8 @@ class RedisHot:
                 [encode_summary(summary), summary.version, self._summary_ttl],
             )
 
-        return bool(await self._call(op))
+        with self._writing(session_id):
+            return bool(await self._call(op))
 
     async def backfill(
         self,
@@ -388,13 +435,15 @@ class RedisHot:
         async def op() -> object:
             return await self._script(self._backfill, keys, args)
 
-        await self._call(op)
+        with self._writing(session_id):
+            await self._call(op)
 
     async def delete(self, session_id: str) -> None:
         async def op() -> None:
             await self._command("DEL", *self._keys.all_of(session_id))
 
-        await self._call(op)
+        with self._writing(session_id):
+            await self._call(op)
 
     async def try_lock(self, session_id: str, ttl_seconds: float) -> str | None:
         token = secrets.token_hex(8)

@@ -18,16 +18,18 @@ import asyncio
 import hashlib
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 from urllib.parse import unquote, urlparse
 
 import hiredis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import InvalidResponse, ResponseError
+from redis.exceptions import InvalidResponse, RedisError, ResponseError
 
 Arg = bytes | str | int | float
+# The channel Redis publishes tracked keys' invalidations on (RESP2 clients, REDIRECT mode).
+_INVALIDATE = "__redis__:invalidate"
 Command = Sequence[Arg]
 
 
@@ -99,8 +101,12 @@ class _Pending:
 
 
 class _Protocol(asyncio.Protocol):
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    """One connection. `on_push` takes the replies nobody asked for (the messages of a
+    subscription); without it such a reply means the stream is out of step."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_push: Callable[[object], None] | None = None) -> None:
         self._loop = loop
+        self._on_push = on_push
         self._transport: asyncio.Transport | None = None
         self._reader = hiredis.Reader(protocolError=InvalidResponse, replyError=ResponseError)
         self._queue: deque[_Pending] = deque()
@@ -134,6 +140,9 @@ class _Protocol(asyncio.Protocol):
             if reply is False:
                 return
             if not queue:
+                if self._on_push is not None:
+                    self._on_push(reply)
+                    continue
                 # A reply nobody asked for: the stream is out of step, and every later reply
                 # would go to the wrong caller.
                 self.close(InvalidResponse("unexpected reply"))
@@ -202,12 +211,37 @@ class RespMux:
     the server has sent nothing for `stale_after_s` since the call's commands were written.
     """
 
-    def __init__(self, endpoint: Endpoint, *, connect_timeout_s: float, stale_after_s: float) -> None:
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        *,
+        connect_timeout_s: float,
+        stale_after_s: float,
+        on_invalidate: Callable[[list[str] | None], None] | None = None,
+    ) -> None:
+        """With `on_invalidate`, the connection is tracked (`CLIENT TRACKING ON REDIRECT` to a
+        second connection subscribed to `__redis__:invalidate`): it gets the names of the keys
+        this client read that changed or expired since, and None when everything may have
+        (a flush, or tracking was lost or set up anew). `tracking` says whether it is on."""
         self._endpoint = endpoint
         self._connect_timeout = connect_timeout_s
         self._stale_after = stale_after_s
         self._conn: _Protocol | None = None
         self._connecting: asyncio.Task[_Protocol] | None = None
+        self._on_invalidate = on_invalidate
+        self._tracker: _Protocol | None = None  # the subscribed connection
+        self._tracked: _Protocol | None = None  # the connection whose reads it is told of
+
+    @property
+    def tracking(self) -> bool:
+        """Whether invalidations reach `on_invalidate` for what is read now."""
+        return (
+            self._tracked is not None
+            and self._tracked is self._conn
+            and self._tracked.usable
+            and self._tracker is not None
+            and self._tracker.usable
+        )
 
     async def execute(self, *commands: Command) -> list[object]:
         """Send the commands together and return their replies in order; an error reply raises."""
@@ -271,11 +305,12 @@ class RespMux:
         try:
             async with asyncio.timeout(self._connect_timeout):
                 _transport, conn = await loop.create_connection(lambda: _Protocol(loop), ep.host, ep.port)
-                setup: list[Command] = []
-                if ep.password is not None:
-                    setup.append(("AUTH", ep.username, ep.password) if ep.username else ("AUTH", ep.password))
+                setup = self._login()
                 if ep.db:
                     setup.append(("SELECT", ep.db))
+                tracker_id = await self._track() if self._on_invalidate is not None else None
+                if tracker_id is not None:
+                    setup.append(("CLIENT", "TRACKING", "ON", "REDIRECT", tracker_id))
                 if setup:
                     for reply in await conn.send(setup).future:
                         if isinstance(reply, ResponseError):
@@ -291,12 +326,75 @@ class RespMux:
         old, self._conn = self._conn, conn
         if old is not None:
             old.close(RedisConnectionError("replaced"))
+        if self._on_invalidate is not None:
+            # A new connection has read nothing yet: what was cached through the old one is not
+            # covered by any invalidation to come.
+            self._tracked = conn if self._tracker is not None and self._tracker.usable else None
+            self._on_invalidate(None)
+            conn.closed.add_done_callback(lambda _: self._lost(conn))
         return conn
+
+    def _login(self) -> list[Command]:
+        ep = self._endpoint
+        if ep.password is None:
+            return []
+        return [("AUTH", ep.username, ep.password) if ep.username else ("AUTH", ep.password)]
+
+    async def _track(self) -> int | None:
+        """A new invalidation connection, subscribed; its client id (None when the server does
+        not offer tracking, e.g. before Redis 6 or under an ACL without CLIENT: no cache then)."""
+        loop = asyncio.get_running_loop()
+        ep = self._endpoint
+        if self._tracker is not None:
+            self._tracker.close(RedisConnectionError("replaced"))
+            self._tracker = None
+        _transport, tracker = await loop.create_connection(lambda: _Protocol(loop, self._pushed), ep.host, ep.port)
+        try:
+            replies = await tracker.send([*self._login(), ("CLIENT", "ID"), ("SUBSCRIBE", _INVALIDATE)]).future
+        except RedisError:
+            tracker.close(RedisConnectionError("tracking set-up failed"))
+            return None
+        except BaseException:
+            tracker.close(RedisConnectionError("tracking set-up interrupted"))  # a timeout: not leaked
+            raise
+        if any(isinstance(r, ResponseError) for r in replies):
+            tracker.close(RedisConnectionError("tracking refused"))
+            return None
+        self._tracker = tracker
+        tracker.closed.add_done_callback(lambda _: self._lost(tracker))
+        return int(cast(int, replies[-2]))
+
+    def _pushed(self, message: object) -> None:
+        # ["message", "__redis__:invalidate", [key, ...] or nil (a flush)]
+        if self._on_invalidate is None or not isinstance(message, list) or len(message) != 3:
+            return
+        kind, channel, keys = message
+        if kind != b"message" or channel != _INVALIDATE.encode():
+            return
+        if keys is None:
+            self._on_invalidate(None)
+        elif isinstance(keys, list):
+            self._on_invalidate([k.decode() if isinstance(k, bytes) else str(k) for k in keys])
+
+    def _lost(self, conn: _Protocol) -> None:
+        """A tracked or tracking connection closed: invalidations may be lost from now on, so
+        nothing cached counts, and the main connection is dropped too, so that the next call
+        sets both up again (rare: a restart of Redis or a network fault)."""
+        if conn is self._tracker:
+            self._tracker = None
+            if self._conn is not None:
+                self._conn.close(RedisConnectionError("invalidation connection lost"))
+        if conn is self._tracked:
+            self._tracked = None
+        if self._on_invalidate is not None:
+            self._on_invalidate(None)
 
     async def aclose(self) -> None:
         if self._connecting is not None and not self._connecting.done():
             self._connecting.cancel()
         conn, self._conn = self._conn, None
-        if conn is not None:
-            conn.close(RedisConnectionError("client closed"))
-            await conn.closed
+        tracker, self._tracker = self._tracker, None
+        for c in (conn, tracker):
+            if c is not None:
+                c.close(RedisConnectionError("client closed"))
+                await c.closed

@@ -128,6 +128,7 @@ async def growth(b: Bench, s: Lengths) -> None:
     reads: list[tuple[str, Any, bytes, int | None]] = [
         ("summary_hot", lambda n: spread(summaries([s.full[n]])), SUMMARY_FROM["hot"], 4),
         ("context_hot", lambda n: spread(contexts([s.full[n]])), CONTEXT_FROM["hot"], 4),
+        ("context_question", lambda n: spread(questions([s.full[n]])), CONTEXT_FROM["hot"], 4),
         ("summary_warm", lambda n: once(summaries(s.warm[n])), SUMMARY_FROM["warm"], 4),
         # One share each: a read of 10,000 turns takes seconds.
         ("summary_cold", lambda n: spread(summaries([s.cold[n]])), SUMMARY_FROM["cold"], 1),

@@ -25,6 +25,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
 from tests.fake_llm import FakeLlm
+from tests.faults import RedisProcess
 from tests.topologies import RedisClusterProcesses
 from tiered_memory.api import SERVICE_KEY
 from tiered_memory.app import HOT_KEY, STORE_KEY, create_app
@@ -276,3 +277,13 @@ async def play(d: Daemon, sid: str, turns: list[tuple[str, str]]) -> list[dict[s
 
 def new_sid() -> str:
     return f"s-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[RedisProcess]:
+    """A redis-server of this test's own (no persistence), killed after it."""
+    server = RedisProcess(tmp_path / "redis").start()
+    try:
+        yield server
+    finally:
+        server.kill()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -20,13 +19,6 @@ from tests.fake_llm import FakeLlm
 from tests.faults import RedisProcess, TcpProxy, proxied
 
 pytestmark = pytest.mark.real
-
-
-@pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[RedisProcess]:
-    server = RedisProcess(tmp_path / "redis").start()
-    yield server
-    server.kill()
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -25,15 +25,6 @@ from tiered_memory.tiers.redis_hot import RedisHot
 _OWNER = Owner("", "u1")
 
 
-@pytest.fixture
-def redis_proc(tmp_path: Path) -> Iterator[RedisProcess]:
-    proc = RedisProcess(tmp_path / "redis").start()
-    try:
-        yield proc
-    finally:
-        proc.kill()
-
-
 def _tier(port: int, prefix: str, cache_sessions: int = 100) -> RedisHot:
     return RedisHot.from_url(
         f"redis://127.0.0.1:{port}/0",
@@ -47,10 +38,10 @@ def _tier(port: int, prefix: str, cache_sessions: int = 100) -> RedisHot:
 
 
 @pytest.fixture
-async def pair(redis_proc: RedisProcess) -> AsyncIterator[tuple[RedisHot, RedisHot]]:
+async def pair(private_redis: RedisProcess) -> AsyncIterator[tuple[RedisHot, RedisHot]]:
     """Two clients of one Redis, as two replicas are."""
     prefix = f"tmt{uuid.uuid4().hex[:8]}"
-    a, b = _tier(redis_proc.port, prefix), _tier(redis_proc.port, prefix)
+    a, b = _tier(private_redis.port, prefix), _tier(private_redis.port, prefix)
     try:
         yield a, b
     finally:
@@ -96,7 +87,7 @@ async def test_a_clients_own_write_is_never_read_back_stale(pair: tuple[RedisHot
 
 
 async def test_losing_the_invalidation_connection_empties_the_cache(
-    pair: tuple[RedisHot, RedisHot], redis_proc: RedisProcess
+    pair: tuple[RedisHot, RedisHot], private_redis: RedisProcess
 ) -> None:
     """When the subscribed connection drops, nothing cached counts any more (invalidations may
     have been missed): the next read goes to Redis, and tracking is set up again."""
@@ -108,7 +99,7 @@ async def test_losing_the_invalidation_connection_empties_the_cache(
     cache = b._cached()
     assert cache is not None
     assert len(cache) == 1
-    with redis_proc.client() as r:
+    with private_redis.client() as r:
         killed = r.client_kill_filter(_type="pubsub")
     assert killed >= 1
     for _ in range(100):

@@ -173,13 +173,6 @@ def _exported(scrape: str) -> dict[str, set[str] | None]:
     return names
 
 
-@pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[RedisProcess]:
-    server = RedisProcess(tmp_path / "redis").start()
-    yield server
-    server.kill()
-
-
 async def _traffic(d: Daemon, llm: FakeLlm, redis_server: RedisProcess) -> None:
     """Requests that give every metric a labelled series: LLM and deterministic summaries, LLM
     failures, reads answered by every tier, a closed session, and Redis failures that open its

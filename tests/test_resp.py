@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -21,16 +21,6 @@ from tiered_memory.model import HotSession
 from tiered_memory.tiers.keys import Keys
 from tiered_memory.tiers.redis_hot import RedisHot
 from tiered_memory.tiers.resp import Endpoint, RespMux, Script
-
-
-@pytest.fixture
-def redis_proc(tmp_path: Path) -> Iterator[RedisProcess]:
-    proc = RedisProcess(tmp_path / "redis").start()
-    try:
-        yield proc
-    finally:
-        proc.kill()
-
 
 # Keeps the server busy for 0.3 s, then answers.
 _BUSY_300_MS = """
@@ -92,13 +82,13 @@ async def _replies_reach_their_callers(port: int) -> None:
         await mux.aclose()
 
 
-async def test_replies_reach_their_callers(redis_proc: RedisProcess) -> None:
-    await _replies_reach_their_callers(redis_proc.port)
+async def test_replies_reach_their_callers(private_redis: RedisProcess) -> None:
+    await _replies_reach_their_callers(private_redis.port)
 
 
-def test_replies_reach_their_callers_under_uvloop(redis_proc: RedisProcess) -> None:
+def test_replies_reach_their_callers_under_uvloop(private_redis: RedisProcess) -> None:
     """The daemon serves on uvloop (EVENT_LOOP), whose transports are not asyncio's classes."""
-    uvloop.run(_replies_reach_their_callers(redis_proc.port))
+    uvloop.run(_replies_reach_their_callers(private_redis.port))
 
 
 async def test_auth_and_select(tmp_path: Path) -> None:
@@ -122,26 +112,26 @@ async def test_auth_and_select(tmp_path: Path) -> None:
         proc.kill()
 
 
-async def test_a_killed_server_fails_fast_and_is_reconnected(redis_proc: RedisProcess) -> None:
-    mux = _mux("127.0.0.1", redis_proc.port)
+async def test_a_killed_server_fails_fast_and_is_reconnected(private_redis: RedisProcess) -> None:
+    mux = _mux("127.0.0.1", private_redis.port)
     try:
         await mux.execute(("SET", "k", "v1"))
-        redis_proc.kill()
+        private_redis.kill()
         with pytest.raises(RedisConnectionError):
             await mux.execute(("GET", "k"))
         with pytest.raises(RedisConnectionError):
             await mux.execute(("GET", "k"))
-        redis_proc.start()
+        private_redis.start()
         await mux.execute(("SET", "k", "v2"))
         assert await mux.execute(("GET", "k")) == [b"v2"]
     finally:
         await mux.aclose()
 
 
-async def test_a_blackholed_server_times_out_and_the_connection_is_replaced(redis_proc: RedisProcess) -> None:
+async def test_a_blackholed_server_times_out_and_the_connection_is_replaced(private_redis: RedisProcess) -> None:
     """A server that stops answering: callers time out, the silent connection is dropped, and
     once the network heals a new one answers (no reply of the old one reaches a new caller)."""
-    with proxied("127.0.0.1", redis_proc.port) as proxy:
+    with proxied("127.0.0.1", private_redis.port) as proxy:
         mux = _mux("127.0.0.1", proxy.port, timeout_s=0.3)
         try:
             await mux.execute(("SET", "k", "before"))
@@ -151,7 +141,7 @@ async def test_a_blackholed_server_times_out_and_the_connection_is_replaced(redi
                     async with asyncio.timeout(0.5):
                         await mux.execute(("GET", "k"))
             proxy.heal()
-            with redis_proc.client() as r:
+            with private_redis.client() as r:
                 r.set("k", "after")
             async with asyncio.timeout(5):
                 assert await mux.execute(("GET", "k")) == [b"after"]
@@ -159,11 +149,11 @@ async def test_a_blackholed_server_times_out_and_the_connection_is_replaced(redi
             await mux.aclose()
 
 
-async def test_a_caller_that_times_out_leaves_the_others_in_step(redis_proc: RedisProcess) -> None:
+async def test_a_caller_that_times_out_leaves_the_others_in_step(private_redis: RedisProcess) -> None:
     """A slow reply (a script that keeps the server busy) makes one caller give up; the replies
     behind it still go to the callers that sent them, and the connection is kept (the server was
     busy, not gone)."""
-    mux = _mux("127.0.0.1", redis_proc.port, timeout_s=5)
+    mux = _mux("127.0.0.1", private_redis.port, timeout_s=5)
     try:
         await mux.execute(("SET", "a", "1"), ("SET", "b", "2"))
         slow = asyncio.ensure_future(mux.execute(("EVAL", _BUSY_300_MS, 0), ("GET", "a")))
@@ -179,10 +169,10 @@ async def test_a_caller_that_times_out_leaves_the_others_in_step(redis_proc: Red
         await mux.aclose()
 
 
-async def test_scripts_run_by_sha_and_are_loaded_when_the_server_lacks_them(redis_proc: RedisProcess) -> None:
+async def test_scripts_run_by_sha_and_are_loaded_when_the_server_lacks_them(private_redis: RedisProcess) -> None:
     """EVALSHA first; after SCRIPT FLUSH (or on a new server) the NOSCRIPT reply makes it EVAL,
     which caches the script again. Other error replies still raise."""
-    mux = _mux("127.0.0.1", redis_proc.port)
+    mux = _mux("127.0.0.1", private_redis.port)
     incr = Script.of("return redis.call('INCRBY', KEYS[1], ARGV[1])")
     try:
         assert await mux.run_script(incr, ["n"], [2]) == 2
@@ -207,11 +197,11 @@ async def _blocked_loop_read(call: Callable[[], Awaitable[object]], block_s: flo
     return await task
 
 
-async def test_a_busy_event_loop_is_not_a_silent_server(redis_proc: RedisProcess) -> None:
+async def test_a_busy_event_loop_is_not_a_silent_server(private_redis: RedisProcess) -> None:
     """A reply that waited in the socket while the event loop was busy for longer than the
     timeout still reaches its caller: the bound measures the server's silence since the
     commands were written, not the caller's wait."""
-    mux = _mux("127.0.0.1", redis_proc.port, timeout_s=0.1)
+    mux = _mux("127.0.0.1", private_redis.port, timeout_s=0.1)
     try:
         await mux.execute(("SET", "a", "1"))
         assert await _blocked_loop_read(lambda: mux.execute(("GET", "a")), 0.4) == [b"1"]
@@ -219,10 +209,10 @@ async def test_a_busy_event_loop_is_not_a_silent_server(redis_proc: RedisProcess
         await mux.aclose()
 
 
-async def test_a_silent_server_times_out_after_one_timeout(redis_proc: RedisProcess) -> None:
+async def test_a_silent_server_times_out_after_one_timeout(private_redis: RedisProcess) -> None:
     """The multiplexed client bounds a call by itself: a blackholed server fails it after about
     one timeout of silence."""
-    with proxied("127.0.0.1", redis_proc.port) as proxy:
+    with proxied("127.0.0.1", private_redis.port) as proxy:
         mux = _mux("127.0.0.1", proxy.port, timeout_s=0.2)
         try:
             await mux.execute(("SET", "k", "v"))
@@ -235,12 +225,12 @@ async def test_a_silent_server_times_out_after_one_timeout(redis_proc: RedisProc
             await mux.aclose()
 
 
-async def test_the_hot_tier_counts_a_busy_loop_as_no_redis_failure(redis_proc: RedisProcess) -> None:
+async def test_the_hot_tier_counts_a_busy_loop_as_no_redis_failure(private_redis: RedisProcess) -> None:
     """Through RedisHot (REDIS_TIMEOUT_MS 100): a read held up by a busy event loop answers,
     and the breaker records no failure, so overload does not send reads to SQL as an outage."""
     breaker = CircuitBreaker("redis", failures=1, reset_s=60)
     hot = RedisHot.from_url(
-        f"redis://127.0.0.1:{redis_proc.port}/0",
+        f"redis://127.0.0.1:{private_redis.port}/0",
         keys=Keys(f"tmt{uuid.uuid4().hex[:8]}"),
         timeout_s=0.1,
         summary_ttl_s=60,

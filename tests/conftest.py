@@ -24,7 +24,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
-from tests.fake_llm import FakeLlm
+from tests.fake_llm import Behaviour, FakeLlm
 from tests.faults import RedisProcess
 from tests.topologies import RedisClusterProcesses
 from tiered_memory.api import SERVICE_KEY
@@ -238,6 +238,18 @@ class Daemon:
         assert resp.status == 200, await resp.text()
         body: dict[str, Any] = await resp.json()
         return body
+
+    async def start_quiet(self, llm: FakeLlm) -> None:
+        """Start, let the start-up sweep finish with a working LLM, and forget the calls it made:
+        on the real servers the database is shared by the run's tests, and the sweep summarizes
+        whatever sessions others left due (their calls would be counted as this test's). The
+        LLM's behaviour is restored after."""
+        behaviour = llm.behaviour
+        llm.behaviour = Behaviour()
+        await self.start()
+        await self.settle()
+        llm.requests.clear()
+        llm.behaviour = behaviour
 
     async def settle(self) -> None:
         """Wait until no summary is scheduled or running (bounded)."""

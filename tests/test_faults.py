@@ -353,7 +353,7 @@ async def test_llm_breaker_stops_calling_a_failing_llm(
     d = _with_llm(
         backend_env, fake_llm, LLM_TIMEOUT_SECONDS="0.3", LLM_BREAKER_FAILURES="2", LLM_BREAKER_RESET_SECONDS="600"
     )
-    await d.start()
+    await d.start_quiet(fake_llm)
     try:
         sid = new_sid()
         for start in range(0, 12, 3):

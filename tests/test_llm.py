@@ -212,7 +212,7 @@ async def test_llm_summary_is_stored_with_its_source(backend_env: dict[str, str]
     summarization sends the previous summary plus only the turns it has not covered."""
     fake_llm.behaviour = Behaviour(text="用户王小明咨询活力健，每天2次每次1条，398元。")
     d = Daemon(_llm_env(backend_env, fake_llm))
-    await d.start()
+    await d.start_quiet(fake_llm)
     try:
         sid = new_sid()
         for user, assistant in ZH_12_TURNS[:6]:

@@ -247,6 +247,10 @@ class Daemon:
         behaviour = llm.behaviour
         llm.behaviour = Behaviour()
         await self.start()
+        # The start-up sweep runs in a task of its own; a sweep here finds the same due sessions,
+        # and settling waits for the summaries either scheduled (one that comes late finds its
+        # session summarized already and calls no LLM).
+        await self.service.sweep()
         await self.settle()
         llm.requests.clear()
         llm.behaviour = behaviour

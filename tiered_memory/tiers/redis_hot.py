@@ -288,7 +288,14 @@ class RedisHot:
             return await self._call(op)
         found = cache.get(session_id, kind)
         if found is not None:
-            return cast(T, found)
+            # Another replica may have changed the session and answered its caller, who now
+            # asks here: its invalidation is on the way. The barrier waits for it (one PING on
+            # the invalidation connection per event-loop tick), then the entry is looked up again.
+            assert self._mux is not None
+            if await self._mux.barrier() and self._cached() is cache:
+                found = cache.get(session_id, kind)
+                if found is not None:
+                    return cast(T, found)
         stamp = cache.stamp(session_id)
         result = await self._call(op)
         if self._cached() is cache:

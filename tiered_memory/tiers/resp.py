@@ -139,10 +139,11 @@ class _Protocol(asyncio.Protocol):
                 return
             if reply is False:
                 return
+            if self._on_push is not None and isinstance(reply, list) and reply and reply[0] == b"message":
+                # A subscription's message, between or before the replies to our commands.
+                self._on_push(reply)
+                continue
             if not queue:
-                if self._on_push is not None:
-                    self._on_push(reply)
-                    continue
                 # A reply nobody asked for: the stream is out of step, and every later reply
                 # would go to the wrong caller.
                 self.close(InvalidResponse("unexpected reply"))
@@ -231,6 +232,7 @@ class RespMux:
         self._on_invalidate = on_invalidate
         self._tracker: _Protocol | None = None  # the subscribed connection
         self._tracked: _Protocol | None = None  # the connection whose reads it is told of
+        self._barrier: _Pending | None = None  # the PING the next barrier waits for
 
     @property
     def tracking(self) -> bool:
@@ -333,6 +335,24 @@ class RespMux:
             self._on_invalidate(None)
             conn.closed.add_done_callback(lambda _: self._lost(conn))
         return conn
+
+    async def barrier(self) -> bool:
+        """Wait until every invalidation for a write Redis finished before this call has been
+        handled: a PING on the subscribed connection, whose reply comes after every message
+        queued for it before. Calls of one event-loop tick share one PING. False when tracking
+        is off or the PING failed (then nothing cached may be used)."""
+        tracker = self._tracker
+        if tracker is None or not tracker.usable:
+            return False
+        pending = self._barrier
+        if pending is None or pending.sent_at is not None or pending.future.done():
+            # Only a PING not written yet is sent after this call began.
+            pending = self._barrier = tracker.send([("PING",)])
+        try:
+            await self._patient(tracker, pending)
+        except (RedisError, TimeoutError):
+            return False
+        return True
 
     def _login(self) -> list[Command]:
         ep = self._endpoint

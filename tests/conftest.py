@@ -47,10 +47,8 @@ def required_tool(name: str, install: str) -> str:
     skips, unless REQUIRE_REAL_BACKENDS=1, where it fails, like the real-backend gate below."""
     path = shutil.which(name)
     if path is None:
-        reason = f"{name} not on PATH ({install})"
-        if os.environ.get("REQUIRE_REAL_BACKENDS") == "1":
-            pytest.fail(f"REQUIRE_REAL_BACKENDS=1 but {reason}", pytrace=False)
-        pytest.skip(reason)
+        _missing(f"{name} not on PATH ({install})")
+    assert path is not None
     return path
 
 
@@ -62,15 +60,17 @@ def required_file(path: Path, what: str) -> Path:
     """A data file a test needs from beside the project. Missing, the test skips, unless
     REQUIRE_REAL_BACKENDS=1, where it fails, like the real-backend gate below."""
     if not path.is_file():
-        reason = f"no {what} at {path}"
-        if os.environ.get("REQUIRE_REAL_BACKENDS") == "1":
-            pytest.fail(f"REQUIRE_REAL_BACKENDS=1 but {reason}", pytrace=False)
-        pytest.skip(reason)
+        _missing(f"no {what} at {path}")
     return path
 
 
 def _unreachable(what: str, exc: Exception) -> None:
-    reason = f"{what} not reachable ({type(exc).__name__}: {exc})"
+    _missing(f"{what} not reachable ({type(exc).__name__}: {exc})")
+
+
+def _missing(reason: str) -> None:
+    """Skip for `reason` (a server, tool or data file this machine lacks); under
+    REQUIRE_REAL_BACKENDS=1 (CI, which provides all of them) fail instead: nothing is skipped there."""
     if os.environ.get("REQUIRE_REAL_BACKENDS") == "1":
         pytest.fail(f"REQUIRE_REAL_BACKENDS=1 but {reason}", pytrace=False)
     pytest.skip(reason)

@@ -12,7 +12,8 @@ from tiered_memory.eval.command import shipped_set
 from tiered_memory.eval.dataset import load_jsonl
 from tiered_memory.model import Message, Role
 from tiered_memory.notes import features
-from tiered_memory.summarize.extractive import Extractor, render
+from tiered_memory.summarize.extractive import Extractor
+from tiered_memory.summarize.facts import render
 
 _BUDGETS = (150, 200, 300, 600, 1000, 2000, 4000)
 

@@ -45,7 +45,8 @@ from tiered_memory.model import (
 from tiered_memory.notes import NoteCache, View
 from tiered_memory.settings import Settings
 from tiered_memory.summarize.cold import cold_summary
-from tiered_memory.summarize.extractive import Extractor, FactBook, lead
+from tiered_memory.summarize.extractive import Extractor
+from tiered_memory.summarize.facts import FactBook, lead
 from tiered_memory.summarize.payload import planning, planning_history
 from tiered_memory.summarize.topics import TopicTagger
 from tiered_memory.tiers.hot import HotTier

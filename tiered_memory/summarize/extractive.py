@@ -20,32 +20,25 @@ from dataclasses import dataclass
 from typing import Any
 
 from tiered_memory.condense import clauses, condense, is_phatic, strip_stamp
-from tiered_memory.lru import Lru
 from tiered_memory.model import Message, Role
+from tiered_memory.summarize.facts import (
+    CJK,
+    FACT,
+    LATIN,
+    NOT_WORD,
+    PROFILE,
+    QUESTION,
+    State,
+    lead,
+    render_items,
+)
 
-_VERSION = 1
 _ITEM_CHARS = 80  # one kept sentence at most; longer ones are clipped around their first number
 _CHUNK_CHARS = 60  # comma-only voice transcripts are re-cut into clauses of about this size
 _KEEP_FACTOR = 2  # `structured` keeps 2x the rendered budget, so later merges still have material
-_MAX_ENTITIES = 64
-# Part of an item's JSON framing (["fact", "assistant", 1, 123, "", 45] is ~30 characters) counted
-# against the stored budget: enough to bound the count of short items, not so much that the dense
-# clauses the context re-renders from are pruned away (measured in docs/QUALITY.md).
-_ITEM_OVERHEAD = 4
 _SUBJECT_CHARS = 60  # the conversation's subject line at most
 _COMMON_NAME_FREQ = 1000
-# Salience per mention above which a stored entity is a name: names score 3x their information
-# (about 25-55), keywords 1x (about 5-18).
-_NAME_SCORE = 20.0  # jieba tags frequent words such as 谢谢 or 明白 `nr`; real names are rare words
 
-_EARLIER, _PROFILE, _FACT, _QUESTION = "earlier", "profile", "fact", "question"
-_KINDS = (_EARLIER, _PROFILE, _FACT, _QUESTION)
-_LABELS = {  # per language: the labels of _KINDS, in order, then of the topics
-    "zh": ("早前摘要：", "用户信息/偏好：", "关键信息：", "用户问过：", "提到："),
-    "en": ("Earlier summary: ", "User info/preferences: ", "Key facts: ", "User asked: ", "Mentioned: "),
-}
-# Per language: the separator of items, of topics, and the prefix of the assistant's statements.
-_PUNCTUATION = {"zh": ("；", "、", "助手："), "en": ("; ", ", ", "assistant: ")}
 _PROPER_TAGS = frozenset({"nr", "nrt", "nrfg", "ns", "nt", "nz"})
 _NOUN_TAGS = frozenset({"n", "nw", "vn"})
 
@@ -53,9 +46,6 @@ _SENTENCE_END = re.compile(r"(?<=[。！？!?；;\n])|(?<=[.…])\s+")
 _CLAUSE_END = re.compile(r"(?<=[，,、：:])")
 _SPACES = re.compile(r"\s+")
 _NUMERAL = re.compile(r"\d+(?:[.,:]\d+)*")
-_NOT_WORD = re.compile(r"[\W_]+")
-_CJK = re.compile(r"[\u3400-\u9fff]")
-_LATIN = re.compile(r"[A-Za-z]")
 _NUMBER = re.compile(
     r"\d|[零一二两三四五六七八九十百千万半]+(?:个月|个小时|次|条|粒|片|袋|盒|瓶|支|包|克|斤|公斤|块钱|元|岁|天|周"
     r"|年|小时|分钟|人|份|杯|碗|张|件|台|套|箱|罐|颗|勺|顿|倍|折)"
@@ -64,7 +54,7 @@ _NUMBER = re.compile(
     re.IGNORECASE,
 )
 # Self-description, likes and constraints; matched on the user's sentences only.
-_PROFILE_MARK = re.compile(
+PROFILE_MARK = re.compile(
     r"我(?:叫|姓|的名字)|名字[是叫]|叫我|我是(?![想说问要不在])|我(?:今年|已经)?[\d一二三四五六七八九十]+岁"
     r"|我(?:住在|家在|在.{1,8}(?:工作|上班|上学|读书))|我的(?:电话|手机|邮箱|地址|生日|身份证|证件|账号|车牌)"
     r"|我的?(?:妈妈|妈|爸爸|爸|父母|老公|老婆|丈夫|妻子|孩子|儿子|女儿|宝宝|家人)"
@@ -76,7 +66,7 @@ _PROFILE_MARK = re.compile(
     r"|\b(?:don't|do not|can't|cannot) (?:eat|drink|take|stand)\b|\bnot too\b|\bno more than\b",
     re.IGNORECASE,
 )
-_QUESTION_MARK = re.compile(
+QUESTION_MARK = re.compile(
     r"[？?]\s*$|[吗呢么嘛][。！!～~]?$|什么|怎么|怎样|多少|哪|几[个次天点号岁种盒瓶月年]|是否|为什么|为啥"
     r"|能不能|可不可以|会不会|是不是|有没有|要不要|可以吗"
     r"|^(?:what|how|which|when|where|why|who|whose|can|could|does|do|did|is|are|was|were|will|would"
@@ -116,16 +106,6 @@ class Extraction:
     topics: tuple[str, ...]
 
 
-@dataclass(slots=True)
-class _Item:
-    kind: str
-    speaker: str
-    rank: int  # 0 is kept first; within a rank the earliest `order` wins
-    order: int
-    text: str
-    turn: int = 0  # the turn that said it; 0 when unknown (items stored before turns were kept)
-
-
 class _Jieba:
     """A loaded private jieba dictionary: segmentation, word tags and word frequencies."""
 
@@ -148,7 +128,7 @@ class _Jieba:
         out: list[tuple[str, str]] = []
         for word in self._tokenizer.cut(text):
             if word.isascii():
-                tag = "x" if not any(c.isalnum() for c in word) else "eng" if _LATIN.search(word) else "m"
+                tag = "x" if not any(c.isalnum() for c in word) else "eng" if LATIN.search(word) else "m"
             elif (tag := self._tags.get(word, "")) == "" and len(word) > 1:
                 for pair in self._pos.cut(word):
                     # The HMM calls many unknown two-character pieces names (太辣, 祝您): demote them.
@@ -165,110 +145,6 @@ class _Jieba:
         """Self-information of a word in jieba's corpus: rare words are the salient ones."""
         freq = self.freq.get(word, 0)
         return self._log_total - math.log(freq) if freq > 0 else self._log_total
-
-
-class _State:
-    """The facts so far; `dump` and `load` convert it to and from `Extraction.structured`:
-    {"version": 1, "items": [[kind, speaker, rank, order, text, turn]...], "entities": [[term, score,
-    first order, count]...], "script": [CJK chars, Latin letters], "next": next order}."""
-
-    def __init__(self) -> None:
-        self.items: list[_Item] = []
-        self.keys: set[str] = set()
-        self.entities: dict[str, list[float]] = {}  # term -> [score, first order, count]
-        self.script = [0, 0]  # CJK characters, Latin letters: which language the labels speak
-        self.next = 0
-        self.subject = ""  # the user's first clause that names something: what the session is about
-
-    @classmethod
-    def load(cls, data: Mapping[str, Any]) -> _State | None:
-        """None when `data` is not ours (e.g. written by another summarizer): the caller starts over."""
-        state = cls()
-        try:
-            if data.get("version") != _VERSION:
-                return None
-            for kind, speaker, rank, order, text, *turn in data["items"]:
-                # Items written before the turn was recorded have five fields: turn 0, "long ago".
-                state.add(str(kind), str(speaker), int(rank), str(text), int(turn[0]) if turn else 0)
-                state.items[-1].order = int(order)
-            for term, score, first, count in data["entities"]:
-                state.entities[str(term)] = [float(score), float(first), float(count)]
-            cjk, latin = data["script"]
-            state.script = [int(cjk), int(latin)]
-            state.next = int(data["next"])
-            state.subject = str(data.get("subject", ""))
-        except (KeyError, TypeError, ValueError):
-            return None
-        return state
-
-    def dump(self) -> dict[str, Any]:
-        return {
-            "version": _VERSION,
-            "items": [[i.kind, i.speaker, i.rank, i.order, i.text, i.turn] for i in self.items],
-            "entities": [[term, round(v[0], 3), int(v[1]), int(v[2])] for term, v in self.entities.items()],
-            "script": list(self.script),
-            "next": self.next,
-            "subject": self.subject,
-        }
-
-    def add(self, kind: str, speaker: str, rank: int, text: str, turn: int = 0) -> None:
-        """Append unless the same text (ignoring case, spaces and punctuation) is already kept."""
-        key = _NOT_WORD.sub("", text.lower())
-        if key and key not in self.keys:
-            self.keys.add(key)
-            self.items.append(_Item(kind, speaker, rank, self.next, text, turn))
-            self.next += 1
-
-    def replace_earlier(self, text: str) -> None:
-        self.items = [i for i in self.items if i.kind != _EARLIER]
-        self.keys = {_NOT_WORD.sub("", i.text.lower()) for i in self.items}
-        self.add(_EARLIER, "", 0, text)
-
-    def count_script(self, text: str) -> None:
-        self.script[0] += len(_CJK.findall(text))
-        self.script[1] += len(_LATIN.findall(text))
-
-    def mention(self, term: str, score: float) -> None:
-        entry = self.entities.setdefault(term, [0.0, float(self.next), 0.0])
-        entry[0] += score
-        entry[2] += 1
-
-    def topics(self, limit: int) -> tuple[str, ...]:
-        chosen: list[str] = []
-        for term, (_, _, count) in sorted(self.entities.items(), key=_salience):
-            if len(chosen) >= limit:
-                break
-            if term.isascii() and term.islower() and count < 2:
-                continue  # an untagged English word is a topic only when it recurs
-            if not any(term in c or c in term for c in chosen):
-                chosen.append(term)
-        return tuple(chosen)
-
-    def prune(self, budget: int) -> None:
-        """Bound what is stored: half the budget by the rendering priority (the early facts that
-        nothing else remembers), the other half the newest items (what continues the raw turns a
-        context shows backwards), so that a long session keeps both ends."""
-        kept: set[int] = set()
-        for order_key, share in ((lambda i: (i.rank, i.order), budget // 2), (lambda i: -i.order, budget)):
-            used = sum(len(i.text) + _ITEM_OVERHEAD for i in self.items if i.order in kept)
-            limit = share if share == budget // 2 else budget
-            for item in sorted(self.items, key=order_key):
-                # Each item costs a little JSON framing too, so that many short items stay bounded.
-                cost = len(item.text) + _ITEM_OVERHEAD
-                if item.order in kept:
-                    continue
-                if used + cost <= limit or item.kind == _EARLIER:
-                    kept.add(item.order)
-                    used += cost
-        self.items = [i for i in self.items if i.order in kept]
-        if len(self.entities) > _MAX_ENTITIES:
-            top = sorted(self.entities.items(), key=_salience)[:_MAX_ENTITIES]
-            self.entities = dict(sorted(top, key=lambda kv: (kv[1][1], kv[0])))
-
-
-def _salience(entry: tuple[str, list[float]]) -> tuple[float, float, str]:
-    term, (score, first, _) = entry
-    return (-score, first, term)
 
 
 class Extractor:
@@ -307,9 +183,9 @@ class Extractor:
         if max_chars < 0:
             raise ValueError(f"max_chars must be >= 0, got {max_chars}")
         jb = self._loaded()
-        state = _State.load(previous_structured) if previous_structured else None
+        state = State.load(previous_structured) if previous_structured else None
         if state is None:
-            state = _State()
+            state = State()
         if previous_text and previous_text.strip():
             # An LLM wrote the previous summary: its text leads (replacing any earlier one), so a
             # fallback after it keeps what the LLM had condensed instead of dropping it.
@@ -321,7 +197,7 @@ class Extractor:
         cjk, latin = state.script
         # A Chinese character carries about as much as an English word of three or more letters.
         lang = "zh" if cjk > 0 and cjk * 3 >= latin else "en"
-        text = _render(state.items, lang, topics, max_chars)
+        text = render_items(state.items, lang, topics, max_chars)
         state.prune(_KEEP_FACTOR * max_chars)
         return Extraction(text=text, structured=state.dump(), topics=topics)
 
@@ -338,21 +214,21 @@ class Extractor:
             if word.isascii():
                 if _NUMERAL.fullmatch(word) or (word.isalnum() and len(word) >= 2 and word not in _EN_STOP):
                     out.append(word[:-1] if len(word) > 3 and word.endswith("s") and word.isalpha() else word)
-            elif len(word) >= 2 and _CJK.match(word) and word not in _ZH_STOP:
+            elif len(word) >= 2 and CJK.match(word) and word not in _ZH_STOP:
                 out.append(word)
         return out
 
     def topics_of(self, text: str, limit: int = 10) -> tuple[str, ...]:
         """Entity and keyword tags of any text (e.g. an LLM summary), most salient first."""
         jb = self._loaded()
-        state = _State()
+        state = State()
         for unit in _units(text):
             for term, score, _ in _terms(jb, unit):
                 state.mention(term, score)
         return state.topics(limit)
 
 
-def _read(jb: _Jieba, state: _State, message: Message) -> None:
+def _read(jb: _Jieba, state: State, message: Message) -> None:
     state.count_script(message.content)
     user = message.role is Role.USER
     for unit in _units(message.content):
@@ -363,30 +239,30 @@ def _read(jb: _Jieba, state: _State, message: Message) -> None:
             continue  # greetings, thanks, "Hey Anna!", "嗯嗯", a bare date stamp
         named = any(is_named for _, _, is_named in terms)
         number = _NUMBER.search(strip_stamp(unit)) is not None
-        if len(_NOT_WORD.sub("", unit)) < 3 and not number:
+        if len(NOT_WORD.sub("", unit)) < 3 and not number:
             continue  # "好的", "ok", "嗯嗯"
         if user and not state.subject and (named or number):
             state.subject = _clip(condense(unit) or unit, _SUBJECT_CHARS)
         # Ranks are coarse on purpose: within one, the earliest fact wins, so a long session of
         # numeric small talk cannot push out the dose the user asked about at the start.
         turn = message.turn
-        if user and _PROFILE_MARK.search(unit):
-            state.add(_PROFILE, "user", 0, _clip(unit, _ITEM_CHARS), turn)
-        elif user and _QUESTION_MARK.search(unit):
-            state.add(_QUESTION, "user", 1 if named or number else 2, _clip(unit, _ITEM_CHARS), turn)
+        if user and PROFILE_MARK.search(unit):
+            state.add(PROFILE, "user", 0, _clip(unit, _ITEM_CHARS), turn)
+        elif user and QUESTION_MARK.search(unit):
+            state.add(QUESTION, "user", 1 if named or number else 2, _clip(unit, _ITEM_CHARS), turn)
         elif user and (named or number):
-            state.add(_FACT, "user", 1, _clip(_terse(_dense(unit, terms)), _ITEM_CHARS), turn)
+            state.add(FACT, "user", 1, _clip(_terse(_dense(unit, terms)), _ITEM_CHARS), turn)
         elif named or number:
             # The assistant names things in passing and in pleasantries; its numbers are what
             # later turns quote back ("the 398 one", "you said twice a day").
             text = _clip(_terse(_dense(unit, terms)), _ITEM_CHARS - len("assistant: "))
-            state.add(_FACT, "assistant", 1 if number else 2, text, turn)
+            state.add(FACT, "assistant", 1 if number else 2, text, turn)
 
 
 def _dense(unit: str, terms: Sequence[tuple[str, float, bool]]) -> str:
     """The clauses of a fact that carry a number or a name ("嗯，口碑也还不错，才2900万美元的小成本
     制作" keeps "才2900万美元的小成本制作"): a budget then holds more facts, not more filler."""
-    parts = [c.strip() for c in _CLAUSE_END.split(unit) if _NOT_WORD.sub("", c)]
+    parts = [c.strip() for c in _CLAUSE_END.split(unit) if NOT_WORD.sub("", c)]
     if len(parts) < 2:
         return unit
     names = [term for term, _, is_named in terms if is_named]
@@ -397,7 +273,7 @@ def _dense(unit: str, terms: Sequence[tuple[str, float, bool]]) -> str:
 def _terse(text: str) -> str:
     """An English fact without its function words ("I bought a Honda for $900" → "bought Honda
     $900"): the same names and numbers in fewer characters. Chinese is kept as it is."""
-    if _CJK.search(text):
+    if CJK.search(text):
         return text
     return condense(text) or text
 
@@ -425,10 +301,10 @@ def _terms(jb: _Jieba, text: str) -> list[tuple[str, float, bool]]:
             run = []
         if tag == "eng" and len(word) >= 4 and word.isalpha() and word.lower() not in _EN_STOP:
             out.append((word.lower(), 0.3 * jb.info(""), False))
-        elif len(word) >= 2 and _CJK.match(word) and tag in _PROPER_TAGS:
+        elif len(word) >= 2 and CJK.match(word) and tag in _PROPER_TAGS:
             named = not (tag.startswith("nr") and jb.freq.get(word, 0) >= _COMMON_NAME_FREQ)
             out.append((word, (3 if named else 1) * jb.info(word), named))
-        elif len(word) >= 2 and _CJK.match(word) and tag in _NOUN_TAGS:
+        elif len(word) >= 2 and CJK.match(word) and tag in _NOUN_TAGS:
             out.append((word, jb.info(word), False))
     if run:
         out.append((" ".join(run), 3 * jb.info(""), True))
@@ -468,7 +344,7 @@ def _units(text: str) -> list[str]:
                 chunk = ""
             chunk += clause
         out.append(chunk)
-    return [unit.strip(" ，,、：:") for unit in out if _NOT_WORD.sub("", unit)]
+    return [unit.strip(" ，,、：:") for unit in out if NOT_WORD.sub("", unit)]
 
 
 def _clip(text: str, limit: int) -> str:
@@ -482,128 +358,3 @@ def _clip(text: str, limit: int) -> str:
     if start + limit - 1 >= len(text):
         return "…" + text[len(text) - limit + 1 :]
     return "…" + text[start : start + limit - 2] + "…"
-
-
-def lead(text: str, limit: int) -> str:
-    """The first sentences of `text` that fit in `limit` (>= 1) chars: the early part of a summary
-    is the part nothing else remembers."""
-    if len(text) <= limit:
-        return text
-    cut = text[: max(limit - 1, 0)]
-    stop = max(cut.rfind(mark) for mark in "。！？；.!?;")
-    return cut[: stop + 1] if stop >= limit // 2 else cut + "…"
-
-
-def _by_rank(item: _Item) -> tuple[int, int]:
-    return (item.rank, item.order)
-
-
-def _newest_first(item: _Item) -> tuple[int, int]:
-    """By rank, then newest first: beside raw recent turns, the summary continues them backwards.
-    (Measured: ranking first keeps more than pure recency; docs/QUALITY.md.)"""
-    return (item.rank, -item.order)
-
-
-def _render(
-    items: Sequence[_Item], lang: str, topics: Sequence[str], max_chars: int, *, newest_first: bool = False
-) -> str:
-    """One line per kind. Items are admitted by (rank, order) while they fit (newest first with
-    `newest_first`, see _newest_first), then shown in conversation order; leftover room lists the
-    topics not already named."""
-    *kind_labels, label = _LABELS[lang]
-    labels = dict(zip(_KINDS, kind_labels, strict=True))
-    separator, joiner, assistant = _PUNCTUATION[lang]
-    chosen: dict[str, list[tuple[int, str]]] = {kind: [] for kind in _KINDS}
-    used = 0
-    for item in sorted(items, key=_newest_first if newest_first else _by_rank):
-        piece = assistant + item.text if item.speaker == Role.ASSISTANT.value else item.text
-        if item.kind == _EARLIER:
-            piece = lead(piece, max(max_chars // 2 - len(labels[_EARLIER]), 1))
-        bucket = chosen[item.kind]
-        cost = len(piece) + (len(separator) if bucket else len(labels[item.kind]) + (1 if used else 0))
-        if used + cost <= max_chars:
-            bucket.append((item.order, piece))
-            used += cost
-    lines = [labels[kind] + separator.join(p for _, p in sorted(chosen[kind])) for kind in _KINDS if chosen[kind]]
-    body = "\n".join(lines)
-    extra: list[str] = []
-    for topic in (t for t in topics if t.lower() not in body.lower()):
-        if used + (1 if used else 0) + len(label + joiner.join([*extra, topic])) > max_chars:
-            break
-        extra.append(topic)
-    if extra:
-        body += ("\n" if body else "") + label + joiner.join(extra)
-    return body[:max_chars]
-
-
-class FactBook:
-    """A summary's stored facts (`Extraction.structured`), loaded once, rendered at any budget:
-    a context tries several layouts, each asking for the facts in another room. It remembers
-    its renders, so it belongs to one thread (the reads keep one per summary, on the event loop)."""
-
-    def __init__(self, state: _State) -> None:
-        self._state = state
-        cjk, latin = state.script
-        self._lang = "zh" if cjk > 0 and cjk * 3 >= latin else "en"
-        self._terms: tuple[frozenset[str], frozenset[str]] | None = None
-        # A session's contexts ask for the same few rooms until its next summary: rendered once.
-        self._rendered: Lru[tuple[int, int | None, tuple[str, ...], bool], str] = Lru(64)
-
-    @classmethod
-    def load(cls, structured: Mapping[str, Any]) -> FactBook | None:
-        """None when `structured` is not this extractor's."""
-        state = _State.load(structured)
-        return None if state is None else cls(state)
-
-    @property
-    def subject(self) -> str:
-        return self._state.subject
-
-    def terms(self) -> tuple[frozenset[str], frozenset[str]]:
-        """The session's salient terms, case-folded: (names, other keywords). A name scored
-        three times a keyword's information per mention (see `_terms`): that tells them apart
-        where there are no capitals to go by (Chinese)."""
-        if self._terms is None:
-            names: set[str] = set()
-            others: set[str] = set()
-            for term, (score, _, count) in self._state.entities.items():
-                (names if score / max(count, 1.0) >= _NAME_SCORE else others).add(term.casefold())
-            self._terms = frozenset(names), frozenset(others)
-        return self._terms
-
-    def render(
-        self,
-        max_chars: int,
-        *,
-        before_turn: int | None = None,
-        topics: Sequence[str] = (),
-        newest_first: bool = False,
-    ) -> str:
-        """The facts said before `before_turn` only (the turns from there on are shown beside
-        them), whole facts chosen by priority, in at most `max_chars`. Pure and cheap: no jieba."""
-        if max_chars <= 0:
-            return ""
-        key = (max_chars, before_turn, tuple(topics), newest_first)
-        found = self._rendered.get(key)
-        if found is None:
-            items = [i for i in self._state.items if before_turn is None or i.turn < before_turn]
-            found = self._rendered.put(key, _render(items, self._lang, topics, max_chars, newest_first=newest_first))
-        return found
-
-
-def render(
-    structured: Mapping[str, Any],
-    max_chars: int,
-    *,
-    before_turn: int | None = None,
-    topics: Sequence[str] = (),
-    newest_first: bool = False,
-) -> str | None:
-    """The summary text of stored facts (`Extraction.structured`) at another budget, from the
-    facts said before `before_turn` only (the turns from there on are shown raw beside it), so
-    that a small budget holds whole facts chosen by priority rather than the cut-off start of a
-    longer text. None when `structured` is not this extractor's. Pure and cheap: no jieba."""
-    book = FactBook.load(structured)
-    if book is None or max_chars <= 0:
-        return None
-    return book.render(max_chars, before_turn=before_turn, topics=topics, newest_first=newest_first)

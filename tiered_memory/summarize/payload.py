@@ -146,7 +146,7 @@ def rule_payload(
     retrieval hints from the salient keywords less a stop-word list."""
     prev = previous or {}
     items = structured.get("items") or []
-    # items: [kind, speaker, rank, order, text] in order of first mention (extractive.py).
+    # items: [kind, speaker, rank, order, text] in order of first mention (facts.py).
     by_priority = sorted(items, key=lambda i: (i[2], i[3]))
     facts = [i[4] for i in by_priority if i[0] == "fact"]
     user_questions = [m.content for m in new if m.role is Role.USER and _is_question(m.content)]

@@ -18,23 +18,17 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
+        self._request_metrics(registry)
+        self._store_metrics(registry)
+        self._summary_metrics(registry)
+
+    def _request_metrics(self, registry: CollectorRegistry) -> None:
+        """The HTTP edge: latency by route, and the load shedding of admission.py."""
         self.request_seconds = Histogram(
             "tiered_memory_request_duration_seconds",
             "HTTP request duration by route template, method and status.",
             ["route", "method", "status"],
             buckets=_LATENCY_BUCKETS,
-            registry=registry,
-        )
-        self.summary_loads = Counter(
-            "tiered_memory_summary_loads_total",
-            "load_best_summary answers by the tier that answered (hot, warm, cold, none).",
-            ["tier"],
-            registry=registry,
-        )
-        self.tier_errors = Counter(
-            "tiered_memory_tier_errors_total",
-            "Store failures and timeouts by tier (hot, sql) and operation; each was skipped or retried.",
-            ["tier", "operation"],
             registry=registry,
         )
         self.requests_shed = Counter(
@@ -48,12 +42,54 @@ class Metrics:
             "Requests in progress in this process (the probes and /metrics not counted).",
             registry=registry,
         )
+
+    def _store_metrics(self, registry: CollectorRegistry) -> None:
+        """The tiers: which answered, their failures and breakers, the appends and their commits."""
+        self.summary_loads = Counter(
+            "tiered_memory_summary_loads_total",
+            "load_best_summary answers by the tier that answered (hot, warm, cold, none).",
+            ["tier"],
+            registry=registry,
+        )
+        self.tier_errors = Counter(
+            "tiered_memory_tier_errors_total",
+            "Store failures and timeouts by tier (hot, sql) and operation; each was skipped or retried.",
+            ["tier", "operation"],
+            registry=registry,
+        )
         self.appends = Counter(
             "tiered_memory_appends_total",
             "Messages appended, by role and result (created, duplicate).",
             ["role", "result"],
             registry=registry,
         )
+        self.commit_batch = Histogram(
+            "tiered_memory_sql_commit_batch_messages",
+            "Messages committed together by one group commit (1 when appends do not overlap).",
+            buckets=_BATCH_BUCKETS,
+            registry=registry,
+        )
+        self.breaker_state = Gauge(
+            "tiered_memory_breaker_state",
+            "Circuit breaker of a dependency (redis, sql, llm): 0 closed, 1 half-open (probing), 2 open.",
+            ["dependency"],
+            registry=registry,
+        )
+        self.breaker_rejections = Counter(
+            "tiered_memory_breaker_rejections_total",
+            "Calls not made to a dependency because its circuit breaker was open (the fallback answered).",
+            ["dependency"],
+            registry=registry,
+        )
+        self.sessions_closed = Counter(
+            "tiered_memory_sessions_closed_total",
+            "Sessions closed, by reason (client, idle).",
+            ["reason"],
+            registry=registry,
+        )
+
+    def _summary_metrics(self, registry: CollectorRegistry) -> None:
+        """Summaries: how they were made, how long that took, the LLM's failures, their lag."""
         self.summarizations = Counter(
             "tiered_memory_summarizations_total",
             "Summarizations by source (llm, deterministic) and outcome (ok, stale, failed).",
@@ -79,33 +115,9 @@ class Metrics:
             buckets=_LAG_BUCKETS,
             registry=registry,
         )
-        self.commit_batch = Histogram(
-            "tiered_memory_sql_commit_batch_messages",
-            "Messages committed together by one group commit (1 when appends do not overlap).",
-            buckets=_BATCH_BUCKETS,
-            registry=registry,
-        )
         self.pending_summarizations = Gauge(
             "tiered_memory_pending_summarizations",
             "Summarizations scheduled or running in this process.",
-            registry=registry,
-        )
-        self.breaker_state = Gauge(
-            "tiered_memory_breaker_state",
-            "Circuit breaker of a dependency (redis, sql, llm): 0 closed, 1 half-open (probing), 2 open.",
-            ["dependency"],
-            registry=registry,
-        )
-        self.breaker_rejections = Counter(
-            "tiered_memory_breaker_rejections_total",
-            "Calls not made to a dependency because its circuit breaker was open (the fallback answered).",
-            ["dependency"],
-            registry=registry,
-        )
-        self.sessions_closed = Counter(
-            "tiered_memory_sessions_closed_total",
-            "Sessions closed, by reason (client, idle).",
-            ["reason"],
             registry=registry,
         )
 

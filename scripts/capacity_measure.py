@@ -416,7 +416,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             defaults = Settings.from_env({})
             doc["settings"] = {
                 "SUMMARY_EVERY_N_TURNS": EVERY_N,
-                "redis_recent_messages": defaults.redis_recent_messages,
+                "redis_recent_messages": defaults.redis_recent.most,
+                "redis_recent_chars": defaults.redis_recent.chars,
             }
     doc["environment"]["load_average_end"] = os.getloadavg()
     doc["environment"]["seconds"] = round(time.monotonic() - started, 1)

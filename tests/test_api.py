@@ -654,6 +654,38 @@ async def test_cold_read_of_a_long_session_reads_its_opening_and_its_end(daemon:
         assert evidence in cold["summary"], (evidence, cold["summary"])
 
 
+def _terse_turns(n: int) -> list[tuple[str, str]]:
+    """n turns of about 20 characters a message, each with its own names and numbers."""
+    cities = ["Lisbon", "Osaka", "Denver", "Nairobi", "Tallinn", "Recife", "Hobart"]
+    return [(f"Day {i}: {cities[i % 7]}, {2 + i % 4} nights.", f"Booked TR-{1000 + 7 * i}.") for i in range(n)]
+
+
+async def test_a_long_terse_session_is_read_hot(daemon: Daemon) -> None:
+    """The Redis list keeps the newest messages by characters (twice the default budget), not by
+    count: a session of 250 terse turns, more than a default context's older-turn fill holds in
+    any fixed number of messages, is answered without SQL, and after Redis lost it the first
+    context refills what the next ones read."""
+    sid = new_sid()
+    await play(daemon, sid, _terse_turns(250))
+    await daemon.settle()
+    with sql_statements(daemon) as statements:
+        first = await daemon.get(f"/v1/sessions/{sid}/context")
+        small = await daemon.get(f"/v1/sessions/{sid}/context?max_chars=1000")
+    if daemon.settings.redis_url:
+        assert statements == []
+    assert first["summary_tier"] == "hot"
+    assert "Day 249" in first["messages"][-2]["content"]
+    assert sum(len(m["content"]) for m in first["messages"]) > 3000
+    await daemon.flush_hot()
+    await daemon.get(f"/v1/sessions/{sid}/context")
+    with sql_statements(daemon) as statements:
+        again = await daemon.get(f"/v1/sessions/{sid}/context")
+        small_again = await daemon.get(f"/v1/sessions/{sid}/context?max_chars=1000")
+    if daemon.settings.redis_url:
+        assert statements == []
+    assert (again["messages"], small_again["messages"]) == (first["messages"], small["messages"])
+
+
 async def test_older_turns_read_from_sql_are_kept_hot(daemon: Daemon) -> None:
     """After the hot tier lost a session, the first context reads the older turns it fills its
     budget with from SQL and puts them back in Redis: the next context reads no SQL at all. (The

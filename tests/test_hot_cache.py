@@ -18,6 +18,7 @@ from tests.fake_llm import FakeLlm
 from tests.faults import RedisProcess
 from tests.test_crash import DaemonProcess, _env, processes
 from tiered_memory.model import Message, Owner, Role
+from tiered_memory.tiers.hot import RecentBound
 from tiered_memory.tiers.hot_cache import HotCache
 from tiered_memory.tiers.keys import Keys
 from tiered_memory.tiers.redis_hot import RedisHot
@@ -32,7 +33,7 @@ def _tier(port: int, prefix: str, cache_sessions: int = 100) -> RedisHot:
         timeout_s=1.0,
         summary_ttl_s=600,
         history_ttl_s=600,
-        recent_max=50,
+        recent=RecentBound(least=50, most=50),
         cache_sessions=cache_sessions,
     )
 

@@ -12,25 +12,26 @@ import redis
 from tests.conftest import RealServers, new_sid, redis_flush_prefix
 from tiered_memory.errors import HotUnavailable
 from tiered_memory.model import Message, Owner, Role, Summary, SummarySource
-from tiered_memory.tiers.hot import HotTier
+from tiered_memory.tiers.codec import encode_message
+from tiered_memory.tiers.hot import HotTier, RecentBound
 from tiered_memory.tiers.keys import Keys
 from tiered_memory.tiers.memory_hot import MemoryHot
 from tiered_memory.tiers.redis_hot import RedisHot
 
-RECENT_MAX = 4
+RECENT = RecentBound(least=4, most=4)
 SUMMARY_TTL = 7200
 HISTORY_TTL = 1800
 OWNER = Owner("acme", "u1")
 
 
-def _redis_tier(url: str, prefix: str) -> RedisHot:
+def _redis_tier(url: str, prefix: str, recent: RecentBound = RECENT) -> RedisHot:
     return RedisHot.from_url(
         url,
         keys=Keys(prefix),
         timeout_s=1.0,
         summary_ttl_s=SUMMARY_TTL,
         history_ttl_s=HISTORY_TTL,
-        recent_max=RECENT_MAX,
+        recent=recent,
     )
 
 
@@ -47,7 +48,7 @@ class Clock:
 @pytest.fixture(params=["memory", "redis", "redis-py"])
 async def hot(request: pytest.FixtureRequest) -> AsyncIterator[HotTier]:
     if request.param == "memory":
-        yield MemoryHot(max_sessions=100, summary_ttl_s=SUMMARY_TTL, history_ttl_s=HISTORY_TTL, recent_max=RECENT_MAX)
+        yield MemoryHot(max_sessions=100, summary_ttl_s=SUMMARY_TTL, history_ttl_s=HISTORY_TTL, recent=RECENT)
         return
     servers: RealServers = request.getfixturevalue("real_servers")
     prefix = f"tmt{servers.run_id}{uuid.uuid4().hex[:6]}"
@@ -79,7 +80,7 @@ async def test_empty_session_reads_nothing(hot: HotTier) -> None:
 
 
 async def test_recent_list_is_trimmed_and_ordered(hot: HotTier) -> None:
-    """record_append keeps the newest RECENT_MAX messages, oldest first, with SQL's counters."""
+    """record_append keeps the newest RECENT.most messages, oldest first, with SQL's counters."""
     sid = new_sid()
     for seq in range(1, 8):
         await hot.record_append(
@@ -90,6 +91,77 @@ async def test_recent_list_is_trimmed_and_ordered(hot: HotTier) -> None:
     assert snap.recent[-1] == msg(sid, 7)
     assert (snap.turn_count, snap.message_count, snap.last_activity) == (3, 7, 107.0)
     assert snap.owner == OWNER
+
+
+CHARS = RecentBound(least=2, most=8, chars=20)
+# Lengths that cross the bound one way and the other, multi-byte text included (Python counts
+# characters, Redis's Lua bytes), then terse turns until the count bound rules, and a long one.
+TEXTS = ["你好，我叫李雷", "hello there friend", "一", "x" * 25, "好的", "再见了朋友们", "ok", "bbb", "明天下午三点见"]
+TEXTS += [*"zyxwvu", "the sixteenth one is long", *"srq"]
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def by_chars(request: pytest.FixtureRequest) -> AsyncIterator[HotTier]:
+    if request.param == "memory":
+        yield MemoryHot(max_sessions=10, summary_ttl_s=SUMMARY_TTL, history_ttl_s=HISTORY_TTL, recent=CHARS)
+        return
+    servers: RealServers = request.getfixturevalue("real_servers")
+    prefix = f"tmt{servers.run_id}{uuid.uuid4().hex[:6]}"
+    tier = _redis_tier(servers.redis_url, prefix, CHARS)
+    yield tier
+    await tier.aclose()
+    redis_flush_prefix(servers.redis_url, prefix)
+
+
+def said(sid: str, seq: int) -> Message:
+    return dataclasses.replace(msg(sid, seq), content=TEXTS[(seq - 1) % len(TEXTS)])
+
+
+async def _append_all(hot: HotTier, sid: str, seqs: range) -> None:
+    for seq in seqs:
+        await hot.record_append(said(sid, seq), turn_count=seq // 2, message_count=seq, last_activity=1.0, owner=OWNER)
+        kept = CHARS.keep([said(sid, s) for s in range(1, seq + 1)])
+        assert [m.seq for m in (await hot.read_session(sid)).recent] == [m.seq for m in kept], seq
+
+
+async def test_recent_list_is_bounded_by_characters(by_chars: HotTier) -> None:
+    """Past `least` messages the list keeps only as many of the newest as hold `chars` characters
+    (as Python counts them), and never more than `most`; a refill from SQL keeps the same, and the
+    appends after it go on from its total, as do appends to a list whose total was never kept (a
+    daemon that kept none wrote it)."""
+    sid = new_sid()
+    await _append_all(by_chars, sid, range(1, 12))
+    history = [said(sid, s) for s in range(1, 12)]
+    await by_chars.backfill(
+        sid, summary=None, recent=history, turn_count=5, message_count=11, last_activity=1.0, owner=OWNER
+    )
+    assert [m.seq for m in (await by_chars.read_session(sid)).recent] == [m.seq for m in CHARS.keep(history)]
+    await _append_all(by_chars, sid, range(12, 16))
+    first = 16
+    if isinstance(by_chars, RedisHot):
+        # Message 16 as a daemon that keeps no total appends it (rolling upgrade): the list and
+        # the count move, the total stays behind.
+        await by_chars._r.rpush(by_chars._keys.recent(sid), encode_message(said(sid, 16)))
+        await by_chars._r.hset(by_chars._keys.state(sid), "msgs", 16)
+        first = 17
+    await _append_all(by_chars, sid, range(first, 22))
+
+
+def test_recent_bound_keeps_the_newest_and_knows_its_room() -> None:
+    """keep: the newest `most`, then from the oldest while the rest still hold `chars`, never
+    below `least`; has_room: whether one more in front would be kept. Chars 0 bounds by count."""
+    texts = ["aaaa", "bb", "cccccc", "d", "ee"]
+    ms = [dataclasses.replace(msg("s", i + 1), content=t) for i, t in enumerate(texts)]
+    assert [m.content for m in RecentBound(least=1, most=5, chars=8).keep(ms)] == ["cccccc", "d", "ee"]
+    assert [m.content for m in RecentBound(least=4, most=5, chars=3).keep(ms)] == ["bb", "cccccc", "d", "ee"]
+    assert [m.content for m in RecentBound(least=1, most=2, chars=100).keep(ms)] == ["d", "ee"]
+    assert [m.content for m in RecentBound(least=3, most=3).keep(ms)] == ["cccccc", "d", "ee"]
+    assert RecentBound(least=1, most=5, chars=10).has_room(ms[2:])
+    assert not RecentBound(least=1, most=5, chars=9).has_room(ms[2:])
+    assert not RecentBound(least=1, most=3, chars=100).has_room(ms[2:])
+    assert RecentBound(least=4, most=5, chars=1).has_room(ms[2:])
+    with pytest.raises(ValueError, match="least <= most"):
+        RecentBound(least=3, most=2)
 
 
 async def test_summary_round_trip_and_version_guard(hot: HotTier) -> None:
@@ -156,7 +228,7 @@ async def test_memory_ttls_and_bound() -> None:
     """The in-process cache expires recent turns after HISTORY_TTL and the summary after
     SUMMARY_TTL, like Redis, and evicts the least recently used session past its bound."""
     clock = Clock()
-    hot = MemoryHot(max_sessions=2, summary_ttl_s=100, history_ttl_s=10, recent_max=4, clock=clock)
+    hot = MemoryHot(max_sessions=2, summary_ttl_s=100, history_ttl_s=10, recent=RECENT, clock=clock)
     await hot.record_append(msg("a", 1), turn_count=0, message_count=1, last_activity=1.0, owner=OWNER)
     await hot.put_summary("a", summary(1))
     clock.now += 11

@@ -18,6 +18,7 @@ from redis.exceptions import ResponseError
 from tests.faults import RedisProcess, proxied
 from tiered_memory.breaker import CircuitBreaker
 from tiered_memory.model import HotSession
+from tiered_memory.tiers.hot import RecentBound
 from tiered_memory.tiers.keys import Keys
 from tiered_memory.tiers.redis_hot import RedisHot
 from tiered_memory.tiers.resp import Endpoint, RespMux, Script
@@ -235,7 +236,7 @@ async def test_the_hot_tier_counts_a_busy_loop_as_no_redis_failure(private_redis
         timeout_s=0.1,
         summary_ttl_s=60,
         history_ttl_s=60,
-        recent_max=4,
+        recent=RecentBound(least=4, most=4),
         breaker=breaker,
     )
     try:

@@ -55,7 +55,7 @@ def build_hot(settings: Settings, metrics: Metrics) -> HotTier:
             timeout_s=settings.redis_timeout_ms / 1000,
             summary_ttl_s=settings.summary_redis_ttl_seconds,
             history_ttl_s=settings.history_ttl_seconds,
-            recent_max=settings.redis_recent_messages,
+            recent=settings.redis_recent,
             breaker=metrics.breaker(
                 "redis", failures=settings.redis_breaker_failures, reset_s=settings.redis_breaker_reset_seconds
             ),
@@ -65,7 +65,7 @@ def build_hot(settings: Settings, metrics: Metrics) -> HotTier:
         max_sessions=settings.hot_max_sessions,
         summary_ttl_s=settings.summary_redis_ttl_seconds,
         history_ttl_s=settings.history_ttl_seconds,
-        recent_max=settings.hot_recent_messages,
+        recent=settings.embedded_recent,
     )
 
 

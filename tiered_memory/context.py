@@ -26,6 +26,19 @@ class ChatMessage:
     content: str
 
 
+# Characters of raw messages a context hands the budget policy at least (key points are a small
+# part of what they come from), and messages of them read at most (a huge budget is still one
+# bounded read).
+_OLDER_MIN_CHARS = 4000
+OLDER_MAX_MESSAGES = 400
+
+
+def older_chars(max_chars: int) -> int:
+    """Characters of raw messages, window included, that a context of `max_chars` chooses from:
+    about twice the budget (condensing halves long messages), and at least _OLDER_MIN_CHARS."""
+    return max(2 * max_chars, _OLDER_MIN_CHARS)
+
+
 def window_start_turn(turn_count: int, keep_recent_turns: int) -> int:
     """The first turn of the raw window: the last `keep_recent_turns` completed turns, plus the
     turn in progress (a user message still waiting for its reply) when there is one."""

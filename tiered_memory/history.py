@@ -15,14 +15,12 @@ import itertools
 import math
 from collections.abc import Callable, Sequence
 
+from tiered_memory.context import OLDER_MAX_MESSAGES
 from tiered_memory.errors import SqlUnavailable
 from tiered_memory.model import Message
 from tiered_memory.recall import RecallIndex, RecallMatch, SessionIndex
 from tiered_memory.tiers.sql_store import SqlStore
 
-# Raw messages from before the window fetched for one context at most (a huge budget is still one
-# bounded read).
-_OLDER_MAX_MESSAGES = 400
 # Messages read from SQL per step when a recall index is built or catches up.
 _INDEX_BATCH = 1000
 # Earlier turns considered for a question's snippets.
@@ -76,9 +74,10 @@ class History:
         message_count: int | None,
         content_chars: int | None,
     ) -> list[Message]:
-        """Raw messages from before the window, newest last, about `room` characters of them: a
-        budget the summary and the window leave unused is better spent on the turns themselves.
-        The hot list is used first; SQL is asked (one bounded read) only for what it lacks."""
+        """Raw messages from before the window, newest last, about `room` characters of them and
+        at most OLDER_MAX_MESSAGES: a budget the summary and the window leave unused is better
+        spent on the turns themselves. The hot list is used first; SQL is asked (one bounded read)
+        only for what it lacks."""
         if room <= 0 or not recent or recent[0].seq <= 1:
             return []
         first = recent[0].seq
@@ -87,10 +86,12 @@ class History:
             older = []  # not contiguous with the window: SQL answers instead
         room -= sum(len(m.content) for m in older)
         start = older[0].seq if older else first
-        if room <= 0 or start <= 1:
+        # At most OLDER_MAX_MESSAGES in all: a hot list of that many terse ones is enough.
+        most = OLDER_MAX_MESSAGES - len(older)
+        if room <= 0 or start <= 1 or most <= 0:
             return older
         mean = max(8.0, (content_chars or 0) / message_count) if message_count else 40.0
-        want = min(_OLDER_MAX_MESSAGES, start - 1, math.ceil(1.5 * room / mean) + 2)
+        want = min(most, start - 1, math.ceil(1.5 * room / mean) + 2)
         try:
             rows = await self._store.messages_by_seq(session_id, first_seq=start - want, last_seq=start - 1, limit=want)
         except SqlUnavailable:

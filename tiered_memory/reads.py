@@ -18,6 +18,7 @@ from tiered_memory.context import (
     estimate_tokens,
     frame,
     hot_window_complete,
+    older_chars,
     recent_transcript,
     summary_system_text,
     window,
@@ -55,8 +56,6 @@ from tiered_memory.tiers.sql_store import SqlStore
 # A cold extraction reads at most this many messages from the start of a session and from its end.
 _COLD_HEAD_MESSAGES = 200
 _COLD_TAIL_MESSAGES = 400
-# Characters of raw messages a context hands the budget policy at least (one bounded read).
-_OLDER_MIN_CHARS = 4000
 # A context read puts at most this many turns between a lagging summary and the window.
 _GAP_MAX_TURNS = 100
 
@@ -397,21 +396,19 @@ class SessionReads:
             )
         if not self._s.context_older_turns:
             return recent, recent, terms, snippets
-        # Older raw turns for the policy to condense or take the key points of: about twice the
-        # budget of them (condensing halves long messages), and at least _OLDER_MIN_CHARS, since
-        # key points are a small part of what they come from.
+        # Older raw turns for the policy to condense or take the key points of.
         before_window = await self._history.older(
             session_id,
             recent,
             available,
-            max(2 * max_chars, _OLDER_MIN_CHARS) - _chars(recent),
+            older_chars(max_chars) - _chars(recent),
             message_count=count,
             content_chars=info.content_chars if info else hot.content_chars,
         )
         fetched = [m for m in before_window if not available or m.seq < available[0].seq]
-        # Only while the hot list has room: once it is full, the rest of a long, terse session's
-        # older turns come from SQL on each read (one indexed read).
-        if fetched and exclude_message_id is None and len(available) < self._hot.recent_max:
+        # Only while the hot list has room: once it holds what the default budget reads, a larger
+        # budget's older turns come from SQL on each read (one indexed read).
+        if fetched and exclude_message_id is None and self._hot.recent.has_room(available):
             await self._keep_older(session_id, info, hot, [*fetched, *available])
         return [*before_window, *recent], recent, terms, snippets
 

@@ -16,13 +16,13 @@ from pydantic import Field, PrivateAttr, SecretStr, ValidationError, field_valid
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from tiered_memory.auth import ApiToken, merge_tokens, parse_token_list, read_token_file
+from tiered_memory.context import OLDER_MAX_MESSAGES, older_chars
 from tiered_memory.errors import ConfigError
 from tiered_memory.summarize.topics import load_keyword_groups
+from tiered_memory.tiers.hot import RecentBound
 from tiered_memory.tiers.redis_url import parse_redis_url
 
 _LOOPBACK_DEFAULT = "127.0.0.1"
-# Messages the Redis list keeps for the older-turn fill of a context (see redis_recent_messages).
-_REDIS_OLDER_MESSAGES = 48
 
 
 class Settings(BaseSettings):
@@ -305,13 +305,20 @@ class Settings(BaseSettings):
         return 2 * (self.keep_recent_turns + self.summary_every_n_turns)
 
     @property
-    def redis_recent_messages(self) -> int:
-        # In Redis the list also keeps the older turns a context at the default budget fills its
-        # room with (CONTEXT_OLDER_TURNS): about 2,000 characters of messages of 40, so that a hot
-        # session's context needs no SQL. The embedded cache keeps only the window: its SQL is a
-        # local file, and each cached message costs Python objects in the daemon's own memory.
-        older = _REDIS_OLDER_MESSAGES if self.context_older_turns else 0
-        return max(self.hot_recent_messages, older)
+    def embedded_recent(self) -> RecentBound:
+        """The embedded cache keeps only the window and a summary batch: its SQL is a local file,
+        and each cached message costs Python objects in the daemon's own memory."""
+        return RecentBound(least=self.hot_recent_messages, most=self.hot_recent_messages)
+
+    @property
+    def redis_recent(self) -> RecentBound:
+        """In Redis the list also keeps the older turns a context at the default budget fills its
+        room with (CONTEXT_OLDER_TURNS), by characters, so that a hot session's context needs no
+        SQL at any session length; never more messages than one older-turn read from SQL takes."""
+        least = self.hot_recent_messages
+        if not self.context_older_turns:
+            return RecentBound(least=least, most=least)
+        return RecentBound(least=least, most=least + OLDER_MAX_MESSAGES, chars=older_chars(self.context_max_chars))
 
     def masked(self) -> dict[str, str]:
         """Effective settings keyed by variable name, secrets and URL passwords masked."""

@@ -7,9 +7,48 @@ Every method is one round trip; a backend that fails or misses its timeout raise
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from tiered_memory.model import HotSession, Message, Owner, Summary
+
+
+@dataclass(frozen=True, slots=True)
+class RecentBound:
+    """How much of a session's newest messages its recent list keeps: at most `most`, and past
+    `least` only as many as it takes to hold `chars` characters of content. With `chars` 0 the
+    list keeps `most` messages whatever their length.
+
+    Bounded by characters, the list holds what a context at the default budget reads whatever
+    the length of the session's messages (a count that covers terse turns holds a few long ones
+    and sends every context to SQL); `least` keeps the window and a lagging summary's turns,
+    `most` bounds a session of one-word turns."""
+
+    least: int
+    most: int
+    chars: int = 0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.least <= self.most or self.chars < 0:
+            raise ValueError(f"a recent list needs 1 <= least <= most and chars >= 0, not {self}")
+
+    def keep(self, messages: Sequence[Message]) -> Sequence[Message]:
+        """The newest of `messages` (oldest first) that the list keeps."""
+        kept = messages[-self.most :]
+        if not self.chars:
+            return kept
+        total = sum(len(m.content) for m in kept)
+        drop = 0
+        while len(kept) - drop > self.least and total - len(kept[drop].content) >= self.chars:
+            total -= len(kept[drop].content)
+            drop += 1
+        return kept[drop:]
+
+    def has_room(self, messages: Sequence[Message]) -> bool:
+        """Whether a list holding `messages` would keep one more put in front of them."""
+        if len(messages) >= self.most:
+            return False
+        return not self.chars or len(messages) < self.least or sum(len(m.content) for m in messages) < self.chars
 
 
 class HotTier(Protocol):
@@ -17,8 +56,8 @@ class HotTier(Protocol):
     """`redis` or `memory`, for logs, metrics and /readyz."""
 
     @property
-    def recent_max(self) -> int:
-        """How many messages the recent list keeps (the newest)."""
+    def recent(self) -> RecentBound:
+        """What the recent list keeps of a session's newest messages."""
         ...
 
     async def read_summary(self, session_id: str) -> tuple[Summary | None, int | None, Owner | None]:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tiered_memory.model import HotSession, Message, Owner, Summary
+from tiered_memory.tiers.hot import RecentBound
 
 
 @dataclass(slots=True)
@@ -43,14 +44,14 @@ class MemoryHot:
         max_sessions: int,
         summary_ttl_s: int,
         history_ttl_s: int,
-        recent_max: int,
+        recent: RecentBound,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._max = max_sessions
         self._summary_ttl = summary_ttl_s
         self._history_ttl = history_ttl_s
-        self._recent_max = recent_max
+        self._recent = recent
         self._clock = clock
 
     def __len__(self) -> int:
@@ -87,8 +88,8 @@ class MemoryHot:
         return entry
 
     @property
-    def recent_max(self) -> int:
-        return self._recent_max
+    def recent(self) -> RecentBound:
+        return self._recent
 
     async def read_summary(self, session_id: str) -> tuple[Summary | None, int | None, Owner | None]:
         entry = self._get(session_id)
@@ -133,7 +134,8 @@ class MemoryHot:
         if message.seq == 1:
             entry.summary = None  # a stranger's: no summary of a session precedes its first message
         entry.recent.append(message)
-        del entry.recent[: -self._recent_max]
+        if len(entry.recent) > self._recent.least:
+            entry.recent = list(self._recent.keep(entry.recent))
         entry.recent_until = now + self._history_ttl
         entry.turns, entry.msgs, entry.last, entry.chars = turn_count, message_count, last_activity, content_chars
         entry.owner = owner
@@ -166,7 +168,7 @@ class MemoryHot:
             return
         now = self._clock()
         if recent is not None:
-            entry.recent = list(recent[-self._recent_max :])
+            entry.recent = list(self._recent.keep(recent))
             entry.recent_until = now + self._history_ttl
         entry.turns, entry.msgs, entry.last, entry.chars = turn_count, message_count, last_activity, content_chars
         entry.owner = owner

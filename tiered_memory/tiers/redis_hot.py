@@ -18,6 +18,7 @@ from tiered_memory.breaker import CircuitBreaker
 from tiered_memory.errors import HotUnavailable
 from tiered_memory.model import HotSession, Message, Owner, Summary
 from tiered_memory.tiers.codec import decode_message, decode_summary, encode_message, encode_summary
+from tiered_memory.tiers.hot import RecentBound
 from tiered_memory.tiers.hot_cache import HotCache, cache_invalidator
 from tiered_memory.tiers.keys import Keys
 from tiered_memory.tiers.redis_url import HotClient, connect, parse_redis_url
@@ -41,11 +42,25 @@ redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
 return 1
 """
 
+# The characters of content in a recent-list entry (a JSON message): UTF-8 bytes less
+# continuation bytes, as Python counts them. The list's total is kept in the state hash as
+# `rchars`, valid while `rseq` equals the count of messages it was made at.
+_CHARS_LUA = """
+local function chars_of(entry)
+  local ok, doc = pcall(cjson.decode, entry)
+  if not ok or type(doc) ~= 'table' or type(doc['content']) ~= 'string' then return 0 end
+  local text = doc['content']
+  local _, continuation = string.gsub(text, '[\\128-\\191]', '')
+  return #text - continuation
+end
+"""
+
 # Refills a session from SQL. The summary is version-guarded like above; the counters, the owner
 # and the recent list are replaced only if no append newer than the caller's SQL read (a larger
 # message count) has reached Redis meanwhile. Keys: summary, recent, state (one hash slot).
 # ARGV: summary, version, summary TTL, msgs, turns, last, history TTL, replace list?, chars,
-# tenant, user id ('' for none), then the recent messages.
+# tenant, user id ('' for none), the characters of the recent messages, then the messages (trimmed
+# to the list's bound by the caller).
 _BACKFILL_LUA = """
 if ARGV[1] ~= '' then
   local cur = redis.call('GET', KEYS[1])
@@ -60,8 +75,9 @@ local have = tonumber(redis.call('HGET', KEYS[3], 'msgs') or '-1')
 if have > tonumber(ARGV[4]) then return 0 end
 if ARGV[8] == '1' then
   redis.call('DEL', KEYS[2])
-  for i = 12, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
-  if #ARGV >= 12 then redis.call('EXPIRE', KEYS[2], ARGV[7]) end
+  for i = 13, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
+  if #ARGV >= 13 then redis.call('EXPIRE', KEYS[2], ARGV[7]) end
+  redis.call('HSET', KEYS[3], 'rchars', ARGV[12], 'rseq', ARGV[4])
 end
 redis.call('HSET', KEYS[3], 'turns', ARGV[5], 'msgs', ARGV[4], 'last', ARGV[6], 'chars', ARGV[9],
   'tenant', ARGV[10], 'uid', ARGV[11])
@@ -76,10 +92,17 @@ return 1
 # ARGV[10] = '1' drops the entry first: this process failed a write of the session before. A
 # session's first message drops any summary under its key: none can precede it, so one there is a
 # stranger's (cached under a tenant session's bare id before schema version 6 moved it).
-_APPEND_LUA = """
+# The list keeps at most ARGV[7] messages, and past ARGV[14] only as many as hold ARGV[15]
+# characters (0: ARGV[7] messages); ARGV[13] is the characters of this message. The running total
+# is recounted from the list when it was not made at the previous count (a list refilled by a
+# daemon that kept none, or one that expired before the counters).
+_APPEND_LUA = (
+    _CHARS_LUA
+    + """
 if ARGV[10] == '1' then redis.call('DEL', KEYS[1], KEYS[2]) end
 local seq = tonumber(ARGV[2])
-local have = redis.call('HGET', KEYS[2], 'msgs')
+local state = redis.call('HMGET', KEYS[2], 'msgs', 'rchars', 'rseq')
+local have = state[1]
 if have then
   have = tonumber(have)
   if have >= seq then return 0 end
@@ -89,14 +112,34 @@ if have then
   end
 end
 if seq == 1 then redis.call('DEL', KEYS[3]) end
-redis.call('RPUSH', KEYS[1], ARGV[1])
-redis.call('LTRIM', KEYS[1], -tonumber(ARGV[7]), -1)
+local n = redis.call('RPUSH', KEYS[1], ARGV[1])
+local most, least, bound = tonumber(ARGV[7]), tonumber(ARGV[14]), tonumber(ARGV[15])
+if bound == 0 then
+  redis.call('LTRIM', KEYS[1], -most, -1)
+else
+  local total
+  if n > 1 and state[2] and state[3] and have and tonumber(state[3]) == have then
+    total = tonumber(state[2]) + tonumber(ARGV[13])
+  else
+    total = 0
+    for _, entry in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do total = total + chars_of(entry) end
+  end
+  while n > least do
+    local first = chars_of(redis.call('LINDEX', KEYS[1], 0))
+    if n <= most and total - first < bound then break end
+    redis.call('LPOP', KEYS[1])
+    total = total - first
+    n = n - 1
+  end
+  redis.call('HSET', KEYS[2], 'rchars', total, 'rseq', seq)
+end
 redis.call('EXPIRE', KEYS[1], ARGV[8])
 redis.call('HSET', KEYS[2], 'turns', ARGV[3], 'msgs', ARGV[4], 'last', ARGV[5], 'chars', ARGV[6],
   'tenant', ARGV[11], 'uid', ARGV[12])
 redis.call('EXPIRE', KEYS[2], ARGV[9])
 return 1
 """
+)
 
 # Extends the lock only if our token still holds it.
 _EXTEND_LUA = """
@@ -133,7 +176,7 @@ class RedisHot:
         timeout_s: float,
         summary_ttl_s: int,
         history_ttl_s: int,
-        recent_max: int,
+        recent: RecentBound,
         breaker: CircuitBreaker | None = None,
         mux: RespMux | None = None,
         cache: HotCache[object] | None = None,
@@ -150,7 +193,7 @@ class RedisHot:
         self._timeout = timeout_s
         self._summary_ttl = summary_ttl_s
         self._history_ttl = history_ttl_s
-        self._recent_max = recent_max
+        self._recent = recent
         self._put_summary = Script.of(_PUT_SUMMARY_LUA)
         self._unlock = Script.of(_UNLOCK_LUA)
         self._backfill = Script.of(_BACKFILL_LUA)
@@ -168,8 +211,8 @@ class RedisHot:
         self._dirty: set[str] = set()
 
     @property
-    def recent_max(self) -> int:
-        return self._recent_max
+    def recent(self) -> RecentBound:
+        return self._recent
 
     @classmethod
     def from_url(
@@ -180,7 +223,7 @@ class RedisHot:
         timeout_s: float,
         summary_ttl_s: int,
         history_ttl_s: int,
-        recent_max: int,
+        recent: RecentBound,
         breaker: CircuitBreaker | None = None,
         cache_sessions: int = 0,
     ) -> RedisHot:
@@ -205,7 +248,7 @@ class RedisHot:
             timeout_s=timeout_s,
             summary_ttl_s=summary_ttl_s,
             history_ttl_s=history_ttl_s,
-            recent_max=recent_max,
+            recent=recent,
             breaker=breaker,
             close=close,
         )
@@ -377,12 +420,15 @@ class RedisHot:
             message_count,
             last_activity,
             content_chars,
-            self._recent_max,
+            self._recent.most,
             self._history_ttl,
             self._summary_ttl,
             "1" if dirty else "0",
             owner.tenant,
             owner.user_id or "",
+            len(message.content),
+            self._recent.least,
+            self._recent.chars,
         ]
 
         async def op() -> object:
@@ -436,8 +482,9 @@ class RedisHot:
             owner.tenant,
             owner.user_id or "",
         ]
-        if recent is not None:
-            args.extend(encode_message(m) for m in recent[-self._recent_max :])
+        kept = self._recent.keep(recent) if recent is not None else ()
+        args.append(sum(len(m.content) for m in kept))
+        args.extend(encode_message(m) for m in kept)
 
         async def op() -> object:
             return await self._script(self._backfill, keys, args)

@@ -4,6 +4,7 @@ MariaDB."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -109,6 +110,27 @@ async def test_context_with_a_question_brings_back_the_matching_earlier_turn(dae
     assert sum(len(m) for m in memory) <= 600
     assert _LABEL in memory[0]
     assert "398元" in memory[0][memory[0].index(_LABEL) :]
+
+
+async def test_a_question_does_not_wait_for_a_whole_index_build(daemon: Daemon) -> None:
+    """A question whose session this process has not indexed waits for the build QUESTION_WAIT_S
+    at most (here not at all): the context comes without the earlier turns, is counted, and the
+    build goes on in the background, so that the next question has them."""
+    sid = await _long_session(daemon)
+    history = daemon.service._history
+    history._question_wait_s = 0.0
+    question = "刚才那个活力健一盒多少钱？"
+    first = await daemon.get(f"/v1/sessions/{sid}/context?max_chars=600&question={question}")
+    assert _LABEL not in _text(first)
+    assert daemon.registry.get_sample_value("tiered_memory_questions_unindexed_total") == 1
+    for _ in range(200):
+        if not history._builds:
+            break
+        await asyncio.sleep(0.02)
+    second = await daemon.get(f"/v1/sessions/{sid}/context?max_chars=600&question={question}")
+    assert _LABEL in _text(second)
+    assert "398元" in _text(second)
+    assert daemon.registry.get_sample_value("tiered_memory_questions_unindexed_total") == 1
 
 
 async def test_context_fills_its_budget_with_older_raw_turns(daemon: Daemon) -> None:

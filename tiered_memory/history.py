@@ -2,9 +2,9 @@
 that match a question (through the per-session recall indexes of recall.py).
 
 Both read SQL, bounded: older turns in one read sized by the room and the session's mean message
-length; a recall index catches up with only the messages it lacks. A failed read is counted
-(`sql_error`) and costs the context only what it would have added; `matches` (the recall
-endpoint's answer) raises instead.
+length; a recall index catches up with only the messages it lacks, in the background: a question
+waits for it QUESTION_WAIT_S at most. A failed read is counted (`sql_error`) and costs the context
+only what it would have added; `matches` (the recall endpoint's answer) raises instead.
 """
 
 from __future__ import annotations
@@ -15,25 +15,49 @@ import itertools
 import math
 from collections.abc import Callable, Sequence
 
+import structlog
+
 from tiered_memory.context import OLDER_MAX_MESSAGES
 from tiered_memory.errors import SqlUnavailable
 from tiered_memory.model import Message
 from tiered_memory.recall import RecallIndex, RecallMatch, SessionIndex
 from tiered_memory.tiers.sql_store import SqlStore
 
+log = structlog.get_logger("tiered_memory.history")
+
 # Messages read from SQL per step when a recall index is built or catches up.
 _INDEX_BATCH = 1000
+# How long a question waits for its session's recall index to be built or caught up. A session
+# of thousands of turns takes seconds to index the first time a process is asked about it; past
+# this the context goes without the question's earlier turns, and the build goes on in the
+# background for the next question.
+QUESTION_WAIT_S = 0.1
 # Earlier turns considered for a question's snippets.
 _SNIPPET_TURNS = 8
 
 
 class History:
-    def __init__(self, store: SqlStore, index: RecallIndex, *, sql_error: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        store: SqlStore,
+        index: RecallIndex,
+        *,
+        sql_error: Callable[[str], None],
+        question_unindexed: Callable[[], None] = lambda: None,
+        question_wait_s: float = QUESTION_WAIT_S,
+    ) -> None:
+        """`question_unindexed` is called for each question answered without its earlier turns
+        because the session's index was still being built."""
         self._store = store
         self._index = index
         self._sql_error = sql_error
+        self._question_unindexed = question_unindexed
+        self._question_wait_s = question_wait_s
         self._pending: list[Message] = []
         self._indexer: asyncio.Task[None] | None = None
+        # The index builds in progress, by session: a question and the recall endpoint join the
+        # one under way rather than start another.
+        self._builds: dict[str, asyncio.Task[SessionIndex]] = {}
 
     def appended(self, message: Message) -> None:
         """Index an appended message of an indexed session, off the event loop (jieba takes a
@@ -54,12 +78,15 @@ class History:
                 self._index.appended(m, t)
 
     async def aclose(self) -> None:
-        """Stop indexing appends (what is left is caught up from SQL by the next process)."""
+        """Stop indexing appends and building indexes (what is left is caught up from SQL by the
+        next process)."""
         self._pending = []
-        if self._indexer is not None:
-            self._indexer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._indexer
+        tasks = [t for t in (self._indexer, *self._builds.values()) if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, SqlUnavailable):
+                await task
 
     def forget(self, session_id: str) -> None:
         self._index.forget(session_id)
@@ -107,11 +134,16 @@ class History:
         terms = await asyncio.to_thread(self._index.tokenize, question)
         if not terms:
             return terms, []
-        try:
-            index = await self._caught_up(session_id, message_count, seen)
-        except SqlUnavailable:
-            self._sql_error("recall_index")
-            return terms, []
+        index = self._ready(session_id, message_count, seen)
+        if index is None:
+            build = self._build(session_id, message_count, seen)
+            try:
+                index = await asyncio.wait_for(asyncio.shield(build), self._question_wait_s)
+            except TimeoutError:
+                self._question_unindexed()
+                return terms, []
+            except SqlUnavailable:
+                return terms, []  # counted by _built
         turns: list[list[Message]] = []
         done: set[int] = set()
         for seq, _score in index.search(terms, k=2 * _SNIPPET_TURNS, before_seq=before_seq):
@@ -130,7 +162,11 @@ class History:
         terms = await asyncio.to_thread(self._index.tokenize, query)
         if not terms:
             return []
-        index = await self._caught_up(session_id, message_count, ())
+        index = self._ready(session_id, message_count, ())
+        if index is None:
+            # A build under way may stop short of message_count: the second catches up the rest.
+            await asyncio.shield(self._build(session_id, message_count, ()))
+            index = await self._caught_up(session_id, message_count, ())
         hits = index.search(terms, k=k)
         if not hits:
             return []
@@ -144,6 +180,33 @@ class History:
             covering = next((s for s in slices if s.first_seq <= seq <= s.last_seq), None)
             out.append(RecallMatch(seq=seq, turn=docs[0].turn, score=score, slice=covering, messages=rows))
         return out
+
+    def _ready(self, session_id: str, message_count: int, seen: Sequence[Message]) -> SessionIndex | None:
+        """The session's recall index when it has every message up to `message_count`."""
+        index = self._index.get(session_id)
+        if index is None or index.last_seq != message_count or not index.consistent_with(seen):
+            return None
+        return index
+
+    def _build(self, session_id: str, message_count: int, seen: Sequence[Message]) -> asyncio.Task[SessionIndex]:
+        """The build (or catch-up) of the session's index under way, else a new one."""
+        build = self._builds.get(session_id)
+        if build is None:
+            build = asyncio.create_task(self._caught_up(session_id, message_count, seen), name="recall-index")
+            self._builds[session_id] = build
+            build.add_done_callback(lambda done: self._built(session_id, done))
+        return build
+
+    def _built(self, session_id: str, build: asyncio.Task[SessionIndex]) -> None:
+        if self._builds.get(session_id) is build:
+            del self._builds[session_id]
+        # Counted here, once, whether or not anybody still waits for it (a question goes on
+        # without it); an SqlUnavailable reaches whoever waits as well.
+        error = None if build.cancelled() else build.exception()
+        if isinstance(error, SqlUnavailable):
+            self._sql_error("recall_index")
+        elif error is not None:
+            log.error("recall_index_failed", session_id=session_id, exc_info=error)
 
     async def _caught_up(self, session_id: str, message_count: int, seen: Sequence[Message]) -> SessionIndex:
         """The session's recall index, caught up to `message_count` with only the messages it

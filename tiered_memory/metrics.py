@@ -87,6 +87,12 @@ class Metrics:
             ["reason"],
             registry=registry,
         )
+        self.questions_unindexed = Counter(
+            "tiered_memory_questions_unindexed_total",
+            "Contexts with a question answered without its earlier turns: the session's recall index was"
+            " still being built from SQL (it goes on in the background).",
+            registry=registry,
+        )
 
     def _summary_metrics(self, registry: CollectorRegistry) -> None:
         """Summaries: how they were made, how long that took, the LLM's failures, their lag."""

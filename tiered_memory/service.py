@@ -75,6 +75,7 @@ class MemoryService:
             store,
             recall or RecallIndex(extractor.search_terms, max_messages=_RECALL_MESSAGES),
             sql_error=lambda op: metrics.tier_errors.labels("sql", op).inc(),
+            question_unindexed=metrics.questions_unindexed.inc,
         )
         self._store = store
         self._hot = hot

@@ -74,7 +74,7 @@ async def bench(args: argparse.Namespace, plan: Plan) -> dict[str, Any]:
                         await phases.slow_llm(b)
                         b.mark("slow LLM")
                     if args.profile:
-                        await phases.profiles(b, args.profile)
+                        await phases.profiles(b, args.profile, lengths)
                     if "memory" not in args.skip:
                         if b.redis is not None:
                             await phases.memory_redis(b)

@@ -7,7 +7,7 @@ import pytest
 
 from tests.conversations import ZH_12_TURNS
 from tiered_memory.condense import clauses, condense, is_phatic, keys
-from tiered_memory.context_policy import Candidates, Selection, choose
+from tiered_memory.context_policy import Candidates, Selection, choose, lagging_digest
 from tiered_memory.eval.command import shipped_set
 from tiered_memory.eval.dataset import load_jsonl
 from tiered_memory.model import Message, Role
@@ -209,3 +209,22 @@ def test_summary_facts_do_not_displace_raw_turns_that_say_more() -> None:
     shown = _text(sel)
     for i in range(70, 80):
         assert f"老王{i}号面馆" in shown
+
+
+def test_the_lagging_turns_not_shown_lead_as_their_key_points() -> None:
+    """The turns after the summary's and before the first one shown come as their key points
+    (names, numbers), newest kept first when the room is short; none without such turns."""
+    messages = _messages(ZH_12_TURNS[:8])
+    c = Candidates(messages=messages, whole=True, lang="zh")
+    shown = Selection(raw=messages[-4:], system=None, first_turn=7)
+    digest = lagging_digest(c, shown, 3, 1000)
+    assert digest.startswith("最近几轮：\n")
+    for point in ("18度", "科幻片", "香山", "七点"):  # turns 4, 5, 6
+        assert point in digest
+    for point in ("398元", "2次", "防晒霜"):  # turns 3, 2 (covered) and 7 (shown)
+        assert point not in digest
+    short = lagging_digest(c, shown, 3, 60)
+    assert 0 < len(short) <= 60
+    assert short.split("\n")[-1] == digest.split("\n")[-1]
+    assert lagging_digest(c, shown, 6, 1000) == ""
+    assert lagging_digest(c, Selection(raw=[], system=None), 3, 1000) == ""

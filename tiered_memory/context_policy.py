@@ -40,6 +40,7 @@ LABELS = {
         "condensed": "[更早的对话（精简）]",
         "salient": "[更早提到的要点]",
         "snippets": "[早前对话片段]",
+        "lagging": "最近几轮：",
         "user": "用户：",
         "assistant": "助手：",
     },
@@ -49,6 +50,7 @@ LABELS = {
         "condensed": "[Earlier turns, condensed]",
         "salient": "[Said earlier]",
         "snippets": "[Earlier in this conversation]",
+        "lagging": "Recent turns: ",
         "user": "User: ",
         "assistant": "Assistant: ",
     },
@@ -206,6 +208,26 @@ def choose(c: Candidates, max_chars: int) -> Selection:
     snippets = _snippet_lines(c, first_raw=raw_tail[0].seq if raw_tail else None)
     sel, extra = _with_question(best, snippets, c.names, room, max_chars - head, labels)
     return _finish(c, sel, subject, extra, labels)
+
+
+def lagging_digest(c: Candidates, sel: Selection, covered_turns: int, room: int) -> str:
+    """The key points of the turns after `covered_turns` (the summary does not hold them yet: it
+    lags behind a slow LLM) that `sel` does not show, newest kept first, in `room` characters
+    with their label; empty when there are none. Made of each message's view, which the context
+    works out anyway and keeps: no extraction runs on the request path."""
+    first = sel.first_turn
+    if not first:
+        return ""
+    read = c.views or (lambda m: view_of(notes_of(m.content), c.terms_salient, c.names))
+    labels = LABELS[c.lang]
+    lines = []
+    for m in c.messages:
+        if covered_turns < m.turn < first and m.answered:
+            points = read(m).salient or read(m).condensed
+            if points:
+                lines.append((m.seq, m.turn, labels[m.role.value] + points))
+    kept = _fit_lines(lines, room, labels["lagging"])
+    return "\n".join([labels["lagging"], *(text for _, _, text in kept)]) if kept else ""
 
 
 def _raw_features(

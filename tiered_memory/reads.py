@@ -24,7 +24,7 @@ from tiered_memory.context import (
     window,
     window_start_turn,
 )
-from tiered_memory.context_policy import Candidates, Facts, Selection, choose
+from tiered_memory.context_policy import Candidates, Facts, Selection, choose, lagging_digest
 from tiered_memory.errors import Forbidden, HotUnavailable, SqlUnavailable
 from tiered_memory.history import History
 from tiered_memory.language import language_of
@@ -334,8 +334,9 @@ class SessionReads:
         shown, recent, terms, snippets = await self._material(
             session_id, walked, recent, max_chars=max_chars, question=question, exclude_message_id=exclude_message_id
         )
-        chosen = choose(self._candidates(session_id, walked, shown, terms, snippets), max_chars)
-        memory_text = await self._with_digest(walked, shown, chosen, max_chars=max_chars)
+        candidates = self._candidates(session_id, walked, shown, terms, snippets)
+        chosen = choose(candidates, max_chars)
+        memory_text = self._with_digest(walked, candidates, chosen, max_chars=max_chars)
         messages = compose(memory_text, alternate(chosen.raw), max_chars=max_chars)
         return self._shaped(session_id, walked, recent, messages, system_prompt=system_prompt, question=question)
 
@@ -463,26 +464,18 @@ class SessionReads:
             found = self._books.put((session_id, stamp), (FactBook.load(summary.structured),))
         return found[0]
 
-    async def _with_digest(
-        self, walked: _Walked, shown: list[Message], chosen: Selection, *, max_chars: int
-    ) -> str | None:
-        """The chosen system text, led by a digest of the turns the summary does not hold yet
-        and that the context does not show, so that a budget cut falls on the rest, not on them."""
+    def _with_digest(self, walked: _Walked, candidates: Candidates, chosen: Selection, *, max_chars: int) -> str | None:
+        """The chosen system text, led by the key points of the turns the summary does not hold
+        yet and that the context does not show, so that a budget cut falls on the rest, not on
+        them."""
+        if self._s.memory_mode != "summary":
+            return chosen.system
         summary = walked.answer.summary
-        covered = summary.covered_turns if summary else 0
-        first = chosen.first_turn
-        if self._s.memory_mode != "summary" or not first:
+        room = max(50, min(self._s.summary_max_chars, max_chars // 4))
+        digest = lagging_digest(candidates, chosen, summary.covered_turns if summary else 0, room)
+        if not digest:
             return chosen.system
-        uncovered = [m for m in shown if covered < m.turn < first]
-        if not uncovered:
-            return chosen.system
-        digest = await asyncio.to_thread(
-            self._extractor.extract, uncovered, max_chars=max(50, min(self._s.summary_max_chars, max_chars // 4))
-        )
-        if not digest.text:
-            return chosen.system
-        label = "最近几轮：" if language_of(digest.text) == "zh" else "Recent turns: "
-        return label + digest.text + (f"\n{chosen.system}" if chosen.system else "")
+        return digest + (f"\n{chosen.system}" if chosen.system else "")
 
     def _shaped(
         self,

@@ -42,8 +42,10 @@ from tiered_memory.tiers.sql_store import SqlStore
 log = structlog.get_logger("tiered_memory.service")
 
 # Messages the recall indexes of this process hold in all (least recently asked session dropped
-# first): about 2 KB each with their postings, so some 40 MB at most; 1,600 sessions of 12 turns.
-_RECALL_MESSAGES = 20_000
+# first): 0.5 to 2 KB each with their postings, so 20 to 80 MB at most; 3,300 sessions of 12
+# turns, or a 10,000-turn session beside 1,600 of them (a smaller bound rebuilt the long one's
+# index, seconds of tokenizing, each time a short one was asked about).
+_RECALL_MESSAGES = 40_000
 # How many sessions one sweep looks at; the next sweep takes the rest.
 _SWEEP_BATCH = 500
 # While another replica holds a session's summary lock, look again this often, this many times.

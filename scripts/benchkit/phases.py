@@ -296,10 +296,11 @@ async def settle_processes(b: Bench, port: int, quiet: int = 8) -> None:
         await asyncio.sleep(0.05)
 
 
-async def profiles(b: Bench, out_dir: Path) -> None:
-    """py-spy on the daemon during the hot reads, a warm read and appends at concurrency 64, and
-    the gateway loop at concurrency 1 with a 2 s LLM, each on its own (these runs are not in the
-    table: the sampler costs the daemon some time).
+async def profiles(b: Bench, out_dir: Path, lengths: Lengths | None) -> None:
+    """py-spy on the daemon during the hot reads, a warm read and appends at concurrency 64, the
+    gateway loop at concurrency 1 with a 2 s LLM, and the hot context and question of the
+    longest growth session at concurrency 1, each on its own (these runs are not in the table:
+    the sampler costs the daemon some time).
     The collapsed stacks go to `out_dir`, which must exist."""
     d = b.daemon.port
     await b.rewarm()
@@ -312,6 +313,12 @@ async def profiles(b: Bench, out_dir: Path) -> None:
         # The gateway loop of the slow-LLM figures, while the LLM takes 2 s.
         ("chat_slow_llm", 1, Spec("chat", d, chat(f"b{b.run}-profchat", 1, "m"), answered, label=chat_parts)),
     ]
+    if lengths is not None:
+        longest = lengths.full[max(lengths.full)]
+        cases += [
+            ("context_longest", 1, Spec("context_hot", d, spread(contexts([longest])), ok(200))),
+            ("question_longest", 1, Spec("context_question", d, spread(questions([longest])), ok(200))),
+        ]
     found: dict[str, Any] = {}
     # py-spy comes with the bench extra, into the same environment as this interpreter.
     beside = Path(sys.executable).parent / "py-spy"

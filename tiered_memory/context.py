@@ -26,17 +26,24 @@ class ChatMessage:
     content: str
 
 
-# Characters of raw messages a context hands the budget policy at least (key points are a small
-# part of what they come from), and messages of them read at most (a huge budget is still one
-# bounded read).
+# Characters of raw messages (window included) a context sizes its choice by at least, and older
+# messages it reads at most (a huge budget is still one bounded read).
 _OLDER_MIN_CHARS = 4000
 OLDER_MAX_MESSAGES = 400
 
 
-def older_chars(max_chars: int) -> int:
-    """Characters of raw messages, window included, that a context of `max_chars` chooses from:
-    about twice the budget (condensing halves long messages), and at least _OLDER_MIN_CHARS."""
-    return max(2 * max_chars, _OLDER_MIN_CHARS)
+def older_chars(max_chars: int, window_chars: int) -> int:
+    """Characters of raw messages from before the window that a context of `max_chars` chooses
+    from, beside a window of `window_chars`: one and a half times what twice the budget leaves
+    beside the window (condensing halves long messages, and key points are a small part of what
+    they come from), twice the budget being at least _OLDER_MIN_CHARS."""
+    return max(0, math.ceil(1.5 * (max(2 * max_chars, _OLDER_MIN_CHARS) - window_chars)))
+
+
+def hot_list_chars(max_chars: int) -> int:
+    """Characters of a session's newest messages that hold the window and the older messages of
+    a context of `max_chars` (older_chars beside any window), so that it reads nothing else."""
+    return older_chars(max_chars, 0)
 
 
 def window_start_turn(turn_count: int, keep_recent_turns: int) -> int:

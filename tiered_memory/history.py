@@ -101,30 +101,32 @@ class History:
         message_count: int | None,
         content_chars: int | None,
     ) -> list[Message]:
-        """Raw messages from before the window, newest last, about `room` characters of them and
-        at most OLDER_MAX_MESSAGES: a budget the summary and the window leave unused is better
-        spent on the turns themselves. The hot list is used first; SQL is asked (one bounded read)
-        only for what it lacks."""
+        """Raw messages from before the window, newest last: the newest that hold `room`
+        characters, at most OLDER_MAX_MESSAGES (a budget the summary and the window leave unused
+        is better spent on the turns themselves). The hot list is used first; SQL is asked (one
+        bounded read) only for what it lacks, so that both give the same messages."""
         if room <= 0 or not recent or recent[0].seq <= 1:
             return []
         first = recent[0].seq
         older = [m for m in available if m.seq < first]
         if (older and older[-1].seq != first - 1) or any(b.seq != a.seq + 1 for a, b in itertools.pairwise(older)):
             older = []  # not contiguous with the window: SQL answers instead
-        room -= sum(len(m.content) for m in older)
+        older = _newest_holding(older[-OLDER_MAX_MESSAGES:], room)
+        lacking = room - sum(len(m.content) for m in older)
         start = older[0].seq if older else first
-        # At most OLDER_MAX_MESSAGES in all: a hot list of that many terse ones is enough.
         most = OLDER_MAX_MESSAGES - len(older)
-        if room <= 0 or start <= 1 or most <= 0:
+        if lacking <= 0 or start <= 1 or most <= 0:
             return older
+        # The session's mean message length sizes the read; a little over, since the newest
+        # messages may be shorter than the mean, and what is over is dropped.
         mean = max(8.0, (content_chars or 0) / message_count) if message_count else 40.0
-        want = min(most, start - 1, math.ceil(1.5 * room / mean) + 2)
+        want = min(most, start - 1, math.ceil(1.25 * lacking / mean) + 2)
         try:
             rows = await self._store.messages_by_seq(session_id, first_seq=start - want, last_seq=start - 1, limit=want)
         except SqlUnavailable:
             self._sql_error("read_older")
             return older
-        return [*rows, *older]
+        return _newest_holding([*rows, *older], room)
 
     async def snippets(
         self, session_id: str, question: str, message_count: int, *, before_seq: int, seen: Sequence[Message]
@@ -228,6 +230,16 @@ class History:
                 break  # a gap in seq (not expected): what the index has is still right
         self._index.put(session_id, index)
         return index
+
+
+def _newest_holding(messages: Sequence[Message], chars: int) -> list[Message]:
+    """The newest of `messages` (oldest first) whose content reaches `chars` characters, or all."""
+    total = 0
+    for i in range(len(messages) - 1, -1, -1):
+        total += len(messages[i].content)
+        if total >= chars:
+            return list(messages[i:])
+    return list(messages)
 
 
 def _tokenize_all(tokenize: Callable[[str], list[str]], rows: Sequence[Message]) -> list[list[str]]:

@@ -402,7 +402,7 @@ class SessionReads:
             session_id,
             recent,
             available,
-            older_chars(max_chars) - _chars(recent),
+            older_chars(max_chars, _chars(recent)),
             message_count=count,
             content_chars=info.content_chars if info else hot.content_chars,
         )

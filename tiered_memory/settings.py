@@ -16,7 +16,7 @@ from pydantic import Field, PrivateAttr, SecretStr, ValidationError, field_valid
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from tiered_memory.auth import ApiToken, merge_tokens, parse_token_list, read_token_file
-from tiered_memory.context import OLDER_MAX_MESSAGES, older_chars
+from tiered_memory.context import OLDER_MAX_MESSAGES, hot_list_chars
 from tiered_memory.errors import ConfigError
 from tiered_memory.summarize.topics import load_keyword_groups
 from tiered_memory.tiers.hot import RecentBound
@@ -318,7 +318,7 @@ class Settings(BaseSettings):
         least = self.hot_recent_messages
         if not self.context_older_turns:
             return RecentBound(least=least, most=least)
-        return RecentBound(least=least, most=least + OLDER_MAX_MESSAGES, chars=older_chars(self.context_max_chars))
+        return RecentBound(least=least, most=least + OLDER_MAX_MESSAGES, chars=hot_list_chars(self.context_max_chars))
 
     def masked(self) -> dict[str, str]:
         """Effective settings keyed by variable name, secrets and URL passwords masked."""

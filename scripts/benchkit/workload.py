@@ -54,15 +54,23 @@ def contexts(session_ids: Sequence[str]) -> list[bytes]:
     return [get(f"/v1/sessions/{s}/context") for s in session_ids]
 
 
-def questions(session_ids: Sequence[str]) -> list[bytes]:
-    """Context reads with a question, which rank the session's earlier turns (BM25) for it."""
+def question_path(session_id: str) -> str:
+    """A context read with a question, which ranks the session's earlier turns (BM25) for it."""
     q = "%E5%88%9A%E6%89%8D%E9%82%A3%E4%B8%AA%E4%BA%A7%E5%93%81%E5%A4%9A%E5%B0%91%E9%92%B1"  # 刚才那个产品多少钱
-    return [get(f"/v1/sessions/{s}/context?question={q}") for s in session_ids]
+    return f"/v1/sessions/{session_id}/context?question={q}"
+
+
+def recall_path(session_id: str) -> str:
+    q = "%E4%BA%A7%E5%93%81%E4%BB%B7%E6%A0%BC"  # 产品价格
+    return f"/v1/sessions/{session_id}/recall?q={q}&k=5"
+
+
+def questions(session_ids: Sequence[str]) -> list[bytes]:
+    return [get(question_path(s)) for s in session_ids]
 
 
 def recalls(session_ids: Sequence[str]) -> list[bytes]:
-    q = "%E4%BA%A7%E5%93%81%E4%BB%B7%E6%A0%BC"  # 产品价格
-    return [get(f"/v1/sessions/{s}/recall?q={q}&k=5") for s in session_ids]
+    return [get(recall_path(s)) for s in session_ids]
 
 
 def per_worker(prefix: str) -> Callable[[int], str]:

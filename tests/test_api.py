@@ -686,6 +686,21 @@ async def test_a_long_terse_session_is_read_hot(daemon: Daemon) -> None:
     assert (again["messages"], small_again["messages"]) == (first["messages"], small["messages"])
 
 
+async def test_a_young_session_that_fits_is_answered_without_sql(daemon: Daemon) -> None:
+    """Before its first summary, a session whose messages all fit the budget is answered from the
+    hot tier alone: the summary walk (warm row, cold extraction) is skipped, since the whole
+    conversation is shown raw; at a budget it does not fit, the walk runs."""
+    sid = new_sid()
+    await play(daemon, sid, ZH_12_TURNS[:2])
+    with sql_statements(daemon) as statements:
+        ctx = await daemon.get(f"/v1/sessions/{sid}/context")
+    assert statements == []
+    assert ctx["summary_tier"] == "none"
+    assert [m["content"] for m in ctx["messages"]] == [text for turn in ZH_12_TURNS[:2] for text in turn]
+    tight = await daemon.get(f"/v1/sessions/{sid}/context?max_chars=60")
+    assert tight["summary_tier"] == "cold"
+
+
 async def test_older_turns_read_from_sql_are_kept_hot(daemon: Daemon) -> None:
     """After the hot tier lost a session, the first context reads the older turns it fills its
     budget with from SQL and puts them back in Redis: the next context reads no SQL at all. (The

@@ -316,6 +316,11 @@ class SessionReads:
             if hot.summary is not None:
                 turns = hot.turn_count if hot.turn_count is not None else hot.summary.covered_turns
                 return self._answer(session_id, Tier.HOT, hot.summary, turns), None
+            if _whole_and_fits(hot, max_chars):
+                # The context will be the whole conversation, raw: a summary would not be shown,
+                # and a young session's (none yet, its first LLM call still out) would be
+                # extracted from SQL on every request until it lands.
+                return self._answer(session_id, Tier.NONE, None, hot.turn_count or 0), None
             return await self._summary_below_hot(session_id, caller)
 
         (answer, warm_info), (available, info, rows) = await asyncio.gather(
@@ -564,6 +569,15 @@ class SessionReads:
                 self._metrics.tier_errors.labels("sql", "read_gap").inc()
                 return recent
         return [*gap, *recent]
+
+
+def _whole_and_fits(hot: HotSession, max_chars: int) -> bool:
+    """Whether the hot list holds every message of the session, and its answered ones fit
+    `max_chars`: then the policy shows them all raw, with no summary (context_policy.choose)."""
+    recent = hot.recent
+    if not recent or recent[0].seq != 1 or recent[-1].seq != hot.message_count or len(recent) != recent[-1].seq:
+        return False
+    return sum(len(m.content) for m in recent if m.answered) <= max_chars
 
 
 def _chars(messages: list[Message]) -> int:

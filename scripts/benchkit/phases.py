@@ -23,6 +23,7 @@ from benchkit.workload import (
     by_role,
     chat,
     chat_parts,
+    cold_contexts,
     contexts,
     conversation,
     naive_conversation,
@@ -66,7 +67,7 @@ async def main_table(b: Bench) -> None:
             Spec("sql_select", srv["sql_select"].port, hot_summary, ok(200), ceiling=True),
             Spec("summary_warm", d, once(summaries(warm)), ok(200, SUMMARY_FROM["warm"])),
             Spec("summary_cold", d, spread(summaries(b.cold)), ok(200, SUMMARY_FROM["cold"])),
-            Spec("context_cold", d, spread(contexts(b.cold)), ok(200, CONTEXT_FROM["cold"])),
+            Spec("context_cold", d, spread(cold_contexts(b.cold)), ok(200, CONTEXT_FROM["cold"])),
         ]
         await b.rounds(sql, c)
         writes = [
@@ -149,7 +150,7 @@ async def growth(b: Bench, s: Lengths) -> None:
         ("summary_warm", lambda n: once(summaries(s.warm[n])), SUMMARY_FROM["warm"], 4),
         # One share each: a read of 10,000 turns takes seconds.
         ("summary_cold", lambda n: spread(summaries([s.cold[n]])), SUMMARY_FROM["cold"], 1),
-        ("context_cold", lambda n: spread(contexts([s.cold[n]])), CONTEXT_FROM["cold"], 1),
+        ("context_cold", lambda n: spread(cold_contexts([s.cold[n]])), CONTEXT_FROM["cold"], 1),
     ]
     for name, make, needle, n_rounds in reads:
         b.log(f"growth: {name}")

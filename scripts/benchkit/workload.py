@@ -54,6 +54,13 @@ def contexts(session_ids: Sequence[str]) -> list[bytes]:
     return [get(f"/v1/sessions/{s}/context") for s in session_ids]
 
 
+def cold_contexts(session_ids: Sequence[str]) -> list[bytes]:
+    """Contexts at a budget the sessions do not fit, so that each read walks to the summary of
+    a session that has none, the cold extraction (one that fits is shown whole, raw, and needs
+    no summary: after its first read it is answered from the hot tier)."""
+    return [get(f"/v1/sessions/{s}/context?max_chars=300") for s in session_ids]
+
+
 def question_path(session_id: str) -> str:
     """A context read with a question, which ranks the session's earlier turns (BM25) for it."""
     q = "%E5%88%9A%E6%89%8D%E9%82%A3%E4%B8%AA%E4%BA%A7%E5%93%81%E5%A4%9A%E5%B0%91%E9%92%B1"  # 刚才那个产品多少钱

@@ -58,7 +58,7 @@ def cold_contexts(session_ids: Sequence[str]) -> list[bytes]:
     """Contexts at a budget the sessions do not fit, so that each read walks to the summary of
     a session that has none, the cold extraction (one that fits is shown whole, raw, and needs
     no summary: after its first read it is answered from the hot tier)."""
-    return [get(f"/v1/sessions/{s}/context?max_chars=300") for s in session_ids]
+    return [get(f"/v1/sessions/{s}/context?max_chars=200") for s in session_ids]
 
 
 def question_path(session_id: str) -> str:

@@ -47,13 +47,20 @@ class Clock:
 # client, which URLs with options (and TLS, sockets) get.
 @pytest.fixture(params=["memory", "redis", "redis-py"])
 async def hot(request: pytest.FixtureRequest) -> AsyncIterator[HotTier]:
+    async for tier in _tier_of(request, RECENT):
+        yield tier
+
+
+async def _tier_of(request: pytest.FixtureRequest, recent: RecentBound) -> AsyncIterator[HotTier]:
+    """The tier of the fixture's parameter, its list bounded by `recent`; a Redis one under a key
+    prefix of its own, flushed after."""
     if request.param == "memory":
-        yield MemoryHot(max_sessions=100, summary_ttl_s=SUMMARY_TTL, history_ttl_s=HISTORY_TTL, recent=RECENT)
+        yield MemoryHot(max_sessions=100, summary_ttl_s=SUMMARY_TTL, history_ttl_s=HISTORY_TTL, recent=recent)
         return
     servers: RealServers = request.getfixturevalue("real_servers")
     prefix = f"tmt{servers.run_id}{uuid.uuid4().hex[:6]}"
     url = servers.redis_url if request.param == "redis" else f"{servers.redis_url}?socket_keepalive=true"
-    tier = _redis_tier(url, prefix)
+    tier = _redis_tier(url, prefix, recent)
     assert (tier._mux is not None) == (request.param == "redis")
     yield tier
     await tier.aclose()
@@ -102,15 +109,8 @@ TEXTS += [*"zyxwvu", "the sixteenth one is long", *"srq"]
 
 @pytest.fixture(params=["memory", "redis"])
 async def by_chars(request: pytest.FixtureRequest) -> AsyncIterator[HotTier]:
-    if request.param == "memory":
-        yield MemoryHot(max_sessions=10, summary_ttl_s=SUMMARY_TTL, history_ttl_s=HISTORY_TTL, recent=CHARS)
-        return
-    servers: RealServers = request.getfixturevalue("real_servers")
-    prefix = f"tmt{servers.run_id}{uuid.uuid4().hex[:6]}"
-    tier = _redis_tier(servers.redis_url, prefix, CHARS)
-    yield tier
-    await tier.aclose()
-    redis_flush_prefix(servers.redis_url, prefix)
+    async for tier in _tier_of(request, CHARS):
+        yield tier
 
 
 def said(sid: str, seq: int) -> Message:

@@ -689,7 +689,9 @@ async def test_a_long_terse_session_is_read_hot(daemon: Daemon) -> None:
 async def test_a_young_session_that_fits_is_answered_without_sql(daemon: Daemon) -> None:
     """Before its first summary, a session whose messages all fit the budget is answered from the
     hot tier alone: the summary walk (warm row, cold extraction) is skipped, since the whole
-    conversation is shown raw; at a budget it does not fit, the walk runs."""
+    conversation is shown raw. At a budget it does not fit, no extraction runs on the request
+    either while the hot list holds it whole (the policy condenses its raw turns); once Redis
+    lost it, the cold extraction answers."""
     sid = new_sid()
     await play(daemon, sid, ZH_12_TURNS[:2])
     with sql_statements(daemon) as statements:
@@ -698,7 +700,11 @@ async def test_a_young_session_that_fits_is_answered_without_sql(daemon: Daemon)
     assert ctx["summary_tier"] == "none"
     assert [m["content"] for m in ctx["messages"]] == [text for turn in ZH_12_TURNS[:2] for text in turn]
     tight = await daemon.get(f"/v1/sessions/{sid}/context?max_chars=60")
-    assert tight["summary_tier"] == "cold"
+    assert tight["summary_tier"] == "none"
+    assert sum(len(m["content"]) for m in tight["messages"]) <= 60
+    await daemon.flush_hot()
+    cold = await daemon.get(f"/v1/sessions/{sid}/context?max_chars=60")
+    assert cold["summary_tier"] == "cold"
 
 
 async def test_older_turns_read_from_sql_are_kept_hot(daemon: Daemon) -> None:

@@ -6,7 +6,7 @@ is skipped, counted and logged; what SQL gave is written back to the hot tier.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -157,9 +157,11 @@ class SessionReads:
             await self._backfill(info, summary=answer.summary if answer.tier is Tier.WARM else None, recent=None)
         return answer
 
-    async def _summary_below_hot(self, session_id: str, caller: Caller) -> tuple[SummaryAnswer, SessionInfo | None]:
-        """The warm row, else the cold extraction, else none; with the session SQL returned.
-        Raises Forbidden when SQL says the session is not the caller's."""
+    async def _summary_below_hot(
+        self, session_id: str, caller: Caller, *, cold: bool = True
+    ) -> tuple[SummaryAnswer, SessionInfo | None]:
+        """The warm row, else the cold extraction (unless not `cold`), else none; with the
+        session SQL returned. Raises Forbidden when SQL says the session is not the caller's."""
         try:
             summary, info = await self._store.get_summary(session_id)
         except SqlUnavailable:
@@ -170,9 +172,9 @@ class SessionReads:
         authorize(caller, info.owner)
         if summary is not None:
             return self._answer(session_id, Tier.WARM, summary, info.turn_count), info
-        cold = await self._cold_summary(info)
-        tier = Tier.NONE if cold is None else Tier.COLD
-        return self._answer(session_id, tier, cold, info.turn_count), info
+        extracted = await self._cold_summary(info) if cold else None
+        tier = Tier.NONE if extracted is None else Tier.COLD
+        return self._answer(session_id, tier, extracted, info.turn_count), info
 
     async def _backfill(self, info: SessionInfo, *, summary: Summary | None, recent: list[Message] | None) -> None:
         try:
@@ -316,12 +318,16 @@ class SessionReads:
             if hot.summary is not None:
                 turns = hot.turn_count if hot.turn_count is not None else hot.summary.covered_turns
                 return self._answer(session_id, Tier.HOT, hot.summary, turns), None
-            if _whole_and_fits(hot, max_chars):
+            whole = _whole(hot)
+            if whole and _chars([m for m in hot.recent if m.answered]) <= max_chars:
                 # The context will be the whole conversation, raw: a summary would not be shown,
                 # and a young session's (none yet, its first LLM call still out) would be
                 # extracted from SQL on every request until it lands.
                 return self._answer(session_id, Tier.NONE, None, hot.turn_count or 0), None
-            return await self._summary_below_hot(session_id, caller)
+            # A warm row may be there (the hot summary evicted); an extraction is not made on a
+            # request for a session the hot list holds whole: the policy condenses its raw turns
+            # itself, until the summary job's summary lands.
+            return await self._summary_below_hot(session_id, caller, cold=not whole)
 
         (answer, warm_info), (available, info, rows) = await asyncio.gather(
             summary_part(), self._window_rows(session_id, hot, known, keep)
@@ -571,16 +577,13 @@ class SessionReads:
         return [*gap, *recent]
 
 
-def _whole_and_fits(hot: HotSession, max_chars: int) -> bool:
-    """Whether the hot list holds every message of the session, and its answered ones fit
-    `max_chars`: then the policy shows them all raw, with no summary (context_policy.choose)."""
+def _whole(hot: HotSession) -> bool:
+    """Whether the hot list holds every message of the session."""
     recent = hot.recent
-    if not recent or recent[0].seq != 1 or recent[-1].seq != hot.message_count or len(recent) != recent[-1].seq:
-        return False
-    return sum(len(m.content) for m in recent if m.answered) <= max_chars
+    return bool(recent) and recent[0].seq == 1 and recent[-1].seq == hot.message_count == len(recent)
 
 
-def _chars(messages: list[Message]) -> int:
+def _chars(messages: Sequence[Message]) -> int:
     return sum(len(m.content) for m in messages)
 
 

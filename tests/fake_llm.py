@@ -31,6 +31,7 @@ class Behaviour:
 class FakeLlm:
     behaviour: Behaviour = field(default_factory=Behaviour)
     requests: list[dict[str, Any]] = field(default_factory=list)
+    usage: list[dict[str, int]] = field(default_factory=list)  # what each ok reply reported
     in_flight: int = 0
     completed: int = 0
     url: str = ""
@@ -59,11 +60,18 @@ class FakeLlm:
             if b.mode == "no_choices":
                 return web.json_response({"id": "x", "choices": []})
             content = "   " if b.mode == "empty" else b.text
+            # A token a character: what the tests of the usage counters add up.
+            usage = {
+                "prompt_tokens": sum(len(m["content"]) for m in body["messages"]),
+                "completion_tokens": len(content),
+            }
+            self.usage.append(usage)
             return web.json_response(
                 {
                     "id": "chatcmpl-test",
                     "object": "chat.completion",
                     "choices": [{"index": 0, "message": {"role": "assistant", "content": content}}],
+                    "usage": usage,
                 }
             )
         finally:

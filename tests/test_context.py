@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from tiered_memory.context import (
     ChatMessage,
+    ago,
     alternate,
     hot_window_complete,
     window,
@@ -49,3 +50,12 @@ def test_hot_window_completeness() -> None:
     assert hot_window_complete(gap, message_count=12, turn_count=6, keep_recent_turns=3) is False
     assert hot_window_complete(msgs[:4], message_count=4, turn_count=2, keep_recent_turns=3) is True
     assert hot_window_complete([], message_count=None, turn_count=None, keep_recent_turns=3) is False
+
+
+def test_how_long_ago_in_minutes_hours_and_days() -> None:
+    """Minutes under two hours, then hours under two days, then days; in each language."""
+    cases = [(30, "1分钟前", "1 minute ago"), (90 * 60, "90分钟前", "90 minutes ago")]
+    cases += [(2 * 3600, "2小时前", "2 hours ago"), (47 * 3600, "47小时前", "47 hours ago")]
+    cases += [(3 * 86400, "3天前", "3 days ago"), (2 * 86400, "2天前", "2 days ago")]
+    for seconds, zh, en in cases:
+        assert (ago(seconds, "zh"), ago(seconds, "en")) == (zh, en), seconds

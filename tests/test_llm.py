@@ -12,12 +12,14 @@ from typing import Any
 
 import aiohttp
 import pytest
+from prometheus_client import CollectorRegistry
 
 from tests.conftest import Daemon, new_sid, play
 from tests.conversations import EN_3_TURNS, MIXED_3_TURNS, ZH_12_TURNS, ZH_EARLY_EVIDENCE
 from tests.fake_llm import Behaviour, FakeLlm
 from tiered_memory.errors import LlmFailed
 from tiered_memory.language import Language, conversation_language, language_of
+from tiered_memory.metrics import Metrics
 from tiered_memory.model import Message, Role
 from tiered_memory.summarize.llm import LlmSummarizer, default_prompt, load_prompts
 
@@ -330,5 +332,61 @@ async def test_delete_during_a_summary_leaves_nothing_behind(backend_env: dict[s
         assert fresh["tier"] == "cold"
         assert "李四" in fresh["summary"]
         assert "张三" not in fresh["summary"]
+    finally:
+        await d.stop()
+
+
+async def test_extra_body_is_merged_and_usage_is_counted(fake_llm: FakeLlm) -> None:
+    """LLM_EXTRA_BODY's keys go into every request beside (or over) the daemon's own, never over
+    the model or the messages; each reply's usage is counted by model and direction, and priced
+    at LLM_PRICES per million tokens."""
+    metrics = Metrics(CollectorRegistry())
+    async with aiohttp.ClientSession() as session:
+        llm = LlmSummarizer(
+            session,
+            base_url=fake_llm.url,
+            api_key=None,
+            model="summary-model",
+            max_tokens=120,
+            timeout_s=2.0,
+            prompts=load_prompts(None),
+            max_chars=50,
+            extra_body={"thinking": {"type": "enabled"}, "temperature": 0},
+            on_usage=metrics.llm_usage("summary-model", {"summary-model": {"input": 2.0, "output": 8.0}}),
+        )
+        await llm.summarize(None, _messages())
+        await llm.summarize("已有", _messages())
+    bodies = [r["body"] for r in fake_llm.requests]
+    assert all(b["thinking"] == {"type": "enabled"} and b["temperature"] == 0 for b in bodies)
+    assert all(b["model"] == "summary-model" and b["max_tokens"] == 120 for b in bodies)
+    prompt = sum(u["prompt_tokens"] for u in fake_llm.usage)
+    completion = sum(u["completion_tokens"] for u in fake_llm.usage)
+    assert prompt > completion > 0
+    sample = metrics.registry.get_sample_value
+    assert sample("tiered_memory_llm_tokens_total", {"model": "summary-model", "direction": "input"}) == prompt
+    assert sample("tiered_memory_llm_tokens_total", {"model": "summary-model", "direction": "output"}) == completion
+    cost = sample("tiered_memory_llm_cost_total", {"model": "summary-model"})
+    assert cost == pytest.approx((2.0 * prompt + 8.0 * completion) / 1_000_000)
+
+
+async def test_the_daemon_sends_the_extra_body_and_counts_usage(backend_env: dict[str, str], fake_llm: FakeLlm) -> None:
+    """Over HTTP on each backend: the summaries' requests carry LLM_EXTRA_BODY, the model comes
+    from VOLC_ARK_KB_MODEL when SUMMARY_MODEL is unset, and /metrics shows the tokens."""
+    env = _llm_env(backend_env, fake_llm)
+    del env["SUMMARY_MODEL"]
+    env |= {"VOLC_ARK_KB_MODEL": "ark-kb", "LLM_EXTRA_BODY": '{"thinking": {"type": "disabled"}}'}
+    d = Daemon(env)
+    await d.start_quiet(fake_llm)
+    try:
+        sid = new_sid()
+        await play(d, sid, ZH_12_TURNS[:3])
+        await d.settle()
+        mine = [r["body"] for r in fake_llm.requests if ZH_12_TURNS[0][0] in r["body"]["messages"][-1]["content"]]
+        assert mine
+        assert all(b["model"] == "ark-kb" and b["thinking"] == {"type": "disabled"} for b in mine)
+        text = await (await d.http.get("/metrics")).text()
+        line = next(x for x in text.splitlines() if x.startswith("tiered_memory_llm_tokens_total{"))
+        assert 'model="ark-kb"' in line
+        assert float(line.rsplit(" ", 1)[1]) > 0
     finally:
         await d.stop()

@@ -57,6 +57,11 @@ def test_defaults_are_those_of_the_replaced_system() -> None:
         ({"ALLOW_UNAUTHENTICATED": "perhaps"}, "ALLOW_UNAUTHENTICATED: input should be a valid boolean"),
         ({"LOG_MESSAGE_CONTENT": "perhaps"}, "LOG_MESSAGE_CONTENT: input should be a valid boolean"),
         ({"API_TOKENS_FILE": "/nonexistent/tokens"}, "API_TOKENS_FILE: expected a readable UTF-8 file"),
+        ({"LLM_EXTRA_BODY": "[1]"}, "LLM_EXTRA_BODY: expected a JSON object"),
+        ({"LLM_EXTRA_BODY": "{thinking}"}, "LLM_EXTRA_BODY: expected a JSON object"),
+        ({"LLM_EXTRA_BODY": '{"messages": []}'}, "LLM_EXTRA_BODY: messages is set by the daemon"),
+        ({"LLM_PRICES": '{"m": {"input": 1}}'}, 'LLM_PRICES: m: expected {"input": N, "output": N}'),
+        ({"LLM_PRICES": '{"m": {"input": -1, "output": 1}}'}, 'LLM_PRICES: m: expected {"input": N, "output": N}'),
     ],
 )
 def test_bad_values_name_the_variable(env: dict[str, str], expected: str) -> None:
@@ -209,3 +214,15 @@ def test_config_command_masks_tokens(monkeypatch: pytest.MonkeyPatch, capsys: py
     out = capsys.readouterr().out
     assert json.loads(out)["API_TOKENS"] == "****"
     assert TOKEN not in out
+
+
+def test_the_summary_model_falls_back_to_the_knowledge_base_model() -> None:
+    """SUMMARY_MODEL unset: VOLC_ARK_KB_MODEL, the model the gateways already name; SUMMARY_MODEL
+    wins when both are set."""
+    url = {"LLM_BASE_URL": "http://127.0.0.1:9/v1"}
+    assert Settings.from_env(url | {"VOLC_ARK_KB_MODEL": "ark-kb"}).summary_model == "ark-kb"
+    both = url | {"VOLC_ARK_KB_MODEL": "ark-kb", "SUMMARY_MODEL": "m"}
+    assert Settings.from_env(both).summary_model == "m"
+    assert Settings.from_env({"LLM_EXTRA_BODY": '{"thinking": {"type": "enabled"}}'}).llm_extra_body == {
+        "thinking": {"type": "enabled"}
+    }

@@ -95,6 +95,8 @@ def build_llm(settings: Settings, session: aiohttp.ClientSession, metrics: Metri
         breaker=metrics.breaker(
             "llm", failures=settings.llm_breaker_failures, reset_s=settings.llm_breaker_reset_seconds
         ),
+        extra_body=settings.llm_extra_body,
+        on_usage=metrics.llm_usage(settings.summary_model, settings.llm_prices),
     )
 
 

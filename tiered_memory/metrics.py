@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from tiered_memory.breaker import BreakerState, CircuitBreaker
@@ -121,11 +123,37 @@ class Metrics:
             buckets=_LAG_BUCKETS,
             registry=registry,
         )
+        self.llm_tokens = Counter(
+            "tiered_memory_llm_tokens_total",
+            "Tokens the LLM reported using (its replies' usage), by model and direction (input, output).",
+            ["model", "direction"],
+            registry=registry,
+        )
+        self.llm_cost = Counter(
+            "tiered_memory_llm_cost_total",
+            "What those tokens cost at LLM_PRICES (per million tokens, in the prices' currency), by model.",
+            ["model"],
+            registry=registry,
+        )
         self.pending_summarizations = Gauge(
             "tiered_memory_pending_summarizations",
             "Summarizations scheduled or running in this process.",
             registry=registry,
         )
+
+    def llm_usage(self, model: str, prices: Mapping[str, Mapping[str, float]]) -> Callable[[int, int], None]:
+        """What counts one reply's tokens of `model`, and their cost when `prices` has the model."""
+        price = prices.get(model)
+
+        def count(prompt_tokens: int, completion_tokens: int) -> None:
+            self.llm_tokens.labels(model, "input").inc(prompt_tokens)
+            self.llm_tokens.labels(model, "output").inc(completion_tokens)
+            if price is not None:
+                self.llm_cost.labels(model).inc(
+                    (prompt_tokens * price["input"] + completion_tokens * price["output"]) / 1_000_000
+                )
+
+        return count
 
     def breaker(self, name: str, *, failures: int, reset_s: float) -> CircuitBreaker:
         """A circuit breaker for one dependency whose state and refusals are exported."""

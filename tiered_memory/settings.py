@@ -7,12 +7,13 @@ here reads the process environment by itself, so importing this module has no si
 from __future__ import annotations
 
 import ipaddress
+import json
 import string
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import Field, PrivateAttr, SecretStr, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from tiered_memory.auth import ApiToken, merge_tokens, parse_token_list, read_token_file
@@ -42,6 +43,8 @@ class Settings(BaseSettings):
     structured_summary_max_tokens: int = Field(1500, alias="STRUCTURED_SUMMARY_MAX_TOKENS", ge=64, le=32000)
     summary_redis_ttl_seconds: int = Field(7200, alias="SUMMARY_REDIS_TTL_SECONDS", ge=1)
     summary_model: str = Field("", alias="SUMMARY_MODEL")
+    # The knowledge-base model of the gateways this daemon serves: SUMMARY_MODEL when that is unset.
+    volc_ark_kb_model: str = Field("", alias="VOLC_ARK_KB_MODEL")
     summary_min_turns_to_persist: int = Field(2, alias="SUMMARY_MIN_TURNS_TO_PERSIST", ge=0)
     # At most 16,000 characters: 4 bytes each still fit MySQL's TEXT column (64 KiB).
     summary_max_chars: int = Field(1400, alias="SUMMARY_MAX_CHARS", ge=50, le=16_000)
@@ -81,6 +84,10 @@ class Settings(BaseSettings):
     llm_timeout_seconds: float = Field(15.0, alias="LLM_TIMEOUT_SECONDS", gt=0, le=600)
     llm_breaker_failures: int = Field(3, alias="LLM_BREAKER_FAILURES", ge=1, le=1000)
     llm_breaker_reset_seconds: float = Field(30.0, alias="LLM_BREAKER_RESET_SECONDS", gt=0, le=86_400)
+    # A JSON object merged into every chat-completions request, e.g. {"thinking": {"type": "enabled"}}.
+    llm_extra_body: dict[str, Any] = Field(default_factory=dict, alias="LLM_EXTRA_BODY")
+    # Prices per million tokens by model, {"model": {"input": 0.8, "output": 2.0}}: the cost counter.
+    llm_prices: dict[str, dict[str, float]] = Field(default_factory=dict, alias="LLM_PRICES")
 
     # --- hot-tier shape ---
     history_ttl_seconds: int = Field(1800, alias="HISTORY_TTL_SECONDS", ge=1)
@@ -152,6 +159,43 @@ class Settings(BaseSettings):
     @classmethod
     def _upper_level(cls, value: object) -> object:
         return value.upper() if isinstance(value, str) else value
+
+    @field_validator("llm_extra_body", "llm_prices", mode="before")
+    @classmethod
+    def _json_object(cls, value: object, info: ValidationInfo) -> object:
+        if not isinstance(value, str):
+            return value
+        name = cls.model_fields[str(info.field_name)].alias
+        try:
+            doc = json.loads(value)
+        except ValueError:
+            raise ValueError(f"{name}: expected a JSON object") from None
+        if not isinstance(doc, dict):
+            raise ValueError(f"{name}: expected a JSON object")
+        return doc
+
+    @field_validator("llm_extra_body")
+    @classmethod
+    def _no_owned_keys(cls, value: dict[str, Any]) -> dict[str, Any]:
+        owned = sorted({"model", "messages"} & value.keys())
+        if owned:
+            raise ValueError(f"LLM_EXTRA_BODY: {', '.join(owned)} is set by the daemon (SUMMARY_MODEL, the prompt)")
+        return value
+
+    @field_validator("llm_prices")
+    @classmethod
+    def _prices(cls, value: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+        for model, price in value.items():
+            if set(price) != {"input", "output"} or min(price.values()) < 0:
+                raise ValueError(f'LLM_PRICES: {model}: expected {{"input": N, "output": N}}, per million tokens, >= 0')
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _model_fallback(cls, data: object) -> object:
+        if isinstance(data, dict) and not data.get("SUMMARY_MODEL") and data.get("VOLC_ARK_KB_MODEL"):
+            return {**data, "SUMMARY_MODEL": data["VOLC_ARK_KB_MODEL"]}
+        return data
 
     @model_validator(mode="after")
     def _cross_check(self) -> Settings:

@@ -123,8 +123,15 @@ class LlmSummarizer:
         prompts: Mapping[Language, str],
         max_chars: int,
         breaker: CircuitBreaker | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        on_usage: Callable[[int, int], None] | None = None,
     ) -> None:
+        """`extra_body` is merged into every request (LLM_EXTRA_BODY; it may set what the daemon
+        sets but the model and the messages); `on_usage` gets the prompt and completion tokens a
+        reply reports in `usage`."""
         self._session = session
+        self._extra_body = dict(extra_body or {})
+        self._on_usage = on_usage
         self._breaker = breaker
         self._url = base_url.rstrip("/") + "/chat/completions"
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -197,7 +204,7 @@ class LlmSummarizer:
                 {"role": "system", "content": self._prompts[language].text},
                 {"role": "user", "content": user_content},
             ],
-        }
+        } | self._extra_body
         try:
             async with asyncio.timeout(self._timeout):
                 async with self._session.post(self._url, json=body, headers=self._headers) as resp:
@@ -218,6 +225,16 @@ class LlmSummarizer:
             raise LlmFailed("malformed", type(exc).__name__) from exc
         if not isinstance(content, str):
             raise LlmFailed("malformed", "content is not a string")
+        self._count_usage(doc.get("usage"))
         if not content.strip():
             raise LlmFailed("empty", "blank content")
         return content
+
+    def _count_usage(self, usage: object) -> None:
+        """Report the tokens a reply says it used; a reply without them, or with anything but
+        counts there, reports nothing (usage is optional in the protocol)."""
+        if self._on_usage is None or not isinstance(usage, dict):
+            return
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if type(prompt) is int and type(completion) is int and prompt >= 0 and completion >= 0:
+            self._on_usage(prompt, completion)

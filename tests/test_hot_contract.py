@@ -127,8 +127,8 @@ async def _append_all(hot: HotTier, sid: str, seqs: range) -> None:
 async def test_recent_list_is_bounded_by_characters(by_chars: HotTier) -> None:
     """Past `least` messages the list keeps only as many of the newest as hold `chars` characters
     (as Python counts them), and never more than `most`; a refill from SQL keeps the same, and the
-    appends after it go on from its total, as do appends to a list whose total was never kept (a
-    daemon that kept none wrote it)."""
+    appends after it go on from its total, as do appends to a list whose total was never kept or
+    no longer holds (a daemon that keeps none appended to it, or refilled it)."""
     sid = new_sid()
     await _append_all(by_chars, sid, range(1, 12))
     history = [said(sid, s) for s in range(1, 12)]
@@ -145,6 +145,17 @@ async def test_recent_list_is_bounded_by_characters(by_chars: HotTier) -> None:
         await by_chars._r.hset(by_chars._keys.state(sid), "msgs", 16)
         first = 17
     await _append_all(by_chars, sid, range(first, 22))
+    if isinstance(by_chars, RedisHot):
+        # A daemon that keeps no total refills the list with a window at the same count.
+        window = [said(sid, s) for s in range(12, 22)]
+        await by_chars._r.delete(by_chars._keys.recent(sid))
+        await by_chars._r.rpush(by_chars._keys.recent(sid), *(encode_message(m) for m in window))
+        for seq in range(22, 26):
+            await by_chars.record_append(
+                said(sid, seq), turn_count=seq // 2, message_count=seq, last_activity=1.0, owner=OWNER
+            )
+        expected = CHARS.keep([*window, *(said(sid, s) for s in range(22, 26))])
+        assert [m.seq for m in (await by_chars.read_session(sid)).recent] == [m.seq for m in expected]
 
 
 def test_recent_bound_keeps_the_newest_and_knows_its_room() -> None:

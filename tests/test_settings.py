@@ -62,6 +62,7 @@ def test_defaults_are_those_of_the_replaced_system() -> None:
         ({"LLM_EXTRA_BODY": '{"messages": []}'}, "LLM_EXTRA_BODY: messages is set by the daemon"),
         ({"LLM_PRICES": '{"m": {"input": 1}}'}, 'LLM_PRICES: m: expected {"input": N, "output": N}'),
         ({"LLM_PRICES": '{"m": {"input": -1, "output": 1}}'}, 'LLM_PRICES: m: expected {"input": N, "output": N}'),
+        ({"LLM_PRICES": '{"m": {"input": NaN, "output": 1}}'}, 'LLM_PRICES: m: expected {"input": N, "output": N}'),
     ],
 )
 def test_bad_values_name_the_variable(env: dict[str, str], expected: str) -> None:

@@ -89,6 +89,11 @@ class History:
                 await task
 
     def forget(self, session_id: str) -> None:
+        """Drop the session's index, and any build of it under way (it would put the deleted
+        session's index back)."""
+        build = self._builds.pop(session_id, None)
+        if build is not None:
+            build.cancel()
         self._index.forget(session_id)
 
     async def older(
@@ -146,6 +151,10 @@ class History:
                 return terms, []
             except SqlUnavailable:
                 return terms, []  # counted by _built
+            except asyncio.CancelledError:
+                if _cancelling():
+                    raise
+                return terms, []  # the session was deleted meanwhile (forget)
         turns: list[list[Message]] = []
         done: set[int] = set()
         for seq, _score in index.search(terms, k=2 * _SNIPPET_TURNS, before_seq=before_seq):
@@ -166,9 +175,16 @@ class History:
             return []
         index = self._ready(session_id, message_count, ())
         if index is None:
-            # A build under way may stop short of message_count: the second catches up the rest.
-            await asyncio.shield(self._build(session_id, message_count, ()))
-            index = await self._caught_up(session_id, message_count, ())
+            # A build under way may stop short of message_count (the second call catches up the
+            # rest) or reach past it (a question read a newer count): either serves.
+            try:
+                index = await asyncio.shield(self._build(session_id, message_count, ()))
+            except asyncio.CancelledError:
+                if _cancelling():
+                    raise
+                return []  # the session was deleted meanwhile (forget)
+            if index.last_seq < message_count:
+                index = await self._caught_up(session_id, message_count, ())
         hits = index.search(terms, k=k)
         if not hits:
             return []
@@ -230,6 +246,12 @@ class History:
                 break  # a gap in seq (not expected): what the index has is still right
         self._index.put(session_id, index)
         return index
+
+
+def _cancelling() -> bool:
+    """Whether the running task itself is being cancelled (not only a build it waited for)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def _newest_holding(messages: Sequence[Message], chars: int) -> list[Message]:

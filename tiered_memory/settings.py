@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import math
 import string
 from collections.abc import Mapping
 from pathlib import Path
@@ -186,7 +187,7 @@ class Settings(BaseSettings):
     @classmethod
     def _prices(cls, value: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
         for model, price in value.items():
-            if set(price) != {"input", "output"} or min(price.values()) < 0:
+            if set(price) != {"input", "output"} or not all(math.isfinite(v) and v >= 0 for v in price.values()):
                 raise ValueError(f'LLM_PRICES: {model}: expected {{"input": N, "output": N}}, per million tokens, >= 0')
         return value
 

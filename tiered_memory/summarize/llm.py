@@ -220,12 +220,16 @@ class LlmSummarizer:
     def _parse(self, raw: bytes) -> str:
         try:
             doc: Any = json.loads(raw)
+        except ValueError as exc:
+            raise LlmFailed("malformed", type(exc).__name__) from exc
+        # What the call cost is counted whatever its content turns out to be.
+        self._count_usage(doc.get("usage") if isinstance(doc, dict) else None)
+        try:
             content = doc["choices"][0]["message"]["content"]
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
+        except (KeyError, IndexError, TypeError) as exc:
             raise LlmFailed("malformed", type(exc).__name__) from exc
         if not isinstance(content, str):
             raise LlmFailed("malformed", "content is not a string")
-        self._count_usage(doc.get("usage"))
         if not content.strip():
             raise LlmFailed("empty", "blank content")
         return content

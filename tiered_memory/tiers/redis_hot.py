@@ -44,7 +44,7 @@ return 1
 
 # The characters of content in a recent-list entry (a JSON message): UTF-8 bytes less
 # continuation bytes, as Python counts them. The list's total is kept in the state hash as
-# `rchars`, valid while `rseq` equals the count of messages it was made at.
+# `rchars`, valid while `rseq` and `rlen` are the message count and list length it was made at.
 _CHARS_LUA = """
 local function chars_of(entry)
   local ok, doc = pcall(cjson.decode, entry)
@@ -77,7 +77,7 @@ if ARGV[8] == '1' then
   redis.call('DEL', KEYS[2])
   for i = 13, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
   if #ARGV >= 13 then redis.call('EXPIRE', KEYS[2], ARGV[7]) end
-  redis.call('HSET', KEYS[3], 'rchars', ARGV[12], 'rseq', ARGV[4])
+  redis.call('HSET', KEYS[3], 'rchars', ARGV[12], 'rseq', ARGV[4], 'rlen', #ARGV - 12)
 end
 redis.call('HSET', KEYS[3], 'turns', ARGV[5], 'msgs', ARGV[4], 'last', ARGV[6], 'chars', ARGV[9],
   'tenant', ARGV[10], 'uid', ARGV[11])
@@ -94,14 +94,14 @@ return 1
 # stranger's (cached under a tenant session's bare id before schema version 6 moved it).
 # The list keeps at most ARGV[7] messages, and past ARGV[14] only as many as hold ARGV[15]
 # characters (0: ARGV[7] messages); ARGV[13] is the characters of this message. The running total
-# is recounted from the list when it was not made at the previous count (a list refilled by a
-# daemon that kept none, or one that expired before the counters).
+# is recounted from the list unless it was made at the previous count and length (a list refilled
+# by a daemon that keeps none, or one that expired before the counters).
 _APPEND_LUA = (
     _CHARS_LUA
     + """
 if ARGV[10] == '1' then redis.call('DEL', KEYS[1], KEYS[2]) end
 local seq = tonumber(ARGV[2])
-local state = redis.call('HMGET', KEYS[2], 'msgs', 'rchars', 'rseq')
+local state = redis.call('HMGET', KEYS[2], 'msgs', 'rchars', 'rseq', 'rlen')
 local have = state[1]
 if have then
   have = tonumber(have)
@@ -118,7 +118,8 @@ if bound == 0 then
   redis.call('LTRIM', KEYS[1], -most, -1)
 else
   local total
-  if n > 1 and state[2] and state[3] and have and tonumber(state[3]) == have then
+  if n > 1 and state[2] and state[3] and state[4] and have and tonumber(state[3]) == have
+      and tonumber(state[4]) == n - 1 then
     total = tonumber(state[2]) + tonumber(ARGV[13])
   else
     total = 0
@@ -131,7 +132,7 @@ else
     total = total - first
     n = n - 1
   end
-  redis.call('HSET', KEYS[2], 'rchars', total, 'rseq', seq)
+  redis.call('HSET', KEYS[2], 'rchars', total, 'rseq', seq, 'rlen', n)
 end
 redis.call('EXPIRE', KEYS[1], ARGV[8])
 redis.call('HSET', KEYS[2], 'turns', ARGV[3], 'msgs', ARGV[4], 'last', ARGV[5], 'chars', ARGV[6],

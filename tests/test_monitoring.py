@@ -211,6 +211,8 @@ async def test_queries_name_exported_metrics(
         "REDIS_URL": private_redis.url,
         "LLM_BASE_URL": fake_llm.url,
         "SUMMARY_MODEL": "fake-model",
+        # The cost counter has series only for a model with a price.
+        "LLM_PRICES": '{"fake-model": {"input": 0.8, "output": 2.0}}',
     }
     d = Daemon(env)
     await d.start()

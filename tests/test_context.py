@@ -6,6 +6,7 @@ from tiered_memory.context import (
     ChatMessage,
     ago,
     alternate,
+    hot_list_whole,
     hot_window_complete,
     window,
 )
@@ -59,3 +60,13 @@ def test_how_long_ago_in_minutes_hours_and_days() -> None:
     cases += [(3 * 86400, "3天前", "3 days ago"), (2 * 86400, "2天前", "2 days ago")]
     for seconds, zh, en in cases:
         assert (ago(seconds, "zh"), ago(seconds, "en")) == (zh, en), seconds
+
+
+def test_a_hot_list_is_whole_from_the_first_message_to_the_count() -> None:
+    """Whole: it starts at seq 1, ends at the count SQL reported, and lacks none between."""
+    ms = [Message("s", seq, (seq + 1) // 2, Role.USER, "x", f"m{seq}", 0.0) for seq in range(1, 5)]
+    assert hot_list_whole(ms, message_count=4)
+    assert not hot_list_whole(ms, message_count=5)
+    assert not hot_list_whole(ms[1:], message_count=4)
+    assert not hot_list_whole([ms[0], ms[2], ms[3]], message_count=4)
+    assert not hot_list_whole([], message_count=0)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from tiered_memory.language import language_of
@@ -69,6 +69,16 @@ def hot_window_complete(
     if any(b.seq != a.seq + 1 for a, b in itertools.pairwise(recent)):
         return False
     return recent[0].seq == 1 or recent[0].turn < window_start_turn(turn_count, keep_recent_turns)
+
+
+def hot_list_whole(recent: Sequence[Message], *, message_count: int | None) -> bool:
+    """Whether the hot recent list holds every message of the session."""
+    return bool(recent) and recent[0].seq == 1 and recent[-1].seq == message_count == len(recent)
+
+
+def content_chars(messages: Iterable[Message]) -> int:
+    """Characters of the messages' content."""
+    return sum(len(m.content) for m in messages)
 
 
 def window(messages: Sequence[Message], *, turn_count: int, keep_recent_turns: int) -> list[Message]:

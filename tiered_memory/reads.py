@@ -6,7 +6,7 @@ is skipped, counted and logged; what SQL gave is written back to the hot tier.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,8 +15,10 @@ from tiered_memory.context import (
     alternate,
     answer_transcript,
     compose,
+    content_chars,
     estimate_tokens,
     frame,
+    hot_list_whole,
     hot_window_complete,
     older_chars,
     recent_transcript,
@@ -309,28 +311,9 @@ class SessionReads:
             else:
                 authorize(caller, known.owner)
 
-        mode = self._s.memory_mode
-        keep = 0 if mode == "none" else self._s.keep_recent_turns
-
-        async def summary_part() -> tuple[SummaryAnswer, SessionInfo | None]:
-            if mode != "summary":
-                return SummaryAnswer(session_id, Tier.NONE, None, hot.turn_count or 0), None
-            if hot.summary is not None:
-                turns = hot.turn_count if hot.turn_count is not None else hot.summary.covered_turns
-                return self._answer(session_id, Tier.HOT, hot.summary, turns), None
-            whole = _whole(hot)
-            if whole and _chars([m for m in hot.recent if m.answered]) <= max_chars:
-                # The context will be the whole conversation, raw: a summary would not be shown,
-                # and a young session's (none yet, its first LLM call still out) would be
-                # extracted from SQL on every request until it lands.
-                return self._answer(session_id, Tier.NONE, None, hot.turn_count or 0), None
-            # A warm row may be there (the hot summary evicted); an extraction is not made on a
-            # request for a session the hot list holds whole: the policy condenses its raw turns
-            # itself, until the summary job's summary lands.
-            return await self._summary_below_hot(session_id, caller, cold=not whole)
-
+        keep = 0 if self._s.memory_mode == "none" else self._s.keep_recent_turns
         (answer, warm_info), (available, info, rows) = await asyncio.gather(
-            summary_part(), self._window_rows(session_id, hot, known, keep)
+            self._context_summary(session_id, caller, hot, max_chars), self._window_rows(session_id, hot, known, keep)
         )
         if exclude_message_id is not None:
             # A retried load-then-append: its message is stored already and comes back as the question.
@@ -350,6 +333,26 @@ class SessionReads:
         memory_text = self._with_digest(walked, candidates, chosen, max_chars=max_chars)
         messages = compose(memory_text, alternate(chosen.raw), max_chars=max_chars)
         return self._shaped(session_id, walked, recent, messages, system_prompt=system_prompt, question=question)
+
+    async def _context_summary(
+        self, session_id: str, caller: Caller, hot: HotSession, max_chars: int
+    ) -> tuple[SummaryAnswer, SessionInfo | None]:
+        """The summary a context shows, and the SQL session when SQL was asked."""
+        if self._s.memory_mode != "summary":
+            return SummaryAnswer(session_id, Tier.NONE, None, hot.turn_count or 0), None
+        if hot.summary is not None:
+            turns = hot.turn_count if hot.turn_count is not None else hot.summary.covered_turns
+            return self._answer(session_id, Tier.HOT, hot.summary, turns), None
+        whole = hot_list_whole(hot.recent, message_count=hot.message_count)
+        if whole and content_chars(m for m in hot.recent if m.answered) <= max_chars:
+            # The context will be the whole conversation, raw: a summary would not be shown,
+            # and a young session's (none yet, its first LLM call still out) would be
+            # extracted from SQL on every request until it lands.
+            return self._answer(session_id, Tier.NONE, None, hot.turn_count or 0), None
+        # A warm row may be there (the hot summary evicted); an extraction is not made on a
+        # request for a session the hot list holds whole: the policy condenses its raw turns
+        # itself, until the summary job's summary lands.
+        return await self._summary_below_hot(session_id, caller, cold=not whole)
 
     async def _window_rows(
         self, session_id: str, hot: HotSession, known: SessionInfo | None, keep: int
@@ -413,7 +416,7 @@ class SessionReads:
             session_id,
             recent,
             available,
-            older_chars(max_chars, _chars(recent)),
+            older_chars(max_chars, content_chars(recent)),
             message_count=count,
             content_chars=info.content_chars if info else hot.content_chars,
         )
@@ -575,16 +578,6 @@ class SessionReads:
                 self._metrics.tier_errors.labels("sql", "read_gap").inc()
                 return recent
         return [*gap, *recent]
-
-
-def _whole(hot: HotSession) -> bool:
-    """Whether the hot list holds every message of the session."""
-    recent = hot.recent
-    return bool(recent) and recent[0].seq == 1 and recent[-1].seq == hot.message_count == len(recent)
-
-
-def _chars(messages: Sequence[Message]) -> int:
-    return sum(len(m.content) for m in messages)
 
 
 def _in_namespace(owner: Owner, key: str) -> bool:

@@ -23,7 +23,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 DAY_S = 86_400
 GIB = 1024**3
-_KEYS = ("recent", "summary", "state")
+_KEYS = ("recent", "summary", "state", "recall")
 
 
 @dataclass(frozen=True)
@@ -82,9 +82,12 @@ def plan(constants: dict[str, Any], shape: Shape) -> dict[str, Any]:
     text_extra = 2 * ((shape.summary_text_bytes or measured_text) - measured_text)
     key["summary"] += text_extra
     active = shape.concurrent * sum(key.values())
-    # Ended sessions keep their summary and counters until SUMMARY_REDIS_TTL_SECONDS after their
-    # last activity, their recent list until HISTORY_TTL_SECONDS.
-    lingering = rate * (shape.summary_ttl_s * (key["summary"] + key["state"]) + shape.history_ttl_s * key["recent"])
+    # Ended sessions keep their summary, counters and recall postings until
+    # SUMMARY_REDIS_TTL_SECONDS after their last activity, their recent list until
+    # HISTORY_TTL_SECONDS.
+    lingering = rate * (
+        shape.summary_ttl_s * (key["summary"] + key["state"] + key["recall"]) + shape.history_ttl_s * key["recent"]
+    )
     dataset = active + lingering
     redis_total = dataset * shape.redis_overhead * (1 + shape.redis_replicas)
 

@@ -224,7 +224,7 @@ class Run:
         r = redis.Redis.from_url(self.redis_url)
         try:
             for n, sids in sessions.items():
-                per_key: dict[str, list[int]] = {"recent": [], "summary": [], "state": []}
+                per_key: dict[str, list[int]] = {"recent": [], "summary": [], "state": [], "recall": []}
                 for sid in sids:
                     await self.call("GET", f"/v1/sessions/{sid}/context")
                     for name in per_key:

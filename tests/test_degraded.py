@@ -31,7 +31,8 @@ async def test_sql_down_refuses_appends_with_retry_after() -> None:
 
 async def test_redis_down_falls_through_to_sql(real_servers: RealServers) -> None:
     """With Redis unreachable, appends still commit to SQL, summaries are still made and read
-    from the warm tier, context comes from SQL, and the failures are counted."""
+    from the warm tier, context comes from SQL, recall from postings the process keeps, and the
+    failures are counted."""
     d = Daemon(
         {
             "REDIS_URL": "redis://127.0.0.1:1/0",
@@ -54,6 +55,10 @@ async def test_redis_down_falls_through_to_sql(real_servers: RealServers) -> Non
         ctx = await d.get(f"/v1/sessions/{sid}/context")
         assert ctx["summary_tier"] == "warm"
         assert ctx["messages"][-1]["content"] == ZH_12_TURNS[2][1]
+        # Recall: the process keeps postings of its own, caught up from SQL.
+        found = (await d.get(f"/v1/sessions/{sid}/recall?q=活力健"))["matches"]
+        assert found
+        assert any("活力健" in m["content"] for m in found[0]["messages"])
         ready = await d.http.get("/readyz")
         assert ready.status == 200
         assert (await ready.json())["tiers"] == {"hot": "degraded", "sql": "ok"}

@@ -141,15 +141,15 @@ async def test_recent_list_is_bounded_by_characters(by_chars: HotTier) -> None:
     if isinstance(by_chars, RedisHot):
         # Message 16 as a daemon that keeps no total appends it (rolling upgrade): the list and
         # the count move, the total stays behind.
-        await by_chars._r.rpush(by_chars._keys.recent(sid), encode_message(said(sid, 16)))
-        await by_chars._r.hset(by_chars._keys.state(sid), "msgs", 16)
+        await by_chars.link.client.rpush(by_chars._keys.recent(sid), encode_message(said(sid, 16)))
+        await by_chars.link.client.hset(by_chars._keys.state(sid), "msgs", 16)
         first = 17
     await _append_all(by_chars, sid, range(first, 22))
     if isinstance(by_chars, RedisHot):
         # A daemon that keeps no total refills the list with a window at the same count.
         window = [said(sid, s) for s in range(12, 22)]
-        await by_chars._r.delete(by_chars._keys.recent(sid))
-        await by_chars._r.rpush(by_chars._keys.recent(sid), *(encode_message(m) for m in window))
+        await by_chars.link.client.delete(by_chars._keys.recent(sid))
+        await by_chars.link.client.rpush(by_chars._keys.recent(sid), *(encode_message(m) for m in window))
         for seq in range(22, 26):
             await by_chars.record_append(
                 said(sid, seq), turn_count=seq // 2, message_count=seq, last_activity=1.0, owner=OWNER

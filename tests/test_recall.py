@@ -11,8 +11,8 @@ import pytest
 
 from tests.conftest import Daemon, new_sid, play
 from tests.conversations import ZH_12_TURNS
-from tiered_memory.model import Message, Role
-from tiered_memory.recall import RecallIndex, SessionIndex
+from tests.test_api import sql_statements
+from tiered_memory.app import HOT_KEY
 
 # Chit-chat that pushes the facts of ZH_12_TURNS far out of the raw window.
 _DRIFT = [(f"第{i}个闲聊问题，随便聊聊天气和路况？", f"第{i}个回答：今天路上车不多，天气也还行。") for i in range(30)]
@@ -112,11 +112,12 @@ async def test_context_with_a_question_brings_back_the_matching_earlier_turn(dae
     assert "398元" in memory[0][memory[0].index(_LABEL) :]
 
 
-async def test_a_question_does_not_wait_for_a_whole_index_build(daemon: Daemon) -> None:
-    """A question whose session this process has not indexed waits for the build QUESTION_WAIT_S
-    at most (here not at all): the context comes without the earlier turns, is counted, and the
-    build goes on in the background, so that the next question has them."""
+async def test_a_question_does_not_wait_for_postings_to_catch_up(daemon: Daemon) -> None:
+    """After the hot tier lost a session's postings, a question waits for their catch-up from SQL
+    QUESTION_WAIT_S at most (here not at all): the context comes without the earlier turns, is
+    counted, and the catch-up goes on in the background, so that the next question has them."""
     sid = await _long_session(daemon)
+    await daemon.flush_hot()
     history = daemon.service._history
     history._question_wait_s = 0.0
     question = "刚才那个活力健一盒多少钱？"
@@ -149,25 +150,46 @@ async def test_context_fills_its_budget_with_older_raw_turns(daemon: Daemon) -> 
     assert whole["messages"][0]["content"] == ZH_12_TURNS[0][0]
 
 
-def test_the_recall_indexes_are_bounded_by_messages_not_sessions() -> None:
-    """Many short sessions stay indexed together; past the bound the least recently asked go
-    first, and the count follows appends and forgets."""
-    indexes = RecallIndex(str.split, max_messages=10)
-    for n in range(5):
-        index = SessionIndex()
-        index.add(Message(f"s{n}", 1, 1, Role.USER, "a b", "m1", 0.0), ["a", "b"])
-        indexes.put(f"s{n}", index)
-    assert (len(indexes), indexes.messages) == (5, 5)
-    indexes.get("s0")  # s0 is now the most recently asked
-    indexes.appended(Message("s0", 2, 1, Role.ASSISTANT, "c d", "m2", 0.0), ["c", "d"])
-    assert indexes.messages == 6
-    big = SessionIndex()
-    for seq in range(1, 7):
-        big.add(Message("big", seq, seq, Role.USER, "x", f"m{seq}", 0.0), ["x"])
-    indexes.put("big", big)
-    assert indexes.messages <= 10
-    assert indexes.get("s1") is None  # the least recently asked went first
-    assert indexes.get("s0") is not None
-    assert indexes.get("big") is not None
-    indexes.forget("big")
-    assert indexes.messages == sum(len(i.docs) for i in (indexes.get(f"s{n}") for n in range(5)) if i is not None)
+async def _indexed(daemon: Daemon, sid: str) -> None:
+    """Wait until the session's postings hold every message (they are added in the background)."""
+    assert daemon.app is not None
+    postings = daemon.app[HOT_KEY].postings
+    count = await daemon.store.count_messages(sid)
+    for _ in range(200):
+        if (await postings.read(sid, ())).last_seq == count:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("the postings did not catch up")
+
+
+@pytest.mark.parametrize("backend_env", ["real"], indirect=True)
+async def test_every_process_reads_the_same_postings(daemon: Daemon) -> None:
+    """On Redis the postings are every replica's: a process that never saw the session's appends
+    (the daemon restarted) answers its first question from them at once, reading no message
+    from SQL, and a
+    message appended through one replica is found by the next question to another."""
+    sid = await _long_session(daemon)
+    await _indexed(daemon, sid)
+    await daemon.restart()
+    history = daemon.service._history
+    history._question_wait_s = 0.0
+    question = "刚才那个活力健一盒多少钱？"
+    with sql_statements(daemon) as statements:
+        asked = await daemon.get(f"/v1/sessions/{sid}/context?max_chars=600&question={question}")
+    # (The start-up sweep may read the sessions table meanwhile.)
+    assert [s for s in statements if "messages" in s] == []
+    assert not history._builds
+    assert _LABEL in _text(asked)
+    assert "398元" in _text(asked)
+    assert not daemon.registry.get_sample_value("tiered_memory_questions_unindexed_total")
+    other = Daemon(daemon.env)
+    await other.start()
+    try:
+        other.service._history._question_wait_s = 0.0
+        await play(other, sid, [("我还想买一副羽毛球拍。", "推荐碳素羽毛球拍，单支299元。"), *_DRIFT[:4]])
+        await _indexed(other, sid)
+        found = (await daemon.get(f"/v1/sessions/{sid}/recall?q=羽毛球拍"))["matches"]
+        assert "299元" in " ".join(m["content"] for m in found[0]["messages"])
+        assert not history._builds
+    finally:
+        await other.stop()

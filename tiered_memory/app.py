@@ -56,6 +56,7 @@ def build_hot(settings: Settings, metrics: Metrics) -> HotTier:
             summary_ttl_s=settings.summary_redis_ttl_seconds,
             history_ttl_s=settings.history_ttl_seconds,
             recent=settings.redis_recent,
+            recall_max_bytes=settings.recall_max_bytes,
             breaker=metrics.breaker(
                 "redis", failures=settings.redis_breaker_failures, reset_s=settings.redis_breaker_reset_seconds
             ),
@@ -66,6 +67,7 @@ def build_hot(settings: Settings, metrics: Metrics) -> HotTier:
         summary_ttl_s=settings.summary_redis_ttl_seconds,
         history_ttl_s=settings.history_ttl_seconds,
         recent=settings.embedded_recent,
+        recall_max_bytes=settings.recall_max_bytes,
     )
 
 

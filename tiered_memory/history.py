@@ -1,10 +1,14 @@
 """What the context reads beyond the hot window: raw turns from before it, and the earlier turns
-that match a question (through the per-session recall indexes of recall.py).
+that match a question (BM25 over the session's recall postings, recall.py).
 
-Both read SQL, bounded: older turns in one read sized by the room and the session's mean message
-length; a recall index catches up with only the messages it lacks, in the background: a question
-waits for it QUESTION_WAIT_S at most. A failed read is counted (`sql_error`) and costs the context
-only what it would have added; `matches` (the recall endpoint's answer) raises instead.
+Older turns come from the hot list, or SQL in one read sized by the room and the session's mean
+message length. The postings live in the hot tier, shared by every replica (tiers/postings.py):
+each append is tokenized in a worker thread and added in the background; postings that lack
+messages (lost with the hot tier, or never added because the appending process died) catch up
+from SQL with only what they lack, in the background: a question waits for that QUESTION_WAIT_S
+at most. While the hot tier is down, a process keeps postings of its own, caught up the same way.
+A failed read is counted and costs the context only what it would have added; `matches` (the
+recall endpoint's answer) raises SqlUnavailable instead.
 """
 
 from __future__ import annotations
@@ -18,54 +22,62 @@ from collections.abc import Callable, Sequence
 import structlog
 
 from tiered_memory.context import OLDER_MAX_MESSAGES
-from tiered_memory.errors import SqlUnavailable
+from tiered_memory.errors import HotUnavailable, SqlUnavailable
 from tiered_memory.model import Message
-from tiered_memory.recall import RecallIndex, RecallMatch, SessionIndex
+from tiered_memory.recall import RecallMatch, around, best_turns, search
+from tiered_memory.tiers.postings import MemoryPostings, PostingsRead, PostingsStore, pack
 from tiered_memory.tiers.sql_store import SqlStore
 
 log = structlog.get_logger("tiered_memory.history")
 
-# Messages read from SQL per step when a recall index is built or catches up.
-_INDEX_BATCH = 1000
-# How long a question waits for its session's recall index to be built or caught up. A session
-# of thousands of turns takes seconds to index the first time a process is asked about it; past
-# this the context goes without the question's earlier turns, and the build goes on in the
-# background for the next question.
+# Messages read from SQL and added per step when postings catch up.
+_INDEX_BATCH = 500
+# How long a question waits for its session's postings to catch up. A session of thousands of
+# turns takes seconds to index after its postings were lost; past this the context goes without
+# the question's earlier turns, and the catch-up goes on in the background for the next question.
 QUESTION_WAIT_S = 0.1
 # Earlier turns considered for a question's snippets.
 _SNIPPET_TURNS = 8
+# The postings a process keeps of its own while the hot tier is down, in bytes (as the bound
+# counts them), the least recently asked session dropped first.
+_LOCAL_BYTES = 32 * 2**20
 
 
 class History:
     def __init__(
         self,
         store: SqlStore,
-        index: RecallIndex,
+        postings: PostingsStore,
+        tokenize: Callable[[str], list[str]],
         *,
         sql_error: Callable[[str], None],
+        hot_error: Callable[[str], None] = lambda op: None,
         question_unindexed: Callable[[], None] = lambda: None,
         question_wait_s: float = QUESTION_WAIT_S,
+        session_max_bytes: int = _LOCAL_BYTES,
     ) -> None:
-        """`question_unindexed` is called for each question answered without its earlier turns
-        because the session's index was still being built."""
+        """`tokenize` turns text into search terms (called in worker threads).
+        `question_unindexed` is called for each question answered without its earlier turns
+        because the session's postings were still catching up."""
         self._store = store
-        self._index = index
+        self._postings = postings
+        self._local = MemoryPostings(max_bytes=_LOCAL_BYTES, session_max_bytes=min(session_max_bytes, _LOCAL_BYTES))
+        self._tokenize = tokenize
         self._sql_error = sql_error
+        self._hot_error = hot_error
         self._question_unindexed = question_unindexed
         self._question_wait_s = question_wait_s
         self._pending: list[Message] = []
         self._indexer: asyncio.Task[None] | None = None
-        # The index builds in progress, by session: a question and the recall endpoint join the
-        # one under way rather than start another.
-        self._builds: dict[str, asyncio.Task[SessionIndex]] = {}
+        # The catch-ups in progress, by store and session: a question and the recall endpoint
+        # join the one under way rather than start another.
+        self._builds: dict[tuple[int, str], asyncio.Task[None]] = {}
 
     def appended(self, message: Message) -> None:
-        """Index an appended message of an indexed session, off the event loop (jieba takes a
+        """Add an appended message to its session's postings, off the event loop (jieba takes a
         fraction of a millisecond per message, and holds the loop meanwhile): queued, tokenized
-        in a worker thread in arrival order, then added. A question before that catches up from
-        SQL with what the index lacks, as after a restart."""
-        if not self._index.indexed(message.session_id):
-            return
+        in a worker thread in arrival order, then added. Postings that do not end just before it
+        (lost, or behind) are left as they are: the next question catches them up from SQL."""
         self._pending.append(message)
         if self._indexer is None or self._indexer.done():
             self._indexer = asyncio.create_task(self._index_pending(), name="recall-indexer")
@@ -73,28 +85,43 @@ class History:
     async def _index_pending(self) -> None:
         while self._pending:
             batch, self._pending = self._pending, []
-            terms = await asyncio.to_thread(_tokenize_all, self._index.tokenize, batch)
-            for m, t in zip(batch, terms, strict=True):
-                self._index.appended(m, t)
+            terms = await asyncio.to_thread(_tokenize_all, self._tokenize, batch)
+            runs: dict[str, list[tuple[Message, list[str]]]] = {}
+            for m, t in sorted(zip(batch, terms, strict=True), key=lambda mt: (mt[0].session_id, mt[0].seq)):
+                runs.setdefault(m.session_id, []).append((m, t))
+            await asyncio.gather(*(self._add_run(sid, run) for sid, run in runs.items()))
+
+    async def _add_run(self, session_id: str, run: list[tuple[Message, list[str]]]) -> None:
+        """Add a session's appended messages, a batch per stretch of consecutive seqs."""
+        start = 0
+        for i in range(1, len(run) + 1):
+            if i < len(run) and run[i][0].seq == run[i - 1][0].seq + 1:
+                continue
+            part = run[start:i]
+            start = i
+            try:
+                await self._postings.add(session_id, pack([m for m, _ in part], [t for _, t in part]))
+            except HotUnavailable:
+                self._hot_error("recall_add")
+                return
 
     async def aclose(self) -> None:
-        """Stop indexing appends and building indexes (what is left is caught up from SQL by the
-        next process)."""
+        """Stop adding appends and catching up (what is left is caught up from SQL by the next
+        question)."""
         self._pending = []
         tasks = [t for t in (self._indexer, *self._builds.values()) if t is not None]
         for task in tasks:
             task.cancel()
         for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, SqlUnavailable):
+            with contextlib.suppress(asyncio.CancelledError, SqlUnavailable, HotUnavailable):
                 await task
 
     def forget(self, session_id: str) -> None:
-        """Drop the session's index, and any build of it under way (it would put the deleted
-        session's index back)."""
-        build = self._builds.pop(session_id, None)
-        if build is not None:
-            build.cancel()
-        self._index.forget(session_id)
+        """Stop any catch-up of a deleted session (it would put the deleted session's postings
+        back) and drop this process's own postings of it; the hot tier's go with its entry."""
+        for key in [k for k in self._builds if k[1] == session_id]:
+            self._builds.pop(key).cancel()
+        self._local.drop(session_id)
 
     async def older(
         self,
@@ -137,115 +164,146 @@ class History:
         self, session_id: str, question: str, message_count: int, *, before_seq: int, seen: Sequence[Message]
     ) -> tuple[list[str], list[list[Message]]]:
         """The question's search terms and the turns before `before_seq` that best match it, best
-        first (no turns when SQL is needed and unavailable: a question never fails a context)."""
-        terms = await asyncio.to_thread(self._index.tokenize, question)
+        first (no turns when the postings are not caught up in time or cannot be read: a question
+        never fails a context)."""
+        terms = await asyncio.to_thread(self._tokenize, question)
         if not terms:
             return terms, []
-        index = self._ready(session_id, message_count, seen)
-        if index is None:
-            build = self._build(session_id, message_count, seen)
-            try:
-                index = await asyncio.wait_for(asyncio.shield(build), self._question_wait_s)
-            except TimeoutError:
-                self._question_unindexed()
-                return terms, []
-            except SqlUnavailable:
-                return terms, []  # counted by _built
-            except asyncio.CancelledError:
-                if _cancelling():
-                    raise
-                return terms, []  # the session was deleted meanwhile (forget)
-        turns: list[list[Message]] = []
-        done: set[int] = set()
-        for seq, _score in index.search(terms, k=2 * _SNIPPET_TURNS, before_seq=before_seq):
-            docs = index.turn_of(seq)
-            if docs[0].turn in done:
-                continue
-            done.add(docs[0].turn)
-            turns.append([d.as_message(session_id) for d in docs])
-            if len(turns) == _SNIPPET_TURNS:
-                break
-        return terms, turns
+        try:
+            found = await self._searchable(session_id, terms, message_count, wait_s=self._question_wait_s)
+        except SqlUnavailable:
+            return terms, []  # counted by _built
+        if found is None:
+            self._question_unindexed()
+            return terms, []
+        store, read = found
+        hits = search(read, terms, k=2 * _SNIPPET_TURNS, before_seq=before_seq)
+        # The newest message seen is read with the hits' turns: postings that hold another
+        # message under its seq are a deleted session's, left by a catch-up that raced the delete.
+        check = seen[-1] if seen and seen[-1].seq <= read.last_seq and seen[-1].answered else None
+        if not hits and check is None:
+            return terms, []
+        seqs = around(hits) + ([check.seq] if check is not None else [])
+        try:
+            messages = await store.messages(session_id, seqs)
+        except HotUnavailable:
+            self._hot_error("recall_read")
+            return terms, []
+        if check is not None and check.seq in messages and messages[check.seq].message_id != check.message_id:
+            await self._drop(store, session_id)
+            return terms, []
+        return terms, best_turns(hits, messages, most=_SNIPPET_TURNS)
 
     async def matches(self, session_id: str, query: str, message_count: int, k: int) -> list[RecallMatch]:
         """The k messages that best match `query` (BM25), best first, each with the raw messages
         of its turn and the slice that covers it. Raises SqlUnavailable."""
-        terms = await asyncio.to_thread(self._index.tokenize, query)
+        terms = await asyncio.to_thread(self._tokenize, query)
         if not terms:
             return []
-        index = self._ready(session_id, message_count, ())
-        if index is None:
-            # A build under way may stop short of message_count (the second call catches up the
-            # rest) or reach past it (a question read a newer count): either serves.
-            try:
-                index = await asyncio.shield(self._build(session_id, message_count, ()))
-            except asyncio.CancelledError:
-                if _cancelling():
-                    raise
-                return []  # the session was deleted meanwhile (forget)
-            if index.last_seq < message_count:
-                index = await self._caught_up(session_id, message_count, ())
-        hits = index.search(terms, k=k)
+        found = await self._searchable(session_id, terms, message_count, wait_s=None)
+        if found is None:
+            return []  # the session was deleted meanwhile
+        store, read = found
+        hits = search(read, terms, k=k)
         if not hits:
             return []
+        try:
+            messages = await store.messages(session_id, around(hits))
+        except HotUnavailable:
+            self._hot_error("recall_read")
+            messages = {}
         slices = await self._store.slices(session_id)
         out = []
         for seq, score in hits:
-            docs = index.turn_of(seq)
-            rows = await self._store.messages_by_seq(
-                session_id, first_seq=docs[0].seq, last_seq=docs[-1].seq, limit=len(docs) + 8
-            )
+            turn = [m for m in messages.values() if m.turn == messages[seq].turn] if seq in messages else []
+            if not turn:
+                turn = await self._store.messages_by_seq(session_id, first_seq=seq, last_seq=seq, limit=1)
             covering = next((s for s in slices if s.first_seq <= seq <= s.last_seq), None)
-            out.append(RecallMatch(seq=seq, turn=docs[0].turn, score=score, slice=covering, messages=rows))
+            out.append(
+                RecallMatch(
+                    seq=seq,
+                    turn=turn[0].turn if turn else 0,
+                    score=score,
+                    slice=covering,
+                    messages=sorted(turn, key=lambda m: m.seq),
+                )
+            )
         return out
 
-    def _ready(self, session_id: str, message_count: int, seen: Sequence[Message]) -> SessionIndex | None:
-        """The session's recall index when it has every message up to `message_count`."""
-        index = self._index.get(session_id)
-        if index is None or index.last_seq != message_count or not index.consistent_with(seen):
-            return None
-        return index
+    async def _searchable(
+        self, session_id: str, terms: Sequence[str], message_count: int, *, wait_s: float | None
+    ) -> tuple[PostingsStore, PostingsRead] | None:
+        """The store that answers and its read of `terms`, caught up to `message_count` (waiting
+        `wait_s` at most for that; None: for ever). None when the wait ran out, or the session
+        was deleted meanwhile. The hot tier's postings first, this process's own while it is
+        down. Raises SqlUnavailable when a catch-up needed SQL."""
+        for store in (self._postings, self._local):
+            try:
+                read = await store.read(session_id, terms)
+                if read.last_seq >= message_count or read.full:
+                    return store, read
+                build = asyncio.shield(self._build(store, session_id, message_count))
+                try:
+                    await (build if wait_s is None else asyncio.wait_for(build, wait_s))
+                except TimeoutError:
+                    return None
+                except asyncio.CancelledError:
+                    if _cancelling():
+                        raise
+                    return None  # the session was deleted meanwhile (forget)
+                return store, await store.read(session_id, terms)
+            except HotUnavailable:
+                self._hot_error("recall_read")
+        return None
 
-    def _build(self, session_id: str, message_count: int, seen: Sequence[Message]) -> asyncio.Task[SessionIndex]:
-        """The build (or catch-up) of the session's index under way, else a new one."""
-        build = self._builds.get(session_id)
+    async def _drop(self, store: PostingsStore, session_id: str) -> None:
+        with contextlib.suppress(HotUnavailable):
+            await store.forget(session_id)
+
+    def _build(self, store: PostingsStore, session_id: str, message_count: int) -> asyncio.Task[None]:
+        """The catch-up of the session's postings in `store` under way, else a new one."""
+        key = (id(store), session_id)
+        build = self._builds.get(key)
         if build is None:
-            build = asyncio.create_task(self._caught_up(session_id, message_count, seen), name="recall-index")
-            self._builds[session_id] = build
-            build.add_done_callback(lambda done: self._built(session_id, done))
+            build = asyncio.create_task(self._caught_up(store, session_id, message_count), name="recall-index")
+            self._builds[key] = build
+            build.add_done_callback(lambda done: self._built(key, done))
         return build
 
-    def _built(self, session_id: str, build: asyncio.Task[SessionIndex]) -> None:
-        if self._builds.get(session_id) is build:
-            del self._builds[session_id]
+    def _built(self, key: tuple[int, str], build: asyncio.Task[None]) -> None:
+        if self._builds.get(key) is build:
+            del self._builds[key]
         # Counted here, once, whether or not anybody still waits for it (a question goes on
-        # without it); an SqlUnavailable reaches whoever waits as well.
+        # without it); the error reaches whoever waits as well.
         error = None if build.cancelled() else build.exception()
         if isinstance(error, SqlUnavailable):
             self._sql_error("recall_index")
+        elif isinstance(error, HotUnavailable):
+            self._hot_error("recall_add")
         elif error is not None:
-            log.error("recall_index_failed", session_id=session_id, exc_info=error)
+            log.error("recall_index_failed", session_id=key[1], exc_info=error)
 
-    async def _caught_up(self, session_id: str, message_count: int, seen: Sequence[Message]) -> SessionIndex:
-        """The session's recall index, caught up to `message_count` with only the messages it
-        lacks (built from SQL when this process has none). Raises SqlUnavailable."""
-        index = self._index.get(session_id)
-        if index is None or index.last_seq > message_count or not index.consistent_with(seen):
-            index = SessionIndex()
-        while index.last_seq < message_count:
+    async def _caught_up(self, store: PostingsStore, session_id: str, message_count: int) -> None:
+        """Add to the session's postings in `store` the messages up to `message_count` they lack,
+        read from SQL. Another replica catching up the same session at once adds each batch once
+        (the store takes only the batch that continues the postings): this one goes on from
+        wherever the postings are. Raises SqlUnavailable, HotUnavailable."""
+        read = await store.read(session_id, ())
+        last = read.last_seq
+        while last < message_count and not read.full:
             rows = await self._store.messages_by_seq(
-                session_id, first_seq=index.last_seq + 1, last_seq=message_count, limit=_INDEX_BATCH
+                session_id, first_seq=last + 1, last_seq=message_count, limit=_INDEX_BATCH
             )
-            if not rows:
-                break
-            terms = await asyncio.to_thread(_tokenize_all, self._index.tokenize, rows)
-            before = index.last_seq
-            for m, t in zip(rows, terms, strict=True):
-                index.add(m, t)
-            if index.last_seq == before:
-                break  # a gap in seq (not expected): what the index has is still right
-        self._index.put(session_id, index)
-        return index
+            if not rows or rows[0].seq != last + 1:
+                break  # deleted meanwhile, or a gap in seq (not expected): what is there is right
+            terms = await asyncio.to_thread(_tokenize_all, self._tokenize, rows)
+            if await store.add(session_id, pack(rows, terms)) == rows[-1].seq:
+                last = rows[-1].seq
+                continue
+            read = await store.read(session_id, ())
+            if read.last_seq <= last and not read.full:
+                break  # the store took nothing, and nobody else moved it on
+            last = read.last_seq
 
 
 def _cancelling() -> bool:

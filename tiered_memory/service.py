@@ -29,7 +29,7 @@ from tiered_memory.model import (
     SummaryAnswer,
 )
 from tiered_memory.reads import ContextAnswer, SessionReads, authorize
-from tiered_memory.recall import RecallIndex, RecallMatch
+from tiered_memory.recall import RecallMatch
 from tiered_memory.settings import Settings
 from tiered_memory.summarize.extractive import Extractor
 from tiered_memory.summarize.scheduler import SingleFlight
@@ -41,11 +41,6 @@ from tiered_memory.tiers.sql_store import SqlStore
 
 log = structlog.get_logger("tiered_memory.service")
 
-# Messages the recall indexes of this process hold in all (least recently asked session dropped
-# first): 0.5 to 2 KB each with their postings, so 20 to 80 MB at most; 3,300 sessions of 12
-# turns, or a 10,000-turn session beside 1,600 of them (a smaller bound rebuilt the long one's
-# index, seconds of tokenizing, each time a short one was asked about).
-_RECALL_MESSAGES = 40_000
 # How many sessions one sweep looks at; the next sweep takes the rest.
 _SWEEP_BATCH = 500
 # While another replica holds a session's summary lock, look again this often, this many times.
@@ -70,14 +65,16 @@ class MemoryService:
         tagger: TopicTagger,
         metrics: Metrics,
         clock: Callable[[], float] = time.time,
-        recall: RecallIndex | None = None,
     ) -> None:
         self._s = settings
         self._history = History(
             store,
-            recall or RecallIndex(extractor.search_terms, max_messages=_RECALL_MESSAGES),
+            hot.postings,
+            extractor.search_terms,
             sql_error=lambda op: metrics.tier_errors.labels("sql", op).inc(),
+            hot_error=lambda op: metrics.tier_errors.labels("hot", op).inc(),
             question_unindexed=metrics.questions_unindexed.inc,
+            session_max_bytes=settings.recall_max_bytes,
         )
         self._store = store
         self._hot = hot

@@ -22,6 +22,7 @@ from tiered_memory.context import OLDER_MAX_MESSAGES, hot_list_chars
 from tiered_memory.errors import ConfigError
 from tiered_memory.summarize.topics import load_keyword_groups
 from tiered_memory.tiers.hot import RecentBound
+from tiered_memory.tiers.postings import SESSION_BYTES
 from tiered_memory.tiers.redis_url import parse_redis_url
 
 _LOOPBACK_DEFAULT = "127.0.0.1"
@@ -93,6 +94,9 @@ class Settings(BaseSettings):
     # --- hot-tier shape ---
     history_ttl_seconds: int = Field(1800, alias="HISTORY_TTL_SECONDS", ge=1)
     keep_recent_turns: int = Field(3, alias="KEEP_RECENT_TURNS", ge=0, le=1000)
+    # One session's recall postings and the messages they point at, in bytes: past it the index
+    # stops growing (questions search the part indexed).
+    recall_max_bytes: int = Field(SESSION_BYTES, alias="RECALL_MAX_BYTES", ge=65_536, le=2**30)
 
     # --- lifecycle ---
     session_idle_close_seconds: int = Field(1800, alias="SESSION_IDLE_CLOSE_SECONDS", ge=1)

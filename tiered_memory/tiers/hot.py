@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from tiered_memory.model import HotSession, Message, Owner, Summary
+from tiered_memory.tiers.postings import PostingsStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +59,11 @@ class HotTier(Protocol):
     @property
     def recent(self) -> RecentBound:
         """What the recent list keeps of a session's newest messages."""
+        ...
+
+    @property
+    def postings(self) -> PostingsStore:
+        """The sessions' recall postings, kept beside their hot entries (and deleted with them)."""
         ...
 
     async def read_summary(self, session_id: str) -> tuple[Summary | None, int | None, Owner | None]:

@@ -34,12 +34,17 @@ class Keys:
         """Summarization lock: one summarizer per session across every replica."""
         return f"{self.prefix}:{{{session_id}}}:lock"
 
+    def recall(self, session_id: str) -> str:
+        """Hash: the session's recall postings and the messages they point at (postings.py)."""
+        return f"{self.prefix}:{{{session_id}}}:recall"
+
     def all_of(self, session_id: str) -> tuple[str, ...]:
         return (
             self.recent(session_id),
             self.summary(session_id),
             self.state(session_id),
             self.lock(session_id),
+            self.recall(session_id),
         )
 
     def pattern(self) -> str:

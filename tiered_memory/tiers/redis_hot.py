@@ -6,13 +6,10 @@ event-loop tick); on any other URL (TLS, a socket, URL options) through redis-py
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import secrets
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import TypeVar, cast
-
-from redis.exceptions import RedisClusterException, RedisError
 
 from tiered_memory.breaker import CircuitBreaker
 from tiered_memory.errors import HotUnavailable
@@ -21,8 +18,11 @@ from tiered_memory.tiers.codec import decode_message, decode_summary, encode_mes
 from tiered_memory.tiers.hot import RecentBound
 from tiered_memory.tiers.hot_cache import HotCache, cache_invalidator
 from tiered_memory.tiers.keys import Keys
-from tiered_memory.tiers.redis_url import HotClient, connect, parse_redis_url
-from tiered_memory.tiers.resp import Arg, Command, Endpoint, RespMux, Script
+from tiered_memory.tiers.postings import SESSION_BYTES
+from tiered_memory.tiers.redis_link import RedisLink
+from tiered_memory.tiers.redis_postings import RedisPostings
+from tiered_memory.tiers.redis_url import connect, parse_redis_url
+from tiered_memory.tiers.resp import Endpoint, RespMux, Script
 
 T = TypeVar("T")
 
@@ -159,11 +159,6 @@ return 0
 """
 
 
-# How many REDIS_TIMEOUT_MS a call on the multiplexed client may take in all while Redis keeps
-# answering (it fails sooner, after one timeout of silence from the server).
-_MUX_BACKSTOP = 10
-
-
 class RedisHot:
     """HotTier on a Redis server. Every call is bounded by `timeout_s`; failures become HotUnavailable."""
 
@@ -171,27 +166,23 @@ class RedisHot:
 
     def __init__(
         self,
-        client: HotClient,
+        link: RedisLink,
         *,
         keys: Keys,
-        timeout_s: float,
         summary_ttl_s: int,
         history_ttl_s: int,
         recent: RecentBound,
-        breaker: CircuitBreaker | None = None,
-        mux: RespMux | None = None,
+        recall_max_bytes: int = SESSION_BYTES,
         cache: HotCache[object] | None = None,
-        close: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
-        """`cache`: the reads kept in process memory, with a `mux` created with
-        `on_invalidate=cache_invalidator(cache)` (see from_url); used only while it tracks."""
-        self._r = client
-        self._mux = mux
-        self._cache = cache if mux is not None else None
-        self._close = close if close is not None else client.aclose
-        self._breaker = breaker
+        """`cache`: the reads kept in process memory, with the link's mux created with
+        `on_invalidate=cache_invalidator(cache)` (see from_url); used only while it tracks.
+        `recall_max_bytes`: the bound of one session's recall postings."""
+        self.link = link
+        self._postings = RedisPostings(link, keys=keys, ttl_s=summary_ttl_s, session_max_bytes=recall_max_bytes)
+        self._mux = link.mux
+        self._cache = cache if link.mux is not None else None
         self._keys = keys
-        self._timeout = timeout_s
         self._summary_ttl = summary_ttl_s
         self._history_ttl = history_ttl_s
         self._recent = recent
@@ -200,10 +191,10 @@ class RedisHot:
         self._backfill = Script.of(_BACKFILL_LUA)
         self._extend = Script.of(_EXTEND_LUA)
         self._append = Script.of(_APPEND_LUA)
-        self._redis_scripts = {
-            s.sha: client.register_script(s.source)
-            for s in (self._put_summary, self._unlock, self._backfill, self._extend, self._append)
-        }
+        self._call = link.call
+        self._read = link.read
+        self._command = link.command
+        self._script = link.script
         # Sessions whose append this process could not write to Redis (failed, timed out, or
         # refused by the open breaker): their hot entry may be stale, or complete a write late.
         # Their next hot read drops the entry and misses, so SQL answers and backfills it.
@@ -215,6 +206,10 @@ class RedisHot:
     def recent(self) -> RecentBound:
         return self._recent
 
+    @property
+    def postings(self) -> RedisPostings:
+        return self._postings
+
     @classmethod
     def from_url(
         cls,
@@ -225,6 +220,7 @@ class RedisHot:
         summary_ttl_s: int,
         history_ttl_s: int,
         recent: RecentBound,
+        recall_max_bytes: int = SESSION_BYTES,
         breaker: CircuitBreaker | None = None,
         cache_sessions: int = 0,
     ) -> RedisHot:
@@ -242,70 +238,14 @@ class RedisHot:
             on_invalidate = cache_invalidator(cache) if cache is not None else None
             mux = RespMux(endpoint, connect_timeout_s=timeout_s, stale_after_s=timeout_s, on_invalidate=on_invalidate)
         return cls(
-            client,
-            mux=mux,
+            RedisLink(client, timeout_s=timeout_s, breaker=breaker, mux=mux, close=close),
             cache=cache,
             keys=keys,
-            timeout_s=timeout_s,
             summary_ttl_s=summary_ttl_s,
             history_ttl_s=history_ttl_s,
             recent=recent,
-            breaker=breaker,
-            close=close,
+            recall_max_bytes=recall_max_bytes,
         )
-
-    async def _call(self, op: Callable[[], Awaitable[T]]) -> T:
-        breaker = self._breaker
-        if breaker is not None and not breaker.allow():
-            # Down a moment ago: the caller's fallback answers now instead of after a timeout.
-            raise HotUnavailable("redis: circuit open")
-        # The multiplexed client bounds each call by Redis's own silence (resp.py): a call queued
-        # behind a saturated event loop is overload, not an outage, and must not open the
-        # breaker. Its outer bound is only a backstop. redis-py's calls have no such measure.
-        bound = self._timeout if self._mux is None else self._timeout * _MUX_BACKSTOP
-        try:
-            async with asyncio.timeout(bound):
-                result = await op()
-        # RedisClusterException: a cluster whose slot map cannot be read (every node down, or
-        # mid-failover) is an unavailable tier like a refused connection. AttributeError: the
-        # cluster client can write on a connection another task just closed for a dead node
-        # ('NoneType' object has no attribute 'writelines'), seen in the cluster failover tests.
-        except (RedisError, RedisClusterException, AttributeError, OSError, TimeoutError) as exc:
-            if breaker is not None:
-                breaker.failure()
-            raise HotUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc
-        except (ValueError, KeyError, TypeError) as exc:
-            # Redis answered: the connection is fine even though the value is not.
-            if breaker is not None:
-                breaker.success()
-            # A value we cannot decode (written by another version, or damaged) is a miss of
-            # this tier, not a failed request: the next tier answers.
-            raise HotUnavailable(f"redis: undecodable value: {type(exc).__name__}: {exc}") from exc
-        if breaker is not None:
-            breaker.success()
-        return result
-
-    async def _read(self, *commands: Command) -> list[object]:
-        """The replies of read-only commands sent in one round trip."""
-        if self._mux is not None:
-            return await self._mux.execute(*commands)
-        async with self._r.pipeline(transaction=False) as p:
-            for command in commands:
-                p.execute_command(*command)
-            return list(await p.execute())
-
-    async def _command(self, *command: Arg) -> object:
-        """One command, on the multiplexed connection when there is one."""
-        if self._mux is not None:
-            return (await self._mux.execute(command))[0]
-        answer: object = await self._r.execute_command(*command)
-        return answer
-
-    async def _script(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> object:
-        if self._mux is not None:
-            return await self._mux.run_script(script, keys, args)
-        # redis-py's Script: EVALSHA, loading the script on NOSCRIPT.
-        return await self._redis_scripts[script.sha](keys=list(keys), args=list(args))
 
     async def _drop_if_dirty(self, session_id: str) -> bool:
         """Drop the hot entry of a session this process failed to write; True when it did."""
@@ -527,9 +467,7 @@ class RedisHot:
         await self._call(op)
 
     async def aclose(self) -> None:
-        if self._mux is not None:
-            await self._mux.aclose()
-        await self._close()
+        await self.link.aclose()
 
 
 def _bytes(value: object) -> bytes:

@@ -1,0 +1,153 @@
+"""The recall postings' contract (tiers/postings.py), run against process memory and a real Redis
+(on the multiplexed connection and on redis-py), and BM25 over what they hold (recall.py)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tests.conftest import RealServers, new_sid, redis_flush_prefix
+from tiered_memory.model import Message, MessageStatus, Role
+from tiered_memory.recall import around, best_turns, search
+from tiered_memory.tiers.hot import RecentBound
+from tiered_memory.tiers.keys import Keys
+from tiered_memory.tiers.memory_hot import MemoryHot
+from tiered_memory.tiers.postings import MemoryPostings, PostingsBatch, PostingsRead, PostingsStore, pack
+from tiered_memory.tiers.redis_hot import RedisHot
+
+_RECENT = RecentBound(least=4, most=4)
+# Small enough for a test to fill: a few batches of three messages.
+_BOUND = 2_000
+
+
+@pytest.fixture(params=["memory", "redis", "redis-py"])
+async def stores(request: pytest.FixtureRequest) -> AsyncIterator[tuple[PostingsStore, PostingsStore]]:
+    """Two replicas' views of one store: the same object in process memory, two clients of one
+    Redis under a key prefix of their own (flushed after)."""
+    if request.param == "memory":
+        hot = MemoryHot(max_sessions=100, summary_ttl_s=60, history_ttl_s=60, recent=_RECENT, recall_max_bytes=_BOUND)
+        yield hot.postings, hot.postings
+        return
+    servers: RealServers = request.getfixturevalue("real_servers")
+    prefix = f"tmt{servers.run_id}{uuid.uuid4().hex[:6]}"
+    url = servers.redis_url if request.param == "redis" else f"{servers.redis_url}?socket_keepalive=true"
+    tiers = [
+        RedisHot.from_url(
+            url,
+            keys=Keys(prefix),
+            timeout_s=1.0,
+            summary_ttl_s=60,
+            history_ttl_s=60,
+            recent=_RECENT,
+            recall_max_bytes=_BOUND,
+        )
+        for _ in range(2)
+    ]
+    yield tiers[0].postings, tiers[1].postings
+    for tier in tiers:
+        await tier.aclose()
+    redis_flush_prefix(servers.redis_url, prefix)
+
+
+def _turn(sid: str, seq: int, text: str, status: MessageStatus = MessageStatus.COMPLETED) -> Message:
+    role = Role.USER if seq % 2 else Role.ASSISTANT
+    return Message(sid, seq, (seq + 1) // 2, role, text, f"m{seq}", 1.0, status=status)
+
+
+def _batch(sid: str, first: int, texts: list[str]) -> PostingsBatch:
+    messages = [_turn(sid, first + i, t) for i, t in enumerate(texts)]
+    return pack(messages, [t.split() for t in texts])
+
+
+async def test_batches_are_added_in_order_once(stores: tuple[PostingsStore, PostingsStore]) -> None:
+    """A batch is taken only when it continues the postings: a retry, the same batch from another
+    replica and a batch past a gap change nothing, and each answer is the last seq indexed."""
+    a, b = stores
+    sid = new_sid()
+    assert await a.read(sid, ["price"]) == PostingsRead(0, 0, 0, False)
+    assert await b.add(sid, _batch(sid, 2, ["out of order"])) == 0
+    assert await a.add(sid, _batch(sid, 1, ["the price is 398", "price noted"])) == 2
+    assert await b.add(sid, _batch(sid, 1, ["the price is 398", "price noted"])) == 2
+    assert await b.add(sid, _batch(sid, 4, ["a gap"])) == 2
+    assert await b.add(sid, _batch(sid, 3, ["price again price"])) == 3
+    read = await a.read(sid, ["price", "398", "absent"])
+    assert (read.last_seq, read.docs, read.total_terms, read.full) == (3, 3, 9, False)
+    assert set(read.postings) == {"price", "398"}
+    assert [s for s, _ in search(read, ["price"], k=5)] == [3, 2, 1]  # two mentions in a short message first
+    assert [s for s, _ in search(read, ["398"], k=5)] == [1]
+    assert [s for s, _ in search(read, ["price"], k=5, before_seq=3)] == [2, 1]
+
+
+async def test_messages_are_kept_for_snippets(stores: tuple[PostingsStore, PostingsStore]) -> None:
+    """The answered messages come back whole, by seq; a stopped reply is neither kept nor found,
+    but still counts as indexed (the next batch continues after it)."""
+    a, b = stores
+    sid = new_sid()
+    said = [
+        _turn(sid, 1, "book a table for four"),
+        _turn(sid, 2, "table booked", MessageStatus.STOPPED),
+        _turn(sid, 3, "thanks for the table"),
+    ]
+    assert await a.add(sid, pack(said, [m.content.split() for m in said])) == 3
+    read = await b.read(sid, ["table"])
+    assert read.docs == 2
+    assert [s for s, _ in search(read, ["table"], k=5)] == [3, 1]  # the shorter message first
+    found = await b.messages(sid, around(search(read, ["table"], k=5)))
+    assert sorted(found) == [1, 3]
+    assert found[1] == said[0]
+    assert best_turns(search(read, ["table"], k=5), found, most=1) == [[said[2]]]
+
+
+async def test_postings_past_their_bound_stop_growing(stores: tuple[PostingsStore, PostingsStore]) -> None:
+    """A batch that would pass the session's bound in bytes marks the postings full: it is not
+    added, nor is any later one, and a search still finds what was indexed."""
+    a, b = stores
+    sid = new_sid()
+    seq = 1
+    while True:
+        batch = _batch(sid, seq, [f"word{seq} filler text here", f"reply {seq} more filler"])
+        if await a.add(sid, batch) != batch.last_seq:
+            break
+        seq += 2
+        assert seq < 200, "the bound was never reached"
+    read = await b.read(sid, ["word1"])
+    assert read.full
+    assert read.last_seq == seq - 1
+    assert [s for s, _ in search(read, ["word1"], k=1)] == [1]
+    small = _batch(sid, seq, ["x"])
+    assert await b.add(sid, small) == seq - 1
+
+
+async def test_forget_drops_the_postings(stores: tuple[PostingsStore, PostingsStore]) -> None:
+    a, b = stores
+    sid, other = new_sid(), new_sid()
+    await a.add(sid, _batch(sid, 1, ["alpha beta"]))
+    await a.add(other, _batch(other, 1, ["alpha"]))
+    await b.forget(sid)
+    assert (await a.read(sid, ["alpha"])).last_seq == 0
+    assert await a.add(sid, _batch(sid, 1, ["gamma"])) == 1  # a new session under the same id
+    assert (await a.read(other, ["alpha"])).postings
+
+
+async def test_process_memory_drops_the_least_recently_asked_session() -> None:
+    """All sessions' postings in process memory stay within their bound, the least recently
+    asked dropped first; the newest stays even alone over it."""
+    batches = {f"s{n}": _batch(f"s{n}", 1, [f"alpha beta gamma {n}"]) for n in range(4)}
+    each = batches["s0"].size
+    assert all(b.size == each for b in batches.values())
+    store = MemoryPostings(max_bytes=3 * each, session_max_bytes=100 * each)
+    for sid in ("s0", "s1", "s2"):
+        await store.add(sid, batches[sid])
+    await store.read("s0", ())  # now the most recently asked
+    await store.add("s3", batches["s3"])
+    indexed = {sid: (await store.read(sid, ())).last_seq for sid in batches}
+    assert indexed == {"s0": 1, "s1": 0, "s2": 1, "s3": 1}
+    assert store.size == 3 * each
+    big = _batch("big", 1, ["word " * 60 + "other " * 60])
+    assert big.size > 3 * each
+    await store.add("big", big)
+    assert (len(store), store.size) == (1, big.size)
+    await store.forget("big")
+    assert (len(store), store.size) == (0, 0)

@@ -1,0 +1,224 @@
+"""Recall postings: each session's search terms and the messages they point at, kept in the hot
+tier so that every replica reads the same index (Redis: one hash per session, redis_postings.py;
+the embedded default: process memory, below).
+
+A session's postings grow by batches of consecutive messages, only at the end: a batch whose
+first seq is not one past the last indexed changes nothing (a retry, a batch another replica
+already added, or postings lost with the hot tier: the next question catches them up from SQL).
+They are bounded in bytes per session: a batch that would pass the bound marks them full, and
+they stay as they are (questions search the part indexed; the newest turns are the context's
+window anyway). Like everything in the hot tier they may be lost at any moment; SQL's messages
+are the source they are rebuilt from.
+
+Layout, the same in both backends: `t:<term>` holds one 8-byte entry per message containing the
+term (seq, term frequency, the message's length in terms), in seq order; `d:<seq>` the message
+(the recent list's encoding), for answered messages only (a stopped or failed reply is never
+shown, so never recalled).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from tiered_memory.model import Message
+from tiered_memory.tiers.codec import decode_message, encode_message
+
+ENTRY = struct.Struct("<IHH")
+"""One posting: seq, the term's frequency in the message, the message's length in terms."""
+
+SESSION_BYTES = 8 * 2**20
+"""RECALL_MAX_BYTES's default: a session's postings bound, about 10,000 turns of short messages."""
+
+# Longer terms (a URL, a run of digits) are cut: they still match themselves.
+_TERM_MAX = 64
+_U16 = 0xFFFF
+
+
+def term_field(term: str) -> str:
+    return "t:" + term
+
+
+def doc_field(seq: int) -> str:
+    return f"d:{seq}"
+
+
+@dataclass(frozen=True, slots=True)
+class PostingsBatch:
+    """Consecutive messages of one session (`first_seq`..`last_seq`), packed for `add`: the
+    entries to append to each term, the messages to keep, and what they add to the counters."""
+
+    first_seq: int
+    last_seq: int
+    docs: int
+    terms: int
+    postings: dict[str, bytes]
+    messages: dict[int, bytes]
+
+    @property
+    def size(self) -> int:
+        """Bytes the batch adds, as the bound counts them: every field name and value."""
+        return sum(len(t) + 2 + len(v) for t, v in self.postings.items()) + sum(
+            len(doc_field(s)) + len(v) for s, v in self.messages.items()
+        )
+
+
+def pack(messages: Sequence[Message], terms: Sequence[Sequence[str]]) -> PostingsBatch:
+    """The batch of `messages` (consecutive, oldest first) with each one's search `terms`."""
+    if not messages:
+        raise ValueError("a postings batch needs at least one message")
+    postings: dict[str, bytearray] = {}
+    docs: dict[int, bytes] = {}
+    total = 0
+    for m, said in zip(messages, terms, strict=True):
+        if not m.answered:
+            continue
+        docs[m.seq] = encode_message(m)
+        total += len(said)
+        counts: dict[str, int] = {}
+        for term in said:
+            cut = term[:_TERM_MAX]
+            counts[cut] = counts.get(cut, 0) + 1
+        length = min(len(said), _U16)
+        for term, tf in counts.items():
+            postings.setdefault(term, bytearray()).extend(ENTRY.pack(m.seq, min(tf, _U16), length))
+    return PostingsBatch(
+        first_seq=messages[0].seq,
+        last_seq=messages[-1].seq,
+        docs=len(docs),
+        terms=total,
+        postings={t: bytes(v) for t, v in postings.items()},
+        messages=docs,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PostingsRead:
+    """What a search reads: the counters BM25 needs and the postings of the asked terms (a term
+    no message holds is absent). `last_seq` 0: nothing indexed."""
+
+    last_seq: int
+    docs: int
+    total_terms: int
+    full: bool
+    postings: dict[str, bytes] = field(default_factory=dict)
+
+
+def entries(data: bytes) -> Iterator[tuple[int, int, int]]:
+    """The (seq, term frequency, message length) entries of one term's postings."""
+    return ENTRY.iter_unpack(data)
+
+
+def decode_doc(data: bytes) -> Message:
+    return decode_message(data)
+
+
+class PostingsStore(Protocol):
+    """Where the postings live. Every method is one round trip; a backend that fails raises
+    HotUnavailable, like the hot tier it belongs to."""
+
+    async def read(self, session_id: str, terms: Sequence[str]) -> PostingsRead:
+        """The counters and the postings of `terms` (empty: the counters only)."""
+        ...
+
+    async def messages(self, session_id: str, seqs: Sequence[int]) -> dict[int, Message]:
+        """The indexed messages among `seqs`, by seq."""
+        ...
+
+    async def add(self, session_id: str, batch: PostingsBatch) -> int:
+        """Append `batch` if it continues the postings and keeps them within the session's bound
+        (else mark them full); the last seq indexed afterwards."""
+        ...
+
+    async def forget(self, session_id: str) -> None:
+        """Drop the session's postings."""
+        ...
+
+
+@dataclass(slots=True)
+class _Session:
+    last_seq: int = 0
+    docs: int = 0
+    terms: int = 0
+    size: int = 0
+    full: bool = False
+    postings: dict[str, bytearray] = field(default_factory=dict)
+    messages: dict[int, bytes] = field(default_factory=dict)
+
+
+class MemoryPostings:
+    """PostingsStore in process memory, for the embedded default: the sessions' postings in
+    all bounded by `max_bytes` (as the bound counts them: names and values), the least recently
+    used session dropped first; the newest stays even alone over the bound. One session's are
+    bounded by `session_max_bytes`."""
+
+    def __init__(self, *, max_bytes: int, session_max_bytes: int) -> None:
+        self._max = max_bytes
+        self._session_max = session_max_bytes
+        self._sessions: OrderedDict[str, _Session] = OrderedDict()
+        self._size = 0
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def _get(self, session_id: str) -> _Session | None:
+        found = self._sessions.get(session_id)
+        if found is not None:
+            self._sessions.move_to_end(session_id)
+        return found
+
+    async def read(self, session_id: str, terms: Sequence[str]) -> PostingsRead:
+        found = self._get(session_id)
+        if found is None:
+            return PostingsRead(0, 0, 0, False)
+        postings = {t: bytes(found.postings[t]) for t in terms if t in found.postings}
+        return PostingsRead(found.last_seq, found.docs, found.terms, found.full, postings)
+
+    async def messages(self, session_id: str, seqs: Sequence[int]) -> dict[int, Message]:
+        found = self._get(session_id)
+        if found is None:
+            return {}
+        return {s: decode_doc(found.messages[s]) for s in seqs if s in found.messages}
+
+    async def add(self, session_id: str, batch: PostingsBatch) -> int:
+        found = self._get(session_id)
+        if found is None:
+            found = self._sessions[session_id] = _Session()
+        if found.full or batch.first_seq != found.last_seq + 1:
+            return found.last_seq
+        size = batch.size
+        if found.size + size > self._session_max:
+            found.full = True
+            return found.last_seq
+        for term, data in batch.postings.items():
+            found.postings.setdefault(term, bytearray()).extend(data)
+        found.messages.update(batch.messages)
+        found.last_seq = batch.last_seq
+        found.docs += batch.docs
+        found.terms += batch.terms
+        found.size += size
+        self._size += size
+        while self._size > self._max and len(self._sessions) > 1:
+            _, gone = self._sessions.popitem(last=False)
+            self._size -= gone.size
+        return found.last_seq
+
+    async def forget(self, session_id: str) -> None:
+        self.drop(session_id)
+
+    def clear(self) -> None:
+        self._sessions.clear()
+        self._size = 0
+
+    def drop(self, session_id: str) -> None:
+        """forget, for a caller outside the event loop's tasks."""
+        gone = self._sessions.pop(session_id, None)
+        if gone is not None:
+            self._size -= gone.size

@@ -1,0 +1,118 @@
+"""Recall postings on Redis: one hash per session (`Keys.recall`), read by every replica.
+
+The hash holds the counters (`last`, `docs`, `terms`, `size`, `full`) beside the `t:<term>` and
+`d:<seq>` fields of postings.py. A batch is appended by one script, so that two replicas adding
+the same messages (both saw the appends, or both caught up after a loss) add them once: the
+second finds `last` moved and changes nothing. The hash lives SUMMARY_REDIS_TTL_SECONDS past its
+last batch, like the summary, and goes with the session's other keys on delete.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tiered_memory.model import Message
+from tiered_memory.tiers.keys import Keys
+from tiered_memory.tiers.postings import PostingsBatch, PostingsRead, decode_doc, doc_field, term_field
+from tiered_memory.tiers.redis_link import RedisLink
+from tiered_memory.tiers.resp import Arg, Script
+
+# Appends one batch if it continues the postings. KEYS[1]: the hash. ARGV: first seq, last seq,
+# answered messages, terms, bytes, the session's bound in bytes, TTL, then field and value pairs
+# (a `t:` value is appended to the field, a `d:` value set). Answers the last seq indexed after.
+_ADD_LUA = """
+local last = tonumber(redis.call('HGET', KEYS[1], 'last') or '0')
+if last ~= tonumber(ARGV[1]) - 1 then return last end
+local state = redis.call('HMGET', KEYS[1], 'full', 'size')
+redis.call('EXPIRE', KEYS[1], ARGV[7])
+if state[1] == '1' then return last end
+if tonumber(state[2] or '0') + tonumber(ARGV[5]) > tonumber(ARGV[6]) then
+  redis.call('HSET', KEYS[1], 'full', '1')
+  return last
+end
+for i = 8, #ARGV - 1, 2 do
+  local name, value = ARGV[i], ARGV[i + 1]
+  if string.byte(name, 1) == 116 then
+    local cur = redis.call('HGET', KEYS[1], name)
+    if cur then value = cur .. value end
+  end
+  redis.call('HSET', KEYS[1], name, value)
+end
+redis.call('HINCRBY', KEYS[1], 'docs', ARGV[3])
+redis.call('HINCRBY', KEYS[1], 'terms', ARGV[4])
+redis.call('HINCRBY', KEYS[1], 'size', ARGV[5])
+redis.call('HSET', KEYS[1], 'last', ARGV[2])
+redis.call('EXPIRE', KEYS[1], ARGV[7])
+return tonumber(ARGV[2])
+"""
+
+
+class RedisPostings:
+    """PostingsStore on Redis, through the hot tier's link (its connection and breaker)."""
+
+    def __init__(self, link: RedisLink, *, keys: Keys, ttl_s: int, session_max_bytes: int) -> None:
+        self._link = link
+        self._keys = keys
+        self._ttl = ttl_s
+        self._session_max = session_max_bytes
+        self._add = Script.of(_ADD_LUA)
+
+    async def read(self, session_id: str, terms: Sequence[str]) -> PostingsRead:
+        asked = list(dict.fromkeys(terms))
+
+        async def op() -> PostingsRead:
+            reply = await self._link.command(
+                "HMGET", self._keys.recall(session_id), "last", "docs", "terms", "full", *map(term_field, asked)
+            )
+            if not isinstance(reply, list) or len(reply) != 4 + len(asked):
+                raise TypeError("expected an array from HMGET")
+            last, docs, total, full = reply[:4]
+            postings = {t: v for t, v in zip(asked, reply[4:], strict=True) if isinstance(v, bytes)}
+            return PostingsRead(_int(last), _int(docs), _int(total), full == b"1", postings)
+
+        return await self._link.call(op)
+
+    async def messages(self, session_id: str, seqs: Sequence[int]) -> dict[int, Message]:
+        if not seqs:
+            return {}
+
+        async def op() -> dict[int, Message]:
+            reply = await self._link.command("HMGET", self._keys.recall(session_id), *map(doc_field, seqs))
+            if not isinstance(reply, list) or len(reply) != len(seqs):
+                raise TypeError("expected an array from HMGET")
+            return {s: decode_doc(v) for s, v in zip(seqs, reply, strict=True) if isinstance(v, bytes)}
+
+        return await self._link.call(op)
+
+    async def add(self, session_id: str, batch: PostingsBatch) -> int:
+        args: list[Arg] = [
+            batch.first_seq,
+            batch.last_seq,
+            batch.docs,
+            batch.terms,
+            batch.size,
+            self._session_max,
+            self._ttl,
+        ]
+        for term, data in batch.postings.items():
+            args += [term_field(term), data]
+        for seq, doc in batch.messages.items():
+            args += [doc_field(seq), doc]
+
+        async def op() -> int:
+            answer = await self._link.script(self._add, [self._keys.recall(session_id)], args)
+            if not isinstance(answer, int):
+                raise TypeError("expected an integer from the postings script")
+            return answer
+
+        return await self._link.call(op)
+
+    async def forget(self, session_id: str) -> None:
+        async def op() -> object:
+            return await self._link.command("DEL", self._keys.recall(session_id))
+
+        await self._link.call(op)
+
+
+def _int(value: object) -> int:
+    return int(value) if isinstance(value, bytes) else 0

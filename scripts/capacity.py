@@ -82,11 +82,10 @@ def plan(constants: dict[str, Any], shape: Shape) -> dict[str, Any]:
     text_extra = 2 * ((shape.summary_text_bytes or measured_text) - measured_text)
     key["summary"] += text_extra
     active = shape.concurrent * sum(key.values())
-    # Ended sessions keep their summary, counters and recall postings until
-    # SUMMARY_REDIS_TTL_SECONDS after their last activity, their recent list until
-    # HISTORY_TTL_SECONDS.
+    # Ended sessions keep their summary and counters until SUMMARY_REDIS_TTL_SECONDS after their
+    # last activity, their recent list and recall postings until HISTORY_TTL_SECONDS.
     lingering = rate * (
-        shape.summary_ttl_s * (key["summary"] + key["state"] + key["recall"]) + shape.history_ttl_s * key["recent"]
+        shape.summary_ttl_s * (key["summary"] + key["state"]) + shape.history_ttl_s * (key["recent"] + key["recall"])
     )
     dataset = active + lingering
     redis_total = dataset * shape.redis_overhead * (1 + shape.redis_replicas)

@@ -12,7 +12,7 @@ are the source they are rebuilt from.
 
 Layout, the same in both backends: `t:<term>` holds one 8-byte entry per message containing the
 term (seq, term frequency, the message's length in terms), in seq order; `d:<seq>` the message
-(the recent list's encoding), for answered messages only (a stopped or failed reply is never
+(`encode_doc`), for answered messages only (a stopped or failed reply is never
 shown, so never recalled).
 """
 
@@ -24,8 +24,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from tiered_memory.model import Message
-from tiered_memory.tiers.codec import decode_message, encode_message
+import orjson
+
+from tiered_memory.model import Channel, Message, MessageStatus, Role
 
 ENTRY = struct.Struct("<IHH")
 """One posting: seq, the term's frequency in the message, the message's length in terms."""
@@ -76,7 +77,7 @@ def pack(messages: Sequence[Message], terms: Sequence[Sequence[str]]) -> Posting
     for m, said in zip(messages, terms, strict=True):
         if not m.answered:
             continue
-        docs[m.seq] = encode_message(m)
+        docs[m.seq] = encode_doc(m)
         total += len(said)
         counts: dict[str, int] = {}
         for term in said:
@@ -112,8 +113,29 @@ def entries(data: bytes) -> Iterator[tuple[int, int, int]]:
     return ENTRY.iter_unpack(data)
 
 
-def decode_doc(data: bytes) -> Message:
-    return decode_message(data)
+def encode_doc(m: Message) -> bytes:
+    """A message as its `d:<seq>` field keeps it: a JSON array without the session id and seq
+    (the key and the field name hold them) or the field names, half the recent list's encoding."""
+    return orjson.dumps(
+        [m.turn, m.role.value, m.content, m.message_id, m.created_at, m.user_id, m.channel.value, m.status.value]
+    )
+
+
+def decode_doc(session_id: str, seq: int, data: bytes) -> Message:
+    """The message of `encode_doc`; ValueError, TypeError or KeyError when `data` is not one."""
+    turn, role, content, message_id, created_at, user_id, channel, status = orjson.loads(data)
+    return Message(
+        session_id=session_id,
+        seq=seq,
+        turn=int(turn),
+        role=Role(role),
+        content=str(content),
+        message_id=str(message_id),
+        created_at=float(created_at),
+        user_id=None if user_id is None else str(user_id),
+        channel=Channel(channel),
+        status=MessageStatus(status),
+    )
 
 
 class PostingsStore(Protocol):
@@ -185,7 +207,7 @@ class MemoryPostings:
         found = self._get(session_id)
         if found is None:
             return {}
-        return {s: decode_doc(found.messages[s]) for s in seqs if s in found.messages}
+        return {s: decode_doc(session_id, s, found.messages[s]) for s in seqs if s in found.messages}
 
     async def add(self, session_id: str, batch: PostingsBatch) -> int:
         found = self._get(session_id)

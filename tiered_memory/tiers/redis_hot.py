@@ -179,7 +179,7 @@ class RedisHot:
         `on_invalidate=cache_invalidator(cache)` (see from_url); used only while it tracks.
         `recall_max_bytes`: the bound of one session's recall postings."""
         self.link = link
-        self._postings = RedisPostings(link, keys=keys, ttl_s=summary_ttl_s, session_max_bytes=recall_max_bytes)
+        self._postings = RedisPostings(link, keys=keys, ttl_s=history_ttl_s, session_max_bytes=recall_max_bytes)
         self._mux = link.mux
         self._cache = cache if link.mux is not None else None
         self._keys = keys

@@ -3,8 +3,9 @@
 The hash holds the counters (`last`, `docs`, `terms`, `size`, `full`) beside the `t:<term>` and
 `d:<seq>` fields of postings.py. A batch is appended by one script, so that two replicas adding
 the same messages (both saw the appends, or both caught up after a loss) add them once: the
-second finds `last` moved and changes nothing. The hash lives SUMMARY_REDIS_TTL_SECONDS past its
-last batch, like the summary, and goes with the session's other keys on delete.
+second finds `last` moved and changes nothing. The hash lives HISTORY_TTL_SECONDS past its last
+batch, like the recent list (a session that comes back later catches its postings up from SQL on
+its first question), and goes with the session's other keys on delete.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ class RedisPostings:
             reply = await self._link.command("HMGET", self._keys.recall(session_id), *map(doc_field, seqs))
             if not isinstance(reply, list) or len(reply) != len(seqs):
                 raise TypeError("expected an array from HMGET")
-            return {s: decode_doc(v) for s, v in zip(seqs, reply, strict=True) if isinstance(v, bytes)}
+            return {s: decode_doc(session_id, s, v) for s, v in zip(seqs, reply, strict=True) if isinstance(v, bytes)}
 
         return await self._link.call(op)
 

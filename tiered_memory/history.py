@@ -169,8 +169,11 @@ class History:
         terms = await asyncio.to_thread(self._tokenize, question)
         if not terms:
             return terms, []
+        # The newest answered message seen is read with the postings: postings that hold another
+        # message under its seq are a deleted session's, left by a catch-up that raced the delete.
+        check = next((m for m in reversed(seen) if m.answered), None)
         try:
-            found = await self._searchable(session_id, terms, message_count, wait_s=self._question_wait_s)
+            found = await self._searchable(session_id, terms, message_count, wait_s=self._question_wait_s, check=check)
         except SqlUnavailable:
             return terms, []  # counted by _built
         if found is None:
@@ -178,20 +181,17 @@ class History:
             return terms, []
         store, read = found
         hits = search(read, terms, k=2 * _SNIPPET_TURNS, before_seq=before_seq)
-        # The newest message seen is read with the hits' turns: postings that hold another
-        # message under its seq are a deleted session's, left by a catch-up that raced the delete.
-        check = seen[-1] if seen and seen[-1].seq <= read.last_seq and seen[-1].answered else None
-        if not hits and check is None:
+        if not hits:
             return terms, []
-        seqs = around(hits) + ([check.seq] if check is not None else [])
-        try:
-            messages = await store.messages(session_id, seqs)
-        except HotUnavailable:
-            self._hot_error("recall_read")
-            return terms, []
-        if check is not None and check.seq in messages and messages[check.seq].message_id != check.message_id:
-            await self._drop(store, session_id)
-            return terms, []
+        # The hits' turns from the hot list when it holds them, else from the postings' messages.
+        messages = {m.seq: m for m in seen if m.answered}
+        lacking = [seq for seq in around(hits) if seq not in messages]
+        if lacking:
+            try:
+                messages |= await store.messages(session_id, lacking)
+            except HotUnavailable:
+                self._hot_error("recall_read")
+                return terms, []
         return terms, best_turns(hits, messages, most=_SNIPPET_TURNS)
 
     async def matches(self, session_id: str, query: str, message_count: int, k: int) -> list[RecallMatch]:
@@ -231,15 +231,25 @@ class History:
         return out
 
     async def _searchable(
-        self, session_id: str, terms: Sequence[str], message_count: int, *, wait_s: float | None
+        self,
+        session_id: str,
+        terms: Sequence[str],
+        message_count: int,
+        *,
+        wait_s: float | None,
+        check: Message | None = None,
     ) -> tuple[PostingsStore, PostingsRead] | None:
         """The store that answers and its read of `terms`, caught up to `message_count` (waiting
         `wait_s` at most for that; None: for ever). None when the wait ran out, or the session
         was deleted meanwhile. The hot tier's postings first, this process's own while it is
-        down. Raises SqlUnavailable when a catch-up needed SQL."""
+        down. Postings that keep another message than `check` under its seq are dropped and
+        caught up anew. Raises SqlUnavailable when a catch-up needed SQL."""
         for store in (self._postings, self._local):
             try:
-                read = await store.read(session_id, terms)
+                read = await store.read(session_id, terms, doc=check.seq if check is not None else None)
+                if check is not None and read.doc is not None and read.doc.message_id != check.message_id:
+                    await self._drop(store, session_id)
+                    read = PostingsRead(0, 0, 0, False)
                 if read.last_seq >= message_count or read.full:
                     return store, read
                 build = asyncio.shield(self._build(store, session_id, message_count))

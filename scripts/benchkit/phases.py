@@ -56,18 +56,19 @@ async def main_table(b: Bench) -> None:
             Spec("summary_hot", d, hot_summary, ok(200, SUMMARY_FROM["hot"])),
             Spec("naive_hot", srv["naive_hot"].port, hot_summary, ok(200), ceiling=True),
             Spec("context_hot", d, hot_context, ok(200, CONTEXT_FROM["hot"])),
-            # Query-aware reads: the seeded sessions' recall postings catch up on the first.
+            # Query-aware reads, on postings caught up when the pool was warmed.
             Spec("context_question", d, spread(questions(b.hot)), ok(200)),
             Spec("recall", d, spread(recalls(b.hot)), ok(200)),
         ]
         await b.rounds(hot, c)
         # Never read before: each read misses the hot tier and SQL answers (then backfills).
         warm = await b.warm_pool(f"warm{c}", b.warm_size(c))
+        cold = await b.cold_pool(f"cold{c}", b.warm_size(c) // 10)
         sql = [
             Spec("sql_select", srv["sql_select"].port, hot_summary, ok(200), ceiling=True),
             Spec("summary_warm", d, once(summaries(warm)), ok(200, SUMMARY_FROM["warm"])),
             Spec("summary_cold", d, spread(summaries(b.cold)), ok(200, SUMMARY_FROM["cold"])),
-            Spec("context_cold", d, spread(cold_contexts(b.cold)), ok(200, CONTEXT_FROM["cold"])),
+            Spec("context_cold", d, once(cold_contexts(cold)), ok(200, CONTEXT_FROM["cold"])),
         ]
         await b.rounds(sql, c)
         writes = [
@@ -107,18 +108,29 @@ class Lengths:
     full: dict[int, str]
     cold: dict[int, str]
     warm: dict[int, list[str]]
+    # Unread sessions without a summary for the cold contexts: a session the hot list holds whole
+    # is cold at its first read only; one longer than the list holds, at every read.
+    cold_contexts: dict[int, list[str]]
+
+
+def _each_once(requests: list[bytes]) -> loadgen.Factory:
+    """Every request once, or the one request again and again (a pool of one: a session longer
+    than the hot list holds, cold at every read)."""
+    return once(requests) if len(requests) > 1 else spread(requests)
 
 
 async def seed_growth(b: Bench) -> Lengths:
     """Written before any measurement, so that the database has settled when they run."""
-    full, cold, warm = {}, {}, {}
+    full, cold, warm, cold_contexts = {}, {}, {}, {}
     for n in b.plan.lengths:
         full[n], cold[n] = f"b{b.run}-g{n}-full", f"b{b.run}-g{n}-cold"
         await seed.sessions_with(b.sql, [full[n]], turns=n, summary=b.tpl, with_messages=True)
         await seed.sessions_with(b.sql, [cold[n]], turns=n, summary=None, with_messages=True)
         warm[n] = await b.warm_pool(f"g{n}warm", int(b.plan.warm_rate * b.plan.growth_duration), turns=n)
+        # About as many as a share reads at that length (a cold read costs about a turn's worth).
+        cold_contexts[n] = await b.cold_pool(f"g{n}cold", max(1, int(150 * b.plan.growth_duration * 10 / n)), turns=n)
         b.log(f"seeded sessions of {n} turns")
-    return Lengths(full, cold, warm)
+    return Lengths(full, cold, warm, cold_contexts)
 
 
 async def growth(b: Bench, s: Lengths) -> None:
@@ -151,7 +163,7 @@ async def growth(b: Bench, s: Lengths) -> None:
         ("summary_warm", lambda n: once(summaries(s.warm[n])), SUMMARY_FROM["warm"], 4),
         # One share each: a read of 10,000 turns takes seconds.
         ("summary_cold", lambda n: spread(summaries([s.cold[n]])), SUMMARY_FROM["cold"], 1),
-        ("context_cold", lambda n: spread(cold_contexts([s.cold[n]])), CONTEXT_FROM["cold"], 1),
+        ("context_cold", lambda n: _each_once(cold_contexts(s.cold_contexts[n])), CONTEXT_FROM["cold"], 1),
     ]
     for name, make, needle, n_rounds in reads:
         b.log(f"growth: {name}")

@@ -30,7 +30,7 @@ from benchkit import loadgen, procs, seed
 from benchkit.loadgen import Stats
 from benchkit.procs import BenchFailed, Child
 from benchkit.servers import naive_keys
-from benchkit.workload import contexts, ok, once
+from benchkit.workload import contexts, ok, once, recalls
 from tests.conversations import ZH_12_TURNS
 from tiered_memory.tiers.sql_engine import create_engine
 
@@ -281,6 +281,7 @@ class Bench:
         await seed.sessions_with(self.sql, self.cold, turns=TURNS, summary=None, with_messages=True)
         self.log("pools seeded")
         await self.rewarm()
+        await self.index()
         self.log("hot pool warmed")
 
         # The ceilings answer with the daemon's own bytes for the same sessions.
@@ -309,10 +310,28 @@ class Bench:
         if stats["rewarm"].errors:
             raise BenchFailed(f"{stats['rewarm'].errors} context reads failed while warming the hot pool")
 
+    async def index(self) -> None:
+        """Catch up every hot-pool session's recall postings (a recall waits for that): seeded
+        through SQL, not appended, they have none, as if Redis had lost them; appended sessions
+        have theirs from their first message."""
+        stats = await loadgen.measure(
+            "index", self.daemon.port, concurrency=16, duration_s=120, make=once(recalls(self.hot)), check=ok(200)
+        )
+        if stats["index"].errors:
+            raise BenchFailed(f"{stats['index'].errors} recalls failed while indexing the hot pool")
+
     async def warm_pool(self, kind: str, n: int, turns: int = TURNS) -> list[str]:
         """Sessions with a warm summary row that no one has read: each read is a hot-tier miss."""
         sids = sid_list(self.run, kind, n)
         await seed.sessions_with(self.sql, sids, turns=turns, summary=self.tpl, with_messages=False)
+        return sids
+
+    async def cold_pool(self, kind: str, n: int, turns: int = TURNS) -> list[str]:
+        """Sessions with messages and no summary that no one has read: each first read walks to
+        the cold extraction. (A re-read finds the hot list holding the whole session, when it
+        can, and skips the extraction: a session only the first read of which is cold.)"""
+        sids = sid_list(self.run, kind, n)
+        await seed.sessions_with(self.sql, sids, turns=turns, summary=None, with_messages=True)
         return sids
 
     def warm_size(self, c: int) -> int:

@@ -106,6 +106,8 @@ class PostingsRead:
     total_terms: int
     full: bool
     postings: dict[str, bytes] = field(default_factory=dict)
+    doc: Message | None = None
+    """The message asked for with the read, when the postings keep it."""
 
 
 def entries(data: bytes) -> Iterator[tuple[int, int, int]]:
@@ -142,8 +144,9 @@ class PostingsStore(Protocol):
     """Where the postings live. Every method is one round trip; a backend that fails raises
     HotUnavailable, like the hot tier it belongs to."""
 
-    async def read(self, session_id: str, terms: Sequence[str]) -> PostingsRead:
-        """The counters and the postings of `terms` (empty: the counters only)."""
+    async def read(self, session_id: str, terms: Sequence[str], *, doc: int | None = None) -> PostingsRead:
+        """The counters, the postings of `terms` (empty: the counters only) and the message at seq
+        `doc` (to check that the postings are the session's)."""
         ...
 
     async def messages(self, session_id: str, seqs: Sequence[int]) -> dict[int, Message]:
@@ -196,12 +199,14 @@ class MemoryPostings:
             self._sessions.move_to_end(session_id)
         return found
 
-    async def read(self, session_id: str, terms: Sequence[str]) -> PostingsRead:
+    async def read(self, session_id: str, terms: Sequence[str], *, doc: int | None = None) -> PostingsRead:
         found = self._get(session_id)
         if found is None:
             return PostingsRead(0, 0, 0, False)
         postings = {t: bytes(found.postings[t]) for t in terms if t in found.postings}
-        return PostingsRead(found.last_seq, found.docs, found.terms, found.full, postings)
+        kept = found.messages.get(doc) if doc is not None else None
+        message = decode_doc(session_id, doc, kept) if doc is not None and kept is not None else None
+        return PostingsRead(found.last_seq, found.docs, found.terms, found.full, postings, message)
 
     async def messages(self, session_id: str, seqs: Sequence[int]) -> dict[int, Message]:
         found = self._get(session_id)

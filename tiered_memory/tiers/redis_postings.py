@@ -58,18 +58,19 @@ class RedisPostings:
         self._session_max = session_max_bytes
         self._add = Script.of(_ADD_LUA)
 
-    async def read(self, session_id: str, terms: Sequence[str]) -> PostingsRead:
+    async def read(self, session_id: str, terms: Sequence[str], *, doc: int | None = None) -> PostingsRead:
         asked = list(dict.fromkeys(terms))
+        # The asked message's field first (absent: `last` again), then the terms'.
+        head = ["last", "docs", "terms", "full", doc_field(doc) if doc is not None else "last"]
 
         async def op() -> PostingsRead:
-            reply = await self._link.command(
-                "HMGET", self._keys.recall(session_id), "last", "docs", "terms", "full", *map(term_field, asked)
-            )
-            if not isinstance(reply, list) or len(reply) != 4 + len(asked):
+            reply = await self._link.command("HMGET", self._keys.recall(session_id), *head, *map(term_field, asked))
+            if not isinstance(reply, list) or len(reply) != len(head) + len(asked):
                 raise TypeError("expected an array from HMGET")
-            last, docs, total, full = reply[:4]
-            postings = {t: v for t, v in zip(asked, reply[4:], strict=True) if isinstance(v, bytes)}
-            return PostingsRead(_int(last), _int(docs), _int(total), full == b"1", postings)
+            last, docs, total, full, kept = reply[: len(head)]
+            postings = {t: v for t, v in zip(asked, reply[len(head) :], strict=True) if isinstance(v, bytes)}
+            message = decode_doc(session_id, doc, kept) if doc is not None and isinstance(kept, bytes) else None
+            return PostingsRead(_int(last), _int(docs), _int(total), full == b"1", postings, message)
 
         return await self._link.call(op)
 

@@ -741,3 +741,32 @@ async def test_older_turns_read_from_sql_are_kept_hot(daemon: Daemon) -> None:
     assert next(m["content"] for m in second["messages"] if m["role"] == "user") == ZH_12_TURNS[0][0]
     if daemon.settings.redis_url:
         assert statements == []
+
+
+async def test_a_voice_call_continues_in_chat(daemon: Daemon) -> None:
+    """One session id, a voice call then a chat: the call's turns are stored as voice and
+    summarized when it closes; the chat gateway's first `…/turns` answers with that summary and a
+    memory that holds the call's names and numbers and its last turn within the budget, and
+    records the chat message as chat."""
+    sid = new_sid()
+    for user, assistant in ZH_12_TURNS:
+        await daemon.post(sid, "user", user, channel="voice")
+        await daemon.post(sid, "assistant", assistant, channel="voice")
+    assert (await daemon.http.post(f"/v1/sessions/{sid}/close")).status == 200
+    await daemon.settle()
+    question = "我在网页上接着问：活力健能和降压药一起吃吗？"
+    resp = await daemon.http.post(
+        f"/v1/sessions/{sid}/turns?max_chars=300", json={"content": question, "channel": "chat"}
+    )
+    assert resp.status == 201, await resp.text()
+    ctx = await resp.json()
+    assert ctx["covered_turns"] == len(ZH_12_TURNS)
+    shown = "\n".join(m["content"] for m in ctx["messages"])
+    assert sum(len(m["content"]) for m in ctx["messages"][:-1]) <= 300
+    for evidence in ZH_EARLY_EVIDENCE:
+        assert evidence in ctx["summary"]
+        assert evidence in shown
+    assert ctx["messages"][-2]["content"] == ZH_12_TURNS[-1][1]
+    assert ctx["messages"][-1]["content"].endswith(question)
+    stored = (await daemon.get(f"/v1/sessions/{sid}/messages"))["messages"]
+    assert [m["channel"] for m in stored] == ["voice"] * 2 * len(ZH_12_TURNS) + ["chat"]

@@ -336,6 +336,51 @@ async def test_delete_during_a_summary_leaves_nothing_behind(backend_env: dict[s
         await d.stop()
 
 
+async def test_a_short_sessions_final_summary_comes_from_the_llm(
+    backend_env: dict[str, str], fake_llm: FakeLlm
+) -> None:
+    """A 2-turn call never reached a cadence point: close answers at once with the deterministic
+    merge, then a background pass makes the summary again with the LLM, as the next version in
+    both tiers. With the LLM failing, the deterministic summary stays and nothing more is written."""
+    fake_llm.behaviour = Behaviour(text="用户王小明咨询活力健的用法，助手说明每天两次。", delay_s=0.3)
+    d = Daemon(_llm_env(backend_env, fake_llm))
+    await d.start_quiet(fake_llm)
+    try:
+        sid = new_sid()
+        await play(d, sid, ZH_12_TURNS[:2])
+        closed = await d.http.post(f"/v1/sessions/{sid}/close")
+        assert closed.status == 200
+        assert (await closed.json())["persisted"] is True
+        first = await d.get(f"/v1/sessions/{sid}/summary")
+        assert first["source"] == "deterministic"
+        assert fake_llm.completed == 0  # close did not wait for the LLM
+        await d.settle()
+        final = await d.get(f"/v1/sessions/{sid}/summary")
+        assert (final["tier"], final["source"], final["covered_turns"]) == ("hot", "llm", 2)
+        assert final["summary"] == fake_llm.behaviour.text
+        assert final["version"] == first["version"] + 1
+        row, _info = await d.store.get_summary(sid)
+        assert row is not None
+        assert (row.source.value, row.version, row.text) == ("llm", final["version"], final["summary"])
+        slices = (await d.get(f"/v1/sessions/{sid}/slices"))["slices"]
+        assert [(s["from_turn"], s["to_turn"], s["source"]) for s in slices] == [(1, 2, "llm")]
+
+        fake_llm.behaviour = Behaviour(mode="status", status=500)
+        other = new_sid()
+        await play(d, other, ZH_12_TURNS[:2])
+        assert (await d.http.post(f"/v1/sessions/{other}/close")).status == 200
+        kept = await d.get(f"/v1/sessions/{other}/summary")
+        await d.settle()
+        after = await d.get(f"/v1/sessions/{other}/summary")
+        fields = ("source", "version", "summary", "covered_turns")
+        assert [after[f] for f in fields] == [kept[f] for f in fields]
+        assert kept["source"] == "deterministic"
+        metrics = await (await d.http.get("/metrics")).text()
+        assert 'tiered_memory_llm_failures_total{reason="http_error"} 1.0' in metrics
+    finally:
+        await d.stop()
+
+
 async def test_extra_body_is_merged_and_usage_is_counted(fake_llm: FakeLlm) -> None:
     """LLM_EXTRA_BODY's keys go into every request beside (or over) the daemon's own, never over
     the model or the messages; each reply's usage is counted by model and direction, and priced

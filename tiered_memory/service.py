@@ -94,6 +94,9 @@ class MemoryService:
             clock=clock,
         )
         self.summaries = SingleFlight(self._summarize, on_pending=metrics.pending_summarizations.set)
+        # Sessions a client closed whose next background pass makes their summary again with the
+        # LLM (a close answers with the deterministic merge, never waiting for the LLM).
+        self._refine: set[str] = set()
         # Bounds background summaries only: a start-up sweep that finds hundreds of due sessions
         # must not open hundreds of transactions and LLM calls at once. close() does not queue.
         self._slots = asyncio.Semaphore(settings.summary_concurrency)
@@ -159,7 +162,10 @@ class MemoryService:
         blocks no other session."""
         for _ in range(_LOCKED_RETRIES):
             async with self._slots:
-                result = await self._job.run(session_id)
+                # A close asked for the LLM's summary of what it merged deterministically.
+                refine = session_id in self._refine
+                self._refine.discard(session_id)
+                result = await self._job.run(session_id, refine=refine)
             if result.outcome is not Outcome.LOCKED:
                 return
             await asyncio.sleep(_LOCKED_RETRY_S)
@@ -206,6 +212,12 @@ class MemoryService:
             after = await self._store.get_session(session_id)
             persisted = after is not None and after.covered_turns >= info.turn_count
             cached = persisted and result.hot_written
+            if persisted and reason == "client" and self._s.llm_enabled:
+                # A short call may never have reached a cadence point: its summary is the
+                # extractor's. The LLM makes it again in the background (the job decides whether
+                # it is short enough and not the LLM's already).
+                self._refine.add(session_id)
+                self.summaries.schedule(session_id)
         if await self._store.close_session(session_id, reason=reason, now=self._clock()):
             self._metrics.sessions_closed.labels(reason).inc()
             log.info("session_closed", session_id=session_id, reason=reason, persisted=persisted, cached=cached)

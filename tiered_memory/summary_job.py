@@ -85,10 +85,15 @@ class SummaryJob:
         self._lock_ttl = lock_ttl_s
         self._clock = clock
 
-    async def run(self, session_id: str, *, use_llm: bool = True) -> JobResult:
+    async def run(self, session_id: str, *, use_llm: bool = True, refine: bool = False) -> JobResult:
         """One pass; never raises for store or LLM failures (they are counted and logged, and
         the sweeper finds the session again because its watermark did not move). With
-        use_llm=False the deterministic extractor merges, whatever LLM is configured."""
+        use_llm=False the deterministic extractor merges, whatever LLM is configured.
+
+        With `refine`, a summary that is up to date but not the LLM's, of a session of at most
+        COMPRESSION_BATCH_TURNS turns (one call: a short call that closed before its first
+        cadence point, or one whose LLM failed), is made again by the LLM as the next version;
+        it stays as it is when the LLM fails again."""
         try:
             token = await self._hot.try_lock(session_id, self._lock_ttl)
         except HotUnavailable:
@@ -99,7 +104,7 @@ class SummaryJob:
         if token is None:
             return JobResult(Outcome.LOCKED)
         try:
-            return await self._run_locked(session_id, token, self._llm if use_llm else None)
+            return await self._run_locked(session_id, token, self._llm if use_llm else None, refine=refine)
         except SqlUnavailable as exc:
             source = SummarySource.LLM if self._llm and use_llm else SummarySource.DETERMINISTIC
             self._metrics.tier_errors.labels("sql", "summarize").inc()
@@ -109,13 +114,18 @@ class SummaryJob:
         finally:
             await self._unlock(session_id, token)
 
-    async def _run_locked(self, session_id: str, token: str, llm: LlmSummarizer | None) -> JobResult:
+    async def _run_locked(
+        self, session_id: str, token: str, llm: LlmSummarizer | None, *, refine: bool = False
+    ) -> JobResult:
         prev, info = await self._store.get_summary(session_id)
         if info is None:
             return JobResult(Outcome.NO_SESSION)
         covered = prev.covered_turns if prev else 0
         target = info.turn_count
         if target <= covered:
+            if refine and llm is not None and prev is not None and prev.source is not SummarySource.LLM:
+                if 0 < target <= self._batch:
+                    return await self._refine(session_id, token, prev, info.user_id, target, llm)
             cached = prev is not None and await self._cache(session_id, prev)
             return JobResult(Outcome.UP_TO_DATE, hot_written=cached)
         started = time.perf_counter()
@@ -270,17 +280,7 @@ class SummaryJob:
             prev, info = await self._store.get_summary(session_id)
             if info is None or info.turn_count == 0:
                 return None
-            rows = await self._store.messages_in_turns(session_id, after_turn=0, through_turn=info.turn_count)
-            # From nothing, but as the next version of what is stored (so caches take it).
-            final, pieces = await self._merge_batches(
-                session_id, token, None, rows, covered=0, target=info.turn_count, llm=self._llm
-            )
-            final = dataclasses.replace(
-                final,
-                version=(prev.version if prev else 0) + 1,
-                created_at=prev.created_at if prev else final.created_at,
-            )
-            pieces = [dataclasses.replace(p, summary_version=final.version) for p in pieces]
+            final, pieces = await self._remade(session_id, token, prev, info.turn_count, self._llm)
             if not await self._store.put_summary(
                 session_id, final, user_id=info.user_id, turn_count=info.turn_count, slices=pieces, replace_slices=True
             ):
@@ -290,6 +290,40 @@ class SummaryJob:
             return final
         finally:
             await self._unlock(session_id, token)
+
+    async def _remade(
+        self, session_id: str, token: str, prev: Summary | None, turns: int, llm: LlmSummarizer | None
+    ) -> tuple[Summary, list[Slice]]:
+        """Every slice and the summary of turns 1..`turns` made anew, from nothing, but as the
+        next version of `prev` (so that caches take it)."""
+        rows = await self._store.messages_in_turns(session_id, after_turn=0, through_turn=turns)
+        final, pieces = await self._merge_batches(session_id, token, None, rows, covered=0, target=turns, llm=llm)
+        final = dataclasses.replace(
+            final,
+            version=(prev.version if prev else 0) + 1,
+            created_at=prev.created_at if prev else final.created_at,
+        )
+        return final, [dataclasses.replace(p, summary_version=final.version) for p in pieces]
+
+    async def _refine(
+        self, session_id: str, token: str, prev: Summary, user_id: str | None, turns: int, llm: LlmSummarizer
+    ) -> JobResult:
+        """`prev`, the extractor's, made again by the LLM; written only when the LLM answered."""
+        started = time.perf_counter()
+        final, pieces = await self._remade(session_id, token, prev, turns, llm)
+        if final.source is not SummarySource.LLM:
+            # The LLM failed again (counted by _merge): the summary stands as it is.
+            return JobResult(Outcome.UP_TO_DATE, hot_written=await self._cache(session_id, prev))
+        if not await self._store.put_summary(
+            session_id, final, user_id=user_id, turn_count=turns, slices=pieces, replace_slices=True
+        ):
+            self._metrics.summarizations.labels(final.source.value, "stale").inc()
+            return JobResult(Outcome.STALE)
+        cached = await self._cache(session_id, final)
+        self._metrics.summarizations.labels(final.source.value, "ok").inc()
+        self._metrics.summarization_seconds.labels(final.source.value).observe(time.perf_counter() - started)
+        log.info("summary_refined", session_id=session_id, covered_turns=turns, version=final.version)
+        return JobResult(Outcome.WRITTEN, hot_written=cached)
 
     async def _keep_lock(self, session_id: str, token: str) -> None:
         # The lock lasts about one LLM call; a backlog of several batches renews it before each

@@ -123,9 +123,9 @@ class SummaryJob:
         covered = prev.covered_turns if prev else 0
         target = info.turn_count
         if target <= covered:
-            if refine and llm is not None and prev is not None and prev.source is not SummarySource.LLM:
-                if 0 < target <= self._batch:
-                    return await self._refine(session_id, token, prev, info.user_id, target, llm)
+            short = 0 < target <= self._batch
+            if refine and short and llm is not None and prev is not None and prev.source is not SummarySource.LLM:
+                return await self._refine(session_id, token, prev, info.user_id, target, llm)
             cached = prev is not None and await self._cache(session_id, prev)
             return JobResult(Outcome.UP_TO_DATE, hot_written=cached)
         started = time.perf_counter()

@@ -154,6 +154,33 @@ def test_the_english_prompts_ask_for_the_same_json() -> None:
     assert "100 words" in default_prompt("text", "en")
 
 
+def test_the_structured_prompt_asks_for_a_summary_of_summary_max_tokens() -> None:
+    """The structured prompt asks for a summary field of SUMMARY_MAX_TOKENS' length (180-260
+    characters at the default 120); the text prompt is the replaced system's own."""
+    assert default_prompt("structured", "zh").rstrip().endswith("summary 字段写 180–260 字。")
+    assert default_prompt("structured", "en").rstrip().endswith("Write the summary field in 180 to 260 characters.")
+    assert "summary 字段写 300–433 字。" in default_prompt("structured", "zh", 200)
+    assert default_prompt("text", "zh", 200) == default_prompt("text", "zh")
+
+
+async def test_the_daemon_asks_for_the_summary_length_it_is_set_to(
+    backend_env: dict[str, str], fake_llm: FakeLlm
+) -> None:
+    """SUMMARY_MAX_TOKENS reaches the structured call as the summary's length in its prompt,
+    while the call's max_tokens leaves room for the JSON (STRUCTURED_SUMMARY_MAX_TOKENS)."""
+    env = _llm_env(backend_env, fake_llm) | {"SUMMARY_FORMAT": "structured", "SUMMARY_MAX_TOKENS": "200"}
+    d = Daemon(env)
+    await d.start_quiet(fake_llm)
+    try:
+        await play(d, new_sid(), ZH_12_TURNS[:3])
+        await d.settle()
+        body = fake_llm.requests[-1]["body"]
+        assert "summary 字段写 300–433 字。" in body["messages"][0]["content"]
+        assert body["max_tokens"] == 1500
+    finally:
+        await d.stop()
+
+
 @pytest.mark.parametrize("summary_format", ["text", "structured"])
 async def test_an_operators_prompt_serves_every_language(
     fake_llm: FakeLlm, tmp_path: Path, summary_format: str

@@ -92,7 +92,7 @@ def build_llm(settings: Settings, session: aiohttp.ClientSession, metrics: Metri
         model=settings.summary_model,
         max_tokens=settings.llm_max_tokens,
         timeout_s=settings.llm_timeout_seconds,
-        prompts=load_prompts(settings.summary_prompt_file, settings.summary_format),
+        prompts=load_prompts(settings.summary_prompt_file, settings.summary_format, settings.summary_max_tokens),
         max_chars=settings.summary_max_chars,
         breaker=metrics.breaker(
             "llm", failures=settings.llm_breaker_failures, reset_s=settings.llm_breaker_reset_seconds

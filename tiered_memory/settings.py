@@ -20,6 +20,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from tiered_memory.auth import ApiToken, merge_tokens, parse_token_list, read_token_file
 from tiered_memory.context import OLDER_MAX_MESSAGES, hot_list_chars
 from tiered_memory.errors import ConfigError
+from tiered_memory.summarize.llm import SUMMARY_TOKENS
 from tiered_memory.summarize.topics import load_keyword_groups
 from tiered_memory.tiers.hot import RecentBound
 from tiered_memory.tiers.postings import SESSION_BYTES
@@ -39,7 +40,9 @@ class Settings(BaseSettings):
     # Unset: summary, or window when ENABLE_CONVERSATION_SUMMARY=false.
     memory_mode_setting: Literal["none", "window", "summary"] | None = Field(None, alias="MEMORY_MODE")
     summary_every_n_turns: int = Field(3, alias="SUMMARY_EVERY_N_TURNS", ge=1, le=1000)
-    summary_max_tokens: int = Field(120, alias="SUMMARY_MAX_TOKENS", ge=16, le=32000)
+    # A text summary's max_tokens; in the structured format, the summary field's length the prompt
+    # asks for (180-260 characters at 120).
+    summary_max_tokens: int = Field(SUMMARY_TOKENS, alias="SUMMARY_MAX_TOKENS", ge=16, le=32000)
     # A JSON payload of seven fields needs far more room than 150 characters of text; a reply cut
     # at the token limit is broken JSON and would always be rejected.
     structured_summary_max_tokens: int = Field(1500, alias="STRUCTURED_SUMMARY_MAX_TOKENS", ge=64, le=32000)

@@ -131,7 +131,7 @@ class SummaryJob:
         started = time.perf_counter()
         rows = await self._store.messages_in_turns(session_id, after_turn=covered, through_turn=target)
         summary, pieces = await self._merge_batches(
-            session_id, token, prev, rows, covered=covered, target=target, llm=llm
+            session_id, token, prev, rows, covered=covered, target=target, llm=llm, stored=prev
         )
         source = summary.source
         if not await self._store.put_summary(
@@ -168,9 +168,11 @@ class SummaryJob:
         covered: int,
         target: int,
         llm: LlmSummarizer | None,
+        stored: Summary | None,
     ) -> tuple[Summary, list[Slice]]:
         """Merge turns covered+1..target into `prev`, at most COMPRESSION_BATCH_TURNS turns per
-        call, one slice per batch. The result is one new version (the stored one plus one)."""
+        call, one slice per batch. The result is the next version of the `stored` summary (`prev`,
+        or the one a merge from nothing replaces)."""
         running = prev
         pieces: list[Slice] = []
         start = covered
@@ -186,8 +188,8 @@ class SummaryJob:
         assert running is not None
         final = dataclasses.replace(
             running,
-            version=(prev.version if prev else 0) + 1,
-            created_at=prev.created_at if prev else running.created_at,
+            version=(stored.version if stored else 0) + 1,
+            created_at=stored.created_at if stored else running.created_at,
         )
         return final, [dataclasses.replace(p, summary_version=final.version) for p in pieces]
 
@@ -297,13 +299,7 @@ class SummaryJob:
         """Every slice and the summary of turns 1..`turns` made anew, from nothing, but as the
         next version of `prev` (so that caches take it)."""
         rows = await self._store.messages_in_turns(session_id, after_turn=0, through_turn=turns)
-        final, pieces = await self._merge_batches(session_id, token, None, rows, covered=0, target=turns, llm=llm)
-        final = dataclasses.replace(
-            final,
-            version=(prev.version if prev else 0) + 1,
-            created_at=prev.created_at if prev else final.created_at,
-        )
-        return final, [dataclasses.replace(p, summary_version=final.version) for p in pieces]
+        return await self._merge_batches(session_id, token, None, rows, covered=0, target=turns, llm=llm, stored=prev)
 
     async def _refine(
         self, session_id: str, token: str, prev: Summary, user_id: str | None, turns: int, llm: LlmSummarizer

@@ -64,21 +64,39 @@ _LABELS: dict[Language, _Labels] = {
 }
 
 
-def default_prompt(summary_format: str = "text", language: Language = "zh") -> str:
+SUMMARY_TOKENS = 120
+"""SUMMARY_MAX_TOKENS's default: a summary of about 120 tokens, 180-260 Chinese characters."""
+
+# The summary field's length the structured prompt asks for, in characters per token of
+# SUMMARY_MAX_TOKENS: 180-260 at the default 120 (1.5 to 2.17 Chinese characters a token).
+_FIELD_CHARS = {"zh": "summary 字段写 {lo}–{hi} 字。", "en": "Write the summary field in {lo} to {hi} characters."}
+
+
+def default_prompt(
+    summary_format: str = "text", language: Language = "zh", summary_tokens: int = SUMMARY_TOKENS
+) -> str:
     """The built-in system prompt in `language`: for text, the prompt of the system this daemon
     replaces (150 Chinese characters, or about 100 English words); for structured, the JSON
-    memory-merge prompt. Both languages ask for the same content under the same rules."""
+    memory-merge prompt, whose summary field is asked to be as long as `summary_tokens` tokens
+    (SUMMARY_MAX_TOKENS: the structured call's own max_tokens must leave room for the JSON around
+    it). Both languages ask for the same content under the same rules."""
     stem = "summary_structured" if summary_format == "structured" else "summary"
-    return resources.files("tiered_memory").joinpath(f"prompts/{stem}_{language}.txt").read_text(encoding="utf-8")
+    text = resources.files("tiered_memory").joinpath(f"prompts/{stem}_{language}.txt").read_text(encoding="utf-8")
+    if summary_format != "structured":
+        return text
+    length = _FIELD_CHARS[language].format(lo=summary_tokens * 3 // 2, hi=summary_tokens * 13 // 6)
+    return f"{text.rstrip()}\n{length}\n"
 
 
-def load_prompts(path: Path | None, summary_format: str = "text") -> dict[Language, str]:
+def load_prompts(
+    path: Path | None, summary_format: str = "text", summary_tokens: int = SUMMARY_TOKENS
+) -> dict[Language, str]:
     """The system prompt for each language. An operator's file (SUMMARY_PROMPT_FILE) serves every
     language as written: choosing it is choosing its language. Without one, the built-in prompt of
     each language. Raises OSError when the file cannot be read."""
     if path is not None:
         return dict.fromkeys(LANGUAGES, path.read_text(encoding="utf-8"))
-    return {language: default_prompt(summary_format, language) for language in LANGUAGES}
+    return {language: default_prompt(summary_format, language, summary_tokens) for language in LANGUAGES}
 
 
 def _transcript(messages: Sequence[Message], labels: _Labels) -> str:

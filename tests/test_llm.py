@@ -408,6 +408,21 @@ async def test_a_short_sessions_final_summary_comes_from_the_llm(
         await d.stop()
 
 
+async def test_the_llm_reads_an_interrupted_reply_as_cut(backend_env: dict[str, str], fake_llm: FakeLlm) -> None:
+    """The summary call's transcript marks a reply the user barged into as cut."""
+    d = Daemon(_llm_env(backend_env, fake_llm))
+    await d.start_quiet(fake_llm)
+    try:
+        sid = new_sid()
+        await play(d, sid, ZH_12_TURNS[:2])
+        await d.post(sid, "user", "那价格呢？")
+        await d.post(sid, "assistant", "活力健一盒398元，如果您买两盒", status="interrupted")
+        await d.settle()
+        assert "活力健一盒398元，如果您买两盒（被打断）" in fake_llm.last_user_prompt()
+    finally:
+        await d.stop()
+
+
 async def test_extra_body_is_merged_and_usage_is_counted(fake_llm: FakeLlm) -> None:
     """LLM_EXTRA_BODY's keys go into every request beside (or over) the daemon's own, never over
     the model or the messages; each reply's usage is counted by model and direction, and priced

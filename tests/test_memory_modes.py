@@ -108,6 +108,36 @@ async def test_an_unfinished_reply_leaves_the_question_alone(daemon: Daemon) -> 
     assert bad.status == 400
 
 
+async def test_an_interrupted_reply_answers_and_is_shown_cut(daemon: Daemon) -> None:
+    """A reply the user barged into is stored as sent with `status: interrupted`; it completes
+    its turn, and the context and the summary show it marked as cut in its own language, so
+    that the model neither repeats it nor takes it for a whole answer."""
+    sid = new_sid()
+    await play(daemon, sid, ZH_12_TURNS[:2])
+    await daemon.post(sid, "user", "那价格呢？")
+    cut = await daemon.post(sid, "assistant", "活力健一盒398元，如果您买两盒", status="interrupted")
+    assert cut["turn_count"] == 3
+    assert cut["summary_scheduled"] is True
+    ctx = await daemon.get(f"/v1/sessions/{sid}/context")
+    assert ctx["messages"][-1] == {"role": "assistant", "content": "活力健一盒398元，如果您买两盒（被打断）"}
+    assert "（被打断）" in ctx["recent_transcript"]
+    await daemon.post(sid, "user", "What about shipping?")
+    await daemon.post(sid, "assistant", "Shipping is free above two boxes, and", status="interrupted")
+    ctx = await daemon.get(f"/v1/sessions/{sid}/context")
+    assert ctx["messages"][-1]["content"] == "Shipping is free above two boxes, and (interrupted)"
+    await daemon.settle()
+    summary = (await daemon.get(f"/v1/sessions/{sid}/summary"))["summary"]
+    assert "398" in summary
+    stored = (await daemon.get(f"/v1/sessions/{sid}/messages"))["messages"]
+    assert [(m["content"], m["status"]) for m in stored[5:6]] == [("活力健一盒398元，如果您买两盒", "interrupted")]
+    bad = await daemon.http.post(
+        f"/v1/sessions/{sid}/messages", json={"role": "user", "content": "x", "status": "interrupted"}
+    )
+    assert bad.status == 400
+    assert "interrupted" in (await bad.json())["error"]["message"]
+    assert await daemon.store.count_messages(sid) == 8
+
+
 async def test_load_then_append_returns_the_context_before_the_message(daemon: Daemon) -> None:
     """POST /turns answers the context as it was before the user's message, with that message as
     the closing question exactly once, then records it; a retry does not repeat the question."""

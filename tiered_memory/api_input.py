@@ -153,10 +153,10 @@ def parse_message(session_id: str, body: dict[str, Any], *, max_bytes: int) -> N
         raise InvalidInput("channel: expected 'voice' or 'chat'")
     user_id = _user_id(body.get("user_id"), "user_id")
     status = body.get("status", "completed")
-    if status not in ("completed", "stopped", "failed", "streaming"):
-        raise InvalidInput("status: expected 'completed', 'stopped', 'failed' or 'streaming'")
+    if status not in ("completed", "interrupted", "stopped", "failed", "streaming"):
+        raise InvalidInput("status: expected 'completed', 'interrupted', 'stopped', 'failed' or 'streaming'")
     if role == "user" and status != "completed":
-        raise InvalidInput("status: only an assistant message can be stopped, failed or streaming")
+        raise InvalidInput("status: only an assistant message can be interrupted, stopped, failed or streaming")
     message_id = _optional_str(body, "message_id", _MESSAGE_ID) or uuid.uuid4().hex
     return NewMessage(
         session_id=session_id,

@@ -6,11 +6,12 @@ send the LLM) and context assembly (which labels to render) can share one rule a
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
 from typing import Literal
 
-from tiered_memory.model import Message, Role
+from tiered_memory.model import Message, MessageStatus, Role
 
 Language = Literal["zh", "en"]
 LANGUAGES: tuple[Language, ...] = ("zh", "en")
@@ -26,6 +27,22 @@ def language_of(text: str) -> Language:
     if not text:
         return "zh"
     return "zh" if len(_CJK.findall(text)) * 4 >= len(text) else "en"
+
+
+# What follows the spoken part of an interrupted reply wherever memory shows or summarizes it.
+CUT_MARKS: dict[Language, str] = {"zh": "（被打断）", "en": " (interrupted)"}
+
+
+def as_spoken(messages: Sequence[Message]) -> list[Message]:
+    """`messages` as memory shows them: an interrupted reply's content marked as cut, in its own
+    language, so that the model reading it does not take it for a whole answer (the stored
+    message stays verbatim)."""
+    return [
+        dataclasses.replace(m, content=m.content + CUT_MARKS[language_of(m.content)])
+        if m.status is MessageStatus.INTERRUPTED
+        else m
+        for m in messages
+    ]
 
 
 def conversation_language(messages: Sequence[Message]) -> Language:

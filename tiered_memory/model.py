@@ -21,13 +21,21 @@ class Channel(enum.StrEnum):
 
 
 class MessageStatus(enum.StrEnum):
-    """How an assistant reply ended. Only a completed reply answers the user's question; the
-    others are kept verbatim but never shown or summarized as if they had answered it."""
+    """How an assistant reply ended. A completed reply answers the user's question, and so does
+    an interrupted one: the part actually spoken before the user cut in (shown and summarized
+    marked as cut, so the model does not repeat it). The others are kept verbatim but never
+    shown or summarized as if they had answered it."""
 
     COMPLETED = "completed"
+    INTERRUPTED = "interrupted"
     STOPPED = "stopped"
     FAILED = "failed"
     STREAMING = "streaming"
+
+    @property
+    def answers(self) -> bool:
+        """Whether a reply that ended so answers its question (and completes its turn)."""
+        return self in (MessageStatus.COMPLETED, MessageStatus.INTERRUPTED)
 
 
 class Tier(enum.StrEnum):
@@ -135,8 +143,9 @@ class Message:
 
     @property
     def answered(self) -> bool:
-        """A user message, or an assistant reply that completed: what memory may show and summarize."""
-        return self.role is Role.USER or self.status is MessageStatus.COMPLETED
+        """A user message, or an assistant reply that completed or was interrupted: what memory
+        may show and summarize."""
+        return self.role is Role.USER or self.status.answers
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,7 @@ from tiered_memory.context import (
 from tiered_memory.context_policy import Candidates, Facts, Selection, choose, lagging_digest
 from tiered_memory.errors import Forbidden, HotUnavailable, SqlUnavailable
 from tiered_memory.history import History
-from tiered_memory.language import language_of
+from tiered_memory.language import as_spoken, language_of
 from tiered_memory.lru import Lru
 from tiered_memory.metrics import Metrics
 from tiered_memory.model import (
@@ -438,6 +438,7 @@ class SessionReads:
         """The policy's input: the messages, the summary as a renderer of its facts, the subject,
         the session's terms, and this process's cache of what each message reads as."""
         summary = walked.answer.summary
+        shown, snippets = as_spoken(shown), [as_spoken(turn) for turn in snippets]
         # The user's language labels the memory (a mixed conversation follows the user).
         said = "".join(m.content for m in shown[-6:] if m.role is Role.USER)
         lang = language_of(said or (summary.text if summary else ""))
@@ -517,7 +518,7 @@ class SessionReads:
             topics=summary.topics if summary else (),
             messages=messages,
             turn_count=walked.turn_count,
-            recent_transcript=recent_transcript(recent, max_chars=self._s.recent_transcript_max_chars),
+            recent_transcript=recent_transcript(as_spoken(recent), max_chars=self._s.recent_transcript_max_chars),
             answer_transcript=answer_transcript(recent, max_chars=self._s.answer_history_max_chars),
             estimated_tokens={
                 "context": estimate_tokens(returned, self._s.chars_per_token),

@@ -125,8 +125,9 @@ class AsyncClient:
         channel: str | None = None,
         status: str | None = None,
     ) -> AppendResult:
-        """Store one message (`role` user or assistant; `status` completed, stopped, failed or
-        streaming for a reply). Durable when this returns; stored once however often it is retried."""
+        """Store one message (`role` user or assistant; `status` completed, interrupted, stopped,
+        failed or streaming for a reply). Durable when this returns; stored once however often it
+        is retried."""
         body = _body(
             role=role,
             content=content,

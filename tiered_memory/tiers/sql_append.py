@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tiered_memory.errors import Conflict, Forbidden
-from tiered_memory.model import AppendResult, Caller, Message, MessageStatus, NewMessage, Owner, Role
+from tiered_memory.model import AppendResult, Caller, Message, NewMessage, Owner, Role
 from tiered_memory.tiers.group_commit import Outcome
 from tiered_memory.tiers.sql_rows import append_result_of, row_to_message
 from tiered_memory.tiers.sql_schema import messages as msgs
@@ -183,7 +183,7 @@ def _one(a: Append, s: _Session, stored: tuple[Message, bool] | None) -> AppendR
     if new.role is Role.USER:
         # Opens (or, after another user message, continues) turn completed+1.
         turn, turns_after, completes, pending_after = completed + 1, completed, False, True
-    elif new.status is not MessageStatus.COMPLETED:
+    elif not new.status.answers:
         # A stopped, failed or streaming reply leaves the question open.
         turn, turns_after, completes, pending_after = completed + 1, completed, False, s.pending_user
     elif s.pending_user:

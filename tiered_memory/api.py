@@ -101,6 +101,26 @@ async def post_message(request: web.Request) -> web.Response:
     )
 
 
+async def patch_message(request: web.Request) -> web.Response:
+    """Correct a stored message's content or a reply's status while no summary covers it."""
+    read.check_query(request)
+    sid, mid = read.session_id(request), read.message_id(request)
+    patch = read.parse_patch(await read.json_object(request), max_bytes=request.app[SETTINGS_KEY].max_message_bytes)
+    caller = read.caller(request)
+    outcome = await request.app[SERVICE_KEY].patch_message(caller.session_key(sid), mid, patch, caller=caller)
+    r = outcome.result
+    message = _message_json(r.message)
+    return reply(
+        {
+            "session_id": sid,
+            "message": message,
+            "turn_count": r.turn_count,
+            "changed": r.changed,
+            "summary_scheduled": outcome.summary_scheduled,
+        }
+    )
+
+
 async def get_summary(request: web.Request) -> web.Response:
     read.check_query(request)
     sid, caller = read.session_id(request), read.caller(request)
@@ -383,6 +403,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/sessions/{session_id:[^/]+}/summary/rebuild", post_rebuild)
     app.router.add_get("/v1/sessions/{session_id:[^/]+}/slices", get_slices)
     app.router.add_get("/v1/sessions/{session_id:[^/]+}/messages", get_messages)
+    app.router.add_patch("/v1/sessions/{session_id:[^/]+}/messages/{message_id:[^/]+}", patch_message)
     app.router.add_get("/v1/users/{user_id:[^/]+}/summaries", get_user_summaries)
     app.router.add_get("/v1/sessions/{session_id:[^/]+}/context", get_context)
     app.router.add_get("/v1/sessions/{session_id:[^/]+}/recall", get_recall)
@@ -448,7 +469,7 @@ async def _mapped(request: web.Request, handler: Handler) -> web.StreamResponse:
         # One body whatever the reason: it must not tell whose the session is.
         return error_response(403, "forbidden", Forbidden.message)
     except Conflict as exc:
-        return error_response(409, "conflict", str(exc))
+        return error_response(409, exc.code, str(exc))
     except Overloaded as exc:
         return error_response(503, "overloaded", str(exc), {"Retry-After": _RETRY_AFTER_S})
     except SqlUnavailable as exc:

@@ -16,7 +16,7 @@ from aiohttp import web
 
 from tiered_memory.auth import PRINCIPAL_KEY, valid_tenant
 from tiered_memory.errors import Forbidden, InvalidInput
-from tiered_memory.model import Caller, Channel, MessageStatus, NewMessage, Role
+from tiered_memory.model import Caller, Channel, MessageStatus, NewMessage, Patch, Role
 
 # `{` and `}` are excluded so a session id can never break the Redis hash tag it is wrapped in.
 # Both are used with fullmatch: `$` also matches before a trailing newline, which let "a\n" in.
@@ -140,22 +140,13 @@ def parse_message(session_id: str, body: dict[str, Any], *, max_bytes: int) -> N
     role = body.get("role")
     if role not in ("user", "assistant"):
         raise InvalidInput("role: expected 'user' or 'assistant'")
-    content = body.get("content")
-    if not isinstance(content, str) or not content.strip():
-        raise InvalidInput("content: expected a non-empty string")
-    if not _encodable(content):
-        raise InvalidInput("content: expected valid Unicode text (it holds a lone surrogate)")
-    size = len(content.encode("utf-8"))
-    if size > max_bytes:
-        raise InvalidInput(f"content: expected at most {max_bytes} bytes of UTF-8 (MAX_MESSAGE_BYTES), got {size}")
+    content = _content(body.get("content"), max_bytes)
     channel = body.get("channel", "chat")
     if channel not in ("voice", "chat"):
         raise InvalidInput("channel: expected 'voice' or 'chat'")
     user_id = _user_id(body.get("user_id"), "user_id")
-    status = body.get("status", "completed")
-    if status not in ("completed", "interrupted", "stopped", "failed", "streaming"):
-        raise InvalidInput("status: expected 'completed', 'interrupted', 'stopped', 'failed' or 'streaming'")
-    if role == "user" and status != "completed":
+    status = _status(body.get("status", "completed"))
+    if role == "user" and status is not MessageStatus.COMPLETED:
         raise InvalidInput("status: only an assistant message can be interrupted, stopped, failed or streaming")
     message_id = _optional_str(body, "message_id", _MESSAGE_ID) or uuid.uuid4().hex
     return NewMessage(
@@ -165,8 +156,45 @@ def parse_message(session_id: str, body: dict[str, Any], *, max_bytes: int) -> N
         message_id=message_id,
         user_id=user_id,
         channel=Channel(channel),
-        status=MessageStatus(status),
+        status=status,
     )
+
+
+def _content(value: object, max_bytes: int) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidInput("content: expected a non-empty string")
+    if not _encodable(value):
+        raise InvalidInput("content: expected valid Unicode text (it holds a lone surrogate)")
+    size = len(value.encode("utf-8"))
+    if size > max_bytes:
+        raise InvalidInput(f"content: expected at most {max_bytes} bytes of UTF-8 (MAX_MESSAGE_BYTES), got {size}")
+    return value
+
+
+def _status(value: object) -> MessageStatus:
+    if value not in ("completed", "interrupted", "stopped", "failed", "streaming"):
+        raise InvalidInput("status: expected 'completed', 'interrupted', 'stopped', 'failed' or 'streaming'")
+    return MessageStatus(value)
+
+
+def message_id(request: web.Request) -> str:
+    """The message id of the path."""
+    value = request.match_info["message_id"]
+    if not _MESSAGE_ID.fullmatch(value):
+        raise InvalidInput("message_id: expected 1-128 printable ASCII characters")
+    return value
+
+
+def parse_patch(body: dict[str, Any], *, max_bytes: int) -> Patch:
+    """Validate a message patch: `content` and/or `status`, nothing else."""
+    unknown = sorted(set(body) - {"content", "status"})
+    if unknown:
+        raise InvalidInput(f"unknown field(s): {', '.join(unknown)}; expected 'content' and/or 'status'")
+    if not body:
+        raise InvalidInput("body: expected 'content' and/or 'status'")
+    content = _content(body["content"], max_bytes) if "content" in body else None
+    status = _status(body["status"]) if "status" in body else None
+    return Patch(content=content, status=status)
 
 
 def framing_text(value: object, name: str, max_bytes: int) -> str | None:

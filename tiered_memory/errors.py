@@ -48,7 +48,12 @@ class Forbidden(TieredMemoryError):
 
 
 class Conflict(TieredMemoryError):
-    """The request contradicts what is stored (a message_id reused for other content)."""
+    """The request contradicts what is stored (a message_id reused for other content, a change
+    of a message a summary covers). `code` names the case for the caller."""
+
+    def __init__(self, message: str, *, code: str = "conflict") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class Overloaded(TieredMemoryError):

@@ -255,6 +255,32 @@ class AppendOutcome:
 
 
 @dataclass(frozen=True, slots=True)
+class Patch:
+    """What a patch sets; None leaves it as stored."""
+
+    content: str | None = None
+    status: MessageStatus | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PatchResult:
+    message: Message
+    turn_count: int
+    changed: bool
+    """False when the message already was as the patch asks (a repeated patch)."""
+    completed_turn: bool
+    """Whether this patch completed the message's turn (a streaming reply finalized)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PatchOutcome:
+    """What a patch did, and whether it made a summary due (a reply finalized at a cadence point)."""
+
+    result: PatchResult
+    summary_scheduled: bool
+
+
+@dataclass(frozen=True, slots=True)
 class CloseResult:
     """`persisted`: the warm row covers every turn; `cached`: Redis holds that summary too."""
 

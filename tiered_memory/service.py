@@ -23,6 +23,8 @@ from tiered_memory.model import (
     CloseResult,
     Message,
     NewMessage,
+    Patch,
+    PatchOutcome,
     SessionInfo,
     Slice,
     Summary,
@@ -222,6 +224,32 @@ class MemoryService:
             self._metrics.sessions_closed.labels(reason).inc()
             log.info("session_closed", session_id=session_id, reason=reason, persisted=persisted, cached=cached)
         return CloseResult(session_id, persisted, cached, info.turn_count)
+
+    async def patch_message(self, session_id: str, message_id: str, patch: Patch, *, caller: Caller) -> PatchOutcome:
+        """Correct a stored message while no summary covers it (sql_patch.py), holding the
+        session's summary lock so that no summary reads it meanwhile; then the hot tier forgets
+        what it cached of the session (its recent list and recall postings held the old text) and
+        a reply finalized into a completed turn schedules a summary at its cadence point. A
+        repeated patch changes nothing and answers the same. Raises NotFound, Forbidden, Conflict,
+        InvalidInput, SqlUnavailable, and HotUnavailable when the hot tier could not forget (the
+        patch is in SQL: a retry, which changes nothing more, clears it)."""
+        async with self._job.holding(session_id):
+            result = await self._store.patch_message(session_id, message_id, patch, caller=caller)
+        self._history.forget(session_id)
+        try:
+            await self._hot.invalidate(session_id)
+        except HotUnavailable:
+            self._metrics.tier_errors.labels("hot", "invalidate").inc()
+            raise
+        due = (
+            self._s.summaries_enabled
+            and result.completed_turn
+            and result.turn_count % self._s.summary_every_n_turns == 0
+        )
+        if due:
+            self.summaries.schedule(session_id)
+        log.info("message_patched", session_id=session_id, message_id=message_id, changed=result.changed)
+        return PatchOutcome(result, due)
 
     async def delete(self, session_id: str, *, caller: Caller) -> None:
         """Remove a session from every tier, SQL first. Raises HotUnavailable when Redis could not

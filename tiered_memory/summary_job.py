@@ -9,10 +9,11 @@ writes leaves SQL ahead, which the read path and backfill repair.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import enum
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import structlog
@@ -332,6 +333,16 @@ class SummaryJob:
                 log.warning("summary_lock_lost", session_id=session_id)
         except HotUnavailable:
             self._metrics.tier_errors.labels("hot", "lock").inc()
+
+    @contextlib.asynccontextmanager
+    async def holding(self, session_id: str) -> AsyncIterator[None]:
+        """The session's summary lock, held around a change of messages a summary would read
+        (a patch): no summary reads them meanwhile. Raises Conflict when a summary keeps it."""
+        token = await self._lock_or_raise(session_id)
+        try:
+            yield
+        finally:
+            await self._unlock(session_id, token)
 
     async def _unlock(self, session_id: str, token: str) -> None:
         # "" means the lock could not be taken because Redis was down: nothing to release.

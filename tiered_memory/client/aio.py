@@ -27,6 +27,7 @@ from tiered_memory.client.models import (
     AppendResult,
     CloseResult,
     Context,
+    PatchResult,
     Readiness,
     RebuildResult,
     RecallMatch,
@@ -138,6 +139,23 @@ class AsyncClient:
         )
         code, data = await self._call("POST", f"/v1/sessions/{_sid(session_id)}/messages", body=body, user_id=user_id)
         return build(AppendResult, data, created=code == 201)
+
+    async def patch_message(
+        self,
+        session_id: str,
+        message_id: str,
+        *,
+        content: str | None = None,
+        status: str | None = None,
+        user_id: str | None = None,
+    ) -> PatchResult:
+        """Correct a stored message while no summary covers it: a transcript's `content`, or a
+        reply's `status` (a streaming reply finalized, a reply cut by a barge-in, with the part
+        that was spoken as `content`). Repeating it changes nothing (`changed` False)."""
+        body = _body(content=content, status=status)
+        path = f"/v1/sessions/{_sid(session_id)}/messages/{quote(message_id, safe='')}"
+        _, data = await self._call("PATCH", path, body=body, user_id=user_id)
+        return build(PatchResult, data, message=build(StoredMessage, data["message"]))
 
     async def turn(
         self,

@@ -126,6 +126,17 @@ class StoredMessage:
 
 
 @dataclass(frozen=True, slots=True)
+class PatchResult:
+    """PATCH …/messages/{message_id}: the message as stored now, and whether it changed."""
+
+    session_id: str
+    message: StoredMessage
+    turn_count: int
+    changed: bool
+    summary_scheduled: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Slice:
     """One summarization: the turns and message seqs it covered and a digest of that range."""
 

@@ -19,6 +19,7 @@ from tiered_memory.client.models import (
     AppendResult,
     CloseResult,
     Context,
+    PatchResult,
     Readiness,
     RebuildResult,
     RecallMatch,
@@ -105,6 +106,19 @@ class Client:
             self._async.append(
                 session_id, role, content, message_id=message_id, user_id=user_id, channel=channel, status=status
             )
+        )
+
+    def patch_message(
+        self,
+        session_id: str,
+        message_id: str,
+        *,
+        content: str | None = None,
+        status: str | None = None,
+        user_id: str | None = None,
+    ) -> PatchResult:
+        return self._run(
+            self._async.patch_message(session_id, message_id, content=content, status=status, user_id=user_id)
         )
 
     def turn(

@@ -118,6 +118,11 @@ class HotTier(Protocol):
         """Forget everything about a session."""
         ...
 
+    async def invalidate(self, session_id: str) -> None:
+        """Forget what is cached of a session (recent list, summary, counters, recall postings)
+        after SQL changed under it, so that the next read refills it; its lock stays."""
+        ...
+
     async def try_lock(self, session_id: str, ttl_seconds: float) -> str | None:
         """Take the session's summarization lock; a token when taken, None when someone holds it."""
         ...

@@ -194,6 +194,13 @@ class MemoryHot:
         self._entries.pop(session_id, None)
         self._postings.drop(session_id)
 
+    async def invalidate(self, session_id: str) -> None:
+        self._postings.drop(session_id)
+        entry = self._entries.get(session_id)
+        if entry is not None:
+            # Only the lock stays (an empty entry is dropped by the next _get).
+            self._entries[session_id] = _Entry(lock_token=entry.lock_token, lock_until=entry.lock_until)
+
     async def try_lock(self, session_id: str, ttl_seconds: float) -> str | None:
         entry = self._get_or_create(session_id)
         if entry.lock_token is not None:

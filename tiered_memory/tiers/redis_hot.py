@@ -440,6 +440,16 @@ class RedisHot:
         with self._writing(session_id):
             await self._call(op)
 
+    async def invalidate(self, session_id: str) -> None:
+        async def op() -> None:
+            k = self._keys
+            await self._command(
+                "DEL", k.recent(session_id), k.summary(session_id), k.state(session_id), k.recall(session_id)
+            )
+
+        with self._writing(session_id):
+            await self._call(op)
+
     async def try_lock(self, session_id: str, ttl_seconds: float) -> str | None:
         token = secrets.token_hex(8)
 

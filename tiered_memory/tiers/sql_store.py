@@ -24,6 +24,8 @@ from tiered_memory.model import (
     Caller,
     NewMessage,
     Owner,
+    Patch,
+    PatchResult,
     SessionInfo,
     Slice,
     Summary,
@@ -32,6 +34,7 @@ from tiered_memory.tiers.group_commit import GroupCommit, Outcome
 from tiered_memory.tiers.sql_append import Append, AppendStatements, store_batch
 from tiered_memory.tiers.sql_messages import MessageReads
 from tiered_memory.tiers.sql_migrate import current_version, migrate
+from tiered_memory.tiers.sql_patch import patch_message
 from tiered_memory.tiers.sql_rows import (
     row_to_session,
     row_to_slice,
@@ -272,6 +275,13 @@ class SqlStore(MessageReads):
         if not caller.may_access(Owner(row.tenant, row.user_id)):
             raise Forbidden
         return True
+
+    async def patch_message(
+        self, session_id: str, message_id: str, patch: Patch, *, caller: Caller = _ANYONE
+    ) -> PatchResult:
+        """Correct a stored message while no summary covers it (sql_patch.py). Raises NotFound,
+        Forbidden, Conflict, InvalidInput, changing nothing."""
+        return await self._transaction(lambda conn: patch_message(conn, session_id, message_id, patch, caller))
 
     async def delete_session(self, session_id: str, *, caller: Caller = _ANYONE) -> None:
         """Remove a session's messages, summary and bookkeeping; nothing happens when it is absent.

@@ -303,7 +303,9 @@ async def test_delete_removes_every_tier(daemon: Daemon) -> None:
         "summary",
     ]
     assert (await daemon.http.delete(f"/v1/sessions/{sid}")).status == 204
-    assert await _hot_keys(daemon, sid) == []
+    # What stays is the postings' floor (a time, no content): it refuses a catch-up that read the
+    # deleted messages before the delete, for HISTORY_TTL_SECONDS.
+    assert await _hot_keys(daemon, sid) in ([], [f"{daemon.settings.redis_key_prefix}:{{{sid}}}:recall-floor"])
     assert await daemon.store.get_summary(sid) == (None, None)
     assert await daemon.store.slices(sid) == []
     assert await daemon.store.count_messages(sid) == 0
@@ -311,7 +313,9 @@ async def test_delete_removes_every_tier(daemon: Daemon) -> None:
     assert (await daemon.get(f"/v1/sessions/{sid}/summary"))["tier"] == "none"
     assert (await daemon.get(f"/v1/sessions/{sid}/context"))["messages"] == []
     assert (await daemon.http.delete(f"/v1/sessions/{sid}")).status == 204
-    assert await _hot_keys(daemon, sid) == []
+    # What stays is the postings' floor (a time, no content): it refuses a catch-up that read the
+    # deleted messages before the delete, for HISTORY_TTL_SECONDS.
+    assert await _hot_keys(daemon, sid) in ([], [f"{daemon.settings.redis_key_prefix}:{{{sid}}}:recall-floor"])
 
 
 async def test_health_ready_and_metrics(daemon: Daemon) -> None:

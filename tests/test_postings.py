@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import AsyncIterator
 
@@ -14,8 +15,9 @@ from tiered_memory.recall import around, best_turns, search
 from tiered_memory.tiers.hot import RecentBound
 from tiered_memory.tiers.keys import Keys
 from tiered_memory.tiers.memory_hot import MemoryHot
-from tiered_memory.tiers.postings import MemoryPostings, PostingsBatch, PostingsRead, PostingsStore, pack
+from tiered_memory.tiers.postings import STALE, MemoryPostings, PostingsBatch, PostingsRead, PostingsStore, pack
 from tiered_memory.tiers.redis_hot import RedisHot
+from tiered_memory.tiers.redis_postings import RedisPostings
 
 _RECENT = RecentBound(least=4, most=4)
 # Small enough for a test to fill: a few batches of three messages.
@@ -56,9 +58,9 @@ def _turn(sid: str, seq: int, text: str, status: MessageStatus = MessageStatus.C
     return Message(sid, seq, (seq + 1) // 2, role, text, f"m{seq}", 1.0, status=status)
 
 
-def _batch(sid: str, first: int, texts: list[str]) -> PostingsBatch:
+def _batch(sid: str, first: int, texts: list[str], read_at: float = 1.0) -> PostingsBatch:
     messages = [_turn(sid, first + i, t) for i, t in enumerate(texts)]
-    return pack(messages, [t.split() for t in texts])
+    return pack(messages, [t.split() for t in texts], read_at=read_at)
 
 
 async def test_batches_are_added_in_order_once(stores: tuple[PostingsStore, PostingsStore]) -> None:
@@ -90,7 +92,7 @@ async def test_messages_are_kept_for_snippets(stores: tuple[PostingsStore, Posti
         _turn(sid, 2, "table booked", MessageStatus.STOPPED),
         _turn(sid, 3, "thanks for the table"),
     ]
-    assert await a.add(sid, pack(said, [m.content.split() for m in said])) == 3
+    assert await a.add(sid, pack(said, [m.content.split() for m in said], read_at=1.0)) == 3
     read = await b.read(sid, ["table"])
     assert read.docs == 2
     assert [s for s, _ in search(read, ["table"], k=5)] == [3, 1]  # the shorter message first
@@ -127,7 +129,8 @@ async def test_forget_drops_the_postings(stores: tuple[PostingsStore, PostingsSt
     await a.add(other, _batch(other, 1, ["alpha"]))
     await b.forget(sid)
     assert (await a.read(sid, ["alpha"])).last_seq == 0
-    assert await a.add(sid, _batch(sid, 1, ["gamma"])) == 1  # a new session under the same id
+    # A new session under the same id, read after the forget.
+    assert await a.add(sid, _batch(sid, 1, ["gamma"], read_at=time.time() + 1)) == 1
     assert (await a.read(other, ["alpha"])).postings
 
 
@@ -151,3 +154,54 @@ async def test_process_memory_drops_the_least_recently_asked_session() -> None:
     assert (len(store), store.size) == (1, big.size)
     await store.forget("big")
     assert (len(store), store.size) == (0, 0)
+
+
+async def test_a_batch_read_before_the_postings_were_forgotten_is_refused(
+    stores: tuple[PostingsStore, PostingsStore],
+) -> None:
+    """After `forget` (a delete, a patched message), a batch read before it is refused, whoever
+    adds it; one read after it starts the postings anew."""
+    a, b = stores
+    sid = new_sid()
+    before = time.time() - 1
+    await a.add(sid, _batch(sid, 1, ["old words"]))
+    await b.forget(sid)
+    stale = pack([_turn(sid, 1, "old words")], [["old", "words"]], read_at=before)
+    assert await a.add(sid, stale) == STALE
+    assert (await b.read(sid, ["old"])).last_seq == 0
+    fresh = pack([_turn(sid, 1, "new words")], [["new", "words"]], read_at=time.time() + 1)
+    assert await a.add(sid, fresh) == 1
+    assert set((await b.read(sid, ["old", "new"])).postings) == {"new"}
+
+
+async def test_a_long_term_is_found_as_it_was_stored(stores: tuple[PostingsStore, PostingsStore]) -> None:
+    """Terms are kept cut to 64 characters; a question's long term is cut the same way."""
+    a, b = stores
+    sid = new_sid()
+    url = "https://example.com/" + "x" * 80
+    await a.add(sid, _batch(sid, 1, [f"see {url}"]))
+    assert [s for s, _ in search(await b.read(sid, [url]), [url], k=1)] == [1]
+
+
+@pytest.mark.parametrize("stores", ["redis"], indirect=True)
+async def test_full_postings_keep_their_ttl(stores: tuple[PostingsStore, PostingsStore]) -> None:
+    """Postings marked full by a first batch past the bound expire like any others (and are
+    added to no more)."""
+    a, _ = stores
+    sid = new_sid()
+    big = _batch(sid, 1, [" ".join(f"w{n}" for n in range(400))])
+    assert big.size > _BOUND
+    assert await a.add(sid, big) == 0
+    assert (await a.read(sid, ())).full
+    assert isinstance(a, RedisPostings)
+    ttl = await a._link.command("TTL", a._keys.recall(sid))
+    assert isinstance(ttl, int)
+    assert 0 < ttl <= 60
+
+
+async def test_process_memory_keeps_no_entry_for_postings_that_do_not_start() -> None:
+    """After a restart, appends past the session's start find no postings in process memory:
+    they are refused without leaving an empty entry behind."""
+    store = MemoryPostings(max_bytes=10_000, session_max_bytes=10_000)
+    assert await store.add("s", _batch("s", 5, ["late append"])) == 0
+    assert len(store) == 0

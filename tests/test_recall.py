@@ -5,6 +5,7 @@ MariaDB."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -13,7 +14,7 @@ from tests.conftest import Daemon, new_sid, play
 from tests.conversations import ZH_12_TURNS
 from tests.test_api import sql_statements
 from tiered_memory.app import HOT_KEY
-from tiered_memory.tiers.postings import pack
+from tiered_memory.tiers.postings import STALE, pack
 
 # Chit-chat that pushes the facts of ZH_12_TURNS far out of the raw window.
 _DRIFT = [(f"第{i}个闲聊问题，随便聊聊天气和路况？", f"第{i}个回答：今天路上车不多，天气也还行。") for i in range(30)]
@@ -197,18 +198,22 @@ async def test_every_process_reads_the_same_postings(daemon: Daemon) -> None:
 
 
 async def test_postings_left_by_a_deleted_session_are_dropped(daemon: Daemon) -> None:
-    """A catch-up that raced a delete can leave the deleted session's postings under its id: the
-    next question that reads them finds another message under a seq it knows, shows none of the
-    old turns, and drops them; the session's own postings then catch up."""
+    """A catch-up that read a session's messages before it was deleted is refused when it adds
+    them after (the delete set the postings' floor). One that gets in anyway (a replica whose
+    clock runs ahead) is caught by the next question: it finds another message under a seq it
+    knows, shows none of the old turns, and drops them; the session's own postings catch up."""
     sid = await _long_session(daemon)
     old = await daemon.store.messages_by_seq(sid, first_seq=1, last_seq=200, limit=200)
+    read_at = time.time()
     assert (await daemon.http.delete(f"/v1/sessions/{sid}")).status == 204
-    await play(daemon, sid, [("新的会话，问问天气。", "今天晴。"), ("明天呢？", "明天有雨。")])
     assert daemon.app is not None
     postings = daemon.app[HOT_KEY].postings
-    await postings.forget(sid)
     tokenize = daemon.service._history._tokenize
-    await postings.add(sid, pack(old, [tokenize(m.content) for m in old]))
+    terms = [tokenize(m.content) for m in old]
+    assert await postings.add(sid, pack(old, terms, read_at=read_at)) == STALE
+    await play(daemon, sid, [("新的会话，问问天气。", "今天晴。"), ("明天呢？", "明天有雨。")])
+    await postings.forget(sid)
+    await postings.add(sid, pack(old, terms, read_at=time.time() + 1))
     question = "刚才那个活力健一盒多少钱？"
     asked = await daemon.get(f"/v1/sessions/{sid}/context?max_chars=600&question={question}")
     assert "398元" not in _text(asked)

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import itertools
 import math
+import time
 from collections.abc import Callable, Sequence
 
 import structlog
@@ -25,7 +26,7 @@ from tiered_memory.context import OLDER_MAX_MESSAGES
 from tiered_memory.errors import HotUnavailable, SqlUnavailable
 from tiered_memory.model import Message
 from tiered_memory.recall import RecallMatch, around, best_turns, search
-from tiered_memory.tiers.postings import MemoryPostings, PostingsRead, PostingsStore, pack
+from tiered_memory.tiers.postings import STALE, MemoryPostings, PostingsRead, PostingsStore, pack
 from tiered_memory.tiers.sql_store import SqlStore
 
 log = structlog.get_logger("tiered_memory.history")
@@ -36,6 +37,12 @@ _INDEX_BATCH = 500
 # turns takes seconds to index after its postings were lost; past this the context goes without
 # the question's earlier turns, and the catch-up goes on in the background for the next question.
 QUESTION_WAIT_S = 0.1
+# A gap this small between the postings and an appended message is appends indexed out of order
+# (caught up at once); a larger one, postings that were lost (caught up at the next question).
+_REORDERED = 8
+# Message text read from SQL per batch of a catch-up, in bytes (the postings take two to three
+# times that): a batch never passes a session's bound alone.
+_INDEX_BATCH_BYTES = 512 * 1024
 # Earlier turns considered for a question's snippets.
 _SNIPPET_TURNS = 8
 # The postings a process keeps of its own while the hot tier is down, in bytes (as the bound
@@ -99,11 +106,18 @@ class History:
                 continue
             part = run[start:i]
             start = i
+            messages = [m for m, _ in part]
+            # Read when committed: a delete or a patch after that makes the batch stale.
+            batch = pack(messages, [t for _, t in part], read_at=min(m.created_at for m in messages))
             try:
-                await self._postings.add(session_id, pack([m for m, _ in part], [t for _, t in part]))
+                last = await self._postings.add(session_id, batch)
             except HotUnavailable:
                 self._hot_error("recall_add")
                 return
+            if 0 <= last < batch.first_seq - 1 <= last + _REORDERED:
+                # Appends of one session that reached this queue out of order: the ones between
+                # are committed, and a catch-up reads them now rather than at the next question.
+                self._build(self._postings, session_id, batch.last_seq)
 
     async def aclose(self) -> None:
         """Stop adding appends and catching up (what is left is caught up from SQL by the next
@@ -121,6 +135,7 @@ class History:
         back) and drop this process's own postings of it; the hot tier's go with its entry."""
         for key in [k for k in self._builds if k[1] == session_id]:
             self._builds.pop(key).cancel()
+        self._pending = [m for m in self._pending if m.session_id != session_id]
         self._local.drop(session_id)
 
     async def older(
@@ -247,6 +262,10 @@ class History:
         for store in (self._postings, self._local):
             try:
                 read = await store.read(session_id, terms, doc=check.seq if check is not None else None)
+                if store is self._postings and session_id in self._local:
+                    # Postings of its own, kept while the hot tier was down, would be stale by the
+                    # next outage (no delete or patch reaches them).
+                    self._local.drop(session_id)
                 if check is not None and read.doc is not None and read.doc.message_id != check.message_id:
                     await self._drop(store, session_id)
                     read = PostingsRead(0, 0, 0, False)
@@ -301,19 +320,34 @@ class History:
         read = await store.read(session_id, ())
         last = read.last_seq
         while last < message_count and not read.full:
+            read_at = time.time()
             rows = await self._store.messages_by_seq(
                 session_id, first_seq=last + 1, last_seq=message_count, limit=_INDEX_BATCH
             )
+            rows = _holding_bytes(rows, _INDEX_BATCH_BYTES)
             if not rows or rows[0].seq != last + 1:
                 break  # deleted meanwhile, or a gap in seq (not expected): what is there is right
             terms = await asyncio.to_thread(_tokenize_all, self._tokenize, rows)
-            if await store.add(session_id, pack(rows, terms)) == rows[-1].seq:
-                last = rows[-1].seq
+            added = await store.add(session_id, pack(rows, terms, read_at=read_at))
+            if added == STALE:
+                break  # forgotten (deleted, or changed) after the read: the next question reads again
+            if added == rows[-1].seq:
+                last = added
                 continue
             read = await store.read(session_id, ())
             if read.last_seq <= last and not read.full:
                 break  # the store took nothing, and nobody else moved it on
             last = read.last_seq
+
+
+def _holding_bytes(rows: list[Message], max_bytes: int) -> list[Message]:
+    """The first of `rows` whose content stays within `max_bytes` of UTF-8 (at least one)."""
+    total = 0
+    for i, m in enumerate(rows):
+        total += len(m.content.encode("utf-8"))
+        if total > max_bytes and i:
+            return rows[:i]
+    return rows
 
 
 def _cancelling() -> bool:

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from tiered_memory.model import Message, Slice
-from tiered_memory.tiers.postings import ENTRY, PostingsRead, entries
+from tiered_memory.tiers.postings import ENTRY, PostingsRead, entries, term_key
 
 # BM25's usual constants: term-frequency saturation and length normalisation.
 _K1 = 1.2
@@ -30,7 +30,7 @@ def search(
         return []
     mean = read.total_terms / n or 1.0
     scores: dict[int, float] = {}
-    for term in set(terms):
+    for term in {term_key(t) for t in terms}:
         data = read.postings.get(term)
         if not data:
             continue

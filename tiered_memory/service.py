@@ -162,11 +162,12 @@ class MemoryService:
         have started before our latest turn was committed, so wait for it and look again rather
         than assume it covers everything. The wait happens outside the concurrency slot, so it
         blocks no other session."""
+        # A close asked for the LLM's summary of what it merged deterministically; kept through
+        # the retries while another replica holds the lock.
+        refine = session_id in self._refine
+        self._refine.discard(session_id)
         for _ in range(_LOCKED_RETRIES):
             async with self._slots:
-                # A close asked for the LLM's summary of what it merged deterministically.
-                refine = session_id in self._refine
-                self._refine.discard(session_id)
                 result = await self._job.run(session_id, refine=refine)
             if result.outcome is not Outcome.LOCKED:
                 return

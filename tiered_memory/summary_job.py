@@ -318,6 +318,10 @@ class SummaryJob:
             self._metrics.summarizations.labels(final.source.value, "stale").inc()
             return JobResult(Outcome.STALE)
         cached = await self._cache(session_id, final)
+        if cached and await self._store.get_session(session_id) is None:
+            # Deleted between our SQL write and our hot write (as in _run_locked).
+            await self._forget(session_id)
+            return JobResult(Outcome.NO_SESSION)
         self._metrics.summarizations.labels(final.source.value, "ok").inc()
         self._metrics.summarization_seconds.labels(final.source.value).observe(time.perf_counter() - started)
         log.info("summary_refined", session_id=session_id, covered_turns=turns, version=final.version)

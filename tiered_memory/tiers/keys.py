@@ -38,6 +38,11 @@ class Keys:
         """Hash: the session's recall postings and the messages they point at (postings.py)."""
         return f"{self.prefix}:{{{session_id}}}:recall"
 
+    def recall_floor(self, session_id: str) -> str:
+        """When the session's recall postings were last forgotten (deleted, or its messages
+        changed): a batch read before that is refused (redis_postings.py)."""
+        return f"{self.prefix}:{{{session_id}}}:recall-floor"
+
     def all_of(self, session_id: str) -> tuple[str, ...]:
         return (
             self.recent(session_id),

@@ -19,17 +19,22 @@ shown, so never recalled).
 from __future__ import annotations
 
 import struct
+import time
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import orjson
 
+from tiered_memory.lru import Lru
 from tiered_memory.model import Channel, Message, MessageStatus, Role
 
 ENTRY = struct.Struct("<IHH")
 """One posting: seq, the term's frequency in the message, the message's length in terms."""
+
+STALE = -1
+"""What `add` answers for a batch read before the session's postings were forgotten."""
 
 SESSION_BYTES = 8 * 2**20
 """RECALL_MAX_BYTES's default: a session's postings bound, about 10,000 turns of short messages."""
@@ -37,10 +42,19 @@ SESSION_BYTES = 8 * 2**20
 # Longer terms (a URL, a run of digits) are cut: they still match themselves.
 _TERM_MAX = 64
 _U16 = 0xFFFF
+# Forgotten sessions whose time of forgetting the process memory keeps (a catch-up in flight
+# for an older one finishes long before this many more are deleted).
+_FLOORS = 100_000
+
+
+def term_key(term: str) -> str:
+    """A search term as the postings key it: cut to 64 characters (a URL, a run of digits), the
+    same when stored and when asked."""
+    return term[:_TERM_MAX]
 
 
 def term_field(term: str) -> str:
-    return "t:" + term
+    return "t:" + term_key(term)
 
 
 def doc_field(seq: int) -> str:
@@ -58,17 +72,21 @@ class PostingsBatch:
     terms: int
     postings: dict[str, bytes]
     messages: dict[int, bytes]
+    read_at: float
+    """When the messages were read from SQL (or committed, for appends), epoch seconds: a batch
+    read before the session was deleted or changed (`forget`) is refused."""
 
     @property
     def size(self) -> int:
         """Bytes the batch adds, as the bound counts them: every field name and value."""
-        return sum(len(t) + 2 + len(v) for t, v in self.postings.items()) + sum(
+        return sum(len(t.encode("utf-8")) + 2 + len(v) for t, v in self.postings.items()) + sum(
             len(doc_field(s)) + len(v) for s, v in self.messages.items()
         )
 
 
-def pack(messages: Sequence[Message], terms: Sequence[Sequence[str]]) -> PostingsBatch:
-    """The batch of `messages` (consecutive, oldest first) with each one's search `terms`."""
+def pack(messages: Sequence[Message], terms: Sequence[Sequence[str]], *, read_at: float) -> PostingsBatch:
+    """The batch of `messages` (consecutive, oldest first) with each one's search `terms`, read
+    from SQL (or committed) at `read_at`."""
     if not messages:
         raise ValueError("a postings batch needs at least one message")
     postings: dict[str, bytearray] = {}
@@ -81,8 +99,8 @@ def pack(messages: Sequence[Message], terms: Sequence[Sequence[str]]) -> Posting
         total += len(said)
         counts: dict[str, int] = {}
         for term in said:
-            cut = term[:_TERM_MAX]
-            counts[cut] = counts.get(cut, 0) + 1
+            key = term_key(term)
+            counts[key] = counts.get(key, 0) + 1
         length = min(len(said), _U16)
         for term, tf in counts.items():
             postings.setdefault(term, bytearray()).extend(ENTRY.pack(m.seq, min(tf, _U16), length))
@@ -93,6 +111,7 @@ def pack(messages: Sequence[Message], terms: Sequence[Sequence[str]]) -> Posting
         terms=total,
         postings={t: bytes(v) for t, v in postings.items()},
         messages=docs,
+        read_at=read_at,
     )
 
 
@@ -155,11 +174,13 @@ class PostingsStore(Protocol):
 
     async def add(self, session_id: str, batch: PostingsBatch) -> int:
         """Append `batch` if it continues the postings and keeps them within the session's bound
-        (else mark them full); the last seq indexed afterwards."""
+        (else mark them full); the last seq indexed afterwards, or STALE when the batch was read
+        before the session's postings were last forgotten."""
         ...
 
     async def forget(self, session_id: str) -> None:
-        """Drop the session's postings."""
+        """Drop the session's postings, and refuse every batch read before now (a catch-up or an
+        append in flight would put the old messages back)."""
         ...
 
 
@@ -180,9 +201,13 @@ class MemoryPostings:
     used session dropped first; the newest stays even alone over the bound. One session's are
     bounded by `session_max_bytes`."""
 
-    def __init__(self, *, max_bytes: int, session_max_bytes: int) -> None:
+    def __init__(self, *, max_bytes: int, session_max_bytes: int, clock: Callable[[], float] = time.time) -> None:
         self._max = max_bytes
         self._session_max = session_max_bytes
+        self._clock = clock
+        # When each forgotten session was forgotten (the newest _FLOORS of them): a batch read
+        # before that is refused.
+        self._floors: Lru[str, float] = Lru(_FLOORS)
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
         self._size = 0
 
@@ -192,6 +217,9 @@ class MemoryPostings:
 
     def __len__(self) -> int:
         return len(self._sessions)
+
+    def __contains__(self, session_id: object) -> bool:
+        return session_id in self._sessions
 
     def _get(self, session_id: str) -> _Session | None:
         found = self._sessions.get(session_id)
@@ -203,7 +231,8 @@ class MemoryPostings:
         found = self._get(session_id)
         if found is None:
             return PostingsRead(0, 0, 0, False)
-        postings = {t: bytes(found.postings[t]) for t in terms if t in found.postings}
+        keys = {term_key(t) for t in terms}
+        postings = {t: bytes(found.postings[t]) for t in keys if t in found.postings}
         kept = found.messages.get(doc) if doc is not None else None
         message = decode_doc(session_id, doc, kept) if doc is not None and kept is not None else None
         return PostingsRead(found.last_seq, found.docs, found.terms, found.full, postings, message)
@@ -215,8 +244,13 @@ class MemoryPostings:
         return {s: decode_doc(session_id, s, found.messages[s]) for s in seqs if s in found.messages}
 
     async def add(self, session_id: str, batch: PostingsBatch) -> int:
+        floor = self._floors.get(session_id)
+        if floor is not None and batch.read_at < floor:
+            return STALE
         found = self._get(session_id)
         if found is None:
+            if batch.first_seq != 1:
+                return 0  # an entry only for postings that start at the session's start
             found = self._sessions[session_id] = _Session()
         if found.full or batch.first_seq != found.last_seq + 1:
             return found.last_seq
@@ -246,6 +280,7 @@ class MemoryPostings:
 
     def drop(self, session_id: str) -> None:
         """forget, for a caller outside the event loop's tasks."""
+        self._floors.put(session_id, self._clock())
         gone = self._sessions.pop(session_id, None)
         if gone is not None:
             self._size -= gone.size

@@ -20,7 +20,7 @@ from tiered_memory.tiers.hot_cache import HotCache, cache_invalidator
 from tiered_memory.tiers.keys import Keys
 from tiered_memory.tiers.postings import SESSION_BYTES
 from tiered_memory.tiers.redis_link import RedisLink
-from tiered_memory.tiers.redis_postings import RedisPostings
+from tiered_memory.tiers.redis_postings import RedisPostings, forget_commands
 from tiered_memory.tiers.redis_url import connect, parse_redis_url
 from tiered_memory.tiers.resp import Endpoint, RespMux, Script
 
@@ -435,7 +435,8 @@ class RedisHot:
 
     async def delete(self, session_id: str) -> None:
         async def op() -> None:
-            await self._command("DEL", *self._keys.all_of(session_id))
+            others = [k for k in self._keys.all_of(session_id) if k != self._keys.recall(session_id)]
+            await self._read(*forget_commands(self._keys, session_id, self._history_ttl, also=others))
 
         with self._writing(session_id):
             await self._call(op)
@@ -443,9 +444,8 @@ class RedisHot:
     async def invalidate(self, session_id: str) -> None:
         async def op() -> None:
             k = self._keys
-            await self._command(
-                "DEL", k.recent(session_id), k.summary(session_id), k.state(session_id), k.recall(session_id)
-            )
+            cached = [k.recent(session_id), k.summary(session_id), k.state(session_id)]
+            await self._read(*forget_commands(k, session_id, self._history_ttl, also=cached))
 
         with self._writing(session_id):
             await self._call(op)

@@ -6,32 +6,45 @@ the same messages (both saw the appends, or both caught up after a loss) add the
 second finds `last` moved and changes nothing. The hash lives HISTORY_TTL_SECONDS past its last
 batch, like the recent list (a session that comes back later catches its postings up from SQL on
 its first question), and goes with the session's other keys on delete.
+
+Forgetting a session's postings (a delete, a patched message) also sets its floor
+(`Keys.recall_floor`, the time it happened, for HISTORY_TTL_SECONDS): a batch read from SQL or
+committed before then is refused, so that a catch-up or an append indexed while the delete ran
+never puts the old messages back. The times are the replicas' clocks: keep them in step (NTP).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 from tiered_memory.model import Message
 from tiered_memory.tiers.keys import Keys
-from tiered_memory.tiers.postings import PostingsBatch, PostingsRead, decode_doc, doc_field, term_field
+from tiered_memory.tiers.postings import PostingsBatch, PostingsRead, decode_doc, doc_field, term_field, term_key
 from tiered_memory.tiers.redis_link import RedisLink
-from tiered_memory.tiers.resp import Arg, Script
+from tiered_memory.tiers.resp import Arg, Command, Script
 
-# Appends one batch if it continues the postings. KEYS[1]: the hash. ARGV: first seq, last seq,
-# answered messages, terms, bytes, the session's bound in bytes, TTL, then field and value pairs
-# (a `t:` value is appended to the field, a `d:` value set). Answers the last seq indexed after.
+# Appends one batch if it continues the postings. KEYS: the hash, the floor (when the postings
+# were last forgotten). ARGV: first seq, last seq, answered messages, terms, bytes, the session's
+# bound in bytes, TTL, when the batch was read, then field and value pairs (a `t:` value is
+# appended to the field, a `d:` value set). Answers the last seq indexed after, or -1 for a batch
+# read before the floor. Full postings take nothing more, and stay as long as they are added to.
 _ADD_LUA = """
-local last = tonumber(redis.call('HGET', KEYS[1], 'last') or '0')
-if last ~= tonumber(ARGV[1]) - 1 then return last end
-local state = redis.call('HMGET', KEYS[1], 'full', 'size')
-redis.call('EXPIRE', KEYS[1], ARGV[7])
-if state[1] == '1' then return last end
-if tonumber(state[2] or '0') + tonumber(ARGV[5]) > tonumber(ARGV[6]) then
-  redis.call('HSET', KEYS[1], 'full', '1')
+local floor = redis.call('GET', KEYS[2])
+if floor and tonumber(ARGV[8]) < tonumber(floor) then return -1 end
+local state = redis.call('HMGET', KEYS[1], 'last', 'full', 'size')
+local last = tonumber(state[1] or '0')
+if state[2] == '1' then
+  redis.call('EXPIRE', KEYS[1], ARGV[7])
   return last
 end
-for i = 8, #ARGV - 1, 2 do
+if last ~= tonumber(ARGV[1]) - 1 then return last end
+if tonumber(state[3] or '0') + tonumber(ARGV[5]) > tonumber(ARGV[6]) then
+  redis.call('HSET', KEYS[1], 'full', '1', 'last', last)
+  redis.call('EXPIRE', KEYS[1], ARGV[7])
+  return last
+end
+for i = 9, #ARGV - 1, 2 do
   local name, value = ARGV[i], ARGV[i + 1]
   if string.byte(name, 1) == 116 then
     local cur = redis.call('HGET', KEYS[1], name)
@@ -59,7 +72,7 @@ class RedisPostings:
         self._add = Script.of(_ADD_LUA)
 
     async def read(self, session_id: str, terms: Sequence[str], *, doc: int | None = None) -> PostingsRead:
-        asked = list(dict.fromkeys(terms))
+        asked = list(dict.fromkeys(map(term_key, terms)))
         # The asked message's field first (absent: `last` again), then the terms'.
         head = ["last", "docs", "terms", "full", doc_field(doc) if doc is not None else "last"]
 
@@ -95,6 +108,7 @@ class RedisPostings:
             batch.size,
             self._session_max,
             self._ttl,
+            repr(batch.read_at),
         ]
         for term, data in batch.postings.items():
             args += [term_field(term), data]
@@ -102,7 +116,8 @@ class RedisPostings:
             args += [doc_field(seq), doc]
 
         async def op() -> int:
-            answer = await self._link.script(self._add, [self._keys.recall(session_id)], args)
+            keys = [self._keys.recall(session_id), self._keys.recall_floor(session_id)]
+            answer = await self._link.script(self._add, keys, args)
             if not isinstance(answer, int):
                 raise TypeError("expected an integer from the postings script")
             return answer
@@ -111,9 +126,17 @@ class RedisPostings:
 
     async def forget(self, session_id: str) -> None:
         async def op() -> object:
-            return await self._link.command("DEL", self._keys.recall(session_id))
+            return await self._link.read(*forget_commands(self._keys, session_id, self._ttl))
 
         await self._link.call(op)
+
+
+def forget_commands(keys: Keys, session_id: str, ttl_s: int, *, also: Sequence[str] = ()) -> list[Command]:
+    """The commands that forget a session's postings (and the keys `also`), in one round trip:
+    the floor first, so that a batch read before now and arriving in between is refused, then
+    the hash."""
+    floor = ("SET", keys.recall_floor(session_id), repr(time.time()), "EX", ttl_s)
+    return [floor, ("DEL", keys.recall(session_id), *also)]
 
 
 def _int(value: object) -> int:

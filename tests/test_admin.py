@@ -102,11 +102,14 @@ async def age(d: Daemon, sid: str, days: float) -> None:
 
 
 def hot_keys(d: Daemon, sid: str) -> list[bytes]:
+    """The session's Redis keys that hold anything of it: not the recall postings' floor, a time
+    a delete leaves for HISTORY_TTL_SECONDS."""
     if not d.settings.redis_url:
         return []
     r = redis.Redis.from_url(d.settings.redis_url)
     try:
-        return list(r.scan_iter(match=f"{d.settings.redis_key_prefix}:{{{sid}}}:*"))
+        keys = r.scan_iter(match=f"{d.settings.redis_key_prefix}:{{{sid}}}:*")
+        return [k for k in keys if not k.endswith(b":recall-floor")]
     finally:
         r.close()
 

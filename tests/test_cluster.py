@@ -81,7 +81,9 @@ async def test_every_operation_works_on_a_cluster(
 
     deleted = await d.http.delete(f"/v1/sessions/{sids[0]}")
     assert deleted.status in (200, 204)
-    assert redis_cluster.count_keys(f"{keys.prefix}:{{{sids[0]}}}:*") == 0
+    # Only the recall postings' floor stays (a time, no content), in the session's slot.
+    assert redis_cluster.count_keys(f"{keys.prefix}:{{{sids[0]}}}:*") == 1
+    assert redis_cluster.count_keys(keys.recall_floor(sids[0])) == 1
     assert sql_rows(real_servers.mysql_url, "SELECT COUNT(*) FROM messages WHERE session_id=%s", sids[0]) == [(0,)]
     assert redis_cluster.count_keys(f"{keys.prefix}:*") > 0
 

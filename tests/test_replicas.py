@@ -186,7 +186,9 @@ async def test_three_replicas_behind_nginx_behave_as_one(
                 assert resp.status == 404
             async with http.get(f"{d.url}/v1/sessions/{alone.sid}/summary") as resp:
                 assert (await resp.json())["tier"] == "none"
-        assert redis_cluster.count_keys(f"{prefix}:{{{alone.sid}}}:*") == 0
+        # Only the recall postings' floor stays (a time, no content).
+        assert redis_cluster.count_keys(f"{prefix}:{{{alone.sid}}}:*") == 1
+        assert redis_cluster.count_keys(f"{prefix}:{{{alone.sid}}}:recall-floor") == 1
 
 
 async def test_a_replica_killed_mid_load_costs_nothing(

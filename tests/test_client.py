@@ -104,6 +104,17 @@ async def test_every_route_through_the_async_client(authed: Daemon) -> None:
         assert [s.session_id for s in mine] == [sid]
         await mem.delete_summary(sid)
         assert (await mem.summary(sid)).tier == "cold"
+        # With no summary covering it, the first message can be corrected.
+        first = everything[0]
+        patched = await mem.patch_message(sid, first.message_id, content=first.content + "（更正）")
+        assert (patched.changed, patched.message.seq, patched.turn_count) == (True, 1, 6)
+        stored_state = await mem.put_state(sid, {"kb_topic": "活力健"}, if_match=0)
+        assert stored_state.version == 1
+        assert await mem.state(sid) == stored_state
+        assert ((await mem.context(sid)).state, (await mem.context(sid)).state_version) == ({"kb_topic": "活力健"}, 1)
+        with pytest.raises(Conflict) as stale:
+            await mem.put_state(sid, {"kb_topic": "别的"}, if_match=0)
+        assert (stale.value.status, stale.value.code) == (412, "precondition_failed")
         closed = await mem.close(sid, attempt_timeout=60)
         assert (closed.persisted, closed.turn_count) == (True, 6)
         assert (await mem.session(sid)).closed

@@ -31,7 +31,7 @@ from tiered_memory.errors import (
     Unauthorized,
 )
 from tiered_memory.metrics import Metrics
-from tiered_memory.model import Message, Slice, SummaryAnswer
+from tiered_memory.model import Message, SessionState, Slice, SummaryAnswer
 from tiered_memory.reads import ContextAnswer
 from tiered_memory.service import MemoryService
 from tiered_memory.settings import Settings
@@ -121,6 +121,30 @@ async def patch_message(request: web.Request) -> web.Response:
     )
 
 
+def _state_reply(sid: str, state: SessionState) -> web.Response:
+    response = reply({"session_id": sid, "state": state.value, "version": state.version})
+    response.headers["ETag"] = f'"{state.version}"'
+    return response
+
+
+async def get_state(request: web.Request) -> web.Response:
+    """The gateway's state of the session (null and version 0 when it has none), with its ETag."""
+    read.check_query(request)
+    sid, caller = read.session_id(request), read.caller(request)
+    return _state_reply(sid, await request.app[SERVICE_KEY].get_state(caller.session_key(sid), caller=caller))
+
+
+async def put_state(request: web.Request) -> web.Response:
+    """Replace the gateway's state of the session; with If-Match, only over that version."""
+    read.check_query(request)
+    sid = read.session_id(request)
+    value = read.state_object(await read.json_object(request))
+    if_match = read.if_match(request)
+    caller = read.caller(request)
+    state = await request.app[SERVICE_KEY].put_state(caller.session_key(sid), value, if_match=if_match, caller=caller)
+    return _state_reply(sid, state)
+
+
 async def get_summary(request: web.Request) -> web.Response:
     read.check_query(request)
     sid, caller = read.session_id(request), read.caller(request)
@@ -147,6 +171,8 @@ def _context_json(sid: str, ctx: ContextAnswer) -> dict[str, Any]:
         "estimated_tokens": ctx.estimated_tokens,
         "planning": ctx.planning,
         "planning_history": ctx.planning_history,
+        # The gateway's own state (PUT …/state) and its version (left out when unknown: SQL down).
+        **({"state": ctx.state.value, "state_version": ctx.state.version} if ctx.state is not None else {}),
     }
 
 
@@ -406,6 +432,8 @@ def add_routes(app: web.Application) -> None:
     app.router.add_patch("/v1/sessions/{session_id:[^/]+}/messages/{message_id:[^/]+}", patch_message)
     app.router.add_get("/v1/users/{user_id:[^/]+}/summaries", get_user_summaries)
     app.router.add_get("/v1/sessions/{session_id:[^/]+}/context", get_context)
+    app.router.add_get("/v1/sessions/{session_id:[^/]+}/state", get_state)
+    app.router.add_put("/v1/sessions/{session_id:[^/]+}/state", put_state)
     app.router.add_get("/v1/sessions/{session_id:[^/]+}/recall", get_recall)
     app.router.add_post("/v1/sessions/{session_id:[^/]+}/close", post_close)
     app.router.add_post("/v1/sessions/{session_id:[^/]+}/turns", post_turn)
@@ -469,7 +497,7 @@ async def _mapped(request: web.Request, handler: Handler) -> web.StreamResponse:
         # One body whatever the reason: it must not tell whose the session is.
         return error_response(403, "forbidden", Forbidden.message)
     except Conflict as exc:
-        return error_response(409, exc.code, str(exc))
+        return error_response(412 if exc.code == "precondition_failed" else 409, exc.code, str(exc))
     except Overloaded as exc:
         return error_response(503, "overloaded", str(exc), {"Retry-After": _RETRY_AFTER_S})
     except SqlUnavailable as exc:

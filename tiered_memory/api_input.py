@@ -216,3 +216,26 @@ def int_query(request: web.Request, name: str, default: int, low: int, high: int
     if not (raw.isascii() and raw.isdigit()) or len(digits) > len(str(high)) or not low <= int(digits) <= high:
         raise InvalidInput(f"{name}: expected an integer from {low} to {high}")
     return int(digits)
+
+
+# A gateway's state: what it needs back after a reconnect, not a store of its own.
+STATE_MAX_BYTES = 8192
+
+
+def state_object(body: dict[str, Any]) -> dict[str, Any]:
+    """A gateway state: the body's JSON object itself, at most STATE_MAX_BYTES as compact JSON."""
+    size = len(json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+    if size > STATE_MAX_BYTES:
+        raise InvalidInput(f"body: expected a state of at most {STATE_MAX_BYTES} bytes of JSON, got {size}")
+    return body
+
+
+def if_match(request: web.Request) -> int | None:
+    """The state version an If-Match header names ("3", as the ETag gives it); None without one."""
+    value = _one_header(request, "If-Match")
+    if value is None:
+        return None
+    text = value.strip().removeprefix('"').removesuffix('"')
+    if not text.isdigit() or len(text) > 9:
+        raise InvalidInput('If-Match: expected the ETag of a state read before, e.g. "3"')
+    return int(text)

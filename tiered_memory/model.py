@@ -232,6 +232,15 @@ class SummaryAnswer:
 
 
 @dataclass(frozen=True, slots=True)
+class SessionState:
+    """What a gateway keeps of a session across reconnects (a JSON object) and its version, for
+    optimistic concurrency; version 0 and None when it has none."""
+
+    version: int
+    value: dict[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
 class HotSession:
     """What the hot tier holds for one session, read in one round trip.
     `recent` is ordered by seq; `message_count` is the count SQL had at the last hot write;
@@ -244,6 +253,8 @@ class HotSession:
     last_activity: float | None
     content_chars: int | None = None
     owner: Owner | None = None
+    state: SessionState | None = None
+    """None when the hot tier does not know the gateway's state (not: it has none)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,6 +39,7 @@ from tiered_memory.model import (
     Owner,
     Role,
     SessionInfo,
+    SessionState,
     Summary,
     SummaryAnswer,
     SummarySource,
@@ -88,6 +89,7 @@ class ContextAnswer:
     estimated_tokens: dict[str, int]
     planning: dict[str, Any] | None
     planning_history: str
+    state: SessionState | None = None  # the gateway's, as the hot tier knows it (None: unknown)
 
 
 class SessionReads:
@@ -530,6 +532,7 @@ class SessionReads:
                 payload,
                 max_chars=self._s.planning_history_max_chars,
             ),
+            state=walked.hot.state,
         )
 
     def _summary_text(self, text: str, last_activity: float | None, lang: str) -> str:

@@ -8,8 +8,10 @@ the hot tier best-effort, and schedule summaries in the background.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import structlog
 
@@ -26,6 +28,7 @@ from tiered_memory.model import (
     Patch,
     PatchOutcome,
     SessionInfo,
+    SessionState,
     Slice,
     Summary,
     SummaryAnswer,
@@ -43,6 +46,8 @@ from tiered_memory.tiers.sql_store import SqlStore
 
 log = structlog.get_logger("tiered_memory.service")
 
+# One more try of a hot write that failed (the gateway state's), after this long.
+_HOT_RETRY_S = 0.2
 # How many sessions one sweep looks at; the next sweep takes the rest.
 _SWEEP_BATCH = 500
 # While another replica holds a session's summary lock, look again this often, this many times.
@@ -334,8 +339,10 @@ class MemoryService:
         question: str | None = None,
         exclude_message_id: str | None = None,
     ) -> ContextAnswer:
-        """Summary plus recent and older turns within max_chars (see reads.py)."""
-        return await self._reads.context(
+        """Summary plus recent and older turns within max_chars (see reads.py), and the
+        gateway's state: from the hot tier, or SQL when the hot tier lost it (then cached again);
+        left out (None) when neither answers."""
+        answer = await self._reads.context(
             session_id,
             caller=caller,
             max_chars=max_chars,
@@ -343,6 +350,43 @@ class MemoryService:
             question=question,
             exclude_message_id=exclude_message_id,
         )
+        if answer.state is None and answer.turn_count + len(answer.messages) > 0:
+            try:
+                state = await self._store.get_state(session_id)
+            except SqlUnavailable:
+                self._metrics.tier_errors.labels("sql", "get_state").inc()
+                return answer
+            await self._cache_state(session_id, state)
+            answer = dataclasses.replace(answer, state=state)
+        return answer
+
+    async def get_state(self, session_id: str, *, caller: Caller) -> SessionState:
+        """The gateway's state of a session (version 0, None when it has none), from SQL.
+        Raises NotFound, Forbidden, SqlUnavailable."""
+        await self._owned_session(session_id, caller)
+        return await self._store.get_state(session_id)
+
+    async def put_state(
+        self, session_id: str, value: dict[str, Any], *, if_match: int | None, caller: Caller
+    ) -> SessionState:
+        """Store the gateway's state as its next version (only over `if_match` when given), SQL
+        first, then the hot tier. Raises NotFound, Forbidden, Conflict (precondition_failed),
+        SqlUnavailable."""
+        state = await self._store.put_state(session_id, value, if_match=if_match, now=self._clock(), caller=caller)
+        await self._cache_state(session_id, state)
+        return state
+
+    async def _cache_state(self, session_id: str, state: SessionState) -> None:
+        # A failed write leaves an older state cached (it carries its version): counted, and
+        # tried once more, as for a summary.
+        for attempt in range(2):
+            try:
+                await self._hot.put_state(session_id, state)
+                return
+            except HotUnavailable:
+                self._metrics.tier_errors.labels("hot", "put_state").inc()
+                if attempt == 0:
+                    await asyncio.sleep(_HOT_RETRY_S)
 
     async def recall(self, session_id: str, *, caller: Caller, query: str, k: int) -> list[RecallMatch]:
         """The k messages that best match `query` (BM25), best first, each with the raw messages

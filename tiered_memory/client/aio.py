@@ -27,6 +27,7 @@ from tiered_memory.client.models import (
     AppendResult,
     CloseResult,
     Context,
+    GatewayState,
     PatchResult,
     Readiness,
     RebuildResult,
@@ -156,6 +157,22 @@ class AsyncClient:
         path = f"/v1/sessions/{_sid(session_id)}/messages/{quote(message_id, safe='')}"
         _, data = await self._call("PATCH", path, body=body, user_id=user_id)
         return build(PatchResult, data, message=build(StoredMessage, data["message"]))
+
+    async def state(self, session_id: str, *, user_id: str | None = None) -> GatewayState:
+        """The gateway's own state of the session (what it needs back after a reconnect)."""
+        _, data = await self._call("GET", f"/v1/sessions/{_sid(session_id)}/state", user_id=user_id)
+        return build(GatewayState, data)
+
+    async def put_state(
+        self, session_id: str, state: dict[str, Any], *, if_match: int | None = None, user_id: str | None = None
+    ) -> GatewayState:
+        """Replace the gateway's state of the session (a JSON object of at most 8 KB); with
+        `if_match` (the version read), only over that version: Conflict (412) when another
+        writer came first."""
+        headers = {"If-Match": f'"{if_match}"'} if if_match is not None else None
+        path = f"/v1/sessions/{_sid(session_id)}/state"
+        _, data = await self._call("PUT", path, body=state, user_id=user_id, headers=headers)
+        return build(GatewayState, data)
 
     async def turn(
         self,
@@ -331,6 +348,7 @@ class AsyncClient:
         ok: tuple[int, ...] = (200, 201, 204),
         retry: bool = True,
         decode: bool = True,
+        headers: dict[str, str] | None = None,
     ) -> tuple[int, Any]:
         """One API call with its retries: the final status and the decoded JSON body (None for
         204; the raw bytes when not `decode`)."""
@@ -338,7 +356,9 @@ class AsyncClient:
         for attempt in range(attempts):
             last = attempt == attempts - 1
             try:
-                status, retry_after, raw = await self._attempt(method, path, params, body, user_id, attempt_timeout)
+                status, retry_after, raw = await self._attempt(
+                    method, path, params, body, user_id, attempt_timeout, headers
+                )
             except Unavailable:
                 if last:
                     raise
@@ -369,8 +389,9 @@ class AsyncClient:
         body: dict[str, Any] | None,
         user_id: str | None,
         attempt_timeout: float | None,
+        extra_headers: dict[str, str] | None = None,
     ) -> tuple[int, float | None, bytes]:
-        headers = dict(self._headers)
+        headers = dict(self._headers) | (extra_headers or {})
         if user_id is not None:
             headers["X-User-ID"] = user_id
         url = self._base.with_path(self._base.path.rstrip("/") + path, encoded=True)

@@ -6,7 +6,8 @@ ClientError
 │   ├── Unauthorized    401 (no token, or one the daemon does not know)
 │   ├── Forbidden       403 (the session belongs to another tenant or user)
 │   ├── NotFound        404 (no such session)
-│   └── Conflict        409 (a message_id reused for other content, a rebuild racing a summary)
+│   └── Conflict        409 (a message_id reused for other content, a rebuild racing a summary,
+│                       a summarized message patched), 412 (a state written over a stale version)
 ├── Unavailable         no usable answer after every retry: the daemon was unreachable, cut the
 │                       connection, or answered 5xx (503: a store is down; `retry_after` seconds)
 └── Timeout             no answer within the timeout (not retried: the request may still be running)
@@ -49,7 +50,8 @@ class NotFound(ApiError):
 
 
 class Conflict(ApiError):
-    """409: the request contradicts what is stored."""
+    """409: the request contradicts what is stored; 412 (code `precondition_failed`): a state
+    write's If-Match names another version than the stored one."""
 
 
 class Unavailable(ClientError):
@@ -73,6 +75,7 @@ _BY_STATUS: dict[int, type[ApiError]] = {
     403: Forbidden,
     404: NotFound,
     409: Conflict,
+    412: Conflict,
     413: InvalidRequest,
 }
 

@@ -75,6 +75,19 @@ class Context:
     estimated_tokens: dict[str, int]
     planning: dict[str, Any] | None
     planning_history: str
+    state: dict[str, Any] | None = None
+    """The gateway's own state of the session (PUT …/state); None when it has none."""
+    state_version: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayState:
+    """GET or PUT …/state: the gateway's own state of the session and its version (0 and None
+    before any PUT): give the version back as `if_match` to write over exactly it."""
+
+    session_id: str
+    state: dict[str, Any] | None
+    version: int
 
 
 @dataclass(frozen=True, slots=True)

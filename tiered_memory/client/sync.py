@@ -19,6 +19,7 @@ from tiered_memory.client.models import (
     AppendResult,
     CloseResult,
     Context,
+    GatewayState,
     PatchResult,
     Readiness,
     RebuildResult,
@@ -120,6 +121,14 @@ class Client:
         return self._run(
             self._async.patch_message(session_id, message_id, content=content, status=status, user_id=user_id)
         )
+
+    def state(self, session_id: str, *, user_id: str | None = None) -> GatewayState:
+        return self._run(self._async.state(session_id, user_id=user_id))
+
+    def put_state(
+        self, session_id: str, state: dict[str, Any], *, if_match: int | None = None, user_id: str | None = None
+    ) -> GatewayState:
+        return self._run(self._async.put_state(session_id, state, if_match=if_match, user_id=user_id))
 
     def turn(
         self,

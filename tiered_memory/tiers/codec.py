@@ -7,7 +7,7 @@ from typing import Any
 
 import orjson
 
-from tiered_memory.model import Channel, Message, MessageStatus, Role, Summary, SummarySource
+from tiered_memory.model import Channel, Message, MessageStatus, Role, SessionState, Summary, SummarySource
 
 
 def message_to_dict(m: Message) -> dict[str, Any]:
@@ -107,3 +107,15 @@ def decode_summary(raw: str | bytes) -> Summary:
         structured=dict(d.get("structured") or {}),
         compressions=int(d.get("compressions", 0)),
     )
+
+
+def encode_state(state: SessionState) -> str:
+    """A gateway's state as the hot tier keeps it beside its version: '' for none."""
+    return "" if state.value is None else json.dumps(state.value, ensure_ascii=False)
+
+
+def state_of(version: bytes | str | None, value: bytes | str | None) -> SessionState | None:
+    """The state the hot tier holds (version and JSON); None when it does not know it."""
+    if version is None:
+        return None
+    return SessionState(int(version), json.loads(value) if value else None)

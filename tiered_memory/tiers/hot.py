@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from tiered_memory.model import HotSession, Message, Owner, Summary
+from tiered_memory.model import HotSession, Message, Owner, SessionState, Summary
 from tiered_memory.tiers.postings import PostingsStore
 
 
@@ -95,6 +95,11 @@ class HotTier(Protocol):
 
     async def put_summary(self, session_id: str, summary: Summary) -> bool:
         """Cache a summary unless a newer version is already cached; True when written."""
+        ...
+
+    async def put_state(self, session_id: str, state: SessionState) -> bool:
+        """Cache the gateway's state of a session (read back in `read_session`) unless a newer
+        version is cached, and only beside counters the hot tier holds; True when written."""
         ...
 
     async def backfill(

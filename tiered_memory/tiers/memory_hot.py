@@ -13,7 +13,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from tiered_memory.model import HotSession, Message, Owner, Summary
+from tiered_memory.model import HotSession, Message, Owner, SessionState, Summary
 from tiered_memory.tiers.hot import RecentBound
 from tiered_memory.tiers.postings import SESSION_BYTES, MemoryPostings
 
@@ -34,6 +34,7 @@ class _Entry:
     last: float | None = None
     chars: int | None = None
     owner: Owner | None = None
+    gateway_state: SessionState | None = None
     state_until: float = 0.0
     lock_token: str | None = None
     lock_until: float = 0.0
@@ -86,6 +87,7 @@ class MemoryHot:
             entry.turns = entry.msgs = entry.chars = None
             entry.last = None
             entry.owner = None
+            entry.gateway_state = None
         if entry.lock_until <= now:
             entry.lock_token = None
         if not entry.recent and entry.summary is None and entry.turns is None and entry.lock_token is None:
@@ -123,6 +125,7 @@ class MemoryHot:
             last_activity=entry.last,
             content_chars=entry.chars,
             owner=entry.owner,
+            state=entry.gateway_state,
         )
 
     async def record_append(
@@ -146,9 +149,11 @@ class MemoryHot:
             entry.turns = entry.msgs = entry.chars = None
             entry.last = None
             entry.owner = None
+            entry.gateway_state = None
             return
         if message.seq == 1:
             entry.summary = None  # a stranger's: no summary of a session precedes its first message
+            entry.gateway_state = SessionState(0, None)  # nor any gateway state (PUT needs the session)
         entry.recent.append(message)
         if len(entry.recent) > self._recent.least:
             entry.recent = list(self._recent.keep(entry.recent))
@@ -156,6 +161,15 @@ class MemoryHot:
         entry.turns, entry.msgs, entry.last, entry.chars = turn_count, message_count, last_activity, content_chars
         entry.owner = owner
         entry.state_until = now + self._summary_ttl
+
+    async def put_state(self, session_id: str, state: SessionState) -> bool:
+        entry = self._get(session_id)
+        if entry is None or entry.turns is None:
+            return False
+        if entry.gateway_state is not None and entry.gateway_state.version > state.version:
+            return False
+        entry.gateway_state = state
+        return True
 
     async def put_summary(self, session_id: str, summary: Summary) -> bool:
         entry = self._get_or_create(session_id)

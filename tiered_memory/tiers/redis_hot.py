@@ -13,8 +13,15 @@ from typing import TypeVar, cast
 
 from tiered_memory.breaker import CircuitBreaker
 from tiered_memory.errors import HotUnavailable
-from tiered_memory.model import HotSession, Message, Owner, Summary
-from tiered_memory.tiers.codec import decode_message, decode_summary, encode_message, encode_summary
+from tiered_memory.model import HotSession, Message, Owner, SessionState, Summary
+from tiered_memory.tiers.codec import (
+    decode_message,
+    decode_summary,
+    encode_message,
+    encode_state,
+    encode_summary,
+    state_of,
+)
 from tiered_memory.tiers.hot import RecentBound
 from tiered_memory.tiers.hot_cache import HotCache, cache_invalidator
 from tiered_memory.tiers.keys import Keys
@@ -137,10 +144,23 @@ end
 redis.call('EXPIRE', KEYS[1], ARGV[8])
 redis.call('HSET', KEYS[2], 'turns', ARGV[3], 'msgs', ARGV[4], 'last', ARGV[5], 'chars', ARGV[6],
   'tenant', ARGV[11], 'uid', ARGV[12])
+-- A new session has no gateway state yet (PUT …/state needs the session): known, so not read.
+if seq == 1 then redis.call('HSET', KEYS[2], 'gv', 0, 'gs', '') end
 redis.call('EXPIRE', KEYS[2], ARGV[9])
 return 1
 """
 )
+
+# Caches the gateway's state of a session in its state hash (fields gv, gs) unless a newer
+# version is there; only into a hash that exists (the counters a read needs come with backfill).
+# Keys: state. ARGV: version, the state's JSON ('' for none).
+_PUT_STATE_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local cur = tonumber(redis.call('HGET', KEYS[1], 'gv') or '-1')
+if cur > tonumber(ARGV[1]) then return 0 end
+redis.call('HSET', KEYS[1], 'gv', ARGV[1], 'gs', ARGV[2])
+return 1
+"""
 
 # Extends the lock only if our token still holds it.
 _EXTEND_LUA = """
@@ -191,6 +211,7 @@ class RedisHot:
         self._backfill = Script.of(_BACKFILL_LUA)
         self._extend = Script.of(_EXTEND_LUA)
         self._append = Script.of(_APPEND_LUA)
+        self._put_state = Script.of(_PUT_STATE_LUA)
         self._call = link.call
         self._read = link.read
         self._command = link.command
@@ -324,9 +345,9 @@ class RedisHot:
             raw_summary, raw_recent, state = await self._read(
                 ("GET", self._keys.summary(session_id)),
                 ("LRANGE", self._keys.recent(session_id), 0, -1),
-                ("HMGET", self._keys.state(session_id), "turns", "msgs", "last", "chars", "tenant", "uid"),
+                ("HMGET", self._keys.state(session_id), "turns", "msgs", "last", "chars", "tenant", "uid", "gv", "gs"),
             )
-            turns, msgs, last, chars, tenant, uid = _fields(state, 6)
+            turns, msgs, last, chars, tenant, uid, gv, gs = _fields(state, 8)
             recent = sorted((decode_message(_bytes(r)) for r in _fields(raw_recent)), key=lambda m: m.seq)
             return HotSession(
                 summary=decode_summary(_bytes(raw_summary)) if raw_summary else None,
@@ -336,6 +357,7 @@ class RedisHot:
                 last_activity=float(last) if last is not None else None,
                 content_chars=int(chars) if chars is not None else None,
                 owner=_owner(tenant, uid),
+                state=state_of(gv, gs),
             )
 
         return await self._through_cache(session_id, "session", op)
@@ -385,6 +407,15 @@ class RedisHot:
             raise
         if dirty:
             self._dirty.discard(sid)
+
+    async def put_state(self, session_id: str, state: SessionState) -> bool:
+        async def op() -> object:
+            return await self._script(
+                self._put_state, [self._keys.state(session_id)], [state.version, encode_state(state)]
+            )
+
+        with self._writing(session_id):
+            return bool(await self._call(op))
 
     async def put_summary(self, session_id: str, summary: Summary) -> bool:
         async def op() -> object:

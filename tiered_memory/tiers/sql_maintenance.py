@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tiered_memory.tiers.sql_schema import conversation_summaries as cs
 from tiered_memory.tiers.sql_schema import messages as msgs
-from tiered_memory.tiers.sql_schema import sessions, summary_slices
+from tiered_memory.tiers.sql_schema import session_state, sessions, summary_slices
 from tiered_memory.tiers.sql_store import SqlStore, summary_due
 
 
@@ -88,6 +88,7 @@ class SqlMaintenance:
             if not await _still_inactive(conn, session_id, before):
                 return False
             await conn.execute(cs.delete().where(cs.c.session_id == session_id))
+            await conn.execute(session_state.delete().where(session_state.c.session_id == session_id))
             await conn.execute(sessions.delete().where(sessions.c.session_id == session_id))
             return True
 

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 
 # The Alembic head revision, as a number: the schema version this code needs.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 _MYSQL_TABLE: dict[str, Any] = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin"}
 
@@ -129,5 +129,19 @@ summary_slices = sa.Table(
     sa.Column("summary_version", sa.Integer, nullable=False),
     sa.Column("created_at", _TIMESTAMP, nullable=False),
     sa.Index("ix_slices_session_turn", "session_id", "to_turn"),
+    **_MYSQL_TABLE,
+)
+
+
+# What a gateway keeps of its own across reconnects (a knowledge-base topic, a keyword tracker):
+# one JSON object per session, written with a version check (PUT …/state with If-Match). Apart
+# from `sessions`, so that writing it takes no lock an append waits for. (Version 7.)
+session_state = sa.Table(
+    "session_state",
+    metadata,
+    sa.Column("session_id", _SID, primary_key=True),
+    sa.Column("state", sa.Text, nullable=False),
+    sa.Column("version", sa.Integer, nullable=False),
+    sa.Column("updated_at", _TIMESTAMP, nullable=False),
     **_MYSQL_TABLE,
 )

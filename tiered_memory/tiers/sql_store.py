@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -18,7 +19,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from tiered_memory.breaker import CircuitBreaker
-from tiered_memory.errors import Forbidden, SqlUnavailable
+from tiered_memory.errors import Conflict, Forbidden, NotFound, SqlUnavailable
 from tiered_memory.model import (
     AppendResult,
     Caller,
@@ -27,6 +28,7 @@ from tiered_memory.model import (
     Patch,
     PatchResult,
     SessionInfo,
+    SessionState,
     Slice,
     Summary,
 )
@@ -43,7 +45,7 @@ from tiered_memory.tiers.sql_rows import (
 )
 from tiered_memory.tiers.sql_schema import conversation_summaries as cs
 from tiered_memory.tiers.sql_schema import messages as msgs
-from tiered_memory.tiers.sql_schema import sessions, summary_slices
+from tiered_memory.tiers.sql_schema import session_state, sessions, summary_slices
 
 T = TypeVar("T")
 
@@ -292,9 +294,50 @@ class SqlStore(MessageReads):
             await conn.execute(msgs.delete().where(msgs.c.session_id == session_id))
             await conn.execute(summary_slices.delete().where(summary_slices.c.session_id == session_id))
             await conn.execute(cs.delete().where(cs.c.session_id == session_id))
+            await conn.execute(session_state.delete().where(session_state.c.session_id == session_id))
             await conn.execute(sessions.delete().where(sessions.c.session_id == session_id))
 
         await self._transaction(body)
+
+    async def get_state(self, session_id: str) -> SessionState:
+        """The gateway's state of a session (version 0 and None when it has none)."""
+
+        async def op(conn: AsyncConnection) -> SessionState:
+            q = sa.select(session_state.c.state, session_state.c.version).where(
+                session_state.c.session_id == session_id
+            )
+            row = (await conn.execute(q)).one_or_none()
+            return SessionState(0, None) if row is None else SessionState(int(row.version), json.loads(row.state))
+
+        return await self.read(op)
+
+    async def put_state(
+        self, session_id: str, state: dict[str, Any], *, if_match: int | None, now: float, caller: Caller = _ANYONE
+    ) -> SessionState:
+        """Store the gateway's state of a session as its next version; with `if_match`, only over
+        that version (0: only when there is none). Raises NotFound (no session), Forbidden, and
+        Conflict (code `precondition_failed`) when the stored version is another."""
+
+        async def body(conn: AsyncConnection) -> SessionState:
+            if not await self._lock_accessible(conn, session_id, caller):
+                raise NotFound("the session does not exist")
+            q = sa.select(session_state.c.version).where(session_state.c.session_id == session_id)
+            current = int((await conn.execute(q)).scalar_one_or_none() or 0)
+            if if_match is not None and if_match != current:
+                raise Conflict(
+                    f"If-Match: the state is at version {current}, not {if_match}; read it again",
+                    code="precondition_failed",
+                )
+            values = {"state": json.dumps(state, ensure_ascii=False), "version": current + 1, "updated_at": now}
+            if current:
+                await conn.execute(
+                    session_state.update().where(session_state.c.session_id == session_id).values(**values)
+                )
+            else:
+                await conn.execute(session_state.insert().values(session_id=session_id, **values))
+            return SessionState(current + 1, state)
+
+        return await self._transaction(body)
 
     async def sessions_due(self, *, every_n: int, min_turns_to_persist: int, limit: int) -> list[str]:
         """Sessions whose summary is behind: a cadence point (every_n) passed the watermark, or a

@@ -150,8 +150,9 @@ def choose(c: Candidates, max_chars: int) -> Selection:
     """The memory that fits `max_chars` characters of content (system text and raw messages)."""
     labels = LABELS[c.lang]
     messages = [m for m in c.messages if m.answered]
-    if c.whole and _chars(messages) <= max_chars:
-        # The raw turns hold the whole conversation: a summary would only repeat them.
+    if c.whole and _joined(messages) <= max_chars:
+        # The raw turns hold the whole conversation: a summary would only repeat them. (Counted
+        # as sent: two messages of one role in a row go out joined by a newline.)
         first = messages[0].turn if messages else None
         return Selection(raw=messages, system=None, chars={"raw": _chars(messages)}, first_turn=first)
     if not messages:
@@ -380,9 +381,10 @@ def fit_tail(tail: Sequence[Message], room: int) -> list[Message]:
     """The last turn in `room` characters: whole when it fits; else the questions keep up to half
     the room between them (a question is short, and the reply needs it beside it) and the reply
     the rest, each cut and marked (a reply keeps its beginning, a question its end)."""
+    tail = [m for m in tail if m.content]  # an empty message would cost a newline and say nothing
     if _joined(tail) <= room:
-        return list(tail)
-    room -= _joined(tail) - _chars(tail)  # the newlines that join messages of one role
+        return tail
+    room = max(0, room - (_joined(tail) - _chars(tail)))  # the newlines that join messages of one role
     questions = [m for m in tail if m.role is Role.USER]
     replies = [m for m in tail if m.role is not Role.USER]
     q_room = min(_chars(questions), room // 2) if replies else room
@@ -405,7 +407,7 @@ def cut(m: Message, limit: int) -> Message:
     if len(m.content) <= limit:
         return m
     if limit <= 1:
-        return dataclasses.replace(m, content=m.content[:limit])
+        return dataclasses.replace(m, content=m.content[: max(limit, 0)])
     if m.role is Role.ASSISTANT:
         return dataclasses.replace(m, content=m.content[: limit - 1] + _CUT_MARK)
     return dataclasses.replace(m, content=_CUT_MARK + m.content[-(limit - 1) :])

@@ -104,6 +104,10 @@ async def test_every_route_through_the_async_client(authed: Daemon) -> None:
         assert [s.session_id for s in mine] == [sid]
         await mem.delete_summary(sid)
         assert (await mem.summary(sid)).tier == "cold"
+        imported = await mem.append_batch(
+            sid + "-old", [{"role": "user", "content": "旧的问题"}, {"role": "assistant", "content": "旧的回答"}]
+        )
+        assert (imported.created, imported.turn_count, [m.seq for m in imported.messages]) == (True, 1, [1, 2])
         # With no summary covering it, the first message can be corrected.
         first = everything[0]
         patched = await mem.patch_message(sid, first.message_id, content=first.content + "（更正）")

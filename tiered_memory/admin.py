@@ -42,7 +42,7 @@ _STALE_PAGE = 100
 _LAST_SEQ = 2**31 - 1
 
 
-def _dumps(value: object) -> str:
+def compact_json(value: object) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
@@ -94,11 +94,11 @@ async def summary_job(tools: Tools) -> AsyncIterator[SummaryJob]:
         )
 
 
-def _progress(label: str, total: int | None, err: TextIO) -> Progress:
+def progress_bar(label: str, total: int | None, err: TextIO) -> Progress:
     return Progress(label, total, stream=err, tty=err.isatty())
 
 
-def _fail(err: TextIO, message: str) -> int:
+def fail(err: TextIO, message: str) -> int:
     print(f"tiered-memory: {message}", file=err)
     return 1
 
@@ -194,7 +194,7 @@ async def check_stores(settings: Settings, *, out: TextIO = sys.stdout) -> int:
                 "expected_version": SCHEMA_VERSION,
             }
     ok = all(part["status"] == "ok" for part in report.values())
-    print(_dumps({"ok": ok, **report}), file=out)
+    print(compact_json({"ok": ok, **report}), file=out)
     return 0 if ok else 1
 
 
@@ -205,11 +205,11 @@ async def inspect(settings: Settings, session_id: str, *, out: TextIO = sys.stdo
         try:
             summary, info = await tools.store.get_summary(session_id)
             if info is None:
-                return _fail(err, f"session {session_id!r} does not exist")
+                return fail(err, f"session {session_id!r} does not exist")
             slices = await tools.store.slices(session_id)
             stored = await tools.store.count_messages(session_id)
         except SqlUnavailable as exc:
-            return _fail(err, f"inspect failed: {exc}")
+            return fail(err, f"inspect failed: {exc}")
         hot = await _hot_view(tools, session_id)
     covered = summary.covered_turns if summary else 0
     report = {
@@ -239,13 +239,13 @@ async def rebuild(settings: Settings, session_id: str, *, out: TextIO = sys.stdo
     async with open_tools(settings) as tools, summary_job(tools) as job:
         try:
             if await tools.store.get_session(session_id) is None:
-                return _fail(err, f"session {session_id!r} does not exist")
+                return fail(err, f"session {session_id!r} does not exist")
             summary = await job.rebuild(session_id)
             slices = await tools.store.slices(session_id)
         except (SqlUnavailable, Conflict) as exc:
-            return _fail(err, f"rebuild failed: {exc}")
+            return fail(err, f"rebuild failed: {exc}")
     print(
-        _dumps(
+        compact_json(
             {
                 "session_id": session_id,
                 "covered_turns": summary.covered_turns if summary else 0,
@@ -271,7 +271,7 @@ async def rebuild_stale(settings: Settings, *, out: TextIO = sys.stdout, err: Te
         }
         try:
             total = await tools.maintenance.count_lagging(**rule)
-            progress = _progress("rebuild", total, err)
+            progress = progress_bar("rebuild", total, err)
             after = ""
             while page := await tools.maintenance.lagging_sessions(**rule, after=after, limit=_STALE_PAGE):
                 for session_id in page:
@@ -281,8 +281,8 @@ async def rebuild_stale(settings: Settings, *, out: TextIO = sys.stdout, err: Te
                 after = page[-1]
             progress.finish()
         except SqlUnavailable as exc:
-            return _fail(err, f"rebuild failed: {exc}")
-    print(_dumps({"sessions": sum(outcomes.values()), "outcomes": dict(sorted(outcomes.items()))}), file=out)
+            return fail(err, f"rebuild failed: {exc}")
+    print(compact_json({"sessions": sum(outcomes.values()), "outcomes": dict(sorted(outcomes.items()))}), file=out)
     return 0 if outcomes["failed"] == 0 else 1
 
 
@@ -296,22 +296,22 @@ async def export(settings: Settings, session_id: str, *, out: TextIO = sys.stdou
         try:
             summary, info = await tools.store.get_summary(session_id)
             if info is None:
-                return _fail(err, f"session {session_id!r} does not exist")
+                return fail(err, f"session {session_id!r} does not exist")
             slices = await tools.store.slices(session_id)
             out.write(
-                f'{{"session_id":{_dumps(session_id)},"exported_at":{time.time()},'
-                f'"session":{_dumps(_session_json(info))},'
-                f'"summary":{_dumps(_summary_json(summary) if summary else None)},'
-                f'"slices":{_dumps([_slice_json(s) for s in slices])},"messages":['
+                f'{{"session_id":{compact_json(session_id)},"exported_at":{time.time()},'
+                f'"session":{compact_json(_session_json(info))},'
+                f'"summary":{compact_json(_summary_json(summary) if summary else None)},'
+                f'"slices":{compact_json([_slice_json(s) for s in slices])},"messages":['
             )
-            progress = _progress("export", info.message_count, err)
+            progress = progress_bar("export", info.message_count, err)
             after, separator = 0, "\n"
             while True:
                 page = await tools.store.messages_by_seq(
                     session_id, first_seq=after + 1, last_seq=_LAST_SEQ, limit=_EXPORT_PAGE
                 )
                 for m in page:
-                    out.write(separator + _dumps(_message_json(m)))
+                    out.write(separator + compact_json(_message_json(m)))
                     separator = ",\n"
                 progress.advance(len(page))
                 if len(page) < _EXPORT_PAGE:
@@ -322,7 +322,7 @@ async def export(settings: Settings, session_id: str, *, out: TextIO = sys.stdou
             progress.finish()
         except SqlUnavailable as exc:
             # The document is cut short and says so by not parsing; the status says why.
-            return _fail(err, f"export failed: {exc}")
+            return fail(err, f"export failed: {exc}")
     return 0
 
 
@@ -346,12 +346,15 @@ async def purge_inactive(
         try:
             sessions, messages = await maintenance.count_inactive(before=before)
             if dry_run:
-                print(_dumps({"dry_run": True, "sessions": sessions, "messages": messages, "before": before}), file=out)
+                print(
+                    compact_json({"dry_run": True, "sessions": sessions, "messages": messages, "before": before}),
+                    file=out,
+                )
                 return 0
-            progress = _progress("purge", sessions, err)
+            progress = progress_bar("purge", sessions, err)
             report = await purge(maintenance, tools.hot, before=before, progress=progress)
         except TierUnavailable as exc:
-            return _fail(err, f"purge failed: {exc}")
+            return fail(err, f"purge failed: {exc}")
     log.info("purge_done", sessions=report.sessions, messages=report.messages, reactivated=report.reactivated)
-    print(_dumps({"before": before, **asdict(report)}), file=out)
+    print(compact_json({"before": before, **asdict(report)}), file=out)
     return 0

@@ -101,6 +101,39 @@ async def post_message(request: web.Request) -> web.Response:
     )
 
 
+async def post_batch(request: web.Request) -> web.Response:
+    """Store up to 500 messages of the session in one transaction, all or none (a bulk import)."""
+    read.check_query(request)
+    sid = read.session_id(request)
+    body = await read.json_object(request)
+    news = read.parse_batch(sid, body, max_bytes=request.app[SETTINGS_KEY].max_message_bytes)
+    user_ids = {m.user_id for m in news if m.user_id is not None}
+    if len(user_ids) > 1:
+        raise InvalidInput("messages: expected one user_id for the batch's messages")
+    caller = read.caller(request, next(iter(user_ids), None))
+    news = [dataclasses.replace(m, session_id=caller.session_key(sid), user_id=caller.user_id) for m in news]
+    outcome = await request.app[SERVICE_KEY].append_batch(news, caller=caller)
+    results = outcome.results
+    created = any(not r.duplicate for r in results)
+    return reply(
+        {
+            "session_id": sid,
+            "messages": [
+                {
+                    "message_id": r.message.message_id,
+                    "seq": r.message.seq,
+                    "turn": r.message.turn,
+                    "duplicate": r.duplicate,
+                }
+                for r in results
+            ],
+            "turn_count": results[-1].turn_count,
+            "summary_scheduled": outcome.summary_scheduled,
+        },
+        status=201 if created else 200,
+    )
+
+
 async def patch_message(request: web.Request) -> web.Response:
     """Correct a stored message's content or a reply's status while no summary covers it."""
     read.check_query(request)
@@ -424,6 +457,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/sessions/{session_id:[^/]+}/messages", post_message)
+    app.router.add_post("/v1/sessions/{session_id:[^/]+}/messages/batch", post_batch)
     app.router.add_get("/v1/sessions/{session_id:[^/]+}/summary", get_summary)
     app.router.add_delete("/v1/sessions/{session_id:[^/]+}/summary", delete_summary)
     app.router.add_post("/v1/sessions/{session_id:[^/]+}/summary/rebuild", post_rebuild)

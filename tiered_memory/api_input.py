@@ -239,3 +239,30 @@ def if_match(request: web.Request) -> int | None:
     if not text.isdigit() or len(text) > 9:
         raise InvalidInput('If-Match: expected the ETag of a state read before, e.g. "3"')
     return int(text)
+
+
+BATCH_MAX = 500
+
+
+def parse_batch(session_id: str, body: dict[str, Any], *, max_bytes: int) -> list[NewMessage]:
+    """Validate a bulk append: `{"messages": [...]}`, 1 to BATCH_MAX messages as for one append;
+    raises InvalidInput naming the first bad message by its index."""
+    unknown = sorted(set(body) - {"messages"})
+    if unknown:
+        raise InvalidInput(f"unknown field(s): {', '.join(unknown)}; expected 'messages'")
+    items = body.get("messages")
+    if not isinstance(items, list) or not 1 <= len(items) <= BATCH_MAX:
+        got = len(items) if isinstance(items, list) else type(items).__name__
+        raise InvalidInput(f"messages: expected a list of 1 to {BATCH_MAX} messages, got {got}")
+    out: list[NewMessage] = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise InvalidInput(f"messages[{i}]: expected a JSON object")
+        try:
+            out.append(parse_message(session_id, item, max_bytes=max_bytes))
+        except InvalidInput as exc:
+            raise InvalidInput(f"messages[{i}].{exc}") from None
+    ids = [m.message_id for m in out]
+    if len(set(ids)) != len(ids):
+        raise InvalidInput("messages: a message_id appears twice in the batch")
+    return out

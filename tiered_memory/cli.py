@@ -137,6 +137,12 @@ def _parser() -> argparse.ArgumentParser:
     purge.add_argument("--older-than", type=_positive, required=True, metavar="DAYS", help="days of inactivity")
     purge.add_argument("--batch", type=int, default=500, help="rows per transaction (default 500)")
     purge.add_argument("--dry-run", action="store_true", help="only count what would be deleted")
+    load = sub.add_parser(
+        "import", help="store a JSON Lines file of messages (each with its session_id); run again to resume"
+    )
+    load.add_argument(
+        "file", help="one message a line, as POST …/messages takes it, plus session_id (" + _KEY_HELP + ")"
+    )
     sub.add_parser("eval", help="measure memory quality (see `tiered-memory eval --help`)", add_help=False)
     return parser
 
@@ -154,6 +160,12 @@ def _admin(settings: Settings, args: argparse.Namespace) -> int:
         if args.all_stale:
             return asyncio.run(admin.rebuild_stale(settings))
         return asyncio.run(admin.rebuild(settings, args.session_id))
+    if args.command == "import":
+        from pathlib import Path
+
+        from tiered_memory.importer import import_file
+
+        return asyncio.run(import_file(settings, Path(args.file)))
     if args.command == "export":
         if args.output is None:
             return asyncio.run(admin.export(settings, args.session_id))

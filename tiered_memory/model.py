@@ -284,6 +284,14 @@ class PatchResult:
 
 
 @dataclass(frozen=True, slots=True)
+class BatchOutcome:
+    """What a bulk append did: each message's result, in order, and whether a summary is due."""
+
+    results: list[AppendResult]
+    summary_scheduled: bool
+
+
+@dataclass(frozen=True, slots=True)
 class PatchOutcome:
     """What a patch did, and whether it made a summary due (a reply finalized at a cadence point)."""
 

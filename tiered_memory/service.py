@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import structlog
@@ -21,6 +21,7 @@ from tiered_memory.metrics import Metrics
 from tiered_memory.model import (
     AppendOutcome,
     AppendResult,
+    BatchOutcome,
     Caller,
     CloseResult,
     Message,
@@ -154,6 +155,34 @@ class MemoryService:
             # On a retry too: the first attempt may have died before it scheduled the summary.
             self.summaries.schedule(new.session_id)
         return AppendOutcome(result, due)
+
+    async def append_batch(self, news: Sequence[NewMessage], *, caller: Caller) -> BatchOutcome:
+        """Commit messages of one session in one transaction, all or none (a bulk import), then
+        carry them on as if appended one by one: the hot tier in order, the recall postings, and
+        a summary when a cadence point was passed. A retried batch stores nothing twice. Raises
+        SqlUnavailable, Forbidden and Conflict (nothing stored then)."""
+        results = await self._store.append_all(news, now=self._clock(), caller=caller)
+        for r in results:
+            self._metrics.appends.labels(r.message.role.value, "duplicate" if r.duplicate else "created").inc()
+            try:
+                await self._hot.record_append(
+                    r.message,
+                    turn_count=r.turn_count,
+                    message_count=r.message_count,
+                    last_activity=r.message.created_at,
+                    owner=r.owner,
+                    content_chars=r.content_chars,
+                )
+            except HotUnavailable:
+                # As for one append: the hot tier drops the session's entry before its next read.
+                self._metrics.tier_errors.labels("hot", "append").inc()
+            if not r.duplicate:
+                self._history.appended(r.message)
+        due = any(self._summary_due(r) for r in results)
+        if due:
+            self.summaries.schedule(results[0].message.session_id)
+        log.info("append_batch", messages=len(results), created=sum(not r.duplicate for r in results))
+        return BatchOutcome(results, due)
 
     def _summary_due(self, result: AppendResult) -> bool:
         return (

@@ -25,6 +25,8 @@ from tiered_memory.client.errors import (
 )
 from tiered_memory.client.models import (
     AppendResult,
+    BatchMessage,
+    BatchResult,
     ChatMessage,
     CloseResult,
     Context,
@@ -46,6 +48,8 @@ __all__ = [
     "ApiError",
     "AppendResult",
     "AsyncClient",
+    "BatchMessage",
+    "BatchResult",
     "ChatMessage",
     "Client",
     "ClientError",

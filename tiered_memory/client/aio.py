@@ -25,6 +25,8 @@ from yarl import URL
 from tiered_memory.client.errors import Timeout, Unavailable, api_error
 from tiered_memory.client.models import (
     AppendResult,
+    BatchMessage,
+    BatchResult,
     CloseResult,
     Context,
     GatewayState,
@@ -140,6 +142,19 @@ class AsyncClient:
         )
         code, data = await self._call("POST", f"/v1/sessions/{_sid(session_id)}/messages", body=body, user_id=user_id)
         return build(AppendResult, data, created=code == 201)
+
+    async def append_batch(
+        self, session_id: str, messages: list[dict[str, Any]], *, user_id: str | None = None
+    ) -> BatchResult:
+        """Store up to 500 messages (each a dict as `append` takes it: role, content, message_id,
+        channel, status) in one transaction, all or none: a bulk import. Give each a `message_id`
+        and a retried batch stores nothing twice (generated here when missing)."""
+        items = [{**m, "message_id": m.get("message_id") or new_message_id()} for m in messages]
+        path = f"/v1/sessions/{_sid(session_id)}/messages/batch"
+        code, data = await self._call("POST", path, body={"messages": items}, user_id=user_id)
+        return build(
+            BatchResult, data, messages=[build(BatchMessage, m) for m in data["messages"]], created=code == 201
+        )
 
     async def patch_message(
         self,

@@ -139,6 +139,25 @@ class StoredMessage:
 
 
 @dataclass(frozen=True, slots=True)
+class BatchMessage:
+    message_id: str
+    seq: int
+    turn: int
+    duplicate: bool
+
+
+@dataclass(frozen=True, slots=True)
+class BatchResult:
+    """POST …/messages/batch: each message's place, in order; `created` when any was new."""
+
+    session_id: str
+    messages: list[BatchMessage]
+    turn_count: int
+    summary_scheduled: bool
+    created: bool = True
+
+
+@dataclass(frozen=True, slots=True)
 class PatchResult:
     """PATCH …/messages/{message_id}: the message as stored now, and whether it changed."""
 

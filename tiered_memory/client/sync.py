@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from tiered_memory.client.aio import AsyncClient
 from tiered_memory.client.models import (
     AppendResult,
+    BatchResult,
     CloseResult,
     Context,
     GatewayState,
@@ -108,6 +109,11 @@ class Client:
                 session_id, role, content, message_id=message_id, user_id=user_id, channel=channel, status=status
             )
         )
+
+    def append_batch(
+        self, session_id: str, messages: list[dict[str, Any]], *, user_id: str | None = None
+    ) -> BatchResult:
+        return self._run(self._async.append_batch(session_id, messages, user_id=user_id))
 
     def patch_message(
         self,

@@ -231,6 +231,23 @@ class SqlStore(MessageReads):
                 outcomes.append(alone)
         return outcomes
 
+    async def append_all(
+        self, news: Sequence[NewMessage], *, now: float, caller: Caller = _ANYONE
+    ) -> list[AppendResult]:
+        """Commit `news` (a bulk import) in one transaction of their own, all or none: each as
+        `append` would, in order; a message_id stored already is a duplicate (a retried batch
+        stores nothing twice). Raises the first message's Forbidden or Conflict, storing none."""
+        batch = [Append(n, now, caller) for n in news]
+
+        async def body(conn: AsyncConnection) -> list[AppendResult]:
+            outcomes = await self._storing(batch)(conn)
+            refused = next((o for o in outcomes if isinstance(o, BaseException)), None)
+            if refused is not None:
+                raise refused  # the transaction rolls back: nothing of the batch is stored
+            return [o for o in outcomes if not isinstance(o, BaseException)]
+
+        return await self._transaction(body)
+
     def _storing(self, batch: Sequence[Append]) -> Callable[[AsyncConnection], Awaitable[list[Outcome[AppendResult]]]]:
         return lambda conn: store_batch(conn, self._append_statements, batch, self._insert_if_absent)
 

@@ -133,6 +133,29 @@ class MemoryService:
             **({"content": new.content} if self._s.log_message_content else {}),
         )
         due = self._summary_due(result)
+        await self._carry_on(result)
+        if due:
+            # On a retry too: the first attempt may have died before it scheduled the summary.
+            self.summaries.schedule(new.session_id)
+        return AppendOutcome(result, due)
+
+    async def append_batch(self, news: Sequence[NewMessage], *, caller: Caller) -> BatchOutcome:
+        """Commit messages of one session in one transaction, all or none (a bulk import), then
+        carry them on as if appended one by one: the hot tier in order, the recall postings, and
+        a summary when a cadence point was passed. A retried batch stores nothing twice. Raises
+        SqlUnavailable, Forbidden and Conflict (nothing stored then)."""
+        results = await self._store.append_all(news, now=self._clock(), caller=caller)
+        for r in results:
+            self._metrics.appends.labels(r.message.role.value, "duplicate" if r.duplicate else "created").inc()
+            await self._carry_on(r)
+        due = any(self._summary_due(r) for r in results)
+        if due:
+            self.summaries.schedule(results[0].message.session_id)
+        log.info("append_batch", messages=len(results), created=sum(not r.duplicate for r in results))
+        return BatchOutcome(results, due)
+
+    async def _carry_on(self, result: AppendResult) -> None:
+        """After a message's commit: the hot tier, then the recall postings (a new message only)."""
         try:
             # A retry too: if the first attempt committed but died before its hot write, this
             # puts the message in Redis; if the hot tier has it, the write changes nothing.
@@ -151,38 +174,6 @@ class MemoryService:
             log.warning("hot_append_failed", error=str(exc))
         if not result.duplicate:
             self._history.appended(result.message)
-        if due:
-            # On a retry too: the first attempt may have died before it scheduled the summary.
-            self.summaries.schedule(new.session_id)
-        return AppendOutcome(result, due)
-
-    async def append_batch(self, news: Sequence[NewMessage], *, caller: Caller) -> BatchOutcome:
-        """Commit messages of one session in one transaction, all or none (a bulk import), then
-        carry them on as if appended one by one: the hot tier in order, the recall postings, and
-        a summary when a cadence point was passed. A retried batch stores nothing twice. Raises
-        SqlUnavailable, Forbidden and Conflict (nothing stored then)."""
-        results = await self._store.append_all(news, now=self._clock(), caller=caller)
-        for r in results:
-            self._metrics.appends.labels(r.message.role.value, "duplicate" if r.duplicate else "created").inc()
-            try:
-                await self._hot.record_append(
-                    r.message,
-                    turn_count=r.turn_count,
-                    message_count=r.message_count,
-                    last_activity=r.message.created_at,
-                    owner=r.owner,
-                    content_chars=r.content_chars,
-                )
-            except HotUnavailable:
-                # As for one append: the hot tier drops the session's entry before its next read.
-                self._metrics.tier_errors.labels("hot", "append").inc()
-            if not r.duplicate:
-                self._history.appended(r.message)
-        due = any(self._summary_due(r) for r in results)
-        if due:
-            self.summaries.schedule(results[0].message.session_id)
-        log.info("append_batch", messages=len(results), created=sum(not r.duplicate for r in results))
-        return BatchOutcome(results, due)
 
     def _summary_due(self, result: AppendResult) -> bool:
         return (

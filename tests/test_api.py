@@ -216,7 +216,7 @@ async def test_append_is_idempotent_by_message_id(daemon: Daemon) -> None:
 @pytest.mark.parametrize(
     ("body", "field"),
     [
-        ({"role": "system", "content": "x"}, "role"),
+        ({"role": "moderator", "content": "x"}, "role"),
         ({"role": "user", "content": ""}, "content"),
         ({"role": "user", "content": 5}, "content"),
         ({"role": "user"}, "content"),

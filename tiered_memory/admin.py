@@ -21,6 +21,7 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 from tiered_memory.app import build_hot, build_job, build_llm, build_store, build_tagger
+from tiered_memory.dialogue import tool_fields
 from tiered_memory.errors import Conflict, HotUnavailable, SqlUnavailable, TierUnavailable
 from tiered_memory.metrics import Metrics
 from tiered_memory.model import Message, SessionInfo, Slice, Summary
@@ -146,6 +147,7 @@ def _message_json(m: Message) -> dict[str, Any]:
         "status": m.status.value,
         "message_id": m.message_id,
         "channel": m.channel.value,
+        **tool_fields(m.tool_calls, m.tool_call_id, m.name),
         "user_id": m.user_id,
         "created_at": m.created_at,
     }

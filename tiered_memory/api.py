@@ -20,6 +20,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tiered_memory import api_input as read
+from tiered_memory.dialogue import tool_fields
 from tiered_memory.errors import (
     Conflict,
     Forbidden,
@@ -197,7 +198,10 @@ def _context_json(sid: str, ctx: ContextAnswer) -> dict[str, Any]:
         "summary": ctx.summary,
         "covered_turns": ctx.covered_turns,
         "topics": list(ctx.topics),
-        "messages": [{"role": m.role, "content": m.content} for m in ctx.messages],
+        "messages": [
+            {"role": m.role, "content": m.content, **tool_fields(m.tool_calls, m.tool_call_id, m.name)}
+            for m in ctx.messages
+        ],
         "turn_count": ctx.turn_count,
         "recent_transcript": ctx.recent_transcript,
         "answer_transcript": ctx.answer_transcript,
@@ -412,6 +416,7 @@ def _message_json(m: Message) -> dict[str, Any]:
         "status": m.status.value,
         "message_id": m.message_id,
         "channel": m.channel.value,
+        **tool_fields(m.tool_calls, m.tool_call_id, m.name),
         "created_at": m.created_at,
     }
 

@@ -22,7 +22,20 @@ from tiered_memory.model import Caller, Channel, MessageStatus, NewMessage, Patc
 # Both are used with fullmatch: `$` also matches before a trailing newline, which let "a\n" in.
 SESSION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 _MESSAGE_ID = re.compile(r"[\x21-\x7e]{1,128}")
-_MESSAGE_FIELDS = {"role", "content", "user_id", "message_id", "channel", "status"}
+_MESSAGE_FIELDS = {
+    "role",
+    "content",
+    "user_id",
+    "message_id",
+    "channel",
+    "status",
+    "tool_calls",
+    "tool_call_id",
+    "name",
+}
+# A function name as the chat-completions API accepts it.
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+TOOL_CALLS_MAX = 64
 
 
 def session_id(request: web.Request) -> str:
@@ -138,16 +151,26 @@ def parse_message(session_id: str, body: dict[str, Any], *, max_bytes: int) -> N
     if unknown:
         raise InvalidInput(f"unknown field(s): {', '.join(unknown)}; expected {sorted(_MESSAGE_FIELDS)}")
     role = body.get("role")
-    if role not in ("user", "assistant"):
-        raise InvalidInput("role: expected 'user' or 'assistant'")
-    content = _content(body.get("content"), max_bytes)
+    if role not in ("user", "assistant", "tool", "system"):
+        raise InvalidInput("role: expected 'user', 'assistant', 'tool' or 'system'")
+    tool_calls = _tool_calls(body.get("tool_calls"), role, max_bytes)
+    # An assistant message that only calls tools says nothing of its own (content null or "").
+    content = "" if tool_calls and not body.get("content") else _content(body.get("content"), max_bytes)
     channel = body.get("channel", "chat")
     if channel not in ("voice", "chat"):
         raise InvalidInput("channel: expected 'voice' or 'chat'")
     user_id = _user_id(body.get("user_id"), "user_id")
     status = _status(body.get("status", "completed"))
-    if role == "user" and status is not MessageStatus.COMPLETED:
+    if role != "assistant" and status is not MessageStatus.COMPLETED:
         raise InvalidInput("status: only an assistant message can be interrupted, stopped, failed or streaming")
+    if tool_calls and status is not MessageStatus.COMPLETED:
+        raise InvalidInput("status: an assistant message with tool_calls is 'completed' (its calls were made)")
+    tool_call_id = _optional_str(body, "tool_call_id", _MESSAGE_ID)
+    if (role == "tool") != (tool_call_id is not None):
+        raise InvalidInput("tool_call_id: expected on a 'tool' message (the id of the call it answers), and only there")
+    name = body.get("name")
+    if name is not None and (role != "tool" or not isinstance(name, str) or not _TOOL_NAME.fullmatch(name)):
+        raise InvalidInput("name: expected on a 'tool' message only, 1-64 ASCII letters, digits, _ or -")
     message_id = _optional_str(body, "message_id", _MESSAGE_ID) or uuid.uuid4().hex
     return NewMessage(
         session_id=session_id,
@@ -157,7 +180,48 @@ def parse_message(session_id: str, body: dict[str, Any], *, max_bytes: int) -> N
         user_id=user_id,
         channel=Channel(channel),
         status=status,
+        tool_calls=tool_calls,
+        tool_call_id=tool_call_id,
+        name=name,
     )
+
+
+def _tool_calls(value: object, role: object, max_bytes: int) -> str:
+    """An assistant message's tool calls in the chat-completions shape (`id`, `type: "function"`,
+    `function: {name, arguments}`), as compact JSON kept verbatim (other keys a provider adds are
+    kept too); '' for none."""
+    if value is None:
+        return ""
+    if role != "assistant":
+        raise InvalidInput("tool_calls: expected on an 'assistant' message only")
+    if not isinstance(value, list) or not 1 <= len(value) <= TOOL_CALLS_MAX:
+        raise InvalidInput(f"tool_calls: expected a list of 1 to {TOOL_CALLS_MAX} calls")
+    ids: set[str] = set()
+    for i, call in enumerate(value):
+        where = f"tool_calls[{i}]"
+        if not isinstance(call, dict):
+            raise InvalidInput(f"{where}: expected a JSON object")
+        call_id = call.get("id")
+        if not isinstance(call_id, str) or not _MESSAGE_ID.fullmatch(call_id):
+            raise InvalidInput(f"{where}.id: expected a string of 1-128 printable ASCII characters")
+        if call_id in ids:
+            raise InvalidInput(f"{where}.id: {call_id!r} appears twice in tool_calls")
+        ids.add(call_id)
+        if call.get("type") != "function":
+            raise InvalidInput(f"{where}.type: expected 'function'")
+        function = call.get("function")
+        if not isinstance(function, dict):
+            raise InvalidInput(f"{where}.function: expected an object with 'name' and 'arguments'")
+        if not isinstance(function.get("name"), str) or not _TOOL_NAME.fullmatch(function["name"]):
+            raise InvalidInput(f"{where}.function.name: expected 1-64 ASCII letters, digits, _ or -")
+        if not isinstance(function.get("arguments"), str) or not _encodable(function["arguments"]):
+            raise InvalidInput(f"{where}.function.arguments: expected a string (the arguments as JSON text)")
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    if not _encodable(text):
+        raise InvalidInput("tool_calls: expected valid Unicode text (it holds a lone surrogate)")
+    if len(text.encode("utf-8")) > max_bytes:
+        raise InvalidInput(f"tool_calls: expected at most {max_bytes} bytes of JSON (MAX_MESSAGE_BYTES)")
+    return text
 
 
 def _content(value: object, max_bytes: int) -> str:

@@ -11,8 +11,14 @@ from typing import Any
 
 
 class Role(enum.StrEnum):
+    """Who said a message. `tool` is a tool's result, answering one call of an assistant message's
+    `tool_calls`; `system` is a gateway's note of what happened (call transferred, on hold, DTMF
+    entered): summarized as an event and shown inside the leading system message."""
+
     USER = "user"
     ASSISTANT = "assistant"
+    TOOL = "tool"
+    SYSTEM = "system"
 
 
 class Channel(enum.StrEnum):
@@ -123,6 +129,12 @@ class NewMessage:
     user_id: str | None = None
     channel: Channel = Channel.CHAT
     status: MessageStatus = MessageStatus.COMPLETED
+    tool_calls: str = ""
+    """An assistant message's calls: the JSON array as the gateway sent it (compact); '' for none."""
+    tool_call_id: str | None = None
+    """A tool result's call: the `id` of one of an earlier assistant message's tool_calls."""
+    name: str | None = None
+    """A tool result's tool name."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,12 +152,21 @@ class Message:
     user_id: str | None = None
     channel: Channel = Channel.CHAT
     status: MessageStatus = MessageStatus.COMPLETED
+    tool_calls: str = ""
+    """The JSON array of an assistant message's tool calls, verbatim (compact); '' for none."""
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    @property
+    def size(self) -> int:
+        """Characters the message costs a prompt: its content and its tool calls."""
+        return len(self.content) + len(self.tool_calls)
 
     @property
     def answered(self) -> bool:
-        """A user message, or an assistant reply that completed or was interrupted: what memory
-        may show and summarize."""
-        return self.role is Role.USER or self.status.answers
+        """A message memory may show and summarize: all but an assistant reply that was stopped,
+        failed or is still streaming."""
+        return self.role is not Role.ASSISTANT or self.status.answers
 
 
 @dataclass(frozen=True, slots=True)

@@ -122,16 +122,20 @@ class AsyncClient:
         self,
         session_id: str,
         role: str,
-        content: str,
+        content: str | None,
         *,
         message_id: str | None = None,
         user_id: str | None = None,
         channel: str | None = None,
         status: str | None = None,
+        tool_calls: list[dict[str, Any]] | None = None,
+        tool_call_id: str | None = None,
+        name: str | None = None,
     ) -> AppendResult:
-        """Store one message (`role` user or assistant; `status` completed, interrupted, stopped,
-        failed or streaming for a reply). Durable when this returns; stored once however often it
-        is retried."""
+        """Store one message (`role` user, assistant, tool or system; `status` completed,
+        interrupted, stopped, failed or streaming for a reply). An assistant message may carry
+        `tool_calls` (then `content` may be None); a `tool` message answers one of them by its
+        `tool_call_id`. Durable when this returns; stored once however often it is retried."""
         body = _body(
             role=role,
             content=content,
@@ -139,6 +143,9 @@ class AsyncClient:
             user_id=user_id,
             channel=channel,
             status=status,
+            tool_calls=tool_calls,
+            tool_call_id=tool_call_id,
+            name=name,
         )
         code, data = await self._call("POST", f"/v1/sessions/{_sid(session_id)}/messages", body=body, user_id=user_id)
         return build(AppendResult, data, created=code == 201)

@@ -55,8 +55,21 @@ class SummaryResult:
 
 @dataclass(frozen=True, slots=True)
 class ChatMessage:
+    """One message for a chat-completions call; a tool call or result carries its fields."""
+
     role: str
     content: str
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The message as a chat-completions request takes it (only the fields it has)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        for key in ("tool_calls", "tool_call_id", "name"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +149,9 @@ class StoredMessage:
     message_id: str
     channel: str
     created_at: float
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,7 +246,7 @@ class Readiness:
 
 
 def context_of(data: dict[str, Any]) -> Context:
-    messages = [ChatMessage(role=m["role"], content=m["content"]) for m in data.get("messages") or []]
+    messages = [build(ChatMessage, m) for m in data.get("messages") or []]
     return build(Context, data, messages=messages)
 
 

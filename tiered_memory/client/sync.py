@@ -97,16 +97,28 @@ class Client:
         self,
         session_id: str,
         role: str,
-        content: str,
+        content: str | None,
         *,
         message_id: str | None = None,
         user_id: str | None = None,
         channel: str | None = None,
         status: str | None = None,
+        tool_calls: list[dict[str, Any]] | None = None,
+        tool_call_id: str | None = None,
+        name: str | None = None,
     ) -> AppendResult:
         return self._run(
             self._async.append(
-                session_id, role, content, message_id=message_id, user_id=user_id, channel=channel, status=status
+                session_id,
+                role,
+                content,
+                message_id=message_id,
+                user_id=user_id,
+                channel=channel,
+                status=status,
+                tool_calls=tool_calls,
+                tool_call_id=tool_call_id,
+                name=name,
             )
         )
 

@@ -22,6 +22,10 @@ def message_to_dict(m: Message) -> dict[str, Any]:
         "uid": m.user_id,
         "ch": m.channel.value,
         "st": m.status.value,
+        # Only a tool call or result carries these: the hot list of a plain conversation stays as small.
+        **({"tc": m.tool_calls} if m.tool_calls else {}),
+        **({"tci": m.tool_call_id} if m.tool_call_id is not None else {}),
+        **({"tn": m.name} if m.name is not None else {}),
     }
 
 
@@ -37,6 +41,9 @@ def message_from_dict(d: dict[str, Any]) -> Message:
         user_id=d.get("uid"),
         channel=Channel(d.get("ch", "chat")),
         status=MessageStatus(d.get("st", "completed")),
+        tool_calls=str(d.get("tc", "")),
+        tool_call_id=d.get("tci"),
+        name=d.get("tn"),
     )
 
 

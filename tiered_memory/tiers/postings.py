@@ -136,15 +136,18 @@ def entries(data: bytes) -> Iterator[tuple[int, int, int]]:
 
 def encode_doc(m: Message) -> bytes:
     """A message as its `d:<seq>` field keeps it: a JSON array without the session id and seq
-    (the key and the field name hold them) or the field names, half the recent list's encoding."""
-    return orjson.dumps(
-        [m.turn, m.role.value, m.content, m.message_id, m.created_at, m.user_id, m.channel.value, m.status.value]
-    )
+    (the key and the field name hold them) or the field names, half the recent list's encoding;
+    a tool call or result adds its three fields."""
+    doc = [m.turn, m.role.value, m.content, m.message_id, m.created_at, m.user_id, m.channel.value, m.status.value]
+    if m.tool_calls or m.tool_call_id is not None:
+        doc += [m.tool_calls, m.tool_call_id, m.name]
+    return orjson.dumps(doc)
 
 
 def decode_doc(session_id: str, seq: int, data: bytes) -> Message:
     """The message of `encode_doc`; ValueError, TypeError or KeyError when `data` is not one."""
-    turn, role, content, message_id, created_at, user_id, channel, status = orjson.loads(data)
+    turn, role, content, message_id, created_at, user_id, channel, status, *tool = orjson.loads(data)
+    tool_calls, tool_call_id, name = tool or ("", None, None)
     return Message(
         session_id=session_id,
         seq=seq,
@@ -156,6 +159,9 @@ def decode_doc(session_id: str, seq: int, data: bytes) -> Message:
         user_id=None if user_id is None else str(user_id),
         channel=Channel(channel),
         status=MessageStatus(status),
+        tool_calls=str(tool_calls),
+        tool_call_id=None if tool_call_id is None else str(tool_call_id),
+        name=None if name is None else str(name),
     )
 
 

@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tiered_memory.errors import Conflict, Forbidden
 from tiered_memory.model import AppendResult, Caller, Message, NewMessage, Owner, Role
+from tiered_memory.tiers.codec import dumps_text, loads
 from tiered_memory.tiers.group_commit import Outcome
 from tiered_memory.tiers.sql_rows import append_result_of, row_to_message
 from tiered_memory.tiers.sql_schema import messages as msgs
@@ -45,6 +46,7 @@ class _Session:
     message_count: int
     pending_user: bool
     content_chars: int
+    open_calls: list[str]  # the tool calls waiting for their result, oldest first
     first_uid: str | None = None  # the first user_id a stored message of this batch brought
     added_chars: int = 0
     last_at: float = 0.0
@@ -85,6 +87,7 @@ class AppendStatements:
                 closed_at=None,
                 close_reason=None,
                 user_id=sa.func.coalesce(sessions.c.user_id, sa.bindparam("uid", type_=sa.String)),
+                open_tool_calls=sa.bindparam("calls", type_=sa.Text),
             )
         )
 
@@ -155,6 +158,7 @@ async def _lock(
                 message_count=int(r.message_count),
                 pending_user=bool(r.pending_user),
                 content_chars=int(r.content_chars),
+                open_calls=_call_ids(r.open_tool_calls),
             )
         if r.m_seq is not None:
             stored[(r.session_id, r.m_message_id)] = (row_to_message(r, prefix="m_"), bool(r.m_completes_turn))
@@ -170,12 +174,17 @@ def _one(a: Append, s: _Session, stored: tuple[Message, bool] | None) -> AppendR
         raise Forbidden
     if stored is not None:
         message, completes = stored
-        if message.role is not new.role or message.content != new.content or message.status is not new.status:
+        if _fields(message) != _fields(new):
             raise Conflict(f"message_id {new.message_id!r} was already used for a different message")
         return dataclasses.replace(
             append_result_of(message, completed_turn=completes, duplicate=True),
             content_chars=s.content_chars,
             owner=Owner(s.tenant, s.user_id),
+        )
+    if new.tool_call_id is not None and new.tool_call_id not in s.open_calls:
+        raise Conflict(
+            f"tool_call_id {new.tool_call_id!r} answers no tool call of this session that is waiting for its result",
+            code="unknown_tool_call_id",
         )
     owner = Owner(s.tenant, s.user_id or new.user_id)
     seq = s.message_count + 1
@@ -183,8 +192,9 @@ def _one(a: Append, s: _Session, stored: tuple[Message, bool] | None) -> AppendR
     if new.role is Role.USER:
         # Opens (or, after another user message, continues) turn completed+1.
         turn, turns_after, completes, pending_after = completed + 1, completed, False, True
-    elif not new.status.answers:
-        # A stopped, failed or streaming reply leaves the question open.
+    elif new.role is not Role.ASSISTANT or new.tool_calls or not new.status.answers:
+        # Tool traffic and a gateway's note belong to the turn in progress and answer nothing; a
+        # stopped, failed or streaming reply leaves the question open.
         turn, turns_after, completes, pending_after = completed + 1, completed, False, s.pending_user
     elif s.pending_user:
         turn, turns_after, completes, pending_after = completed + 1, completed + 1, True, False
@@ -204,10 +214,17 @@ def _one(a: Append, s: _Session, stored: tuple[Message, bool] | None) -> AppendR
         user_id=new.user_id or s.user_id,
         channel=new.channel,
         status=new.status,
+        tool_calls=new.tool_calls,
+        tool_call_id=new.tool_call_id,
+        name=new.name,
     )
     s.message_count, s.turn_count, s.pending_user = seq, turns_after, pending_after
-    s.content_chars += len(new.content)
-    s.added_chars += len(new.content)
+    if new.tool_calls:
+        s.open_calls = [*s.open_calls, *_call_ids(new.tool_calls, key="id")][-OPEN_CALLS_MAX:]
+    elif new.tool_call_id is not None:
+        s.open_calls = [c for c in s.open_calls if c != new.tool_call_id]
+    s.content_chars += message.size
+    s.added_chars += message.size
     s.first_uid = s.first_uid or new.user_id
     s.user_id = s.user_id or new.user_id
     s.last_at = a.now
@@ -235,6 +252,9 @@ def _row(m: Message, completes: bool) -> dict[str, Any]:
         "message_id": m.message_id,
         "completes_turn": int(completes),
         "status": m.status.value,
+        "tool_calls": m.tool_calls or None,
+        "tool_call_id": m.tool_call_id,
+        "name": m.name,
         "created_at": m.created_at,
     }
 
@@ -248,4 +268,24 @@ def _update(sid: str, s: _Session) -> dict[str, Any]:
         "chars": s.added_chars,
         "now": s.last_at,
         "uid": s.first_uid,
+        "calls": dumps_text(s.open_calls) if s.open_calls else None,
     }
+
+
+# Tool calls a session keeps waiting for their result at most: a gateway that never reports
+# some results cannot grow its session row without bound (the oldest are forgotten first).
+OPEN_CALLS_MAX = 256
+
+
+def _call_ids(text: str | None, *, key: str | None = None) -> list[str]:
+    """The call ids of a JSON array: of ids (the session's open calls), or of tool calls (`key`)."""
+    if not text:
+        return []
+    items = loads(text)
+    assert isinstance(items, list)
+    return [str(item[key]) if key else str(item) for item in items]
+
+
+def _fields(m: Message | NewMessage) -> tuple[object, ...]:
+    """What a retry must repeat for the same message_id to be the same message."""
+    return (m.role, m.content, m.status, m.tool_calls, m.tool_call_id, m.name)

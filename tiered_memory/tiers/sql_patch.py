@@ -39,8 +39,10 @@ def plan(
             " it can no longer be changed",
             code="already_summarized",
         )
-    if m.role is Role.USER and status is not MessageStatus.COMPLETED:
-        raise InvalidInput("status: a user message is always completed")
+    if (m.role is not Role.ASSISTANT or m.tool_calls) and status is not MessageStatus.COMPLETED:
+        raise InvalidInput(
+            f"status: a {m.role.value} message{' with tool_calls' if m.tool_calls else ''} is always completed"
+        )
     if m.status.answers and not status.answers:
         raise Conflict(
             f"message {m.message_id!r} answered its question and completed turn {m.turn}: it cannot be taken"

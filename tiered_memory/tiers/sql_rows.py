@@ -33,6 +33,9 @@ def row_to_message(r: sa.Row[*tuple[Any, ...]], prefix: str = "") -> Message:
         user_id=m[prefix + "user_id"],
         channel=Channel(m[prefix + "channel"]),
         status=MessageStatus(m[prefix + "status"]),
+        tool_calls=m[prefix + "tool_calls"] or "",
+        tool_call_id=m[prefix + "tool_call_id"],
+        name=m[prefix + "name"],
     )
 
 

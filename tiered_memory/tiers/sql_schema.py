@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 
 # The Alembic head revision, as a number: the schema version this code needs.
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 _MYSQL_TABLE: dict[str, Any] = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin"}
 
@@ -54,6 +54,10 @@ sessions = sa.Table(
     sa.Column("pending_user", sa.SmallInteger, nullable=False, server_default="0"),
     # Characters of every message so far: what the whole history would cost a prompt. (Version 2.)
     sa.Column("content_chars", sa.BigInteger, nullable=False, server_default="0"),
+    # The ids of the tool calls still waiting for their result (a JSON array; NULL for none): a
+    # tool message must answer one of them. Kept here, under the lock every append takes, so the
+    # check costs no read. (Version 8.)
+    sa.Column("open_tool_calls", sa.Text, nullable=True),
     sa.Column("created_at", _TIMESTAMP, nullable=False),
     sa.Column("last_activity", _TIMESTAMP, nullable=False),
     sa.Column("closed_at", _TIMESTAMP, nullable=True),
@@ -81,6 +85,11 @@ messages = sa.Table(
     # An assistant reply that was stopped, failed or is still streaming completes no turn and is
     # never summarized as an answer. (Schema version 2.)
     sa.Column("status", sa.String(16), nullable=False, server_default="completed"),
+    # An assistant message's tool calls, the JSON array verbatim; a tool result's call id and tool
+    # name. (Version 8.)
+    sa.Column("tool_calls", sa.Text().with_variant(mysql.MEDIUMTEXT(), "mysql"), nullable=True),
+    sa.Column("tool_call_id", sa.String(128), nullable=True),
+    sa.Column("name", sa.String(64), nullable=True),
     sa.Column("created_at", _TIMESTAMP, nullable=False),
     sa.Index("ix_messages_session_id", "session_id", "id"),
     # Reads by seq range: the context's older turns, GET …/messages. (Version 5.)

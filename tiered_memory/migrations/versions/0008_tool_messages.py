@@ -1,0 +1,48 @@
+"""Tool calls and their results: an assistant message's `tool_calls` (the JSON array verbatim), a
+tool result's `tool_call_id` and `name`, and each session's calls still waiting for a result.
+
+Only nullable columns are added: the previous release, which names its columns, still runs
+against the new schema after a rollback.
+
+Revision ID: 0008
+Revises: 0007
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+from sqlalchemy.dialects import mysql
+
+revision = "0008"
+down_revision = "0007"
+branch_labels = None
+depends_on = None
+
+
+def _columns() -> dict[str, list[sa.Column[object]]]:
+    """The new columns by table, as in tiered_memory/tiers/sql_schema.py at this revision."""
+    return {
+        "messages": [
+            sa.Column("tool_calls", sa.Text().with_variant(mysql.MEDIUMTEXT(), "mysql"), nullable=True),
+            sa.Column("tool_call_id", sa.String(128), nullable=True),
+            sa.Column("name", sa.String(64), nullable=True),
+        ],
+        "sessions": [sa.Column("open_tool_calls", sa.Text, nullable=True)],
+    }
+
+
+def upgrade() -> None:
+    inspector = sa.inspect(op.get_bind())
+    for table, columns in _columns().items():
+        # MySQL commits DDL at once: a migration that died half-way is run again from the start.
+        present = {c["name"] for c in inspector.get_columns(table)}
+        for column in columns:
+            if column.name not in present:
+                op.add_column(table, column)
+
+
+def downgrade() -> None:
+    for table, columns in _columns().items():
+        for column in columns:
+            op.drop_column(table, column.name)

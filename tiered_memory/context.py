@@ -13,6 +13,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from tiered_memory.dialogue import joins, provider_order, units
 from tiered_memory.language import language_of
 from tiered_memory.model import Message, Role
 
@@ -24,6 +25,14 @@ SUMMARY_PREFIXES = {"zh": SUMMARY_PREFIX, "en": "[Conversation summary] "}
 class ChatMessage:
     role: str
     content: str
+    tool_calls: str = ""
+    """An assistant message's calls, the JSON array as stored; '' for none."""
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    @property
+    def size(self) -> int:
+        return len(self.content) + len(self.tool_calls)
 
 
 # Characters of raw messages (window included) a context sizes its choice by at least, and older
@@ -77,8 +86,8 @@ def hot_list_whole(recent: Sequence[Message], *, message_count: int | None) -> b
 
 
 def content_chars(messages: Iterable[Message]) -> int:
-    """Characters of the messages' content."""
-    return sum(len(m.content) for m in messages)
+    """Characters the messages cost a prompt (their content and tool calls)."""
+    return sum(m.size for m in messages)
 
 
 def window(messages: Sequence[Message], *, turn_count: int, keep_recent_turns: int) -> list[Message]:
@@ -91,25 +100,28 @@ def window(messages: Sequence[Message], *, turn_count: int, keep_recent_turns: i
 
 def alternate(messages: Sequence[Message]) -> list[ChatMessage]:
     """Chat messages alternating user/assistant, starting with a user message: leading assistant
-    messages are dropped, consecutive messages of one role are joined, and a reply that was
-    stopped, failed or is still streaming is left out (its question stands alone)."""
+    messages (and tool calls with their results) are dropped, consecutive messages of one role
+    are joined, a reply that was stopped, failed or is still streaming is left out (its question
+    stands alone), and tool traffic is put in provider order (dialogue.provider_order): a call
+    followed by all its results, between a question and the reply that used them."""
     out: list[ChatMessage] = []
-    for m in messages:
-        if not m.answered:
+    last: Message | None = None
+    for unit in units(provider_order([m for m in messages if m.answered])):
+        if not out and unit[0].role is not Role.USER:
             continue
-        if not out and m.role is Role.ASSISTANT:
-            continue
-        if out and out[-1].role == m.role.value:
-            out[-1] = ChatMessage(m.role.value, out[-1].content + "\n" + m.content)
-        else:
-            out.append(ChatMessage(m.role.value, m.content))
+        for m in unit:
+            if last is not None and joins(last, m):
+                out[-1] = ChatMessage(m.role.value, out[-1].content + "\n" + m.content)
+            else:
+                out.append(ChatMessage(m.role.value, m.content, m.tool_calls, m.tool_call_id, m.name))
+            last = m
     return out
 
 
 def compose(memory_text: str | None, recent: Sequence[ChatMessage], *, max_chars: int) -> list[ChatMessage]:
     """The system message with the memory text, cut to what the recent messages leave of
     max_chars (cut at its end), followed by the recent messages."""
-    used = sum(len(m.content) for m in recent)
+    used = sum(m.size for m in recent)
     out: list[ChatMessage] = []
     if memory_text:
         room = max(0, max_chars - used)
@@ -140,14 +152,15 @@ def _keep_newest(lines: Sequence[str], max_chars: int) -> str:
 
 
 def recent_transcript(messages: Sequence[Message], *, max_chars: int) -> str:
-    """`用户：…` / `助手：…` lines, each capped (160 / 320 chars), trimmed from the oldest end."""
+    """`用户：…` / `助手：…` lines, each capped (160 / 320 chars), trimmed from the oldest end; tool
+    traffic and the gateway's notes are left out (the replies say what the tools found)."""
     lang = language_of("".join(m.content for m in messages[-4:]))
     lines = [
         f"{_SPEAKERS[lang][m.role]}：{_cap(m.content, _TRANSCRIPT_CAPS[m.role])}"
         if lang == "zh"
         else f"{_SPEAKERS[lang][m.role]}: {_cap(m.content, _TRANSCRIPT_CAPS[m.role])}"
         for m in messages
-        if m.answered
+        if m.answered and m.role in _SPEAKERS[lang] and m.content
     ]
     return _keep_newest(lines, max_chars)
 

@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tiered_memory.condense import clauses, condense, keys
+from tiered_memory.dialogue import is_call, joins, readable, units
 from tiered_memory.model import Message, Role
 from tiered_memory.notes import View, features, notes_of, view_of
 
@@ -43,6 +44,9 @@ LABELS = {
         "lagging": "最近几轮：",
         "user": "用户：",
         "assistant": "助手：",
+        "tool": "工具：",
+        "system": "事件：",
+        "events": "[系统事件]",
     },
     "en": {
         "summary": "[Conversation summary] ",
@@ -53,6 +57,9 @@ LABELS = {
         "lagging": "Recent turns: ",
         "user": "User: ",
         "assistant": "Assistant: ",
+        "tool": "Tool: ",
+        "system": "Event: ",
+        "events": "[Events]",
     },
 }
 _CUT_MARK = "…"
@@ -92,6 +99,7 @@ class Candidates:
     terms: Sequence[str] = ()
     terms_salient: frozenset[str] = frozenset()
     names: frozenset[str] = frozenset()  # the session's names that have no capitals (Chinese)
+    events: Sequence[Message] = ()  # the gateway's notes the summary does not hold yet, oldest first
     views: Callable[[Message], View] | None = None  # a cache of view_of; worked out here without one
     # A cache of `features` for the summary's rendered text (with the session's terms and names).
     text_features: Callable[[str], frozenset[str]] | None = None
@@ -146,8 +154,25 @@ class _Filled:
     facts_text: str
 
 
+# The gateway's notes may take up to this share of the budget (newest kept first).
+EVENTS_SHARE = 0.25
+
+
 def choose(c: Candidates, max_chars: int) -> Selection:
-    """The memory that fits `max_chars` characters of content (system text and raw messages)."""
+    """The memory that fits `max_chars` characters of content (system text and raw messages):
+    the gateway's notes first (they are what happened on the call, and short), in the system
+    text's lead, then the rest (`_choose`)."""
+    label = LABELS[c.lang]["events"]
+    kept = _fit_lines([(m.seq, m.turn, m.content) for m in c.events], int(max_chars * EVENTS_SHARE), label)
+    if not kept:
+        return _choose(c, max_chars)
+    events = "\n".join([label, *(text for _, _, text in kept)])
+    sel = _choose(c, max_chars - len(events) - 1)
+    system = events + (f"\n{sel.system}" if sel.system else "")
+    return dataclasses.replace(sel, system=system, chars={**sel.chars, "events": len(events)})
+
+
+def _choose(c: Candidates, max_chars: int) -> Selection:
     labels = LABELS[c.lang]
     messages = [m for m in c.messages if m.answered]
     if c.whole and _joined(messages) <= max_chars:
@@ -159,7 +184,7 @@ def choose(c: Candidates, max_chars: int) -> Selection:
         # Nothing raw to show (a mode without turns, or a session without any): the facts alone.
         text = c.facts(max_chars, None, True) if c.facts is not None else ""
         return Selection(raw=[], system=text or None, chars={"facts": len(text)})
-    read = c.views or (lambda m: view_of(notes_of(m.content), c.terms_salient, c.names))
+    read = c.views or (lambda m: view_of(notes_of(readable(m)), c.terms_salient, c.names))
     view = {m.seq: read(m) for m in messages}
 
     tail = last_turn(messages)
@@ -219,7 +244,7 @@ def lagging_digest(c: Candidates, sel: Selection, covered_turns: int, room: int)
     first = sel.first_turn
     if not first:
         return ""
-    read = c.views or (lambda m: view_of(notes_of(m.content), c.terms_salient, c.names))
+    read = c.views or (lambda m: view_of(notes_of(readable(m)), c.terms_salient, c.names))
     labels = LABELS[c.lang]
     lines = []
     for m in c.messages:
@@ -364,24 +389,30 @@ def _text(sel: Selection) -> str:
 
 
 def last_turn(messages: Sequence[Message]) -> list[Message]:
-    """The last completed turn (its question and reply) and a question still waiting after it."""
-    replies = [i for i, m in enumerate(messages) if m.role is Role.ASSISTANT]
+    """The last completed turn (its question, the tool calls and results its reply used, and the
+    reply) and a question still waiting after it. `messages` are in provider order."""
+    replies = [i for i, m in enumerate(messages) if m.role is not Role.USER]
     if not replies:
         return list(messages[-1:])
-    start = replies[-1]
-    while start > 0 and messages[start - 1].role is Role.USER and messages[start].role is Role.ASSISTANT:
+    end = start = replies[-1]
+    # Tool traffic before the reply belongs to its turn (and is never split from the reply).
+    while start > 0 and (messages[start - 1].role is Role.TOOL or is_call(messages[start - 1])):
         start -= 1
-        if messages[start].turn != messages[replies[-1]].turn:
-            start += 1
-            break
+    if start > 0 and messages[start - 1].role is Role.USER and messages[start - 1].turn == messages[end].turn:
+        start -= 1
     return list(messages[start:])
 
 
 def fit_tail(tail: Sequence[Message], room: int) -> list[Message]:
-    """The last turn in `room` characters: whole when it fits; else the questions keep up to half
-    the room between them (a question is short, and the reply needs it beside it) and the reply
-    the rest, each cut and marked (a reply keeps its beginning, a question its end)."""
-    tail = [m for m in tail if m.content]  # an empty message would cost a newline and say nothing
+    """The last turn in `room` characters: whole when it fits; else without its tool calls and
+    results (the reply says what they found), and then the questions keep up to half the room
+    between them (a question is short, and the reply needs it beside it) and the reply the rest,
+    each cut and marked (a reply keeps its beginning, a question its end)."""
+    # An empty message would cost a newline and say nothing (a call's is its calls).
+    tail = [m for m in tail if m.content or m.tool_calls]
+    if _joined(tail) <= room:
+        return tail
+    tail = [m for unit in units(tail) if not is_call(unit[0]) for m in unit]
     if _joined(tail) <= room:
         return tail
     room = max(0, room - (_joined(tail) - _chars(tail)))  # the newlines that join messages of one role
@@ -408,7 +439,7 @@ def cut(m: Message, limit: int) -> Message:
         return m
     if limit <= 1:
         return dataclasses.replace(m, content=m.content[: max(limit, 0)])
-    if m.role is Role.ASSISTANT:
+    if m.role is not Role.USER:
         return dataclasses.replace(m, content=m.content[: limit - 1] + _CUT_MARK)
     return dataclasses.replace(m, content=_CUT_MARK + m.content[-(limit - 1) :])
 
@@ -416,23 +447,25 @@ def cut(m: Message, limit: int) -> Message:
 def _newest_that_fit(messages: Sequence[Message], room: int, before: Message | None) -> tuple[list[Message], int]:
     """The newest messages that fit `room` in front of `before` (the first raw message after
     them), and the characters they take: alternation joins two messages of one role with a
-    newline, which counts too."""
-    kept: list[Message] = []
+    newline, which counts too. A tool call and its results are kept or dropped together."""
+    kept: list[list[Message]] = []
     used = 0
-    for m in reversed(messages):
-        nxt = kept[-1] if kept else before
-        cost = len(m.content) + (1 if nxt is not None and nxt.role is m.role else 0)
-        if used + cost > room:
+
+    def cost(unit: list[Message]) -> int:
+        nxt = kept[-1][0] if kept else before
+        return sum(m.size for m in unit) + (1 if nxt is not None and joins(unit[-1], nxt) else 0)
+
+    for unit in reversed(units(messages)):
+        if used + cost(unit) > room:
             break
-        kept.append(m)
-        used += cost
-    # A raw stretch never starts with a reply whose question is not shown beside it.
-    while kept and kept[-1].role is Role.ASSISTANT:
-        m = kept.pop()
-        nxt = kept[-1] if kept else before
-        used -= len(m.content) + (1 if nxt is not None and nxt.role is m.role else 0)
+        used += cost(unit)
+        kept.append(unit)
+    # A raw stretch never starts with a reply (or tool traffic) whose question is not shown beside it.
+    while kept and kept[-1][0].role is not Role.USER:
+        unit = kept.pop()
+        used -= cost(unit)
     kept.reverse()
-    return kept, used
+    return [m for unit in kept for m in unit], used
 
 
 def _fit_lines(lines: Sequence[tuple[int, int, str]], room: int, label: str) -> list[tuple[int, int, str]]:
@@ -479,7 +512,7 @@ def _snippet_lines(c: Candidates, *, first_raw: int | None) -> list[tuple[int, s
         for m in turn:
             if not m.answered or (first_raw is not None and m.seq >= first_raw):
                 continue
-            hits = [cl for cl in clauses(m.content) if _holds_term(cl, terms)]
+            hits = [cl for cl in clauses(readable(m)) if _holds_term(cl, terms)]
             if hits:
                 out.append((m.seq, m.role.value, condense(" ".join(hits)) or " ".join(hits)))
     return out
@@ -509,9 +542,9 @@ def _holds_term(clause: str, terms: Sequence[str]) -> bool:
 
 
 def _chars(messages: Sequence[Message]) -> int:
-    return sum(len(m.content) for m in messages)
+    return sum(m.size for m in messages)
 
 
 def _joined(messages: Sequence[Message]) -> int:
     """The characters of the messages once alternated: a newline joins two of one role."""
-    return _chars(messages) + sum(1 for a, b in itertools.pairwise(messages) if a.role is b.role)
+    return _chars(messages) + sum(1 for a, b in itertools.pairwise(messages) if joins(a, b))

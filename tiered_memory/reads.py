@@ -1,7 +1,6 @@
 """SessionReads: how the service reads a session across the tiers, for load_best_summary and
 context. Reads walk hot → warm → cold and say which tier answered; a tier that fails or times out
-is skipped, counted and logged; what SQL gave is written back to the hot tier.
-"""
+is skipped, counted and logged; what SQL gave is written back to the hot tier."""
 
 from __future__ import annotations
 
@@ -27,6 +26,7 @@ from tiered_memory.context import (
     window_start_turn,
 )
 from tiered_memory.context_policy import Candidates, Facts, Selection, choose, lagging_digest
+from tiered_memory.dialogue import readable, shown_and_events
 from tiered_memory.errors import Forbidden, HotUnavailable, SqlUnavailable
 from tiered_memory.history import History
 from tiered_memory.language import as_spoken, language_of
@@ -118,8 +118,7 @@ class SessionReads:
         self._metrics = metrics
         self._clock = clock
         # What the context policy works out of each message (its condensed form, its features),
-        # kept across reads: a message never changes, and a session's next context reads most
-        # of the same messages again.
+        # kept across reads: a session's next context reads most of the same messages again.
         self._notes = NoteCache()
         # Each summary's facts, loaded once (None: not the extractor's), by (session, summary stamp).
         self._books: Lru[tuple[str, tuple[int, float]], tuple[FactBook | None]] = Lru(1024)
@@ -440,7 +439,8 @@ class SessionReads:
         """The policy's input: the messages, the summary as a renderer of its facts, the subject,
         the session's terms, and this process's cache of what each message reads as."""
         summary = walked.answer.summary
-        shown, snippets = as_spoken(shown), [as_spoken(turn) for turn in snippets]
+        spoken, snippets = as_spoken(shown), [as_spoken(turn) for turn in snippets]
+        shown, events = shown_and_events(spoken, summary.covered_turns if summary else 0)
         # The user's language labels the memory (a mixed conversation follows the user).
         said = "".join(m.content for m in shown[-6:] if m.role is Role.USER)
         lang = language_of(said or (summary.text if summary else ""))
@@ -451,7 +451,7 @@ class SessionReads:
         names, salient = book.terms() if book is not None else (frozenset(), frozenset())
 
         def views(m: Message) -> View:
-            return self._notes.view((session_id, m.seq, stamp), m.content, salient, names)
+            return self._notes.view((session_id, m.seq, stamp), readable(m), salient, names)
 
         def text_features(text: str) -> frozenset[str]:
             return self._notes.features((session_id, stamp), text, salient, names)
@@ -459,7 +459,7 @@ class SessionReads:
         last = walked.info.last_activity if walked.info else walked.hot.last_activity
         return Candidates(
             messages=shown,
-            whole=bool(shown) and shown[0].seq <= 1,
+            whole=bool(spoken) and spoken[0].seq <= 1,
             lang=lang,
             facts=self._facts(summary, book, last, lang) if summary is not None else None,
             subject=str(summary.structured.get("subject", "")) if summary else "",
@@ -467,6 +467,7 @@ class SessionReads:
             terms=terms,
             terms_salient=salient,
             names=names,
+            events=events,
             views=views,
             text_features=text_features,
         )
@@ -510,7 +511,7 @@ class SessionReads:
         # What sending the whole history instead would cost, framed the same way.
         framing = len(system_prompt or "") + len(question or "")
         full = (info.content_chars if info else (walked.hot.content_chars or 0)) + framing
-        returned = sum(len(m.content) for m in messages)
+        returned = sum(m.size for m in messages)
         payload = summary.structured.get("payload") if summary else None
         return ContextAnswer(
             session_id=session_id,

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from tiered_memory.dialogue import for_summary
 from tiered_memory.errors import Conflict, HotUnavailable, LlmFailed, SqlUnavailable
 from tiered_memory.language import as_spoken
 from tiered_memory.metrics import Metrics
@@ -208,7 +209,7 @@ class SummaryJob:
         """The summary of turns 1..target from `prev` (covering 1..covered) and the messages of
         turns covered+1..target, with the slice recording that step."""
         # A reply that was stopped, failed or never finished streaming is not an answer.
-        new = as_spoken([m for m in rows if m.answered])
+        new = for_summary(as_spoken([m for m in rows if m.answered]))
         extraction = await asyncio.to_thread(
             self._extractor.extract,
             new,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from tiered_memory.dialogue import for_summary
 from tiered_memory.language import as_spoken
 from tiered_memory.model import Message, SessionInfo, Summary, SummarySource
 from tiered_memory.summarize.extractive import Extractor
@@ -21,7 +22,7 @@ def cold_summary(
 ) -> Summary | None:
     """A summary of the session's completed turns in `messages`; None when nothing was answered.
     Blocking (the extractor is CPU work): callers run it in a thread."""
-    answered = as_spoken([m for m in messages if m.answered])
+    answered = for_summary(as_spoken([m for m in messages if m.answered]))
     if not answered:
         return None
     extraction = extractor.extract(answered, max_chars=max_chars)

@@ -23,6 +23,7 @@ from tiered_memory.condense import clauses, condense, is_phatic, strip_stamp
 from tiered_memory.model import Message, Role
 from tiered_memory.summarize.facts import (
     CJK,
+    EVENT,
     FACT,
     LATIN,
     NOT_WORD,
@@ -230,7 +231,14 @@ class Extractor:
 
 def _read(jb: _Jieba, state: State, message: Message) -> None:
     state.count_script(message.content)
+    if message.role is Role.SYSTEM:
+        # A gateway's note is what happened (call transferred, on hold): kept as an event, whatever it says.
+        state.add(EVENT, "", 1, _clip(_SPACES.sub(" ", message.content).strip(), _ITEM_CHARS), message.turn)
+        return
     user = message.role is Role.USER
+    # A tool's result is what the system looked up (an order's number, a price, a date): its
+    # names and numbers are facts as the user's are, already terse (dialogue.readable).
+    tool = message.role is Role.TOOL
     for unit in _units(message.content):
         terms = _terms(jb, unit)
         for term, score, _ in terms:
@@ -250,6 +258,8 @@ def _read(jb: _Jieba, state: State, message: Message) -> None:
             state.add(PROFILE, "user", 0, _clip(unit, _ITEM_CHARS), turn)
         elif user and QUESTION_MARK.search(unit):
             state.add(QUESTION, "user", 1 if named or number else 2, _clip(unit, _ITEM_CHARS), turn)
+        elif tool and (named or number):
+            state.add(FACT, "tool", 1, _clip(unit, _ITEM_CHARS), turn)
         elif user and (named or number):
             state.add(FACT, "user", 1, _clip(_terse(_dense(unit, terms)), _ITEM_CHARS), turn)
         elif named or number:

@@ -22,11 +22,11 @@ _ITEM_OVERHEAD = 4
 # Salience per mention above which a stored entity is a name: names score 3x their information
 # (about 25-55), keywords 1x (about 5-18).
 _NAME_SCORE = 20.0  # jieba tags frequent words such as 谢谢 or 明白 `nr`; real names are rare words
-EARLIER, PROFILE, FACT, QUESTION = "earlier", "profile", "fact", "question"
-_KINDS = (EARLIER, PROFILE, FACT, QUESTION)
+EARLIER, PROFILE, FACT, EVENT, QUESTION = "earlier", "profile", "fact", "event", "question"
+_KINDS = (EARLIER, PROFILE, FACT, EVENT, QUESTION)
 _LABELS = {  # per language: the labels of _KINDS, in order, then of the topics
-    "zh": ("早前摘要：", "用户信息/偏好：", "关键信息：", "用户问过：", "提到："),
-    "en": ("Earlier summary: ", "User info/preferences: ", "Key facts: ", "User asked: ", "Mentioned: "),
+    "zh": ("早前摘要：", "用户信息/偏好：", "关键信息：", "事件：", "用户问过：", "提到："),
+    "en": ("Earlier summary: ", "User info/preferences: ", "Key facts: ", "Events: ", "User asked: ", "Mentioned: "),
 }
 # Per language: the separator of items, of topics, and the prefix of the assistant's statements.
 _PUNCTUATION = {"zh": ("；", "、", "助手："), "en": ("; ", ", ", "assistant: ")}

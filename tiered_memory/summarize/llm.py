@@ -42,6 +42,10 @@ class _Labels:
 
     user: str
     assistant: str
+    tool: str
+    event: str
+    tool_rule: str
+    """Said before a transcript that holds tool results or events: what to keep of them."""
     summary: str
     memory: str
     new: str
@@ -51,11 +55,25 @@ class _Labels:
 # Chinese labels end in the full-width colon Chinese text is written with.
 _LABELS: dict[Language, _Labels] = {
     "zh": _Labels(
-        user="用户：", assistant="助手：", summary="已有摘要：", memory="已有长期记忆：", new="新增对话：", none="无"
+        user="用户：",
+        assistant="助手：",
+        tool="工具结果：",
+        event="事件：",
+        tool_rule="（“工具结果”是系统查到的信息，保留其中的单号、金额、日期等事实；“事件”是通话中发生的事，如转接、等待，作为事件保留。）",
+        summary="已有摘要：",
+        memory="已有长期记忆：",
+        new="新增对话：",
+        none="无",
     ),
     "en": _Labels(
         user="User: ",
         assistant="Assistant: ",
+        tool="Tool result: ",
+        event="Event: ",
+        tool_rule=(
+            "(A Tool result is what the system looked up: keep its order numbers, amounts, dates and other facts."
+            " An Event is what happened on the call, such as a transfer or a hold: keep it as an event.)"
+        ),
         summary="Summary so far: ",
         memory="Long-term memory so far: ",
         new="New conversation:",
@@ -100,8 +118,18 @@ def load_prompts(
 
 
 def _transcript(messages: Sequence[Message], labels: _Labels) -> str:
-    speaker = {Role.USER: labels.user, Role.ASSISTANT: labels.assistant}
-    return "\n".join(f"{speaker[m.role]}{m.content}" for m in messages)
+    """The new turns, a line a message; led by what to keep of tool results and events when it
+    holds any (messages as dialogue.for_summary gives them)."""
+    speaker = {
+        Role.USER: labels.user,
+        Role.ASSISTANT: labels.assistant,
+        Role.TOOL: labels.tool,
+        Role.SYSTEM: labels.event,
+    }
+    lines = [f"{speaker[m.role]}{m.content}" for m in messages]
+    if any(m.role in (Role.TOOL, Role.SYSTEM) for m in messages):
+        lines.insert(0, labels.tool_rule)
+    return "\n".join(lines)
 
 
 def render_request(previous: str | None, messages: Sequence[Message], *, language: Language) -> str:

@@ -1,0 +1,349 @@
+"""Tool calls, their results and the gateway's notes: stored verbatim, shown to the model only in
+sequences a chat-completions provider accepts (a call followed by all its results, never split by
+the window or the budget), summarized as facts and events, and refused with a clear 4xx when
+malformed. Each runs on the embedded backends and on real Redis + MariaDB."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.conftest import Daemon, new_sid
+from tests.fake_llm import Behaviour, FakeLlm
+from tiered_memory.context import alternate, compose
+from tiered_memory.context_policy import Candidates, choose
+from tiered_memory.dialogue import shown_and_events, tool_fields
+from tiered_memory.model import Message, Role
+
+_ORDER = '{"order_id":"A123","status":"shipped","tracking":"1Z999AA10123456784","eta":"2026-12-05","total":"59.90 USD"}'
+
+
+def _call(call_id: str, name: str = "lookup_order", arguments: str = '{"order_id":"A123"}') -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+async def _send(daemon: Daemon, sid: str, body: dict[str, Any], status: int = 201) -> dict[str, Any]:
+    resp = await daemon.http.post(f"/v1/sessions/{sid}/messages", json=body)
+    assert resp.status == status, await resp.text()
+    answer: dict[str, Any] = await resp.json()
+    return answer
+
+
+async def _order_turn(daemon: Daemon, sid: str, n: int = 1) -> None:
+    """A turn whose reply used a tool: question, call, result, reply."""
+    await _send(daemon, sid, {"role": "user", "content": f"Where is my order A123? ({n})"})
+    await _send(daemon, sid, {"role": "assistant", "content": None, "tool_calls": [_call(f"call-{n}")]})
+    await _send(daemon, sid, {"role": "tool", "tool_call_id": f"call-{n}", "name": "lookup_order", "content": _ORDER})
+    await _send(daemon, sid, {"role": "assistant", "content": f"Your order A123 has shipped. ({n})"})
+
+
+def assert_provider_valid(messages: list[dict[str, Any]]) -> None:
+    """What a chat-completions provider checks: at most one system message, first; the turns
+    start with a user message; each assistant message with tool_calls is followed at once by one
+    result per call, in call order, and a tool result appears nowhere else."""
+    roles = [m["role"] for m in messages]
+    assert "system" not in roles[1:], roles
+    body = messages[1:] if roles[:1] == ["system"] else messages
+    assert not body or body[0]["role"] == "user", roles
+    i = 0
+    while i < len(body):
+        m = body[i]
+        assert m["role"] != "tool", f"a tool result without its call before it: {roles}"
+        if m.get("tool_calls"):
+            ids = [c["id"] for c in m["tool_calls"]]
+            results = body[i + 1 : i + 1 + len(ids)]
+            assert [r.get("tool_call_id") for r in results] == ids, roles
+            assert all(r["role"] == "tool" for r in results)
+            i += 1 + len(ids)
+        else:
+            i += 1
+
+
+async def test_a_tool_turn_is_stored_verbatim_and_shown_in_provider_order(daemon: Daemon) -> None:
+    """The call and its result are stored as sent and come back in the context between the
+    question and the reply; the tool traffic belongs to the turn the reply completes."""
+    sid = new_sid()
+    await _order_turn(daemon, sid)
+    stored = (await daemon.get(f"/v1/sessions/{sid}/messages"))["messages"]
+    assert [(m["role"], m["turn"]) for m in stored] == [("user", 1), ("assistant", 1), ("tool", 1), ("assistant", 1)]
+    assert stored[1]["tool_calls"] == [_call("call-1")]
+    assert (stored[2]["tool_call_id"], stored[2]["name"], stored[2]["content"]) == ("call-1", "lookup_order", _ORDER)
+    assert "tool_calls" not in stored[0]
+    assert "tool_call_id" not in stored[3]
+    assert (await daemon.get(f"/v1/sessions/{sid}"))["turn_count"] == 1
+    ctx = await daemon.get(f"/v1/sessions/{sid}/context")
+    assert ctx["messages"] == [
+        {"role": "user", "content": "Where is my order A123? (1)"},
+        {"role": "assistant", "content": "", "tool_calls": [_call("call-1")]},
+        {"role": "tool", "content": _ORDER, "tool_call_id": "call-1", "name": "lookup_order"},
+        {"role": "assistant", "content": "Your order A123 has shipped. (1)"},
+    ]
+    await daemon.flush_hot()  # the same from SQL
+    assert (await daemon.get(f"/v1/sessions/{sid}/context"))["messages"] == ctx["messages"]
+
+
+async def test_results_are_moved_next_to_their_call_and_a_call_without_results_is_held_back(daemon: Daemon) -> None:
+    """Two parallel calls; the user speaks before the results come. Until both results are in, the
+    call is not shown (a provider refuses it); then it is, with both results right after it, in
+    call order, whatever order they were stored in."""
+    sid = new_sid()
+    await _send(daemon, sid, {"role": "user", "content": "Book a table for 4 at Nopa and a taxi at 7pm"})
+    calls = [_call("c-table", "book_table", '{"guests":4}'), _call("c-taxi", "book_taxi", '{"at":"19:00"}')]
+    await _send(daemon, sid, {"role": "assistant", "content": "One moment.", "tool_calls": calls})
+    await _send(daemon, sid, {"role": "tool", "tool_call_id": "c-taxi", "content": "taxi TX-88 at 19:00"})
+    held = (await daemon.get(f"/v1/sessions/{sid}/context"))["messages"]
+    assert [m["role"] for m in held] == ["user"]
+    await _send(daemon, sid, {"role": "user", "content": "Thanks, hurry please"})
+    await _send(daemon, sid, {"role": "tool", "tool_call_id": "c-table", "content": "table T-12 at 19:30"})
+    await _send(daemon, sid, {"role": "assistant", "content": "Table T-12 at 19:30 and taxi TX-88 at 19:00."})
+    ctx = (await daemon.get(f"/v1/sessions/{sid}/context"))["messages"]
+    assert_provider_valid(ctx)
+    assert [(m["role"], m.get("tool_call_id")) for m in ctx] == [
+        ("user", None),
+        ("assistant", None),
+        ("tool", "c-table"),
+        ("tool", "c-taxi"),
+        ("user", None),
+        ("assistant", None),
+    ]
+
+
+async def test_no_window_or_budget_splits_a_call_from_its_results(daemon: Daemon) -> None:
+    """Twelve turns, every other one using a tool: at every budget from 60 to 2,400 characters,
+    and with a question, the context is a sequence a provider accepts."""
+    sid = new_sid()
+    for n in range(1, 13):
+        if n % 2:
+            await _order_turn(daemon, sid, n)
+        else:
+            await daemon.post(sid, "user", f"And my other parcel B{n}77, when will it come?")
+            await daemon.post(sid, "assistant", f"Parcel B{n}77 arrives on day {n} of next month, before noon.")
+    seen_tools = 0
+    for max_chars in (60, 150, 240, 333, 420, 600, 800, 1000, 1500, 2400):
+        for question in ("", "&question=what%20was%20the%20tracking%20number"):
+            ctx = await daemon.get(f"/v1/sessions/{sid}/context?max_chars={max_chars}{question}")
+            assert_provider_valid(ctx["messages"])
+            seen_tools += sum(m["role"] == "tool" for m in ctx["messages"])
+            assert sum(len(m["content"]) for m in ctx["messages"]) <= max_chars + len(question) + 1
+    assert seen_tools > 0  # the budgets that fit a tool turn show it
+
+
+async def test_bad_tool_input_is_refused_and_changes_nothing(daemon: Daemon) -> None:
+    """A result for a call the session never made (or already answered) is 409
+    `unknown_tool_call_id`; a malformed call or misplaced tool field is 400 naming the field;
+    none of them stores anything. A retried result is stored once."""
+    sid = new_sid()
+    await _send(daemon, sid, {"role": "user", "content": "Where is A123?"})
+    await _send(daemon, sid, {"role": "assistant", "content": None, "tool_calls": [_call("call-1")]})
+    unknown = await _send(daemon, sid, {"role": "tool", "tool_call_id": "call-9", "content": "x"}, 409)
+    assert unknown["error"]["code"] == "unknown_tool_call_id"
+    assert "call-9" in unknown["error"]["message"]
+    result = {"role": "tool", "tool_call_id": "call-1", "content": _ORDER, "message_id": "res-1"}
+    await _send(daemon, sid, result)
+    await _send(daemon, sid, result, 200)  # a retry: stored already (the count below)
+    twice = await _send(daemon, sid, {**result, "message_id": "res-2"}, 409)
+    assert twice["error"]["code"] == "unknown_tool_call_id"
+    bad: list[tuple[dict[str, Any], str]] = [
+        ({"role": "user", "content": "x", "tool_calls": [_call("c")]}, "tool_calls"),
+        ({"role": "assistant", "content": None, "tool_calls": []}, "tool_calls"),
+        ({"role": "assistant", "content": None, "tool_calls": {"id": "c"}}, "tool_calls"),
+        ({"role": "assistant", "content": None, "tool_calls": [{"type": "function"}]}, "tool_calls[0].id"),
+        ({"role": "assistant", "content": None, "tool_calls": [{**_call("c"), "type": "code"}]}, "tool_calls[0].type"),
+        ({"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {}}]}, "function.name"),
+        ({"role": "assistant", "tool_calls": [_call("c", arguments={"a": 1})]}, "function.arguments"),  # type: ignore[arg-type]
+        ({"role": "assistant", "tool_calls": [_call("c"), _call("c")]}, "appears twice"),
+        ({"role": "assistant", "content": None}, "content"),
+        ({"role": "assistant", "tool_calls": [_call("c")], "status": "streaming"}, "status"),
+        ({"role": "tool", "content": "x"}, "tool_call_id"),
+        ({"role": "user", "content": "x", "tool_call_id": "call-1"}, "tool_call_id"),
+        ({"role": "assistant", "content": "x", "name": "lookup"}, "name"),
+        ({"role": "tool", "tool_call_id": "call-1", "content": "x", "name": "no spaces"}, "name"),
+        ({"role": "tool", "tool_call_id": "call-1", "content": ""}, "content"),
+        ({"role": "system", "content": "on hold", "status": "interrupted"}, "status"),
+        ({"role": "robot", "content": "x"}, "role"),
+    ]
+    for body, field in bad:
+        answer = await _send(daemon, sid, body, 400)
+        assert field in answer["error"]["message"], (body, answer)
+    assert await daemon.store.count_messages(sid) == 3
+    patched = await daemon.http.patch(f"/v1/sessions/{sid}/messages/res-1", json={"status": "interrupted"})
+    assert patched.status == 400
+    assert "tool message" in (await patched.json())["error"]["message"]
+
+
+async def test_gateway_notes_are_listed_inside_the_one_system_message_and_summarized_as_events(
+    daemon: Daemon,
+) -> None:
+    """`system` notes are stored, never shown as messages of their own, listed in the leading
+    system message (with the caller's system prompt) until the summary holds them, and the
+    summary records them as events."""
+    sid = new_sid()
+    await daemon.post(sid, "user", "I want to dispute a charge of 42.50 on my card")
+    await daemon.post(sid, "system", "call transferred to billing")
+    await daemon.post(sid, "assistant", "Billing here. Which charge, the 42.50 one from May 3?")
+    await daemon.post(sid, "system", "caller on hold for 2 minutes")
+    await daemon.post(sid, "user", "Yes that one")
+    stored = (await daemon.get(f"/v1/sessions/{sid}/messages"))["messages"]
+    assert [m["role"] for m in stored] == ["user", "system", "assistant", "system", "user"]
+    assert (await daemon.get(f"/v1/sessions/{sid}"))["turn_count"] == 1
+    ctx = await daemon.get(f"/v1/sessions/{sid}/context?system_prompt=Be%20brief")
+    roles = [m["role"] for m in ctx["messages"]]
+    assert roles == ["system", "user", "assistant", "user"]
+    lead = ctx["messages"][0]["content"]
+    assert lead.startswith("Be brief")
+    assert "[Events]\ncall transferred to billing\ncaller on hold for 2 minutes" in lead
+    assert await daemon.http.post(f"/v1/sessions/{sid}/close")
+    await daemon.settle()
+    summary = (await daemon.get(f"/v1/sessions/{sid}/summary"))["summary"]
+    assert "Events: call transferred to billing" in summary, summary
+
+
+async def test_what_a_tool_returned_is_in_the_summary(daemon: Daemon) -> None:
+    """The tracking number and delivery date only the tool result said are facts the
+    deterministic summary keeps."""
+    sid = new_sid()
+    await _order_turn(daemon, sid)
+    await daemon.post(sid, "user", "Great, thanks")
+    await daemon.post(sid, "assistant", "You're welcome.")
+    assert (await daemon.http.post(f"/v1/sessions/{sid}/close")).status == 200
+    await daemon.settle()
+    summary = (await daemon.get(f"/v1/sessions/{sid}/summary"))["summary"]
+    assert "1Z999AA10123456784" in summary, summary
+    assert "2026-12-05" in summary, summary
+
+
+async def test_the_llm_reads_tool_results_and_events_labelled(backend_env: dict[str, str], fake_llm: FakeLlm) -> None:
+    """The LLM's request labels the tool's result and the gateway's note and says what to keep of
+    them; the call shows as the function it called."""
+    payload = {
+        "summary": "The user asked about order A123, which shipped; tracking 1Z999AA10123456784.",
+        "conversation_goal": "track order A123",
+        "stable_facts": ["A123 shipped, tracking 1Z999AA10123456784, arrives 2026-12-05"],
+        "user_preferences": [],
+        "resolved_points": ["call transferred to billing"],
+        "pending_questions": ["delivery address change"],
+        "retrieval_hints": ["A123"],
+    }
+    fake_llm.behaviour = Behaviour(text=json.dumps(payload))
+    daemon = Daemon(backend_env | {"LLM_BASE_URL": fake_llm.url, "SUMMARY_MODEL": "m"})
+    await daemon.start_quiet(fake_llm)
+    try:
+        sid = new_sid()
+        await _order_turn(daemon, sid)
+        await daemon.post(sid, "system", "call transferred to billing")
+        await daemon.post(sid, "user", "Can I change the delivery address?")
+        await daemon.post(sid, "assistant", "Billing cannot, but I can note it for the courier.")
+        assert (await daemon.http.post(f"/v1/sessions/{sid}/close")).status == 200
+        await daemon.settle()
+        prompt = fake_llm.last_user_prompt()
+        assert "Tool result: lookup_order: order id: A123, status: shipped, tracking: 1Z999AA10123456784" in prompt
+        assert "Assistant: → lookup_order(order id: A123)" in prompt
+        assert "Event: call transferred to billing" in prompt
+        assert "keep its order numbers" in prompt
+        summary = await daemon.get(f"/v1/sessions/{sid}/summary")
+        assert summary["source"] == "llm"
+    finally:
+        await daemon.stop()
+
+
+async def test_a_batch_imports_tool_turns_all_or_none(daemon: Daemon) -> None:
+    """A batch may hold calls and the results that answer them; one result for a call nobody
+    made refuses the whole batch."""
+    sid = new_sid()
+    turn: list[dict[str, Any]] = [
+        {"role": "user", "content": "Where is A123?", "message_id": "b-1"},
+        {"role": "assistant", "tool_calls": [_call("call-1")], "message_id": "b-2"},
+        {"role": "tool", "tool_call_id": "call-1", "content": _ORDER, "message_id": "b-3"},
+        {"role": "assistant", "content": "Shipped.", "message_id": "b-4"},
+    ]
+    bad = [*turn[:2], {**turn[2], "tool_call_id": "call-2"}, turn[3]]
+    resp = await daemon.http.post(f"/v1/sessions/{sid}/messages/batch", json={"messages": bad})
+    assert resp.status == 409, await resp.text()
+    assert (await resp.json())["error"]["code"] == "unknown_tool_call_id"
+    assert await daemon.store.count_messages(sid) == 0
+    resp = await daemon.http.post(f"/v1/sessions/{sid}/messages/batch", json={"messages": turn})
+    assert resp.status == 201, await resp.text()
+    ctx = (await daemon.get(f"/v1/sessions/{sid}/context"))["messages"]
+    assert [m["role"] for m in ctx] == ["user", "assistant", "tool", "assistant"]
+    assert json.loads(ctx[2]["content"])["tracking"] == "1Z999AA10123456784"
+
+
+@pytest.mark.parametrize("window", ["1", "2"])
+async def test_a_window_boundary_inside_tool_traffic_moves(backend_env: dict[str, str], window: str) -> None:
+    """A late result stored in a later turn than its call: once a summary covers the call's
+    turn, a window that starts at the result's turn leaves the orphaned result out instead of
+    sending it without its call; a window that reaches the call shows both, together."""
+    daemon = Daemon(backend_env | {"KEEP_RECENT_TURNS": window, "CONTEXT_OLDER_TURNS": "false"})
+    await daemon.start()
+    try:
+        sid = new_sid()
+        await _send(daemon, sid, {"role": "user", "content": "Check A123"})
+        await _send(daemon, sid, {"role": "assistant", "tool_calls": [_call("late")]})
+        await _send(daemon, sid, {"role": "assistant", "content": "Still looking."})
+        await _send(daemon, sid, {"role": "user", "content": "Any news?"})
+        await _send(daemon, sid, {"role": "tool", "tool_call_id": "late", "content": _ORDER})
+        await _send(daemon, sid, {"role": "assistant", "content": "It shipped."})
+        assert (await daemon.http.post(f"/v1/sessions/{sid}/close")).status == 200
+        await daemon.settle()
+        ctx = await daemon.get(f"/v1/sessions/{sid}/context?max_chars=4000")
+        assert ctx["covered_turns"] == 2
+        assert_provider_valid(ctx["messages"])
+        tools = [m for m in ctx["messages"] if m["role"] == "tool"]
+        assert len(tools) == (1 if window == "2" else 0)
+        assert ctx["messages"][-1] == {"role": "assistant", "content": "It shipped."}
+    finally:
+        await daemon.stop()
+
+
+def _dialogue(data: Any) -> list[Message]:
+    """A stored session of random turns: some replies use one to three tools, some results come
+    late (after the user spoke again) or never, and the gateway notes things in between."""
+    out: list[Message] = []
+    turn = 0
+
+    def add(role: Role, content: str, **tool: Any) -> None:
+        out.append(Message("s", len(out) + 1, max(turn, 1), role, content, f"m{len(out) + 1}", 0.0, **tool))
+
+    late: list[str] = []
+    for n in range(data.draw(st.integers(1, 8), label="turns")):
+        turn = n + 1
+        add(Role.USER, data.draw(st.sampled_from(["Where is A123?", "ok", "Book Nopa for 4 at 7pm please"])))
+        for call_id in late:
+            add(Role.TOOL, '{"late": true}', tool_call_id=call_id)
+        late = []
+        if data.draw(st.booleans(), label="tools"):
+            ids = [f"c{n}-{i}" for i in range(data.draw(st.integers(1, 3)))]
+            calls = json.dumps([_call(i) for i in ids])
+            add(Role.ASSISTANT, data.draw(st.sampled_from(["", "One moment."])), tool_calls=calls)
+            for call_id in ids:
+                fate = data.draw(st.sampled_from(["now", "now", "late", "never"]))
+                if fate == "now":
+                    add(Role.TOOL, _ORDER, tool_call_id=call_id, name="lookup_order")
+                elif fate == "late":
+                    late.append(call_id)
+        if data.draw(st.booleans(), label="note"):
+            add(Role.SYSTEM, "caller on hold")
+        add(Role.ASSISTANT, data.draw(st.sampled_from(["Shipped on May 3, arrives 2026-12-05.", "Done."])))
+    return out
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=150)
+@given(st.data())
+def test_any_budget_gives_a_sequence_a_provider_accepts(data: Any) -> None:
+    """Whatever the tool traffic and the budget, the policy's choice, alternated and composed, is
+    provider-valid and within the budget; a window starting anywhere changes nothing to that."""
+    messages = _dialogue(data)
+    start = data.draw(st.integers(0, len(messages) - 1), label="window start")
+    max_chars = data.draw(st.integers(20, 1500), label="max_chars")
+    shown, events = shown_and_events(messages[start:], 0)
+    c = Candidates(messages=shown, whole=start == 0, lang="en", events=events)
+    sel = choose(c, max_chars)
+    chat = compose(sel.system, alternate(sel.raw), max_chars=max_chars)
+    assert_provider_valid(
+        [{"role": m.role, "content": m.content, **tool_fields(m.tool_calls, m.tool_call_id, m.name)} for m in chat]
+    )
+    assert sum(m.size for m in chat) <= max_chars

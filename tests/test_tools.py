@@ -5,6 +5,7 @@ malformed. Each runs on the embedded backends and on real Redis + MariaDB."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
@@ -41,12 +42,20 @@ async def _order_turn(daemon: Daemon, sid: str, n: int = 1) -> None:
     await _send(daemon, sid, {"role": "assistant", "content": f"Your order A123 has shipped. ({n})"})
 
 
+def _size(m: dict[str, Any]) -> int:
+    """What a context message costs the budget: its content and its calls as stored (compact JSON)."""
+    calls = json.dumps(m["tool_calls"], ensure_ascii=False, separators=(",", ":")) if "tool_calls" in m else ""
+    return len(m["content"] or "") + len(calls)
+
+
 def assert_provider_valid(messages: list[dict[str, Any]]) -> None:
     """What a chat-completions provider checks: at most one system message, first; the turns
     start with a user message; each assistant message with tool_calls is followed at once by one
     result per call, in call order, and a tool result appears nowhere else."""
     roles = [m["role"] for m in messages]
     assert "system" not in roles[1:], roles
+    for a, b in itertools.pairwise(roles):
+        assert not (a == b and a in ("user", "assistant")), f"two {a} messages in a row: {roles}"
     body = messages[1:] if roles[:1] == ["system"] else messages
     assert not body or body[0]["role"] == "user", roles
     i = 0
@@ -78,7 +87,7 @@ async def test_a_tool_turn_is_stored_verbatim_and_shown_in_provider_order(daemon
     ctx = await daemon.get(f"/v1/sessions/{sid}/context")
     assert ctx["messages"] == [
         {"role": "user", "content": "Where is my order A123? (1)"},
-        {"role": "assistant", "content": "", "tool_calls": [_call("call-1")]},
+        {"role": "assistant", "content": None, "tool_calls": [_call("call-1")]},
         {"role": "tool", "content": _ORDER, "tool_call_id": "call-1", "name": "lookup_order"},
         {"role": "assistant", "content": "Your order A123 has shipped. (1)"},
     ]
@@ -128,7 +137,7 @@ async def test_no_window_or_budget_splits_a_call_from_its_results(daemon: Daemon
             ctx = await daemon.get(f"/v1/sessions/{sid}/context?max_chars={max_chars}{question}")
             assert_provider_valid(ctx["messages"])
             seen_tools += sum(m["role"] == "tool" for m in ctx["messages"])
-            assert sum(len(m["content"]) for m in ctx["messages"]) <= max_chars + len(question) + 1
+            assert sum(_size(m) for m in ctx["messages"]) <= max_chars + len(question) + 1
     assert seen_tools > 0  # the budgets that fit a tool turn show it
 
 
@@ -170,6 +179,9 @@ async def test_bad_tool_input_is_refused_and_changes_nothing(daemon: Daemon) -> 
         answer = await _send(daemon, sid, body, 400)
         assert field in answer["error"]["message"], (body, answer)
     assert await daemon.store.count_messages(sid) == 3
+    fresh = new_sid()
+    await _send(daemon, fresh, {"role": "tool", "tool_call_id": "call-1", "content": "x"}, 409)
+    assert (await daemon.http.get(f"/v1/sessions/{fresh}")).status == 404  # no session was made
     patched = await daemon.http.patch(f"/v1/sessions/{sid}/messages/res-1", json={"status": "interrupted"})
     assert patched.status == 400
     assert "tool message" in (await patched.json())["error"]["message"]
@@ -241,7 +253,7 @@ async def test_the_llm_reads_tool_results_and_events_labelled(backend_env: dict[
         await daemon.settle()
         prompt = fake_llm.last_user_prompt()
         assert "Tool result: lookup_order: order id: A123, status: shipped, tracking: 1Z999AA10123456784" in prompt
-        assert "Assistant: → lookup_order(order id: A123)" in prompt
+        assert "Assistant: → lookup_order: order id: A123" in prompt
         assert "Event: call transferred to billing" in prompt
         assert "keep its order numbers" in prompt
         summary = await daemon.get(f"/v1/sessions/{sid}/summary")
@@ -347,3 +359,24 @@ def test_any_budget_gives_a_sequence_a_provider_accepts(data: Any) -> None:
         [{"role": m.role, "content": m.content, **tool_fields(m.tool_calls, m.tool_call_id, m.name)} for m in chat]
     )
     assert sum(m.size for m in chat) <= max_chars
+
+
+async def test_a_reply_before_a_call_and_a_reused_call_id(daemon: Daemon) -> None:
+    """A filler reply then a call: one assistant message goes out (the filler is the call
+    message's content). A call id used again later is answered by the result after each call."""
+    sid = new_sid()
+    await _send(daemon, sid, {"role": "user", "content": "查一下订单A123"})
+    await _send(daemon, sid, {"role": "assistant", "content": "好的，请稍等。"})
+    await _send(daemon, sid, {"role": "assistant", "tool_calls": [_call("c")]})
+    await _send(daemon, sid, {"role": "tool", "tool_call_id": "c", "content": '{"状态":"已发货"}'})
+    await _send(daemon, sid, {"role": "assistant", "content": "您的订单已发货。"})
+    await _send(daemon, sid, {"role": "user", "content": "再查一次"})
+    await _send(daemon, sid, {"role": "assistant", "tool_calls": [_call("c")]})
+    await _send(daemon, sid, {"role": "tool", "tool_call_id": "c", "content": '{"状态":"已签收"}'})
+    await _send(daemon, sid, {"role": "assistant", "content": "已签收。"})
+    ctx = await daemon.get(f"/v1/sessions/{sid}/context")
+    assert_provider_valid(ctx["messages"])
+    assert ctx["messages"][1] == {"role": "assistant", "content": "好的，请稍等。", "tool_calls": [_call("c")]}
+    assert [m["content"] for m in ctx["messages"] if m["role"] == "tool"] == ['{"状态":"已发货"}', '{"状态":"已签收"}']
+    # The transcript speaks the user's language, whatever the tools return.
+    assert ctx["recent_transcript"].startswith("用户：")

@@ -199,7 +199,12 @@ def _context_json(sid: str, ctx: ContextAnswer) -> dict[str, Any]:
         "covered_turns": ctx.covered_turns,
         "topics": list(ctx.topics),
         "messages": [
-            {"role": m.role, "content": m.content, **tool_fields(m.tool_calls, m.tool_call_id, m.name)}
+            {
+                "role": m.role,
+                # A call message that says nothing of its own: null, as the chat-completions API has it.
+                "content": None if m.tool_calls and not m.content else m.content,
+                **tool_fields(m.tool_calls, m.tool_call_id, m.name),
+            }
             for m in ctx.messages
         ],
         "turn_count": ctx.turn_count,

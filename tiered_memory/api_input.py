@@ -155,7 +155,7 @@ def parse_message(session_id: str, body: dict[str, Any], *, max_bytes: int) -> N
         raise InvalidInput("role: expected 'user', 'assistant', 'tool' or 'system'")
     tool_calls = _tool_calls(body.get("tool_calls"), role, max_bytes)
     # An assistant message that only calls tools says nothing of its own (content null or "").
-    content = "" if tool_calls and not body.get("content") else _content(body.get("content"), max_bytes)
+    content = "" if tool_calls and body.get("content") in (None, "") else _content(body.get("content"), max_bytes)
     channel = body.get("channel", "chat")
     if channel not in ("voice", "chat"):
         raise InvalidInput("channel: expected 'voice' or 'chat'")

@@ -111,7 +111,8 @@ def alternate(messages: Sequence[Message]) -> list[ChatMessage]:
             continue
         for m in unit:
             if last is not None and joins(last, m):
-                out[-1] = ChatMessage(m.role.value, out[-1].content + "\n" + m.content)
+                text = "\n".join(t for t in (out[-1].content, m.content) if t)
+                out[-1] = ChatMessage(m.role.value, text, m.tool_calls)
             else:
                 out.append(ChatMessage(m.role.value, m.content, m.tool_calls, m.tool_call_id, m.name))
             last = m
@@ -154,7 +155,7 @@ def _keep_newest(lines: Sequence[str], max_chars: int) -> str:
 def recent_transcript(messages: Sequence[Message], *, max_chars: int) -> str:
     """`用户：…` / `助手：…` lines, each capped (160 / 320 chars), trimmed from the oldest end; tool
     traffic and the gateway's notes are left out (the replies say what the tools found)."""
-    lang = language_of("".join(m.content for m in messages[-4:]))
+    lang = language_of("".join(m.content for m in messages[-4:] if m.role in _SPEAKERS["zh"]))
     lines = [
         f"{_SPEAKERS[lang][m.role]}：{_cap(m.content, _TRANSCRIPT_CAPS[m.role])}"
         if lang == "zh"

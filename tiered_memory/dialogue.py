@@ -56,19 +56,31 @@ def provider_order(messages: Sequence[Message]) -> list[Message]:
     followed at once by the results of all its calls, in call order; a call message whose results
     are not all there left out with those it has (the boundary moves past it), a result without
     its call left out, and the gateway's notes left out (the context lists them apart)."""
-    results = {m.tool_call_id: m for m in messages if m.role is Role.TOOL}
+    results: dict[str | None, list[Message]] = {}
+    for m in messages:
+        if m.role is Role.TOOL:
+            results.setdefault(m.tool_call_id, []).append(m)
     out: list[Message] = []
     for m in messages:
         if m.role in (Role.TOOL, Role.SYSTEM):
             continue
         if is_call(m):
-            answers = [results.get(str(call.get("id"))) for call in tool_calls(m)]
+            # Each call takes the first result of its id after it (a gateway may reuse an id).
+            answers = [_first_after(results.get(str(call.get("id")), []), m.seq) for call in tool_calls(m)]
             if all(answers):
                 out.append(m)
                 out.extend(a for a in answers if a is not None)
             continue
         out.append(m)
     return out
+
+
+def _first_after(results: list[Message], seq: int) -> Message | None:
+    """The first of `results` (in order) after `seq`, taken out of the list."""
+    for i, m in enumerate(results):
+        if m.seq > seq:
+            return results.pop(i)
+    return None
 
 
 def shown_and_events(messages: Sequence[Message], covered_turns: int) -> tuple[list[Message], list[Message]]:
@@ -91,8 +103,10 @@ def units(messages: Sequence[Message]) -> list[list[Message]]:
 
 def joins(a: Message, b: Message) -> bool:
     """Whether two messages in a row go out as one (a newline between them): two of one role, user
-    or assistant, neither carrying tool calls. A tool result stays apart, with its call id."""
-    return a.role is b.role and a.role in (Role.USER, Role.ASSISTANT) and not a.tool_calls and not b.tool_calls
+    or assistant, the first without tool calls (a reply followed by a call message becomes the
+    call message's content: a provider takes no two assistant messages in a row). A tool result
+    stays apart, with its call id."""
+    return a.role is b.role and a.role in (Role.USER, Role.ASSISTANT) and not a.tool_calls
 
 
 def notes(messages: Sequence[Message]) -> list[Message]:
@@ -124,14 +138,14 @@ def _flat(value: object, depth: int) -> str:
 
 def readable(m: Message) -> str:
     """The text memory reads of a message: a tool result's as `name: flat result`; a call
-    message's content with each call as `→ name(arguments)`; another's content."""
+    message's content with each call as `→ name: flat arguments`; another's content."""
     if m.role is Role.TOOL:
         body = flat(m.content)
         return f"{m.name}: {body}" if m.name else body
     if not m.tool_calls:
         return m.content
     said = [
-        f"→ {call.get('function', {}).get('name', '')}({flat(str(call.get('function', {}).get('arguments', '')))})"
+        f"→ {call.get('function', {}).get('name', '')}: {flat(str(call.get('function', {}).get('arguments', '')))}"
         for call in tool_calls(m)
     ]
     return " ".join([m.content, *said] if m.content else said)

@@ -159,7 +159,7 @@ class History:
         if (older and older[-1].seq != first - 1) or any(b.seq != a.seq + 1 for a, b in itertools.pairwise(older)):
             older = []  # not contiguous with the window: SQL answers instead
         older = _newest_holding(older[-OLDER_MAX_MESSAGES:], room)
-        lacking = room - sum(len(m.content) for m in older)
+        lacking = room - sum(m.size for m in older)
         start = older[0].seq if older else first
         most = OLDER_MAX_MESSAGES - len(older)
         if lacking <= 0 or start <= 1 or most <= 0:

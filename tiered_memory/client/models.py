@@ -58,7 +58,8 @@ class ChatMessage:
     """One message for a chat-completions call; a tool call or result carries its fields."""
 
     role: str
-    content: str
+    content: str | None
+    """None only on an assistant message that only calls tools."""
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
     name: str | None = None

@@ -38,10 +38,10 @@ class RecentBound:
         kept = messages[-self.most :]
         if not self.chars:
             return kept
-        total = sum(len(m.content) for m in kept)
+        total = sum(m.size for m in kept)
         drop = 0
-        while len(kept) - drop > self.least and total - len(kept[drop].content) >= self.chars:
-            total -= len(kept[drop].content)
+        while len(kept) - drop > self.least and total - kept[drop].size >= self.chars:
+            total -= kept[drop].size
             drop += 1
         return kept[drop:]
 
@@ -49,7 +49,7 @@ class RecentBound:
         """Whether a list holding `messages` would keep one more put in front of them."""
         if len(messages) >= self.most:
             return False
-        return not self.chars or len(messages) < self.least or sum(len(m.content) for m in messages) < self.chars
+        return not self.chars or len(messages) < self.least or sum(m.size for m in messages) < self.chars
 
 
 class HotTier(Protocol):

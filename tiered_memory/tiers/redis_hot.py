@@ -56,7 +56,8 @@ _CHARS_LUA = """
 local function chars_of(entry)
   local ok, doc = pcall(cjson.decode, entry)
   if not ok or type(doc) ~= 'table' or type(doc['content']) ~= 'string' then return 0 end
-  local text = doc['content']
+  -- What Message.size counts: the content and a call's tool_calls.
+  local text = doc['content'] .. (type(doc['tc']) == 'string' and doc['tc'] or '')
   local _, continuation = string.gsub(text, '[\\128-\\191]', '')
   return #text - continuation
 end
@@ -455,7 +456,7 @@ class RedisHot:
             owner.user_id or "",
         ]
         kept = self._recent.keep(recent) if recent is not None else ()
-        args.append(sum(len(m.content) for m in kept))
+        args.append(sum(m.size for m in kept))
         args.extend(encode_message(m) for m in kept)
 
         async def op() -> object:

@@ -140,6 +140,11 @@ async def store_batch(
         await conn.execute(st.insert_message, inserts)
         updates = [_update(sid, s) for sid, s in state.items() if s.changed]
         await conn.execute(st.update_session, updates)
+    # A session this batch created for messages all refused (a tool result for no open call)
+    # is removed again: a refused append changes nothing, not even which session ids exist.
+    empty = [sid for sid in missing if not state[sid].changed and state[sid].message_count == 0]
+    if empty:
+        await conn.execute(sessions.delete().where(sessions.c.session_id.in_(empty)))
     return outcomes
 
 
@@ -222,7 +227,7 @@ def _one(a: Append, s: _Session, stored: tuple[Message, bool] | None) -> AppendR
     if new.tool_calls:
         s.open_calls = [*s.open_calls, *_call_ids(new.tool_calls, key="id")][-OPEN_CALLS_MAX:]
     elif new.tool_call_id is not None:
-        s.open_calls = [c for c in s.open_calls if c != new.tool_call_id]
+        s.open_calls.remove(new.tool_call_id)  # the oldest call of that id: a gateway may reuse ids
     s.content_chars += message.size
     s.added_chars += message.size
     s.first_uid = s.first_uid or new.user_id

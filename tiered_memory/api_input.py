@@ -6,6 +6,7 @@ handlers in api.py call it first.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import uuid
@@ -15,7 +16,7 @@ from urllib.parse import unquote_to_bytes
 from aiohttp import web
 
 from tiered_memory.auth import PRINCIPAL_KEY, valid_tenant
-from tiered_memory.errors import Forbidden, InvalidInput
+from tiered_memory.errors import BodyTimeout, Forbidden, InvalidInput
 from tiered_memory.model import Caller, Channel, MessageStatus, NewMessage, Patch, Role
 
 # `{` and `}` are excluded so a session id can never break the Redis hash tag it is wrapped in.
@@ -61,9 +62,14 @@ def _optional_str(body: dict[str, Any], name: str, pattern: re.Pattern[str]) -> 
     return value
 
 
-async def json_object(request: web.Request) -> dict[str, Any]:
+async def json_object(request: web.Request, *, timeout_s: float) -> dict[str, Any]:
+    """The body, a JSON object, read within `timeout_s` (BODY_TIMEOUT_SECONDS) whatever the pace
+    it arrives at; raises InvalidInput, or BodyTimeout."""
     try:
-        body = await request.json(loads=json.loads)
+        async with asyncio.timeout(timeout_s):
+            body = await request.json(loads=json.loads)
+    except TimeoutError:
+        raise BodyTimeout(f"body: not received within {timeout_s:g} s (BODY_TIMEOUT_SECONDS)") from None
     except (ValueError, RecursionError):
         # ValueError covers malformed JSON and undecodable bytes; RecursionError absurd nesting.
         raise InvalidInput("body: expected a JSON object") from None

@@ -33,6 +33,7 @@ from tiered_memory.tiers.hot import HotTier
 from tiered_memory.tiers.keys import Keys
 from tiered_memory.tiers.memory_hot import MemoryHot
 from tiered_memory.tiers.redis_hot import RedisHot
+from tiered_memory.tiers.sql_append import SessionLimits
 from tiered_memory.tiers.sql_engine import create_engine
 from tiered_memory.tiers.sql_maintenance import SqlMaintenance
 from tiered_memory.tiers.sql_schema import SCHEMA_VERSION
@@ -79,6 +80,7 @@ def build_store(settings: Settings, metrics: Metrics, *, timeout_s: float | None
         timeout_s=timeout_s if timeout_s is not None else settings.sql_timeout_ms / 1000,
         breaker=breaker,
         on_commit_batch=metrics.commit_batch.observe,
+        limits=SessionLimits(messages=settings.max_session_messages, bytes=settings.max_session_bytes),
     )
 
 

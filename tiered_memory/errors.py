@@ -3,6 +3,7 @@
 TieredMemoryError
 ├── ConfigError            a setting is missing or malformed (start-up stops)
 ├── InvalidInput           a request is malformed (→ 400)
+│   └── BodyTimeout        its body did not arrive within BODY_TIMEOUT_SECONDS (→ 408)
 ├── Unauthorized           no valid bearer token where one is required (→ 401)
 ├── NotFound               the session does not exist (→ 404)
 ├── Forbidden              the session belongs to another tenant or user (→ 403)
@@ -27,6 +28,11 @@ class ConfigError(TieredMemoryError):
 
 class InvalidInput(TieredMemoryError):
     """A request is malformed; the message says what was wrong."""
+
+
+class BodyTimeout(InvalidInput):
+    """A request's body did not arrive in time (a client that drips it holds a connection and a
+    handler for nothing)."""
 
 
 class Unauthorized(TieredMemoryError):

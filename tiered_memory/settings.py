@@ -120,6 +120,14 @@ class Settings(BaseSettings):
     # is MEDIUMTEXT (16 MiB), so storage is not the bound: 64 KiB keeps one request, one entry
     # of the hot list and the request body limit small for a conversation turn.
     max_message_bytes: int = Field(32_768, alias="MAX_MESSAGE_BYTES", ge=1, le=65_535)
+    # What one session may hold (0: no bound); past it an append is 409 `session_full`: one caller
+    # cannot grow a session, and what each read of it costs, without end. 100,000 messages is
+    # some 800 hours of voice turns; 64 MiB, 2,000 messages at the 32 KiB message limit.
+    max_session_messages: int = Field(100_000, alias="MAX_SESSION_MESSAGES", ge=0, le=100_000_000)
+    max_session_bytes: int = Field(64 * 1024 * 1024, alias="MAX_SESSION_BYTES", ge=0, le=2**40)
+    # A request's body must arrive within this (else 408): a client that drips it would hold a
+    # connection and a handler without end.
+    body_timeout_seconds: float = Field(10.0, alias="BODY_TIMEOUT_SECONDS", gt=0, le=3600)
     # Past this many requests in progress a new one is refused with 503 (0: no limit).
     max_inflight_requests: int = Field(256, alias="MAX_INFLIGHT_REQUESTS", ge=0, le=1_000_000)
 
@@ -382,8 +390,8 @@ class Settings(BaseSettings):
                 shown = ""
             elif isinstance(value, SecretStr):
                 shown = "****" if value.get_secret_value() else ""
-            elif name in {"redis_url", "database_url"}:
-                shown = _mask_url_password(str(value))
+            elif isinstance(value, str) and "://" in value:
+                shown = mask_url(value)  # REDIS_URL, DATABASE_URL, LLM_BASE_URL, a sentinel's
             elif isinstance(value, bool):
                 shown = str(value).lower()
             else:
@@ -405,13 +413,16 @@ def is_loopback(host: str) -> bool:
     return address.is_loopback
 
 
-def _mask_url_password(url: str) -> str:
+def mask_url(url: str) -> str:
+    """`url` with its credentials masked: a password, and a user name given alone (it may be a
+    token, as in https://TOKEN@host); a user beside a password is a name, and stays."""
     scheme, sep, rest = url.partition("://")
-    if not sep or "@" not in rest:
+    if not sep or "@" not in rest.split("/", 1)[0]:
         return url
-    creds, _, host = rest.rpartition("@")
+    creds, _, host = rest.partition("/")[0].rpartition("@")
+    path = rest[len(creds) + 1 + len(host) :]
     user, colon, _password = creds.partition(":")
-    return f"{scheme}://{user}{':****' if colon else ''}@{host}"
+    return f"{scheme}://{user + ':****' if colon else '****'}@{host}{path}"
 
 
 def _one_line(exc: ValidationError) -> str:
@@ -423,4 +434,6 @@ def _one_line(exc: ValidationError) -> str:
         return msg.removeprefix("Value error, ")
     name = str(loc[0]) if loc else "settings"
     given = err.get("input")
+    if isinstance(given, str) and "://" in given:
+        given = mask_url(given)  # a URL refused for its shape may still hold a password
     return f"{name}: {msg[:1].lower()}{msg[1:]} (got {given!r})"

@@ -28,6 +28,16 @@ from tiered_memory.tiers.sql_schema import sessions
 
 
 @dataclass(frozen=True, slots=True)
+class SessionLimits:
+    """What one session may hold (0: no bound): past it an append is refused with 409
+    `session_full`, so that one caller cannot grow a session, and what every read of it costs,
+    without end; the gateway closes it and opens another."""
+
+    messages: int = 0
+    bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Append:
     """One queued append: the message, when it arrived, and who sent it."""
 
@@ -46,9 +56,11 @@ class _Session:
     message_count: int
     pending_user: bool
     content_chars: int
+    content_bytes: int
     open_calls: list[str]  # the tool calls waiting for their result, oldest first
     first_uid: str | None = None  # the first user_id a stored message of this batch brought
     added_chars: int = 0
+    added_bytes: int = 0
     last_at: float = 0.0
     changed: bool = False
 
@@ -82,6 +94,7 @@ class AppendStatements:
                 message_count=sa.bindparam("seq"),
                 pending_user=sa.bindparam("pending"),
                 content_chars=sessions.c.content_chars + sa.bindparam("chars", type_=sa.BigInteger),
+                content_bytes=sessions.c.content_bytes + sa.bindparam("bytes", type_=sa.BigInteger),
                 last_activity=sa.bindparam("now"),
                 # A gateway that reconnects to a closed session reopens it.
                 closed_at=None,
@@ -97,6 +110,7 @@ async def store_batch(
     st: AppendStatements,
     batch: Sequence[Append],
     insert_if_absent: Callable[[sa.Table, dict[str, Any]], sa.Executable],
+    limits: SessionLimits = SessionLimits(),
 ) -> list[Outcome[AppendResult]]:
     """Store `batch` in the transaction `conn`; one outcome per append, in order: its result, or
     Forbidden / Conflict for a message refused (which writes nothing). `insert_if_absent(table,
@@ -127,7 +141,7 @@ async def store_batch(
     for a in batch:
         s = state[a.new.session_id]
         try:
-            result = _one(a, s, stored.get((a.new.session_id, a.new.message_id)))
+            result = _one(a, s, stored.get((a.new.session_id, a.new.message_id)), limits)
         except (Forbidden, Conflict) as exc:
             outcomes.append(exc)
             continue
@@ -163,6 +177,7 @@ async def _lock(
                 message_count=int(r.message_count),
                 pending_user=bool(r.pending_user),
                 content_chars=int(r.content_chars),
+                content_bytes=int(r.content_bytes),
                 open_calls=_call_ids(r.open_tool_calls),
             )
         if r.m_seq is not None:
@@ -170,7 +185,7 @@ async def _lock(
     return state, stored
 
 
-def _one(a: Append, s: _Session, stored: tuple[Message, bool] | None) -> AppendResult:
+def _one(a: Append, s: _Session, stored: tuple[Message, bool] | None, limits: SessionLimits) -> AppendResult:
     """One append against its session's state, which it advances when it stores a message."""
     new = a.new
     if (s.user_id is not None and new.user_id is not None and s.user_id != new.user_id) or (
@@ -190,6 +205,16 @@ def _one(a: Append, s: _Session, stored: tuple[Message, bool] | None) -> AppendR
         raise Conflict(
             f"tool_call_id {new.tool_call_id!r} answers no tool call of this session that is waiting for its result",
             code="unknown_tool_call_id",
+        )
+    size = len(new.content.encode("utf-8")) + len(new.tool_calls.encode("utf-8"))
+    if (limits.messages and s.message_count >= limits.messages) or (
+        limits.bytes and s.content_bytes + size > limits.bytes
+    ):
+        raise Conflict(
+            f"the session holds {s.message_count} messages, {s.content_bytes} bytes: this one would pass"
+            f" MAX_SESSION_MESSAGES ({limits.messages or 'none'}) or MAX_SESSION_BYTES ({limits.bytes or 'none'});"
+            " close it and go on in a new session",
+            code="session_full",
         )
     owner = Owner(s.tenant, s.user_id or new.user_id)
     seq = s.message_count + 1
@@ -230,6 +255,8 @@ def _one(a: Append, s: _Session, stored: tuple[Message, bool] | None) -> AppendR
         s.open_calls.remove(new.tool_call_id)  # the oldest call of that id: a gateway may reuse ids
     s.content_chars += message.size
     s.added_chars += message.size
+    s.content_bytes += size
+    s.added_bytes += size
     s.first_uid = s.first_uid or new.user_id
     s.user_id = s.user_id or new.user_id
     s.last_at = a.now
@@ -271,6 +298,7 @@ def _update(sid: str, s: _Session) -> dict[str, Any]:
         "seq": s.message_count,
         "pending": int(s.pending_user),
         "chars": s.added_chars,
+        "bytes": s.added_bytes,
         "now": s.last_at,
         "uid": s.first_uid,
         "calls": dumps_text(s.open_calls) if s.open_calls else None,

@@ -106,7 +106,10 @@ async def patch_message(
         .where(msgs.c.id == row.id)
         .values(content=patched.content, status=patched.status.value, completes_turn=int(completes_after))
     )
-    values: dict[str, object] = {"content_chars": sessions.c.content_chars + len(patched.content) - len(stored.content)}
+    values: dict[str, object] = {
+        "content_chars": sessions.c.content_chars + len(patched.content) - len(stored.content),
+        "content_bytes": sessions.c.content_bytes + len(patched.content.encode()) - len(stored.content.encode()),
+    }
     finished = completes_after and not completes
     turn_count = patched.turn if finished else int(s.turn_count)
     if finished:

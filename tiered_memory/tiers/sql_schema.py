@@ -58,6 +58,9 @@ sessions = sa.Table(
     # tool message must answer one of them. Kept here, under the lock every append takes, so the
     # check costs no read. (Version 8.)
     sa.Column("open_tool_calls", sa.Text, nullable=True),
+    # UTF-8 bytes of every message so far (content and tool calls): what MAX_SESSION_BYTES bounds.
+    # (Version 8; sessions older than it count from their messages, as the migration summed them.)
+    sa.Column("content_bytes", sa.BigInteger, nullable=False, server_default="0"),
     sa.Column("created_at", _TIMESTAMP, nullable=False),
     sa.Column("last_activity", _TIMESTAMP, nullable=False),
     sa.Column("closed_at", _TIMESTAMP, nullable=True),

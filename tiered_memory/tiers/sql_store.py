@@ -33,7 +33,7 @@ from tiered_memory.model import (
     Summary,
 )
 from tiered_memory.tiers.group_commit import GroupCommit, Outcome
-from tiered_memory.tiers.sql_append import Append, AppendStatements, store_batch
+from tiered_memory.tiers.sql_append import Append, AppendStatements, SessionLimits, store_batch
 from tiered_memory.tiers.sql_messages import MessageReads
 from tiered_memory.tiers.sql_migrate import current_version, migrate
 from tiered_memory.tiers.sql_patch import patch_message
@@ -87,8 +87,11 @@ class SqlStore(MessageReads):
         timeout_s: float,
         breaker: CircuitBreaker | None = None,
         on_commit_batch: Callable[[int], None] = lambda _: None,
+        limits: SessionLimits | None = None,
     ) -> None:
-        """`on_commit_batch` is told the size of each group commit's batch (a metric)."""
+        """`on_commit_batch` is told the size of each group commit's batch (a metric); `limits`
+        bound what one session holds (MAX_SESSION_MESSAGES, MAX_SESSION_BYTES)."""
+        self._limits = limits or SessionLimits()
         self._engine = engine
         self._breaker = breaker
         self._timeout = timeout_s
@@ -249,7 +252,7 @@ class SqlStore(MessageReads):
         return await self._transaction(body)
 
     def _storing(self, batch: Sequence[Append]) -> Callable[[AsyncConnection], Awaitable[list[Outcome[AppendResult]]]]:
-        return lambda conn: store_batch(conn, self._append_statements, batch, self._insert_if_absent)
+        return lambda conn: store_batch(conn, self._append_statements, batch, self._insert_if_absent, self._limits)
 
     # --- sessions -------------------------------------------------------------------------
 

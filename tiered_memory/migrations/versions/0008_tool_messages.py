@@ -1,5 +1,7 @@
 """Tool calls and their results: an assistant message's `tool_calls` (the JSON array verbatim), a
-tool result's `tool_call_id` and `name`, and each session's calls still waiting for a result.
+tool result's `tool_call_id` and `name`, and each session's calls still waiting for a result; and
+each session's UTF-8 bytes (`content_bytes`, what MAX_SESSION_BYTES bounds), summed from its
+messages for the sessions already there.
 
 Only nullable columns are added: the previous release, which names its columns, still runs
 against the new schema after a rollback.
@@ -28,7 +30,10 @@ def _columns() -> dict[str, list[sa.Column[object]]]:
             sa.Column("tool_call_id", sa.String(128), nullable=True),
             sa.Column("name", sa.String(64), nullable=True),
         ],
-        "sessions": [sa.Column("open_tool_calls", sa.Text, nullable=True)],
+        "sessions": [
+            sa.Column("open_tool_calls", sa.Text, nullable=True),
+            sa.Column("content_bytes", sa.BigInteger, nullable=False, server_default="0"),
+        ],
     }
 
 
@@ -40,6 +45,19 @@ def upgrade() -> None:
         for column in columns:
             if column.name not in present:
                 op.add_column(table, column)
+                if column.name == "content_bytes":
+                    _count_bytes()
+
+
+def _count_bytes() -> None:
+    """Each session's bytes, from its messages (LENGTH counts bytes in MySQL; SQLite counts a
+    BLOB's bytes)."""
+    sqlite = op.get_bind().dialect.name == "sqlite"
+    size = "LENGTH(CAST(content AS BLOB))" if sqlite else "LENGTH(content)"
+    op.execute(
+        f"UPDATE sessions SET content_bytes = (SELECT COALESCE(SUM({size}), 0) FROM messages"
+        " WHERE messages.session_id = sessions.session_id)"
+    )
 
 
 def downgrade() -> None:

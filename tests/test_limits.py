@@ -1,0 +1,46 @@
+"""What one caller may make a session cost: MAX_SESSION_MESSAGES and MAX_SESSION_BYTES refuse an
+append past them with 409 `session_full`, storing nothing; a retry of a stored message is still
+answered; bytes are UTF-8's. Each runs on the embedded backends and on real Redis + MariaDB."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import Daemon, new_sid
+
+
+async def _status(daemon: Daemon, sid: str, body: dict[str, object]) -> tuple[int, dict[str, object]]:
+    resp = await daemon.http.post(f"/v1/sessions/{sid}/messages", json=body)
+    answer: dict[str, object] = await resp.json()
+    return resp.status, answer
+
+
+@pytest.mark.parametrize("limit", ["MAX_SESSION_MESSAGES", "MAX_SESSION_BYTES"])
+async def test_a_full_session_refuses_more_and_changes_nothing(backend_env: dict[str, str], limit: str) -> None:
+    """Four messages fit (4 messages; 4 × 9 bytes of 你好吗 = 36 bytes); the fifth is 409
+    `session_full`, in a batch too, and nothing is stored; a retry of the fourth is 200; another
+    session is not touched."""
+    daemon = Daemon(backend_env | {limit: "4" if limit == "MAX_SESSION_MESSAGES" else "36"})
+    await daemon.start()
+    try:
+        sid = new_sid()
+        for n in range(4):
+            status, _ = await _status(daemon, sid, {"role": "user", "content": "你好吗", "message_id": f"m{n}"})
+            assert status == 201
+        status, answer = await _status(daemon, sid, {"role": "user", "content": "你好吗", "message_id": "m4"})
+        assert status == 409
+        error = answer["error"]
+        assert isinstance(error, dict)
+        assert error["code"] == "session_full"
+        assert limit in error["message"]
+        batch = await daemon.http.post(
+            f"/v1/sessions/{sid}/messages/batch", json={"messages": [{"role": "user", "content": "x"}]}
+        )
+        assert batch.status == 409
+        assert await daemon.store.count_messages(sid) == 4
+        status, _ = await _status(daemon, sid, {"role": "user", "content": "你好吗", "message_id": "m3"})
+        assert status == 200  # a retry of a stored message is not a new one
+        other = new_sid()
+        assert (await _status(daemon, other, {"role": "user", "content": "你好吗"}))[0] == 201
+    finally:
+        await daemon.stop()

@@ -86,6 +86,8 @@ async def test_delete_with_redis_down_asks_for_a_retry(real_servers: RealServers
         resp = await d.http.delete(f"/v1/sessions/{sid}")
         assert resp.status == 503
         assert resp.headers["Retry-After"] == "1"
+        # A fixed message: the driver's error text (the Redis address) stays in the log.
+        assert (await resp.json())["error"] == {"code": "unavailable", "message": "the hot tier is unavailable; retry"}
         assert (await d.http.get(f"/v1/sessions/{sid}")).status == 404
     finally:
         await d.stop()

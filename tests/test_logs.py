@@ -47,6 +47,12 @@ async def _converse(base: str) -> None:
             except aiohttp.ClientError:
                 pass
             await asyncio.sleep(0.05)
+        # A header aiohttp cannot parse, holding a configured token: a 400, and no byte of it logged.
+        host, port = base.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(f"GET /healthz HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {TOKEN}\x01\r\n\r\n".encode())
+        assert (await reader.read()).startswith(b"HTTP/1.0 400")
+        writer.close()
         sid = new_sid()
         for i in range(3):
             for role in ("user", "assistant"):
@@ -117,6 +123,9 @@ async def test_content_is_logged_only_when_asked(
     assert fake_llm.requests, "the LLM was never asked"
     assert (MARK in text) is log_content
     assert "zq7TOKEN" not in text
+    bad = [r for r in records if r["event"] == "bad_http_request"]
+    assert [(r["level"], r["status"]) for r in bad] == [("warning", 400)], bad
+    assert not [r for r in records if r.get("level") == "error"]
     appended = [r for r in records if r["event"] == "append"]
     assert len(appended) == 8
     assert all((MARK in r.get("content", "")) is log_content for r in appended)

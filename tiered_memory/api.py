@@ -9,7 +9,9 @@ stored key; the service checks the Caller against the session's owner.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -22,6 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tiered_memory import api_input as read
 from tiered_memory.dialogue import tool_fields
 from tiered_memory.errors import (
+    BodyTimeout,
     Conflict,
     Forbidden,
     InvalidInput,
@@ -59,6 +62,11 @@ def reply(body: object, status: int = 200, headers: dict[str, str] | None = None
     )
 
 
+async def _body(request: web.Request) -> dict[str, Any]:
+    """The request's JSON object, read within BODY_TIMEOUT_SECONDS."""
+    return await read.json_object(request, timeout_s=request.app[SETTINGS_KEY].body_timeout_seconds)
+
+
 def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> web.Response:
     return reply({"error": {"code": code, "message": message}}, status=status, headers=headers)
 
@@ -84,9 +92,7 @@ async def post_message(request: web.Request) -> web.Response:
     read.check_query(request)
     service = request.app[SERVICE_KEY]
     sid = read.session_id(request)
-    new = read.parse_message(
-        sid, await read.json_object(request), max_bytes=request.app[SETTINGS_KEY].max_message_bytes
-    )
+    new = read.parse_message(sid, await _body(request), max_bytes=request.app[SETTINGS_KEY].max_message_bytes)
     caller = read.caller(request, new.user_id)
     new = dataclasses.replace(new, session_id=caller.session_key(sid), user_id=caller.user_id)
     outcome = await service.append(new, caller=caller)
@@ -106,7 +112,7 @@ async def post_batch(request: web.Request) -> web.Response:
     """Store up to 500 messages of the session in one transaction, all or none (a bulk import)."""
     read.check_query(request)
     sid = read.session_id(request)
-    body = await read.json_object(request)
+    body = await _body(request)
     news = read.parse_batch(sid, body, max_bytes=request.app[SETTINGS_KEY].max_message_bytes)
     user_ids = {m.user_id for m in news if m.user_id is not None}
     if len(user_ids) > 1:
@@ -139,7 +145,7 @@ async def patch_message(request: web.Request) -> web.Response:
     """Correct a stored message's content or a reply's status while no summary covers it."""
     read.check_query(request)
     sid, mid = read.session_id(request), read.message_id(request)
-    patch = read.parse_patch(await read.json_object(request), max_bytes=request.app[SETTINGS_KEY].max_message_bytes)
+    patch = read.parse_patch(await _body(request), max_bytes=request.app[SETTINGS_KEY].max_message_bytes)
     caller = read.caller(request)
     outcome = await request.app[SERVICE_KEY].patch_message(caller.session_key(sid), mid, patch, caller=caller)
     r = outcome.result
@@ -172,7 +178,7 @@ async def put_state(request: web.Request) -> web.Response:
     """Replace the gateway's state of the session; with If-Match, only over that version."""
     read.check_query(request)
     sid = read.session_id(request)
-    value = read.state_object(await read.json_object(request))
+    value = read.state_object(await _body(request))
     if_match = read.if_match(request)
     caller = read.caller(request)
     state = await request.app[SERVICE_KEY].put_state(caller.session_key(sid), value, if_match=if_match, caller=caller)
@@ -239,7 +245,7 @@ async def post_turn(request: web.Request) -> web.Response:
     read.check_query(request, "max_chars")
     settings = request.app[SETTINGS_KEY]
     sid = read.session_id(request)
-    body = await read.json_object(request)
+    body = await _body(request)
     system_prompt = read.framing_text(body.pop("system_prompt", None), "system_prompt", settings.max_message_bytes)
     body.setdefault("role", "user")
     if body["role"] != "user":
@@ -489,42 +495,72 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/openapi.json", openapi_document)
 
 
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
 @web.middleware
 async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Bind request and session ids to the logs, time the request, map domain errors to status
     codes (the one place where errors become HTTP), and write the request's one log line: route
     template, method, status, duration_ms, session_id and the tier that answered a read."""
-    request_id = request.headers.get("X-Request-ID") or uuid.uuid4().hex
+    # A caller's id is echoed and logged only when it is one a log line can carry as it is.
+    stated = request.headers.get("X-Request-ID", "")
+    request_id = stated if _REQUEST_ID.fullmatch(stated) else uuid.uuid4().hex
     session_id = request.match_info.get("session_id")
     structlog.contextvars.clear_contextvars()
     structlog.contextvars.bind_contextvars(request_id=request_id, session_id=session_id)
     started = time.perf_counter()
     try:
         response = await _mapped(request, handler)
+    except (asyncio.CancelledError, ConnectionResetError):
+        # The client went away (aiohttp cancels its handler when the connection drops): nobody
+        # is answered, and it is no failure of ours. Counted and logged as a 499, as nginx has it.
+        if request.transport is not None and not request.transport.is_closing():
+            raise
+        _record(request, "client_closed", CLIENT_CLOSED, started, session_id, request_id)
+        raise
     finally:
         structlog.contextvars.clear_contextvars()
+    _record(request, "request", response.status, started, session_id, request_id)
+    response.headers["X-Request-ID"] = request_id
+    return response
+
+
+# The status a request whose client went away is counted under (nginx's "client closed request").
+CLIENT_CLOSED = 499
+
+
+def _record(
+    request: web.Request, event: str, status: int, started: float, session_id: str | None, request_id: str
+) -> None:
+    """A request's metric and its one log line. The ids are passed, not bound: the log context
+    is cleared before this runs."""
     resource = request.match_info.route.resource
     route = resource.canonical if resource is not None else "unmatched"
     elapsed = time.perf_counter() - started
-    request.app[METRICS_KEY].request_seconds.labels(route, request.method, str(response.status)).observe(elapsed)
-    # The ids are passed, not bound: the context is cleared above, before this line.
+    request.app[METRICS_KEY].request_seconds.labels(route, request.method, str(status)).observe(elapsed)
     log.info(
-        "request",
+        event,
         route=route,
         method=request.method,
-        status=response.status,
+        status=status,
         duration_ms=round(elapsed * 1000, 3),
         session_id=session_id,
         tier=request.get(TIER_KEY),
         request_id=request_id,
     )
-    response.headers["X-Request-ID"] = request_id
-    return response
 
 
 async def _mapped(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
+    except BodyTimeout as exc:
+        # The rest of the body may still come: the connection is closed after the answer, and
+        # the body marked as ended, so that aiohttp does not linger reading the drip (10 s).
+        response = error_response(408, "request_timeout", str(exc))
+        response.force_close()
+        request.content.feed_eof()
+        return response
     except InvalidInput as exc:
         response = error_response(400, "invalid_input", str(exc))
         if request.content.exception() is not None:
@@ -550,8 +586,11 @@ async def _mapped(request: web.Request, handler: Handler) -> web.StreamResponse:
             503, "sql_unavailable", "the message store is unavailable; retry", {"Retry-After": _RETRY_AFTER_S}
         )
     except TierUnavailable as exc:
+        # The driver's words (an internal address, a key) are for the log, not for the caller.
         log.warning("tier_unavailable", tier=exc.tier, error=str(exc))
-        return error_response(503, "unavailable", str(exc), {"Retry-After": _RETRY_AFTER_S})
+        return error_response(
+            503, "unavailable", f"the {exc.tier} tier is unavailable; retry", {"Retry-After": _RETRY_AFTER_S}
+        )
     except web.HTTPRequestEntityTooLarge:
         limit = request.app[SETTINGS_KEY].max_body_bytes
         return error_response(413, "request_entity_too_large", f"body: expected at most {limit} bytes")
@@ -561,6 +600,8 @@ async def _mapped(request: web.Request, handler: Handler) -> web.StreamResponse:
             headers = {k: v for k, v in exc.headers.items() if k.lower() not in ("content-type", "content-length")}
             return error_response(exc.status, exc.reason.lower().replace(" ", "_"), exc.reason, headers)
         raise
+    except ConnectionResetError:
+        raise  # the client went away mid-request: observe counts it, as no failure of ours
     except Exception:
         log.exception("request_failed")
         return error_response(500, "internal", "internal error")

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import logging
 import sys
+import uuid
 from typing import BinaryIO, Literal
 
 import orjson
 import structlog
+from aiohttp.http_exceptions import HttpProcessingError
 
 
 def configure_logging(level: str, fmt: Literal["auto", "json", "console"], *, message_content: bool = False) -> None:
@@ -30,6 +32,11 @@ def configure_logging(level: str, fmt: Literal["auto", "json", "console"], *, me
         structlog.stdlib.add_log_level,
         structlog.stdlib.add_logger_name,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    # What _BadRequests leaves on a record; the only extras taken from the standard library's.
+    foreign: list[structlog.typing.Processor] = [
+        *shared,
+        structlog.stdlib.ExtraAdder(allow=("status", "error", "request_id")),
     ]
     if use_console:
         structlog.configure(
@@ -51,7 +58,7 @@ def configure_logging(level: str, fmt: Literal["auto", "json", "console"], *, me
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
-            foreign_pre_chain=shared,
+            foreign_pre_chain=foreign,
             processors=[
                 structlog.stdlib.ProcessorFormatter.remove_processors_meta,
                 structlog.processors.format_exc_info,
@@ -66,6 +73,24 @@ def configure_logging(level: str, fmt: Literal["auto", "json", "console"], *, me
     logging.getLogger("tiered_memory").setLevel(numeric)
     # jieba announces its dictionary load at INFO; it is not an event of ours.
     logging.getLogger("jieba").setLevel(logging.WARNING)
+    server = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, BadRequests) for f in server.filters):
+        server.addFilter(BadRequests())
+
+
+class BadRequests(logging.Filter):
+    """aiohttp logs a request it cannot parse at ERROR with a traceback quoting the raw bytes (an
+    Authorization header's token among them), for anyone who connects. It is the caller's
+    mistake, not the daemon's failure: logged as `bad_http_request` at WARNING, with the parser's
+    status, the error's class and a request id, and none of the bytes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.msg, record.args, record.exc_info, record.exc_text = "bad_http_request", None, None, None
+            record.status, record.error, record.request_id = exc.code, type(exc).__name__, uuid.uuid4().hex
+        return True
 
 
 class _NamedBytesLogger(structlog.BytesLogger):

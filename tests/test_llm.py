@@ -205,6 +205,7 @@ async def test_an_operators_prompt_serves_every_language(
         (Behaviour(mode="malformed"), "malformed"),
         (Behaviour(mode="no_choices"), "malformed"),
         (Behaviour(mode="empty"), "empty"),
+        (Behaviour(text="长" * 100_000), "malformed"),  # a 300 KB reply is not read whole
         (Behaviour(delay_s=3.0), "timeout"),
     ],
 )

@@ -85,16 +85,26 @@ def test_config_command_masks_secrets(monkeypatch: pytest.MonkeyPatch, capsys: p
     """`tiered-memory config` prints every variable with the API key and URL passwords masked."""
     monkeypatch.setenv("LLM_API_KEY", "sk-very-secret")
     monkeypatch.setenv("DATABASE_URL", "mysql+aiomysql://app:hunter2@db:3306/memory")
-    monkeypatch.setenv("LLM_BASE_URL", "http://127.0.0.1:9/v1")
+    monkeypatch.setenv("LLM_BASE_URL", "http://gw:sk-in-url@127.0.0.1:9/v1")
     monkeypatch.setenv("SUMMARY_MODEL", "m")
     assert main(["config"]) == 0
     out = capsys.readouterr().out
     shown = json.loads(out)
     assert shown["LLM_API_KEY"] == "****"
     assert shown["DATABASE_URL"] == "mysql+aiomysql://app:****@db:3306/memory"
+    assert shown["LLM_BASE_URL"] == "http://gw:****@127.0.0.1:9/v1"
     assert shown["SUMMARY_EVERY_N_TURNS"] == "3"
     assert "hunter2" not in out
     assert "sk-very-secret" not in out
+    assert "sk-in-url" not in out
+    # A URL refused for its shape is not echoed with its credentials either.
+    monkeypatch.setenv("LLM_BASE_URL", "ftp://sk-token-in-url@llm.internal/v1")
+    with pytest.raises(SystemExit) as exited:
+        main(["config"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "LLM_BASE_URL" in err
+    assert "sk-token-in-url" not in err
 
 
 def test_bad_config_exits_2_with_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:

@@ -82,6 +82,10 @@ _LABELS: dict[Language, _Labels] = {
 }
 
 
+# The most of an LLM's reply that is read (a summary of LLM_MAX_TOKENS in its JSON envelope is a
+# few KiB); past it the reply is refused as malformed.
+REPLY_MAX_BYTES = 256 * 1024
+
 SUMMARY_TOKENS = 120
 """SUMMARY_MAX_TOKENS's default: a summary of about 120 tokens, 180-260 Chinese characters."""
 
@@ -256,7 +260,11 @@ class LlmSummarizer:
                 async with self._session.post(self._url, json=body, headers=self._headers) as resp:
                     if resp.status >= 400:
                         raise LlmFailed("http_error", f"status {resp.status}")
-                    raw = await resp.read()
+                    # A reply is a few hundred tokens: one of megabytes is a broken or hostile
+                    # endpoint, and is not held in memory to find that out.
+                    raw = await resp.content.read(REPLY_MAX_BYTES + 1)
+                    if len(raw) > REPLY_MAX_BYTES:
+                        raise LlmFailed("malformed", f"reply over {REPLY_MAX_BYTES} bytes")
         except TimeoutError as exc:
             raise LlmFailed("timeout", f"no reply within {self._timeout}s") from exc
         except aiohttp.ClientError as exc:

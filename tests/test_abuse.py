@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.conftest import Daemon
+from tests.conftest import Daemon, new_sid
 
 
 async def test_a_request_id_is_echoed_only_when_harmless(daemon: Daemon) -> None:
@@ -75,5 +75,45 @@ async def test_a_dripped_body_times_out(backend_env: dict[str, str]) -> None:
         assert b"BODY_TIMEOUT_SECONDS" in reply
         assert waited < 5  # answered at the timeout, not when the client stopped
         assert (await daemon.http.get("/v1/sessions/s-drip")).status == 404
+    finally:
+        await daemon.stop()
+
+
+async def test_without_tokens_only_json_bodies_sent_to_this_machine_are_served(backend_env: dict[str, str]) -> None:
+    """The no-token mode: a `text/plain` body (what a web page may send cross-site without a
+    preflight) is 415 and stores nothing; a request to a foreign Host (DNS rebinding) is 421 and
+    reads nothing; localhost, a loopback address and an ALLOWED_HOSTS name are served; the probes
+    answer any Host."""
+    daemon = Daemon(backend_env | {"ALLOWED_HOSTS": "Memory.Internal"})
+    await daemon.start()
+    try:
+        sid = new_sid()
+        await daemon.post(sid, "user", "my card ends 4242")
+        plain = await daemon.http.post(
+            f"/v1/sessions/{sid}/messages",
+            data=b'{"role":"user","content":"from a web page"}',
+            headers={"Content-Type": "text/plain"},
+        )
+        assert plain.status == 415
+        assert (await plain.json())["error"]["code"] == "unsupported_media_type"
+        assert await daemon.store.count_messages(sid) == 1
+        foreign = await daemon.http.get(f"/v1/sessions/{sid}/messages", headers={"Host": "attacker.example:8080"})
+        assert foreign.status == 421
+        assert "4242" not in await foreign.text()
+        for host in ("localhost:1", "127.0.0.2", "[::1]:8080", "memory.internal", "MEMORY.INTERNAL."):
+            resp = await daemon.http.get(f"/v1/sessions/{sid}/messages", headers={"Host": host})
+            assert resp.status == 200, host
+        assert (await daemon.http.get("/healthz", headers={"Host": "attacker.example"})).status == 200
+    finally:
+        await daemon.stop()
+    # Served without tokens on purpose (behind an authenticating gateway): the Host is the
+    # gateway's business, unless ALLOWED_HOSTS names some; bodies must still be JSON.
+    daemon = Daemon(backend_env | {"ALLOW_UNAUTHENTICATED": "true"})
+    await daemon.start()
+    try:
+        resp = await daemon.http.get(f"/v1/sessions/{new_sid()}/messages", headers={"Host": "memory.svc"})
+        assert resp.status in (200, 404)
+        resp = await daemon.http.post("/v1/sessions/s-x/messages", data=b"{}", headers={"Content-Type": "text/plain"})
+        assert resp.status == 415
     finally:
         await daemon.stop()

@@ -18,6 +18,8 @@ from tests.conversations import ZH_12_TURNS, ZH_EARLY_EVIDENCE
 from tiered_memory.app import HOT_KEY
 from tiered_memory.model import NewMessage, Role
 
+_JSON = {"Content-Type": "application/json"}
+
 
 @contextlib.contextmanager
 def sql_statements(daemon: Daemon) -> Iterator[list[str]]:
@@ -244,7 +246,7 @@ async def test_bad_session_id_and_non_json(daemon: Daemon) -> None:
     resp = await daemon.http.post("/v1/sessions/a{b}/messages", json={"role": "user", "content": "x"})
     assert resp.status == 400
     assert "session_id" in (await resp.json())["error"]["message"]
-    resp = await daemon.http.post(f"/v1/sessions/{new_sid()}/messages", data=b"{oops")
+    resp = await daemon.http.post(f"/v1/sessions/{new_sid()}/messages", data=b"{oops", headers=_JSON)
     assert resp.status == 400
     resp = await daemon.http.get("/v1/nothing-here")
     assert resp.status == 404
@@ -457,7 +459,7 @@ async def test_more_bad_input_is_a_400(daemon: Daemon) -> None:
         assert "UTF-8" in (await resp.json())["error"]["message"], query
     assert (await daemon.get(f"/v1/sessions/{sid}/context?question=%E4%BD%A0%E5%A5%BD"))["messages"]
     await daemon.http.delete(f"/v1/sessions/{sid}")
-    resp = await daemon.http.post(f"/v1/sessions/{sid}/messages", data=b"[" * 100_000 + b"]" * 100_000)
+    resp = await daemon.http.post(f"/v1/sessions/{sid}/messages", data=b"[" * 100_000 + b"]" * 100_000, headers=_JSON)
     assert resp.status == 400
     assert (await daemon.http.get(f"/v1/sessions/{sid}")).status == 404
 

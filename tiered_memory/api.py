@@ -557,12 +557,12 @@ async def _mapped(request: web.Request, handler: Handler) -> web.StreamResponse:
     except BodyTimeout as exc:
         # The rest of the body may still come: the connection is closed after the answer, and
         # the body marked as ended, so that aiohttp does not linger reading the drip (10 s).
-        response = error_response(408, "request_timeout", str(exc))
+        response = error_response(exc.status, exc.code, str(exc))
         response.force_close()
         request.content.feed_eof()
         return response
     except InvalidInput as exc:
-        response = error_response(400, "invalid_input", str(exc))
+        response = error_response(exc.status, exc.code, str(exc))
         if request.content.exception() is not None:
             # The body stream broke (a Content-Encoding that does not decode): aiohttp drops the
             # connection after this reply, so it must say so, or a pooled client reuses it and

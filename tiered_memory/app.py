@@ -18,6 +18,7 @@ from tiered_memory.admission import admission_middleware
 from tiered_memory.api import METRICS_KEY, OPENAPI_KEY, SERVICE_KEY, SETTINGS_KEY, add_routes, observe
 from tiered_memory.auth import auth_middleware
 from tiered_memory.errors import ConfigError, SqlUnavailable
+from tiered_memory.local_guard import local_guard_middleware
 from tiered_memory.metrics import Metrics
 from tiered_memory.openapi import load_document
 from tiered_memory.retention import INTERVAL_S as RETENTION_INTERVAL_S
@@ -242,6 +243,8 @@ def create_app(
     middlewares = [observe, admission_middleware(settings.max_inflight_requests, metrics)]
     if settings.api_tokens:
         middlewares.append(auth_middleware(settings.api_tokens))
+    else:
+        middlewares.append(local_guard_middleware(settings.allowed_hosts, loopback=not settings.allow_unauthenticated))
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
     app[SETTINGS_KEY] = settings
     app[METRICS_KEY] = metrics

@@ -3,7 +3,9 @@
 TieredMemoryError
 ├── ConfigError            a setting is missing or malformed (start-up stops)
 ├── InvalidInput           a request is malformed (→ 400)
-│   └── BodyTimeout        its body did not arrive within BODY_TIMEOUT_SECONDS (→ 408)
+│   ├── BodyTimeout        its body did not arrive within BODY_TIMEOUT_SECONDS (→ 408)
+│   ├── UnsupportedMedia   a body that is not application/json, without tokens (→ 415)
+│   └── MisdirectedRequest a Host that is not this daemon's, without tokens (→ 421)
 ├── Unauthorized           no valid bearer token where one is required (→ 401)
 ├── NotFound               the session does not exist (→ 404)
 ├── Forbidden              the session belongs to another tenant or user (→ 403)
@@ -27,12 +29,33 @@ class ConfigError(TieredMemoryError):
 
 
 class InvalidInput(TieredMemoryError):
-    """A request is malformed; the message says what was wrong."""
+    """A request is malformed; the message says what was wrong. `status` and `code` are what the
+    HTTP edge answers."""
+
+    status = 400
+    code = "invalid_input"
 
 
 class BodyTimeout(InvalidInput):
     """A request's body did not arrive in time (a client that drips it holds a connection and a
     handler for nothing)."""
+
+    status = 408
+    code = "request_timeout"
+
+
+class UnsupportedMedia(InvalidInput):
+    """A body that does not say it is JSON, on a daemon without tokens (local_guard.py)."""
+
+    status = 415
+    code = "unsupported_media_type"
+
+
+class MisdirectedRequest(InvalidInput):
+    """A request sent to a Host that is not this daemon's, on one without tokens (local_guard.py)."""
+
+    status = 421
+    code = "misdirected_request"
 
 
 class Unauthorized(TieredMemoryError):

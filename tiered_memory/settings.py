@@ -137,6 +137,9 @@ class Settings(BaseSettings):
     api_tokens_file: Path | None = Field(None, alias="API_TOKENS_FILE")
     # Without tokens only a loopback HOST is served, unless this says otherwise on purpose.
     allow_unauthenticated: bool = Field(False, alias="ALLOW_UNAUTHENTICATED")
+    # Without tokens, the Host names answered besides localhost and loopback addresses
+    # (comma-separated; local_guard.py): a web page that rebinds its own name to 127.0.0.1 is not.
+    allowed_hosts_setting: str = Field("", alias="ALLOWED_HOSTS")
     _api_tokens: tuple[ApiToken, ...] = PrivateAttr(default=())
 
     # --- context assembly ---
@@ -379,6 +382,10 @@ class Settings(BaseSettings):
         if not self.context_older_turns:
             return RecentBound(least=least, most=least)
         return RecentBound(least=least, most=least + OLDER_MAX_MESSAGES, chars=hot_list_chars(self.context_max_chars))
+
+    @property
+    def allowed_hosts(self) -> frozenset[str]:
+        return frozenset(h.strip().lower().rstrip(".") for h in self.allowed_hosts_setting.split(",") if h.strip())
 
     def masked(self) -> dict[str, str]:
         """Effective settings keyed by variable name, secrets and URL passwords masked."""

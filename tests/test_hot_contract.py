@@ -257,6 +257,29 @@ async def test_memory_ttls_and_bound() -> None:
     assert (await hot.read_summary("z"))[0] is not None
 
 
+async def test_memory_bound_in_bytes() -> None:
+    """The in-process cache is bounded by what its sessions hold, not only by their count: 150
+    sessions of twelve 32 KB messages (the review's load, ~59 MB of text) stay under a 16 MiB
+    bound, the least recently used evicted first, the newest whole; deleting and invalidating
+    give their bytes back."""
+    hot = MemoryHot(max_sessions=10_000, summary_ttl_s=100, history_ttl_s=100, recent=RECENT, max_bytes=16 * 2**20)
+    long = "长" * 16_000  # 32 KB of UTF-8
+    for n in range(150):
+        for seq in range(1, 13):
+            m = dataclasses.replace(msg(f"s{n}", seq), content=long)
+            await hot.record_append(m, turn_count=0, message_count=seq, last_activity=1.0, owner=OWNER)
+        assert hot.bytes <= 16 * 2**20
+    assert len(hot) < 150
+    assert (await hot.read_session("s0")).recent == ()
+    assert len((await hot.read_session("s149")).recent) == len(RECENT.keep([msg("s149", s) for s in range(1, 13)]))
+    held = hot.bytes
+    await hot.delete("s149")
+    await hot.invalidate("s148")
+    assert hot.bytes < held - 2 * 32_000
+    await hot.aclose()
+    assert hot.bytes == 0
+
+
 async def test_backfill_refills_unless_newer_data_arrived(hot: HotTier) -> None:
     """backfill writes summary, recent list and counters in one call, but does not roll back
     counters or the list when an append newer than its SQL read is already there."""

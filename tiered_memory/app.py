@@ -70,6 +70,7 @@ def build_hot(settings: Settings, metrics: Metrics) -> HotTier:
         history_ttl_s=settings.history_ttl_seconds,
         recent=settings.embedded_recent,
         recall_max_bytes=settings.recall_max_bytes,
+        max_bytes=settings.hot_max_bytes,
     )
 
 
@@ -171,6 +172,8 @@ async def _sql_ctx(app: web.Application) -> AsyncIterator[None]:
 async def _hot_ctx(app: web.Application) -> AsyncIterator[None]:
     hot = build_hot(app[SETTINGS_KEY], app[METRICS_KEY])
     app[HOT_KEY] = hot
+    if isinstance(hot, MemoryHot):
+        app[METRICS_KEY].hot_cache_bytes.set_function(lambda: hot.bytes)
     yield
     await hot.aclose()
 

@@ -140,6 +140,11 @@ class Metrics:
             "Summarizations scheduled or running in this process.",
             registry=registry,
         )
+        self.hot_cache_bytes = Gauge(
+            "tiered_memory_hot_cache_bytes",
+            "The in-process hot cache's estimate of what its sessions hold (embedded default; HOT_MAX_BYTES).",
+            registry=registry,
+        )
 
     def llm_usage(self, model: str, prices: Mapping[str, Mapping[str, float]]) -> Callable[[int, int], None]:
         """What counts one reply's tokens of `model`, and their cost when `prices` has the model."""

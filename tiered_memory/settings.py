@@ -73,6 +73,9 @@ class Settings(BaseSettings):
     data_dir: Path = Field(Path("data"), alias="DATA_DIR")
     auto_migrate: bool | None = Field(None, alias="AUTO_MIGRATE")
     hot_max_sessions: int = Field(10_000, alias="HOT_MAX_SESSIONS", ge=1)
+    # The in-process hot cache's estimate of its memory (texts and the objects around them), past
+    # which the least recently used sessions are evicted: 256 MiB (memory_hot.HOT_BYTES).
+    hot_max_bytes: int = Field(256 * 2**20, alias="HOT_MAX_BYTES", ge=1 << 20, le=1 << 40)
     # Sessions whose latest Redis reads each process keeps in memory, invalidated by Redis
     # (client-side caching; plain redis:// servers only). 0: every read goes to Redis.
     hot_read_cache_sessions: int = Field(2_000, alias="HOT_READ_CACHE_SESSIONS", ge=0, le=1_000_000)

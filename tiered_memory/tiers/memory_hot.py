@@ -1,8 +1,11 @@
-"""The hot tier in process memory, for the embedded default: bounded in sessions, with Redis's TTLs.
+"""The hot tier in process memory, for the embedded default: bounded in sessions and in bytes,
+with Redis's TTLs.
 
 Each session's recent list, summary and counters expire like their Redis keys would; the least
-recently used session is evicted when `max_sessions` is reached. Single-process by nature, so its
-lock only serializes summarizers within this process.
+recently used session is evicted when `max_sessions` is reached, or when what they all hold passes
+`max_bytes` (an estimate of the memory their texts and objects take: one caller's long messages
+must not grow the process without bound). Single-process by nature, so its lock only serializes
+summarizers within this process.
 """
 
 from __future__ import annotations
@@ -21,6 +24,29 @@ from tiered_memory.tiers.postings import SESSION_BYTES, MemoryPostings
 # recently asked session dropped first): about what 40,000 short messages take, a 10,000-turn
 # session beside 1,600 of 12 turns. Python's objects add about as much again.
 RECALL_BYTES = 32 * 2**20
+# HOT_MAX_BYTES's default: some 7,000 twelve-turn sessions of short messages, 600 of 32 KiB ones.
+HOT_BYTES = 256 * 2**20
+# What a message, a summary or an entry costs beyond its texts: the objects around them (a
+# Message's slots, str headers, list and dict slots), and a summary's stored facts beside its text
+# (the extractor keeps about twice its budget of them). Estimates, on the side of too much.
+_OBJECT_BYTES = 400
+_SUMMARY_BYTES = 16 * 1024
+_STATE_BYTES = 16 * 1024
+
+
+def _text_bytes(text: str) -> int:
+    """A str's memory in CPython, near enough: a byte a character for ASCII, two for other text."""
+    return len(text) if text.isascii() else 2 * len(text)
+
+
+def _weight(entry: _Entry) -> int:
+    """What a session's entry is estimated to hold in memory, in bytes."""
+    weight = _OBJECT_BYTES + sum(_text_bytes(m.content) + len(m.tool_calls) + _OBJECT_BYTES for m in entry.recent)
+    if entry.summary is not None:
+        weight += 2 * _text_bytes(entry.summary.text) + _SUMMARY_BYTES
+    if entry.gateway_state is not None and entry.gateway_state.value is not None:
+        weight += _STATE_BYTES
+    return weight
 
 
 @dataclass(slots=True)
@@ -38,6 +64,7 @@ class _Entry:
     state_until: float = 0.0
     lock_token: str | None = None
     lock_until: float = 0.0
+    weight: int = 0  # _weight when last settled
 
 
 class MemoryHot:
@@ -53,15 +80,18 @@ class MemoryHot:
         history_ttl_s: int,
         recent: RecentBound,
         recall_max_bytes: int = SESSION_BYTES,
+        max_bytes: int = HOT_BYTES,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`recall_max_bytes`: the bound of one session's recall postings; all sessions' are
-        bounded by RECALL_BYTES."""
+        bounded by RECALL_BYTES. `max_bytes` (HOT_MAX_BYTES) bounds the sessions' entries."""
         self._postings = MemoryPostings(
             max_bytes=max(RECALL_BYTES, recall_max_bytes), session_max_bytes=recall_max_bytes
         )
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._max = max_sessions
+        self._max_bytes = max_bytes
+        self._bytes = 0
         self._summary_ttl = summary_ttl_s
         self._history_ttl = history_ttl_s
         self._recent = recent
@@ -69,6 +99,29 @@ class MemoryHot:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    @property
+    def bytes(self) -> int:
+        """What the sessions' entries are estimated to hold (the recall postings apart)."""
+        return self._bytes
+
+    def _drop(self, session_id: str) -> None:
+        entry = self._entries.pop(session_id, None)
+        if entry is not None:
+            self._bytes -= entry.weight
+
+    def _settle(self, session_id: str, entry: _Entry) -> None:
+        """Weigh an entry after a change, then evict the least recently used others while the
+        cache holds more than its bounds (the entry just written stays, whatever it weighs)."""
+        weight = _weight(entry)
+        self._bytes += weight - entry.weight
+        entry.weight = weight
+        while (len(self._entries) > self._max or self._bytes > self._max_bytes) and len(self._entries) > 1:
+            oldest = next(iter(self._entries))
+            if oldest == session_id:
+                self._entries.move_to_end(session_id)
+                continue
+            self._drop(oldest)
 
     @property
     def postings(self) -> MemoryPostings:
@@ -79,6 +132,7 @@ class MemoryHot:
         if entry is None:
             return None
         now = self._clock()
+        expired = (entry.recent and entry.recent_until <= now) or (entry.summary and entry.summary_until <= now)
         if entry.recent_until <= now:
             entry.recent = []
         if entry.summary_until <= now:
@@ -91,9 +145,11 @@ class MemoryHot:
         if entry.lock_until <= now:
             entry.lock_token = None
         if not entry.recent and entry.summary is None and entry.turns is None and entry.lock_token is None:
-            del self._entries[session_id]
+            self._drop(session_id)
             return None
         self._entries.move_to_end(session_id)
+        if expired:
+            self._settle(session_id, entry)  # what expired weighs nothing now
         return entry
 
     def _get_or_create(self, session_id: str) -> _Entry:
@@ -101,8 +157,7 @@ class MemoryHot:
         if entry is None:
             entry = _Entry()
             self._entries[session_id] = entry
-            while len(self._entries) > self._max:
-                self._entries.popitem(last=False)
+            self._settle(session_id, entry)
         return entry
 
     @property
@@ -150,6 +205,7 @@ class MemoryHot:
             entry.last = None
             entry.owner = None
             entry.gateway_state = None
+            self._settle(message.session_id, entry)
             return
         if message.seq == 1:
             entry.summary = None  # a stranger's: no summary of a session precedes its first message
@@ -161,6 +217,7 @@ class MemoryHot:
         entry.turns, entry.msgs, entry.last, entry.chars = turn_count, message_count, last_activity, content_chars
         entry.owner = owner
         entry.state_until = now + self._summary_ttl
+        self._settle(message.session_id, entry)
 
     async def put_state(self, session_id: str, state: SessionState) -> bool:
         entry = self._get(session_id)
@@ -169,6 +226,7 @@ class MemoryHot:
         if entry.gateway_state is not None and entry.gateway_state.version > state.version:
             return False
         entry.gateway_state = state
+        self._settle(session_id, entry)
         return True
 
     async def put_summary(self, session_id: str, summary: Summary) -> bool:
@@ -177,6 +235,7 @@ class MemoryHot:
             return False
         entry.summary = summary
         entry.summary_until = self._clock() + self._summary_ttl
+        self._settle(session_id, entry)
         return True
 
     async def backfill(
@@ -203,9 +262,10 @@ class MemoryHot:
         entry.turns, entry.msgs, entry.last, entry.chars = turn_count, message_count, last_activity, content_chars
         entry.owner = owner
         entry.state_until = now + self._summary_ttl
+        self._settle(session_id, entry)
 
     async def delete(self, session_id: str) -> None:
-        self._entries.pop(session_id, None)
+        self._drop(session_id)
         self._postings.drop(session_id)
 
     async def invalidate(self, session_id: str) -> None:
@@ -213,7 +273,9 @@ class MemoryHot:
         entry = self._entries.get(session_id)
         if entry is not None:
             # Only the lock stays (an empty entry is dropped by the next _get).
-            self._entries[session_id] = _Entry(lock_token=entry.lock_token, lock_until=entry.lock_until)
+            self._drop(session_id)
+            self._entries[session_id] = kept = _Entry(lock_token=entry.lock_token, lock_until=entry.lock_until)
+            self._settle(session_id, kept)
 
     async def try_lock(self, session_id: str, ttl_seconds: float) -> str | None:
         entry = self._get_or_create(session_id)
@@ -240,4 +302,5 @@ class MemoryHot:
 
     async def aclose(self) -> None:
         self._entries.clear()
+        self._bytes = 0
         self._postings.clear()

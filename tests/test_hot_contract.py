@@ -317,18 +317,24 @@ async def test_owner_goes_with_the_counters(hot: HotTier) -> None:
 
 
 async def test_undecodable_redis_values_are_a_miss_not_a_crash(real_servers: RealServers) -> None:
-    """A damaged or foreign value under a session key raises HotUnavailable (the next tier answers)."""
+    """A damaged or foreign value under a session key raises HotUnavailable (the next tier
+    answers), and SQL's answer replaces it, even one claiming a higher version (another release's,
+    a bad write): otherwise every read of the session would go to SQL until its TTL."""
     prefix = f"tmt{real_servers.run_id}{uuid.uuid4().hex[:6]}"
     tier = _redis_tier(real_servers.redis_url, prefix)
     sid = new_sid()
     raw = redis.Redis.from_url(real_servers.redis_url)
     try:
-        for bad in (b"garbage", b'{"text": "x"}'):
+        for bad in (b"garbage", b'{"text": "x"}', b'{"version": 99, "text": "x", "covered": "3"}'):
             raw.set(f"{prefix}:{{{sid}}}:summary", bad)
             with pytest.raises(HotUnavailable):
                 await tier.read_summary(sid)
             with pytest.raises(HotUnavailable):
                 await tier.read_session(sid)
+            await tier.backfill(
+                sid, summary=summary(1), recent=None, turn_count=3, message_count=6, last_activity=1.0, owner=OWNER
+            )
+            assert (await tier.read_summary(sid))[0] == summary(1)
     finally:
         raw.close()
         await tier.aclose()

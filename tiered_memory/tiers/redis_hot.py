@@ -35,19 +35,32 @@ T = TypeVar("T")
 
 _DIRTY_MAX = 1_000_000
 
+# Whether the cached summary `cur` is one of ours (the fields codec.decode_summary needs) newer
+# than `version`. One that is not ours (damaged, or written by another release) is never newer:
+# every read fails on it and goes to SQL, so the SQL answer must replace it, not bow to it.
+_NEWER_LUA = """
+local function newer(cur, version)
+  if not cur then return false end
+  local ok, doc = pcall(cjson.decode, cur)
+  if not ok or type(doc) ~= 'table' then return false end
+  if type(doc['text']) ~= 'string' or type(doc['covered']) ~= 'number' or type(doc['source']) ~= 'string'
+     or type(doc['updated_at']) ~= 'number' or type(doc['version']) ~= 'number' then
+    return false
+  end
+  return doc['version'] > tonumber(version)
+end
+"""
+
 # Writes a summary only when no newer version is cached: a backfill from SQL racing a fresh
 # summarization must not put the older text back. One key, so it is cluster-safe.
-_PUT_SUMMARY_LUA = """
-local cur = redis.call('GET', KEYS[1])
-if cur then
-  local ok, doc = pcall(cjson.decode, cur)
-  if ok and doc['version'] and tonumber(doc['version']) > tonumber(ARGV[2]) then
-    return 0
-  end
-end
+_PUT_SUMMARY_LUA = (
+    _NEWER_LUA
+    + """
+if newer(redis.call('GET', KEYS[1]), ARGV[2]) then return 0 end
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
 return 1
 """
+)
 
 # The characters of content in a recent-list entry (a JSON message): UTF-8 bytes less
 # continuation bytes, as Python counts them. The list's total is kept in the state hash as
@@ -69,15 +82,11 @@ end
 # ARGV: summary, version, summary TTL, msgs, turns, last, history TTL, replace list?, chars,
 # tenant, user id ('' for none), the characters of the recent messages, then the messages (trimmed
 # to the list's bound by the caller).
-_BACKFILL_LUA = """
-if ARGV[1] ~= '' then
-  local cur = redis.call('GET', KEYS[1])
-  local newer = false
-  if cur then
-    local ok, doc = pcall(cjson.decode, cur)
-    newer = ok and doc['version'] and tonumber(doc['version']) > tonumber(ARGV[2])
-  end
-  if not newer then redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3]) end
+_BACKFILL_LUA = (
+    _NEWER_LUA
+    + """
+if ARGV[1] ~= '' and not newer(redis.call('GET', KEYS[1]), ARGV[2]) then
+  redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
 end
 local have = tonumber(redis.call('HGET', KEYS[3], 'msgs') or '-1')
 if have > tonumber(ARGV[4]) then return 0 end
@@ -92,6 +101,7 @@ redis.call('HSET', KEYS[3], 'turns', ARGV[5], 'msgs', ARGV[4], 'last', ARGV[6], 
 redis.call('EXPIRE', KEYS[3], ARGV[3])
 return 1
 """
+)
 
 # Appends one committed message, in order or not at all. Keys: recent, state, summary. A write that arrives
 # late (it timed out here but Redis got it after newer ones) finds a count at or past its seq and

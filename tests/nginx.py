@@ -61,6 +61,7 @@ http {{
       proxy_pass http://daemons;
       proxy_http_version 1.1;
       proxy_set_header Connection "";
+      proxy_set_header Host $host;  # as a deployment forwards it: the daemon checks it without tokens
       proxy_next_upstream error timeout http_502 non_idempotent;
       proxy_next_upstream_tries 3;
       proxy_connect_timeout 2s;

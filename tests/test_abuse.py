@@ -48,8 +48,9 @@ async def test_a_client_gone_mid_body_is_a_499_not_a_5xx(daemon: Daemon) -> None
 
 
 async def test_a_dripped_body_times_out(backend_env: dict[str, str]) -> None:
-    """A body sent a byte at a time past BODY_TIMEOUT_SECONDS is answered 408 and the connection
-    closed, instead of holding it (and a handler) as long as the client likes."""
+    """A body sent a byte at a time past BODY_TIMEOUT_SECONDS is answered 408 at the timeout (and
+    the connection closed after aiohttp's lingering), instead of holding a handler as long as the
+    client likes."""
     daemon = Daemon(backend_env | {"BODY_TIMEOUT_SECONDS": "1"})
     await daemon.start()
     try:
@@ -66,7 +67,7 @@ async def test_a_dripped_body_times_out(backend_env: dict[str, str]) -> None:
 
         dripping = asyncio.create_task(drip())
         started = asyncio.get_running_loop().time()
-        reply = await asyncio.wait_for(reader.read(), timeout=8)
+        reply = await asyncio.wait_for(reader.read(400), timeout=8)
         waited = asyncio.get_running_loop().time() - started
         dripping.cancel()
         await asyncio.gather(dripping, return_exceptions=True)
@@ -103,6 +104,10 @@ async def test_without_tokens_only_json_bodies_sent_to_this_machine_are_served(b
         for host in ("localhost:1", "127.0.0.2", "[::1]:8080", "memory.internal", "MEMORY.INTERNAL."):
             resp = await daemon.http.get(f"/v1/sessions/{sid}/messages", headers={"Host": host})
             assert resp.status == 200, host
+        for host in ("xn--", "a:b:c", ""):
+            # Malformed names are refused as foreign, never a 500.
+            assert (await daemon.http.get(f"/v1/sessions/{sid}", headers={"Host": host})).status == 421, host
+        assert (await daemon.http.get("/v1/sessions/x", headers={"Host": "::1"})).status == 404
         assert (await daemon.http.get("/healthz", headers={"Host": "attacker.example"})).status == 200
     finally:
         await daemon.stop()

@@ -264,6 +264,7 @@ async def test_memory_bound_in_bytes() -> None:
     give their bytes back."""
     hot = MemoryHot(max_sessions=10_000, summary_ttl_s=100, history_ttl_s=100, recent=RECENT, max_bytes=16 * 2**20)
     long = "长" * 16_000  # 32 KB of UTF-8
+    token = await hot.try_lock("locked", 60)
     for n in range(150):
         for seq in range(1, 13):
             m = dataclasses.replace(msg(f"s{n}", seq), content=long)
@@ -272,6 +273,8 @@ async def test_memory_bound_in_bytes() -> None:
     assert len(hot) < 150
     assert (await hot.read_session("s0")).recent == ()
     assert len((await hot.read_session("s149")).recent) == len(RECENT.keep([msg("s149", s) for s in range(1, 13)]))
+    assert not await hot.try_lock("locked", 60)  # a held summary lock is never evicted
+    assert token is not None
     held = hot.bytes
     await hot.delete("s149")
     await hot.invalidate("s148")
@@ -325,7 +328,12 @@ async def test_undecodable_redis_values_are_a_miss_not_a_crash(real_servers: Rea
     sid = new_sid()
     raw = redis.Redis.from_url(real_servers.redis_url)
     try:
-        for bad in (b"garbage", b'{"text": "x"}', b'{"version": 99, "text": "x", "covered": "3"}'):
+        foreign = (
+            b'{"version": 99, "text": "x", "covered": "3"}',
+            b'{"version": 99, "text": "x", "covered": 3, "source": "bogus", "updated_at": 1}',
+            b'{"version": 99, "text": "x", "covered": 3, "source": "llm", "updated_at": 1, "topics": 5}',
+        )
+        for bad in (b"garbage", b'{"text": "x"}', *foreign):
             raw.set(f"{prefix}:{{{sid}}}:summary", bad)
             with pytest.raises(HotUnavailable):
                 await tier.read_summary(sid)

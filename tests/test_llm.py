@@ -12,6 +12,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from tests.conftest import Daemon, new_sid, play
@@ -217,6 +218,34 @@ async def test_failures_raise_llm_failed(fake_llm: FakeLlm, behaviour: Behaviour
     with pytest.raises(LlmFailed) as info:
         await _summarize(fake_llm, timeout_s=1.0)
     assert info.value.reason == reason
+
+
+async def test_a_reply_that_arrives_in_pieces_is_read_whole() -> None:
+    """An endpoint that streams its reply in pieces (as proxies do): the whole body is read, up
+    to the cap, not the first piece."""
+    reply = json.dumps({"choices": [{"message": {"content": "用户咨询了活力健的价格，助手说一盒398元。"}}]}).encode()
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await resp.prepare(request)
+        for i in range(0, len(reply), 40):
+            await resp.write(reply[i : i + 40])
+            await asyncio.sleep(0.01)
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        streamed = FakeLlm(url=f"http://127.0.0.1:{port}/v1")
+        assert await _summarize(streamed) == "用户咨询了活力健的价格，助手说一盒398元。"
+    finally:
+        await runner.cleanup()
 
 
 async def test_unreachable_llm_is_a_transport_failure() -> None:

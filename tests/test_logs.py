@@ -53,6 +53,13 @@ async def _converse(base: str) -> None:
         writer.write(f"GET /healthz HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {TOKEN}\x01\r\n\r\n".encode())
         assert (await reader.read()).startswith(b"HTTP/1.0 400")
         writer.close()
+        # A client that goes away halfway through its body: a 499 `client_closed`, not an error.
+        reader, writer = await asyncio.open_connection(host, int(port))
+        head = f"POST /v1/sessions/s-gone/messages HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {TOKEN}\r\n"
+        writer.write(f'{head}Content-Type: application/json\r\nContent-Length: 900\r\n\r\n{{"role":'.encode())
+        await writer.drain()
+        await asyncio.sleep(0.2)
+        writer.close()
         sid = new_sid()
         for i in range(3):
             for role in ("user", "assistant"):
@@ -126,6 +133,8 @@ async def test_content_is_logged_only_when_asked(
     bad = [r for r in records if r["event"] == "bad_http_request"]
     assert [(r["level"], r["status"]) for r in bad] == [("warning", 400)], bad
     assert not [r for r in records if r.get("level") == "error"]
+    gone = [r for r in records if r["event"] == "client_closed"]
+    assert [(r["status"], r["route"]) for r in gone] == [(499, "/v1/sessions/{session_id}/messages")], gone
     appended = [r for r in records if r["event"] == "append"]
     assert len(appended) == 8
     assert all((MARK in r.get("content", "")) is log_content for r in appended)

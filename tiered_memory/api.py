@@ -512,13 +512,18 @@ async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
     started = time.perf_counter()
     try:
         response = await _mapped(request, handler)
-    except (asyncio.CancelledError, ConnectionResetError):
-        # The client went away (aiohttp cancels its handler when the connection drops): nobody
-        # is answered, and it is no failure of ours. Counted and logged as a 499, as nginx has it.
+    except asyncio.CancelledError:
+        # The client went away and the server cancelled its handler (handler_cancellation): no
+        # failure of ours. Counted and logged as a 499, as nginx has it.
         if request.transport is not None and not request.transport.is_closing():
-            raise
+            raise  # a shutdown, not a client
         _record(request, "client_closed", CLIENT_CLOSED, started, session_id, request_id)
         raise
+    except ConnectionResetError:
+        # The client went away while its body was read (the handler is not cancelled): the same
+        # 499, answered to nobody (aiohttp drops a reply to a closed connection without a word).
+        _record(request, "client_closed", CLIENT_CLOSED, started, session_id, request_id)
+        return web.Response(status=CLIENT_CLOSED)
     finally:
         structlog.contextvars.clear_contextvars()
     _record(request, "request", response.status, started, session_id, request_id)
@@ -555,11 +560,11 @@ async def _mapped(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except BodyTimeout as exc:
-        # The rest of the body may still come: the connection is closed after the answer, and
-        # the body marked as ended, so that aiohttp does not linger reading the drip (10 s).
+        # The rest of the body may still come: the connection is closed after the answer (once
+        # aiohttp has read and dropped what still comes, at most its lingering time: closing at
+        # once, with unread bytes queued, would reset the connection before the 408 is read).
         response = error_response(exc.status, exc.code, str(exc))
         response.force_close()
-        request.content.feed_eof()
         return response
     except InvalidInput as exc:
         response = error_response(exc.status, exc.code, str(exc))
@@ -601,6 +606,9 @@ async def _mapped(request: web.Request, handler: Handler) -> web.StreamResponse:
             return error_response(exc.status, exc.reason.lower().replace(" ", "_"), exc.reason, headers)
         raise
     except ConnectionResetError:
+        if request.transport is not None and not request.transport.is_closing():
+            log.exception("request_failed")  # a reset of ours (a store's connection), not the client's
+            return error_response(500, "internal", "internal error")
         raise  # the client went away mid-request: observe counts it, as no failure of ours
     except Exception:
         log.exception("request_failed")

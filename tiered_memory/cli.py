@@ -21,6 +21,9 @@ from tiered_memory.settings import Settings
 # The admin commands address SQL and Redis directly, where a tenant's session lives under its tenant.
 _KEY_HELP = "the stored key: the session id, or <tenant>/<id> for a session of a tenant's token"
 
+# See serve(): what a client answered early may still send before its connection is closed.
+LINGERING_S = 2.0
+
 
 def _settings() -> Settings:
     try:
@@ -64,6 +67,9 @@ def serve_one(settings: Settings, reuse_port: bool) -> int:
             shutdown_timeout=settings.shutdown_grace_seconds,
             reuse_port=reuse_port or None,
             access_log=None,
+            # How long a request answered before its body was read whole (a 408, a 413) may still
+            # send what it was sending before the connection is closed (aiohttp's default is 10 s).
+            lingering_time=LINGERING_S,
             loop=loop,
             print=lambda msg: print(msg, file=sys.stderr),
         )

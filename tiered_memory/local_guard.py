@@ -18,17 +18,17 @@ from aiohttp.typedefs import Handler, Middleware
 
 from tiered_memory.auth import OPEN_PATHS
 from tiered_memory.errors import MisdirectedRequest, UnsupportedMedia
-from tiered_memory.settings import is_loopback
+from tiered_memory.settings import host_name, is_loopback
 
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 
-def host_allowed(host: str | None, allowed: frozenset[str], *, loopback: bool) -> bool:
-    """Whether a request sent to `host` (the Host header's name, without its port; None: no
-    header, which no browser sends) is meant for this daemon."""
-    if host is None:
+def host_allowed(header: str | None, allowed: frozenset[str], *, loopback: bool) -> bool:
+    """Whether a request sent to the Host `header` (None: no header, which no browser sends) is
+    meant for this daemon."""
+    if header is None:
         return True
-    name = host.lower().rstrip(".")
+    name = host_name(header)
     return name in allowed or (loopback and is_loopback(name))
 
 
@@ -42,13 +42,14 @@ def local_guard_middleware(allowed_hosts: frozenset[str], *, loopback: bool) -> 
         if request.path in OPEN_PATHS:
             # Probes and scrapers address the daemon by whatever name reaches it; they say nothing of any session.
             return await handler(request)
-        host = request.url.host if "Host" in request.headers else None
+        host = request.headers.get("Host")
         if check_host and not host_allowed(host, allowed_hosts, loopback=loopback):
             raise MisdirectedRequest(
-                f"Host: {host!r} is not this daemon's; without tokens it answers only localhost and loopback"
-                " addresses (add a name to ALLOWED_HOSTS)"
+                f"Host: {host_name(host or '')[:64]!r} is not this daemon's; without tokens it answers only"
+                " localhost and loopback addresses (add a name to ALLOWED_HOSTS)"
             )
-        if request.method in _BODY_METHODS and request.body_exists and request.content_type != "application/json":
+        json_body = request.content_type == "application/json" or request.content_type.endswith("+json")
+        if request.method in _BODY_METHODS and request.body_exists and not json_body:
             raise UnsupportedMedia(f"Content-Type: expected application/json, got {request.content_type!r}")
         return await handler(request)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import math
+import re
 import string
 from collections.abc import Mapping
 from pathlib import Path
@@ -388,7 +389,8 @@ class Settings(BaseSettings):
 
     @property
     def allowed_hosts(self) -> frozenset[str]:
-        return frozenset(h.strip().lower().rstrip(".") for h in self.allowed_hosts_setting.split(",") if h.strip())
+        # Written as a Host header is (a port, brackets) or bare: the name is what is compared.
+        return frozenset(host_name(h) for h in self.allowed_hosts_setting.split(",") if h.strip())
 
     def masked(self) -> dict[str, str]:
         """Effective settings keyed by variable name, secrets and URL passwords masked."""
@@ -410,6 +412,17 @@ class Settings(BaseSettings):
         return out
 
 
+def host_name(header: str) -> str:
+    """The name of a Host header, lowercased, without its port, brackets or a trailing dot
+    (`[::1]:8080` → `::1`, `Memory.Internal.:80` → `memory.internal`)."""
+    name = header.strip().lower()
+    if name.startswith("["):
+        name = name[1:].partition("]")[0]
+    elif name.count(":") == 1:
+        name = name.partition(":")[0]
+    return name.rstrip(".")
+
+
 def is_loopback(host: str) -> bool:
     """Whether HOST only listens on this machine: localhost, 127.0.0.0/8 or ::1."""
     if host.lower() == "localhost":
@@ -423,16 +436,25 @@ def is_loopback(host: str) -> bool:
     return address.is_loopback
 
 
+_SECRET_PARAM = re.compile(r"(?i)([?&](?:password|passwd|pwd|secret|token|api_key|apikey|key)=)[^&#]*")
+
+
 def mask_url(url: str) -> str:
-    """`url` with its credentials masked: a password, and a user name given alone (it may be a
-    token, as in https://TOKEN@host); a user beside a password is a name, and stays."""
+    """`url` with its credentials masked: a password, a user name given alone (it may be a token,
+    as in https://TOKEN@host) and secret query parameters; a user beside a password is a name,
+    and stays. The credentials end at the last `@` before the query, so a password holding `/`
+    or `@` is masked whole (a path holding `@` is taken for credentials: masked too much, never
+    too little)."""
     scheme, sep, rest = url.partition("://")
-    if not sep or "@" not in rest.split("/", 1)[0]:
+    if not sep:
         return url
-    creds, _, host = rest.partition("/")[0].rpartition("@")
-    path = rest[len(creds) + 1 + len(host) :]
+    main, q, query = rest.partition("?")
+    query = _SECRET_PARAM.sub(r"\1****", q + query)
+    if "@" not in main:
+        return f"{scheme}://{main}{query}"
+    creds, _, host = main.rpartition("@")
     user, colon, _password = creds.partition(":")
-    return f"{scheme}://{user + ':****' if colon else '****'}@{host}{path}"
+    return f"{scheme}://{user + ':****' if colon else '****'}@{host}{query}"
 
 
 def _one_line(exc: ValidationError) -> str:

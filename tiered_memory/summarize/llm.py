@@ -152,6 +152,18 @@ def render_structured_request(
     return f"{labels.memory}{memory}\n\n{labels.new}\n{_transcript(messages, labels)}"
 
 
+async def _bounded_body(resp: aiohttp.ClientResponse) -> bytes:
+    """The whole reply, as it arrives in pieces, refused (malformed) past REPLY_MAX_BYTES."""
+    if (resp.content_length or 0) > REPLY_MAX_BYTES:
+        raise LlmFailed("malformed", f"reply over {REPLY_MAX_BYTES} bytes")
+    raw = bytearray()
+    async for chunk in resp.content.iter_chunked(64 * 1024):
+        raw += chunk
+        if len(raw) > REPLY_MAX_BYTES:
+            raise LlmFailed("malformed", f"reply over {REPLY_MAX_BYTES} bytes")
+    return bytes(raw)
+
+
 class LlmSummarizer:
     """Calls `POST {base_url}/chat/completions`; one instance shares one aiohttp session.
 
@@ -262,9 +274,7 @@ class LlmSummarizer:
                         raise LlmFailed("http_error", f"status {resp.status}")
                     # A reply is a few hundred tokens: one of megabytes is a broken or hostile
                     # endpoint, and is not held in memory to find that out.
-                    raw = await resp.content.read(REPLY_MAX_BYTES + 1)
-                    if len(raw) > REPLY_MAX_BYTES:
-                        raise LlmFailed("malformed", f"reply over {REPLY_MAX_BYTES} bytes")
+                    raw = await _bounded_body(resp)
         except TimeoutError as exc:
             raise LlmFailed("timeout", f"no reply within {self._timeout}s") from exc
         except aiohttp.ClientError as exc:

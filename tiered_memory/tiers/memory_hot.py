@@ -112,16 +112,16 @@ class MemoryHot:
 
     def _settle(self, session_id: str, entry: _Entry) -> None:
         """Weigh an entry after a change, then evict the least recently used others while the
-        cache holds more than its bounds (the entry just written stays, whatever it weighs)."""
+        cache holds more than its bounds. The entry just written stays, whatever it weighs, and so
+        does one whose summary lock is held (dropping it would let a second summary pass start)."""
         weight = _weight(entry)
         self._bytes += weight - entry.weight
         entry.weight = weight
-        while (len(self._entries) > self._max or self._bytes > self._max_bytes) and len(self._entries) > 1:
-            oldest = next(iter(self._entries))
-            if oldest == session_id:
-                self._entries.move_to_end(session_id)
-                continue
-            self._drop(oldest)
+        while len(self._entries) > self._max or self._bytes > self._max_bytes:
+            victim = next((k for k, e in self._entries.items() if k != session_id and e.lock_token is None), None)
+            if victim is None:
+                return
+            self._drop(victim)
 
     @property
     def postings(self) -> MemoryPostings:
@@ -132,7 +132,11 @@ class MemoryHot:
         if entry is None:
             return None
         now = self._clock()
-        expired = (entry.recent and entry.recent_until <= now) or (entry.summary and entry.summary_until <= now)
+        expired = (
+            (entry.recent and entry.recent_until <= now)
+            or (entry.summary is not None and entry.summary_until <= now)
+            or (entry.gateway_state is not None and entry.state_until <= now)
+        )
         if entry.recent_until <= now:
             entry.recent = []
         if entry.summary_until <= now:

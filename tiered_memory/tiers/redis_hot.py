@@ -43,9 +43,15 @@ local function newer(cur, version)
   if not cur then return false end
   local ok, doc = pcall(cjson.decode, cur)
   if not ok or type(doc) ~= 'table' then return false end
-  if type(doc['text']) ~= 'string' or type(doc['covered']) ~= 'number' or type(doc['source']) ~= 'string'
-     or type(doc['updated_at']) ~= 'number' or type(doc['version']) ~= 'number' then
+  if type(doc['text']) ~= 'string' or type(doc['covered']) ~= 'number' or type(doc['updated_at']) ~= 'number'
+     or type(doc['version']) ~= 'number' or (doc['source'] ~= 'llm' and doc['source'] ~= 'deterministic') then
     return false
+  end
+  for _, name in ipairs({'created_at', 'compressions'}) do
+    if doc[name] ~= nil and type(doc[name]) ~= 'number' then return false end
+  end
+  for _, name in ipairs({'topics', 'structured'}) do
+    if doc[name] ~= nil and doc[name] ~= cjson.null and type(doc[name]) ~= 'table' then return false end
   end
   return doc['version'] > tonumber(version)
 end

@@ -3,8 +3,9 @@ tool result's `tool_call_id` and `name`, and each session's calls still waiting 
 each session's UTF-8 bytes (`content_bytes`, what MAX_SESSION_BYTES bounds), summed from its
 messages for the sessions already there.
 
-Only nullable columns are added: the previous release, which names its columns, still runs
-against the new schema after a rollback.
+Only nullable columns and a counter with a default are added: the previous release, which names
+its columns, still runs against the new schema after a rollback (the byte counter then misses what
+it appends, so MAX_SESSION_BYTES is looser by that much).
 
 Revision ID: 0008
 Revises: 0007
@@ -45,8 +46,9 @@ def upgrade() -> None:
         for column in columns:
             if column.name not in present:
                 op.add_column(table, column)
-                if column.name == "content_bytes":
-                    _count_bytes()
+    # Every time: MySQL commits the ADD COLUMN at once, so a run that died before the count is
+    # run again from the start and must count again.
+    _count_bytes()
 
 
 def _count_bytes() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tiered_memory.auth import Principal, authenticate
+from tiered_memory.auth import authenticate
 from tiered_memory.cli import main
 from tiered_memory.errors import ConfigError
 from tiered_memory.settings import Settings
@@ -138,9 +138,12 @@ def test_tokens_from_the_variable_and_the_file(tmp_path: Path) -> None:
     )
     s = Settings.from_env({"API_TOKENS": f"{TOKEN}, acme:acme-0123456789abcdef,", "API_TOKENS_FILE": str(token_file)})
     assert sorted(t.tenant or "" for t in s.api_tokens) == ["", "acme", "other"]
-    assert authenticate(s.api_tokens, TOKEN) == Principal(None)
-    assert authenticate(s.api_tokens, "acme-0123456789abcdef") == Principal("acme")
-    assert authenticate(s.api_tokens, "other-0123456789abcdef") == Principal("other")
+    tenants = [authenticate(s.api_tokens, t) for t in (TOKEN, "acme-0123456789abcdef", "other-0123456789abcdef")]
+    assert [p.tenant if p else "refused" for p in tenants] == [None, "acme", "other"]
+    # Each token has an id of its own, which tells nothing of the token (a digest's prefix).
+    ids = [p.token_id for p in tenants if p is not None]
+    assert len(set(ids)) == 3
+    assert all(len(i) == 16 and i not in TOKEN for i in ids)
     for refused in ("commented-0123456789ab", "acme:acme-0123456789abcdef", TOKEN[:-1], ""):
         assert authenticate(s.api_tokens, refused) is None, refused
     assert s.masked()["API_TOKENS"] == "****"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import re
 import time
 import uuid
@@ -30,6 +31,7 @@ from tiered_memory.errors import (
     InvalidInput,
     NotFound,
     Overloaded,
+    RateLimited,
     SqlUnavailable,
     TierUnavailable,
     Unauthorized,
@@ -583,6 +585,9 @@ async def _mapped(request: web.Request, handler: Handler) -> web.StreamResponse:
         return error_response(403, "forbidden", Forbidden.message)
     except Conflict as exc:
         return error_response(412 if exc.code == "precondition_failed" else 409, exc.code, str(exc))
+    except RateLimited as exc:
+        retry = str(max(1, math.ceil(exc.retry_after_s)))
+        return error_response(429, "rate_limited", str(exc), {"Retry-After": retry})
     except Overloaded as exc:
         return error_response(503, "overloaded", str(exc), {"Retry-After": _RETRY_AFTER_S})
     except SqlUnavailable as exc:

@@ -21,6 +21,7 @@ from tiered_memory.errors import ConfigError, SqlUnavailable
 from tiered_memory.local_guard import local_guard_middleware
 from tiered_memory.metrics import Metrics
 from tiered_memory.openapi import load_document
+from tiered_memory.rate_limit import rate_limit_middleware
 from tiered_memory.retention import INTERVAL_S as RETENTION_INTERVAL_S
 from tiered_memory.retention import RetentionJob
 from tiered_memory.service import MemoryService
@@ -248,6 +249,13 @@ def create_app(
         middlewares.append(auth_middleware(settings.api_tokens))
     else:
         middlewares.append(local_guard_middleware(settings.allowed_hosts, loopback=not settings.allow_unauthenticated))
+    if settings.rate_limits or settings.token_rate_limit:
+        # After authentication: the token says whose bucket a request draws on.
+        middlewares.append(
+            rate_limit_middleware(
+                settings.rate_limits, settings.token_rate_limit, lambda request: request.app[HOT_KEY].buckets, metrics
+            )
+        )
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
     app[SETTINGS_KEY] = settings
     app[METRICS_KEY] = metrics

@@ -42,9 +42,11 @@ class ApiToken:
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """Who a valid token speaks for: one tenant, or every tenant (None)."""
+    """Who a valid token speaks for: one tenant, or every tenant (None). `token_id` names the
+    token without telling it (a prefix of its digest): what a per-token rate is kept under."""
 
     tenant: str | None
+    token_id: str = ""
 
 
 PRINCIPAL_KEY = web.RequestKey("principal", Principal)
@@ -124,7 +126,7 @@ def authenticate(tokens: Sequence[ApiToken], presented: str) -> Principal | None
         # which one matched.
         if hmac.compare_digest(token.digest, digest):
             found = token
-    return None if found is None else Principal(found.tenant)
+    return None if found is None else Principal(found.tenant, found.digest[:8].hex())
 
 
 def _bearer(request: web.Request) -> str | None:

@@ -11,6 +11,7 @@ TieredMemoryError
 ├── Forbidden              the session belongs to another tenant or user (→ 403)
 ├── Conflict               a message_id was reused for different content (→ 409)
 ├── Overloaded             this process has MAX_INFLIGHT_REQUESTS in progress (→ 503)
+├── RateLimited            the tenant or token is past its RATE_LIMITS rate (→ 429)
 ├── LlmFailed              the LLM gave no usable summary (→ deterministic fallback)
 └── TierUnavailable        a store did not answer in time or failed (→ 503 on writes)
     ├── HotUnavailable     Redis / the in-process cache
@@ -88,6 +89,15 @@ class Conflict(TieredMemoryError):
 class Overloaded(TieredMemoryError):
     """The process is at its limit of requests in progress: refused at once, before any work, so
     that a gateway retries (or goes to another replica) instead of queueing behind the others."""
+
+
+class RateLimited(TieredMemoryError):
+    """A tenant or token is past its rate (RATE_LIMITS, TOKEN_RATE_LIMIT): refused before any work,
+    `retry_after_s` being when its bucket has a request again."""
+
+    def __init__(self, message: str, *, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class TierUnavailable(TieredMemoryError):

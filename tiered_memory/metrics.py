@@ -140,6 +140,17 @@ class Metrics:
             "Summarizations scheduled or running in this process.",
             registry=registry,
         )
+        self.rate_limited = Counter(
+            "tiered_memory_rate_limited_total",
+            "Requests refused with 429: their tenant's or token's rate was spent (RATE_LIMITS).",
+            ["scope"],
+            registry=registry,
+        )
+        self.rate_limit_skipped = Counter(
+            "tiered_memory_rate_limit_skipped_total",
+            "Requests let through unchecked because the hot tier holding the rate buckets failed.",
+            registry=registry,
+        )
         self.hot_cache_bytes = Gauge(
             "tiered_memory_hot_cache_bytes",
             "The in-process hot cache's estimate of what its sessions hold (embedded default; HOT_MAX_BYTES).",

@@ -21,8 +21,10 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from tiered_memory.auth import ApiToken, merge_tokens, parse_token_list, read_token_file
 from tiered_memory.context import OLDER_MAX_MESSAGES, hot_list_chars
 from tiered_memory.errors import ConfigError
+from tiered_memory.rate_limit import parse_rate_limits
 from tiered_memory.summarize.llm import SUMMARY_TOKENS
 from tiered_memory.summarize.topics import load_keyword_groups
+from tiered_memory.tiers.buckets import Rate, parse_rate
 from tiered_memory.tiers.hot import RecentBound
 from tiered_memory.tiers.postings import SESSION_BYTES
 from tiered_memory.tiers.redis_url import parse_redis_url
@@ -132,6 +134,10 @@ class Settings(BaseSettings):
     # A request's body must arrive within this (else 408): a client that drips it would hold a
     # connection and a handler without end.
     body_timeout_seconds: float = Field(10.0, alias="BODY_TIMEOUT_SECONDS", gt=0, le=3600)
+    # Request rates: per tenant (`acme=200/s,*=50/s`; `*` for every tenant not named, and for
+    # requests of none) and per token (`20/s`); past them 429 (rate_limit.py). Unset: no limit.
+    rate_limits_setting: str = Field("", alias="RATE_LIMITS")
+    token_rate_limit_setting: str = Field("", alias="TOKEN_RATE_LIMIT")
     # Past this many requests in progress a new one is refused with 503 (0: no limit).
     max_inflight_requests: int = Field(256, alias="MAX_INFLIGHT_REQUESTS", ge=0, le=1_000_000)
 
@@ -204,6 +210,33 @@ class Settings(BaseSettings):
         if owned:
             raise ValueError(f"LLM_EXTRA_BODY: {', '.join(owned)} is set by the daemon (SUMMARY_MODEL, the prompt)")
         return value
+
+    @field_validator("rate_limits_setting")
+    @classmethod
+    def _rate_limits(cls, value: str) -> str:
+        try:
+            parse_rate_limits(value)
+        except ValueError as exc:
+            raise ValueError(f"RATE_LIMITS: {exc}") from None
+        return value
+
+    @field_validator("token_rate_limit_setting")
+    @classmethod
+    def _token_rate(cls, value: str) -> str:
+        try:
+            if value.strip():
+                parse_rate(value)
+        except ValueError as exc:
+            raise ValueError(f"TOKEN_RATE_LIMIT: {exc}") from None
+        return value
+
+    @property
+    def rate_limits(self) -> dict[str, Rate]:
+        return parse_rate_limits(self.rate_limits_setting)
+
+    @property
+    def token_rate_limit(self) -> Rate | None:
+        return parse_rate(self.token_rate_limit_setting) if self.token_rate_limit_setting.strip() else None
 
     @field_validator("llm_prices")
     @classmethod

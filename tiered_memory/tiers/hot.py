@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from tiered_memory.model import HotSession, Message, Owner, SessionState, Summary
+from tiered_memory.tiers.buckets import Buckets
 from tiered_memory.tiers.postings import PostingsStore
 
 
@@ -64,6 +65,11 @@ class HotTier(Protocol):
     @property
     def postings(self) -> PostingsStore:
         """The sessions' recall postings, kept beside their hot entries (and deleted with them)."""
+        ...
+
+    @property
+    def buckets(self) -> Buckets:
+        """The request-rate buckets of tenants and tokens (RATE_LIMITS), shared like the rest."""
         ...
 
     async def read_summary(self, session_id: str) -> tuple[Summary | None, int | None, Owner | None]:

@@ -43,6 +43,10 @@ class Keys:
         changed): a batch read before that is refused (redis_postings.py)."""
         return f"{self.prefix}:{{{session_id}}}:recall-floor"
 
+    def rate(self, name: str) -> str:
+        """Hash: a token bucket (`tenant:<name>` or `token:<id>`) every replica draws on."""
+        return f"{self.prefix}:rate:{{{name}}}"
+
     def all_of(self, session_id: str) -> tuple[str, ...]:
         return (
             self.recent(session_id),

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tiered_memory.model import HotSession, Message, Owner, SessionState, Summary
+from tiered_memory.tiers.buckets import MemoryBuckets
 from tiered_memory.tiers.hot import RecentBound
 from tiered_memory.tiers.postings import SESSION_BYTES, MemoryPostings
 
@@ -89,6 +90,7 @@ class MemoryHot:
             max_bytes=max(RECALL_BYTES, recall_max_bytes), session_max_bytes=recall_max_bytes
         )
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        self._buckets = MemoryBuckets()
         self._max = max_sessions
         self._max_bytes = max_bytes
         self._bytes = 0
@@ -126,6 +128,10 @@ class MemoryHot:
     @property
     def postings(self) -> MemoryPostings:
         return self._postings
+
+    @property
+    def buckets(self) -> MemoryBuckets:
+        return self._buckets
 
     def _get(self, session_id: str) -> _Entry | None:
         entry = self._entries.get(session_id)

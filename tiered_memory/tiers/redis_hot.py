@@ -26,6 +26,7 @@ from tiered_memory.tiers.hot import RecentBound
 from tiered_memory.tiers.hot_cache import HotCache, cache_invalidator
 from tiered_memory.tiers.keys import Keys
 from tiered_memory.tiers.postings import SESSION_BYTES
+from tiered_memory.tiers.redis_buckets import RedisBuckets
 from tiered_memory.tiers.redis_link import RedisLink
 from tiered_memory.tiers.redis_postings import RedisPostings, forget_commands
 from tiered_memory.tiers.redis_url import connect, parse_redis_url
@@ -217,6 +218,7 @@ class RedisHot:
         `recall_max_bytes`: the bound of one session's recall postings."""
         self.link = link
         self._postings = RedisPostings(link, keys=keys, ttl_s=history_ttl_s, session_max_bytes=recall_max_bytes)
+        self._buckets = RedisBuckets(link, keys=keys)
         self._mux = link.mux
         self._cache = cache if link.mux is not None else None
         self._keys = keys
@@ -247,6 +249,10 @@ class RedisHot:
     @property
     def postings(self) -> RedisPostings:
         return self._postings
+
+    @property
+    def buckets(self) -> RedisBuckets:
+        return self._buckets
 
     @classmethod
     def from_url(

@@ -1,0 +1,98 @@
+"""Request rates per tenant and per token (RATE_LIMITS, TOKEN_RATE_LIMIT): a tenant past its
+rate gets 429 with Retry-After while the others are served, and on Redis every replica draws on
+the same buckets. Each daemon test runs on the embedded backends and on real Redis + MariaDB."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from tests.conftest import Daemon, RealServers, new_sid, redis_flush_prefix
+from tiered_memory.errors import ConfigError
+from tiered_memory.rate_limit import parse_rate_limits
+from tiered_memory.settings import Settings
+from tiered_memory.tiers.buckets import Rate, parse_rate, take
+
+ACME = "acme-token-0123456789"
+BETA = "beta-token-0123456789"
+ROOT = "root-token-0123456789"
+
+
+def test_a_bucket_refills_at_its_rate_up_to_its_burst() -> None:
+    """Full at first; each request takes a token; an empty bucket says how long until the next;
+    it refills at the rate, never past the burst."""
+    rate = parse_rate("2/s")
+    tokens, at = rate.burst, 0.0
+    for _ in range(2):
+        tokens, wait = take(tokens, at, 0.0, rate)
+        assert wait == 0.0
+    tokens, wait = take(tokens, 0.0, 0.0, rate)
+    assert wait == pytest.approx(0.5)
+    tokens, wait = take(tokens, 0.0, 100.0, rate)
+    assert (tokens, wait) == (1.0, 0.0)  # a long pause refills only to the burst
+    assert parse_rate("600/m") == Rate(10.0)
+    assert parse_rate_limits("acme=200/s, *=0.5/s") == {"acme": Rate(200.0), "*": Rate(0.5)}
+
+
+@pytest.mark.parametrize("bad", ["acme=fast", "acme", "a/b=1/s", "acme=1/s,acme=2/s", "x=0/s"])
+def test_a_malformed_rate_stops_start_up_with_one_line(bad: str) -> None:
+    with pytest.raises(ConfigError, match="RATE_LIMITS"):
+        Settings.from_env({"RATE_LIMITS": bad})
+    with pytest.raises(ConfigError, match="TOKEN_RATE_LIMIT"):
+        Settings.from_env({"TOKEN_RATE_LIMIT": "often"})
+
+
+async def _statuses(daemon: Daemon, token: str, n: int) -> list[tuple[int, str | None]]:
+    out = []
+    for _ in range(n):
+        resp = await daemon.http.get(f"/v1/sessions/{new_sid()}", headers={"Authorization": f"Bearer {token}"})
+        out.append((resp.status, resp.headers.get("Retry-After")))
+    return out
+
+
+async def test_a_tenant_past_its_rate_waits_and_the_others_do_not(backend_env: dict[str, str]) -> None:
+    """acme may make 5 requests a second: of 12 at once about 5 are served (404: no such session)
+    and the rest are 429 with Retry-After; beta, not named, is never limited."""
+    env = backend_env | {"API_TOKENS": f"acme:{ACME},beta:{BETA}", "RATE_LIMITS": "acme=5/s"}
+    daemon = Daemon(env)
+    await daemon.start()
+    try:
+        acme = await _statuses(daemon, ACME, 12)
+        served = [s for s, _ in acme if s == 404]
+        limited = [(s, r) for s, r in acme if s == 429]
+        assert 5 <= len(served) <= 7, acme
+        assert len(served) + len(limited) == 12
+        assert all(retry is not None and int(retry) >= 1 for _, retry in limited)
+        assert [s for s, _ in await _statuses(daemon, BETA, 12)] == [404] * 12
+        metrics = await (await daemon.http.get("/metrics")).text()
+        assert 'tiered_memory_rate_limited_total{scope="tenant"}' in metrics
+    finally:
+        await daemon.stop()
+
+
+async def test_replicas_draw_on_one_bucket(real_servers: RealServers) -> None:
+    """With Redis, two replicas share a token's bucket: 5 a second in all, not 5 each. (On the
+    embedded default each process has its own: one process is the deployment.)"""
+    env = {
+        "REDIS_URL": real_servers.redis_url,
+        "REDIS_KEY_PREFIX": f"tmt{real_servers.run_id}{uuid.uuid4().hex[:6]}",
+        "DATABASE_URL": real_servers.mysql_url,
+        "AUTO_MIGRATE": "true",
+        "API_TOKENS": ROOT,
+        "TOKEN_RATE_LIMIT": "5/s",
+    }
+    first, second = Daemon(env), Daemon(env)
+    await first.start()
+    await second.start()
+    try:
+        statuses = []
+        for _ in range(6):
+            statuses += [s for s, _ in await _statuses(first, ROOT, 1)]
+            statuses += [s for s, _ in await _statuses(second, ROOT, 1)]
+        assert 5 <= statuses.count(404) <= 7, statuses
+        assert statuses.count(429) == 12 - statuses.count(404)
+    finally:
+        await first.stop()
+        await second.stop()
+        redis_flush_prefix(real_servers.redis_url, env["REDIS_KEY_PREFIX"])

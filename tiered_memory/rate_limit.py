@@ -1,0 +1,83 @@
+"""Request rates per tenant and per token (RATE_LIMITS, TOKEN_RATE_LIMIT), so that one tenant's
+burst, a runaway loop or a leaked token, cannot take the others' share of the replicas.
+
+Each request draws on its tenant's bucket and, with a token, on its token's: the buckets live in
+the hot tier (tiers/buckets.py), so every replica draws on the same ones. A request past its rate
+is refused with 429 and `Retry-After` before any work. A hot tier that fails lets requests through
+(counted): a rate limit must not turn a Redis outage into a full one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import structlog
+from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
+
+from tiered_memory.auth import OPEN_PATHS, PRINCIPAL_KEY, valid_tenant
+from tiered_memory.errors import HotUnavailable, RateLimited
+from tiered_memory.metrics import Metrics
+from tiered_memory.tiers.buckets import Buckets, Rate, parse_rate
+
+log = structlog.get_logger("tiered_memory.rate_limit")
+
+# The RATE_LIMITS entry of every tenant not named.
+ANY_TENANT = "*"
+
+
+def parse_rate_limits(text: str) -> dict[str, Rate]:
+    """`acme=200/s,*=50/s`: tenant names (or `*`, every other tenant, and the requests of none)
+    and their rates; ValueError naming the bad entry."""
+    rates: dict[str, Rate] = {}
+    for entry in (e.strip() for e in text.split(",")):
+        if not entry:
+            continue
+        name, sep, rate = entry.partition("=")
+        name = name.strip()
+        if not sep or not (name == ANY_TENANT or valid_tenant(name)):
+            raise ValueError(f"expected tenant=rate entries such as acme=200/s or *=50/s, got {entry[:64]!r}")
+        if name in rates:
+            raise ValueError(f"{name!r} is given twice")
+        rates[name] = parse_rate(rate)
+    return rates
+
+
+def rate_limit_middleware(
+    tenant_rates: dict[str, Rate],
+    token_rate: Rate | None,
+    buckets_of: Callable[[web.Request], Buckets],
+    metrics: Metrics,
+) -> Middleware:
+    """Draw each request but the probes' on its tenant's bucket (the token's tenant, or the one an
+    unrestricted token or a daemon without tokens states with X-Tenant; '' for none) and on its
+    token's, in the buckets `buckets_of` the request's app keeps; RateLimited past either."""
+    default = tenant_rates.get(ANY_TENANT)
+
+    @web.middleware
+    async def limit(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path in OPEN_PATHS:
+            return await handler(request)
+        principal = request.get(PRINCIPAL_KEY)
+        tenant = principal.tenant if principal is not None else None
+        if tenant is None:
+            stated = request.headers.get("X-Tenant", "")
+            tenant = stated if valid_tenant(stated) else ""
+        draws = []
+        rate = tenant_rates.get(tenant, default)
+        if rate is not None:
+            draws.append(("tenant", f"tenant:{tenant}", rate))
+        if token_rate is not None and principal is not None:
+            draws.append(("token", f"token:{principal.token_id}", token_rate))
+        for scope, key, rate in draws:
+            try:
+                wait = await buckets_of(request).take(key, rate)
+            except HotUnavailable:
+                metrics.rate_limit_skipped.inc()
+                continue
+            if wait > 0:
+                metrics.rate_limited.labels(scope).inc()
+                raise RateLimited(f"the {scope}'s request rate is past its limit; retry", retry_after_s=wait)
+        return await handler(request)
+
+    return limit

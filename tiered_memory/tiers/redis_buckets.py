@@ -1,0 +1,45 @@
+"""Token buckets on Redis (`Keys.rate`), drawn on by every replica: one script a request reads,
+refills and draws the bucket with Redis's clock, so that the replicas' clocks never matter."""
+
+from __future__ import annotations
+
+from tiered_memory.tiers.buckets import Rate
+from tiered_memory.tiers.keys import Keys
+from tiered_memory.tiers.redis_link import RedisLink
+from tiered_memory.tiers.resp import Script
+
+# KEYS: the bucket. ARGV: requests a second, burst, TTL. Answers the seconds to wait ('0': go),
+# as text (a Lua number would come back truncated to an integer). The arithmetic is buckets.take's.
+_TAKE_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local rate, burst = tonumber(ARGV[1]), tonumber(ARGV[2])
+local state = redis.call('HMGET', KEYS[1], 'tokens', 'at')
+local tokens = tonumber(state[1] or ARGV[2])
+local at = tonumber(state[2] or now)
+tokens = math.min(burst, tokens + math.max(0, now - at) * rate)
+local wait = 0
+if tokens >= 1 then tokens = tokens - 1 else wait = (1 - tokens) / rate end
+redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'at', tostring(now))
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+return tostring(wait)
+"""
+
+
+class RedisBuckets:
+    """Buckets through the hot tier's link (its connection, timeout and breaker)."""
+
+    def __init__(self, link: RedisLink, *, keys: Keys) -> None:
+        self._link = link
+        self._keys = keys
+        self._take = Script.of(_TAKE_LUA)
+
+    async def take(self, key: str, rate: Rate) -> float:
+        # A bucket left alone refills within burst / rate seconds: it is not kept much longer.
+        ttl = max(2, int(rate.burst / rate.per_second) + 2)
+
+        async def op() -> float:
+            answer = await self._link.script(self._take, [self._keys.rate(key)], [rate.per_second, rate.burst, ttl])
+            return float(answer.decode() if isinstance(answer, bytes) else str(answer))
+
+        return await self._link.call(op)

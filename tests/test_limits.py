@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import Daemon, new_sid
+from tests.conftest import Daemon, new_sid, play
+from tests.conversations import ZH_12_TURNS
+from tiered_memory.client import AsyncClient
 
 
 async def _status(daemon: Daemon, sid: str, body: dict[str, object]) -> tuple[int, dict[str, object]]:
@@ -44,3 +46,35 @@ async def test_a_full_session_refuses_more_and_changes_nothing(backend_env: dict
         assert (await _status(daemon, other, {"role": "user", "content": "你好吗"}))[0] == 201
     finally:
         await daemon.stop()
+
+
+async def test_pages_are_bounded_in_bytes_and_lead_on(daemon: Daemon) -> None:
+    """`…/messages` pages hold at most 1 MiB of text (one message at least) and say where the next
+    begins; `…/slices` pages by turn. Following the cursors, and the client's iterators, give
+    everything once."""
+    sid = new_sid()
+    for b in range(4):
+        batch = [{"role": "user", "content": f"{b}-{i} " + "x" * 32_000} for i in range(10)]
+        resp = await daemon.http.post(f"/v1/sessions/{sid}/messages/batch", json={"messages": batch})
+        assert resp.status == 201, await resp.text()
+    first = await daemon.get(f"/v1/sessions/{sid}/messages")
+    assert len(first["messages"]) == 32  # 32 × 32 KB fit in 1 MiB, a 33rd does not
+    assert first["next_from_seq"] == 33
+    rest = await daemon.get(f"/v1/sessions/{sid}/messages?from_seq=33")
+    assert [m["seq"] for m in rest["messages"]] == list(range(33, 41))
+    assert rest["next_from_seq"] is None
+    few = await daemon.get(f"/v1/sessions/{sid}/messages?limit=5")
+    assert (len(few["messages"]), few["next_from_seq"]) == (5, 6)
+
+    talk = new_sid()
+    await play(daemon, talk, ZH_12_TURNS)
+    await daemon.settle()
+    page = await daemon.get(f"/v1/sessions/{talk}/slices?limit=2")
+    assert [s["to_turn"] for s in page["slices"]] == [3, 6]
+    assert page["next_from_turn"] == 7
+    last = await daemon.get(f"/v1/sessions/{talk}/slices?from_turn=7&limit=2")
+    assert ([s["to_turn"] for s in last["slices"]], last["next_from_turn"]) == ([9, 12], None)
+
+    async with AsyncClient(str(daemon.http.make_url(""))) as client:
+        assert [m.seq async for m in client.iter_messages(sid)] == list(range(1, 41))
+        assert [s.to_turn for s in await client.slices(talk)] == [3, 6, 9, 12]

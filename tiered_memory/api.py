@@ -1,22 +1,18 @@
 """HTTP API v1: the routes; each validates its request (api_input), calls the MemoryService and
 shapes the JSON reply.
 
-Errors are `{"error": {"code", "message"}}`. Domain errors map to status codes here and only here;
-bad input is refused with a 4xx that names what was wrong, before anything is changed. Who is
+Domain errors become status codes at the edge (edge.py, `observe`); bad input is refused with a
+4xx that names what was wrong, before anything is changed. Who is
 asking (the token's tenant, the stated user) becomes a Caller at the edge, and names the session's
 stored key; the service checks the Caller against the session's owner.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import math
-import re
 import time
-import uuid
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import structlog
 from aiohttp import web
@@ -24,53 +20,21 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tiered_memory import api_input as read
 from tiered_memory.dialogue import tool_fields
-from tiered_memory.errors import (
-    BodyTimeout,
-    Conflict,
-    Forbidden,
-    InvalidInput,
-    NotFound,
-    Overloaded,
-    RateLimited,
-    SqlUnavailable,
-    TierUnavailable,
-    Unauthorized,
-)
-from tiered_memory.metrics import Metrics
+from tiered_memory.edge import METRICS_KEY, SETTINGS_KEY, TIER_KEY, reply
+from tiered_memory.errors import InvalidInput
 from tiered_memory.model import Message, SessionState, Slice, SummaryAnswer
 from tiered_memory.reads import ContextAnswer
 from tiered_memory.service import MemoryService
-from tiered_memory.settings import Settings
-from tiered_memory.tiers.codec import dumps
 
 log = structlog.get_logger("tiered_memory.api")
 
 SERVICE_KEY = web.AppKey("service", MemoryService)
-METRICS_KEY = web.AppKey("metrics", Metrics)
-SETTINGS_KEY = web.AppKey("settings", Settings)
 OPENAPI_KEY = web.AppKey("openapi", bytes)
-# The tier that answered a read (hot, warm, cold, none), for the request's log line.
-TIER_KEY = web.RequestKey("tier", str)
-
-_RETRY_AFTER_S = "1"
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def reply(body: object, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    # UTF-8 JSON: Chinese stays readable, and takes a third of the bytes that ASCII escapes would.
-    return web.Response(
-        body=dumps(body), status=status, headers=headers, content_type="application/json", charset="utf-8"
-    )
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
     """The request's JSON object, read within BODY_TIMEOUT_SECONDS."""
     return await read.json_object(request, timeout_s=request.app[SETTINGS_KEY].body_timeout_seconds)
-
-
-def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> web.Response:
-    return reply({"error": {"code": code, "message": message}}, status=status, headers=headers)
 
 
 def _summary_json(sid: str, answer: SummaryAnswer, now: float) -> dict[str, Any]:
@@ -368,12 +332,27 @@ def _slice_json(sid: str, s: Slice) -> dict[str, Any]:
     }
 
 
+# What one page of `…/messages` or `…/slices` holds at most, in bytes of text: a page of a thousand
+# 32 KiB messages would be 32 MiB in one reply. A page holds one item at least, whatever its size.
+PAGE_MAX_BYTES = 1024 * 1024
+T = TypeVar("T")
+
+
 async def get_slices(request: web.Request) -> web.Response:
-    read.check_query(request)
+    read.check_query(request, "from_turn", "limit")
     sid = read.session_id(request)
+    first = read.int_query(request, "from_turn", 1, 1, 2**31 - 1)
+    limit = read.int_query(request, "limit", 100, 1, 1000)
     caller = read.caller(request)
-    slices = await request.app[SERVICE_KEY].slices(caller.session_key(sid), caller=caller)
-    return reply({"session_id": sid, "slices": [_slice_json(sid, s) for s in slices]})
+    rows = await request.app[SERVICE_KEY].slices(
+        caller.session_key(sid), caller=caller, from_turn=first, limit=limit + 1
+    )
+    kept, more = page(rows, limit=limit, max_bytes=PAGE_MAX_BYTES, size=lambda s: len(s.text.encode()))
+    # The cursor is a turn: a page never ends inside a run of slices that end at the same turn.
+    while more and len(kept) > 1 and kept[-1].to_turn == rows[len(kept)].to_turn:
+        kept.pop()
+    following = kept[-1].to_turn + 1 if more and kept else None
+    return reply({"session_id": sid, "slices": [_slice_json(sid, s) for s in kept], "next_from_turn": following})
 
 
 async def get_recall(request: web.Request) -> web.Response:
@@ -415,9 +394,26 @@ async def get_messages(request: web.Request) -> web.Response:
     limit = read.int_query(request, "limit", 1000, 1, 1000)
     caller = read.caller(request)
     rows = await request.app[SERVICE_KEY].messages(
-        caller.session_key(sid), caller=caller, first_seq=first, last_seq=last, limit=limit
+        caller.session_key(sid), caller=caller, first_seq=first, last_seq=last, limit=limit + 1
     )
-    return reply({"session_id": sid, "messages": [_message_json(m) for m in rows]})
+    kept, more = page(
+        rows, limit=limit, max_bytes=PAGE_MAX_BYTES, size=lambda m: len(m.content.encode()) + len(m.tool_calls)
+    )
+    following = kept[-1].seq + 1 if more and kept else None
+    return reply({"session_id": sid, "messages": [_message_json(m) for m in kept], "next_from_seq": following})
+
+
+def page(rows: Sequence[T], *, limit: int, max_bytes: int, size: Callable[[T], int]) -> tuple[list[T], bool]:
+    """The first of `rows` (read `limit` + 1, to know whether more follow) that make one page: at
+    most `limit`, and no more than `max_bytes` by `size` (one at least); and whether more follow."""
+    kept: list[T] = []
+    used = 0
+    for row in rows[:limit]:
+        used += size(row)
+        if kept and used > max_bytes:
+            break
+        kept.append(row)
+    return kept, len(kept) < len(rows)
 
 
 def _message_json(m: Message) -> dict[str, Any]:
@@ -495,126 +491,3 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/openapi.json", openapi_document)
-
-
-_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
-
-
-@web.middleware
-async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Bind request and session ids to the logs, time the request, map domain errors to status
-    codes (the one place where errors become HTTP), and write the request's one log line: route
-    template, method, status, duration_ms, session_id and the tier that answered a read."""
-    # A caller's id is echoed and logged only when it is one a log line can carry as it is.
-    stated = request.headers.get("X-Request-ID", "")
-    request_id = stated if _REQUEST_ID.fullmatch(stated) else uuid.uuid4().hex
-    session_id = request.match_info.get("session_id")
-    structlog.contextvars.clear_contextvars()
-    structlog.contextvars.bind_contextvars(request_id=request_id, session_id=session_id)
-    started = time.perf_counter()
-    try:
-        response = await _mapped(request, handler)
-    except asyncio.CancelledError:
-        # The client went away and the server cancelled its handler (handler_cancellation): no
-        # failure of ours. Counted and logged as a 499, as nginx has it.
-        if request.transport is not None and not request.transport.is_closing():
-            raise  # a shutdown, not a client
-        _record(request, "client_closed", CLIENT_CLOSED, started, session_id, request_id)
-        raise
-    except ConnectionResetError:
-        # The client went away while its body was read (the handler is not cancelled): the same
-        # 499, answered to nobody (aiohttp drops a reply to a closed connection without a word).
-        _record(request, "client_closed", CLIENT_CLOSED, started, session_id, request_id)
-        return web.Response(status=CLIENT_CLOSED)
-    finally:
-        structlog.contextvars.clear_contextvars()
-    _record(request, "request", response.status, started, session_id, request_id)
-    response.headers["X-Request-ID"] = request_id
-    return response
-
-
-# The status a request whose client went away is counted under (nginx's "client closed request").
-CLIENT_CLOSED = 499
-
-
-def _record(
-    request: web.Request, event: str, status: int, started: float, session_id: str | None, request_id: str
-) -> None:
-    """A request's metric and its one log line. The ids are passed, not bound: the log context
-    is cleared before this runs."""
-    resource = request.match_info.route.resource
-    route = resource.canonical if resource is not None else "unmatched"
-    elapsed = time.perf_counter() - started
-    request.app[METRICS_KEY].request_seconds.labels(route, request.method, str(status)).observe(elapsed)
-    log.info(
-        event,
-        route=route,
-        method=request.method,
-        status=status,
-        duration_ms=round(elapsed * 1000, 3),
-        session_id=session_id,
-        tier=request.get(TIER_KEY),
-        request_id=request_id,
-    )
-
-
-async def _mapped(request: web.Request, handler: Handler) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except BodyTimeout as exc:
-        # The rest of the body may still come: the connection is closed after the answer (once
-        # aiohttp has read and dropped what still comes, at most its lingering time: closing at
-        # once, with unread bytes queued, would reset the connection before the 408 is read).
-        response = error_response(exc.status, exc.code, str(exc))
-        response.force_close()
-        return response
-    except InvalidInput as exc:
-        response = error_response(exc.status, exc.code, str(exc))
-        if request.content.exception() is not None:
-            # The body stream broke (a Content-Encoding that does not decode): aiohttp drops the
-            # connection after this reply, so it must say so, or a pooled client reuses it and
-            # its next request fails with a disconnect.
-            response.force_close()
-        return response
-    except Unauthorized as exc:
-        return error_response(401, "unauthorized", str(exc), {"WWW-Authenticate": "Bearer"})
-    except NotFound as exc:
-        return error_response(404, "not_found", str(exc))
-    except Forbidden:
-        # One body whatever the reason: it must not tell whose the session is.
-        return error_response(403, "forbidden", Forbidden.message)
-    except Conflict as exc:
-        return error_response(412 if exc.code == "precondition_failed" else 409, exc.code, str(exc))
-    except RateLimited as exc:
-        retry = str(max(1, math.ceil(exc.retry_after_s)))
-        return error_response(429, "rate_limited", str(exc), {"Retry-After": retry})
-    except Overloaded as exc:
-        return error_response(503, "overloaded", str(exc), {"Retry-After": _RETRY_AFTER_S})
-    except SqlUnavailable as exc:
-        log.warning("sql_unavailable", error=str(exc))
-        return error_response(
-            503, "sql_unavailable", "the message store is unavailable; retry", {"Retry-After": _RETRY_AFTER_S}
-        )
-    except TierUnavailable as exc:
-        # The driver's words (an internal address, a key) are for the log, not for the caller.
-        log.warning("tier_unavailable", tier=exc.tier, error=str(exc))
-        return error_response(
-            503, "unavailable", f"the {exc.tier} tier is unavailable; retry", {"Retry-After": _RETRY_AFTER_S}
-        )
-    except web.HTTPRequestEntityTooLarge:
-        limit = request.app[SETTINGS_KEY].max_body_bytes
-        return error_response(413, "request_entity_too_large", f"body: expected at most {limit} bytes")
-    except web.HTTPException as exc:
-        if exc.status >= 400:
-            # Its headers carry meaning (Allow on a 405, WWW-Authenticate on a 401); only the body changes.
-            headers = {k: v for k, v in exc.headers.items() if k.lower() not in ("content-type", "content-length")}
-            return error_response(exc.status, exc.reason.lower().replace(" ", "_"), exc.reason, headers)
-        raise
-    except ConnectionResetError:
-        if request.transport is not None and not request.transport.is_closing():
-            log.exception("request_failed")  # a reset of ours (a store's connection), not the client's
-            return error_response(500, "internal", "internal error")
-        raise  # the client went away mid-request: observe counts it, as no failure of ours
-    except Exception:
-        log.exception("request_failed")
-        return error_response(500, "internal", "internal error")

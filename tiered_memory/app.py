@@ -15,8 +15,9 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from tiered_memory.admission import admission_middleware
-from tiered_memory.api import METRICS_KEY, OPENAPI_KEY, SERVICE_KEY, SETTINGS_KEY, add_routes, observe
+from tiered_memory.api import OPENAPI_KEY, SERVICE_KEY, add_routes
 from tiered_memory.auth import auth_middleware
+from tiered_memory.edge import METRICS_KEY, SETTINGS_KEY, observe
 from tiered_memory.errors import ConfigError, SqlUnavailable
 from tiered_memory.local_guard import local_guard_middleware
 from tiered_memory.metrics import Metrics

@@ -314,10 +314,13 @@ class MemoryService:
 
     # --- reads ----------------------------------------------------------------------------
 
-    async def slices(self, session_id: str, *, caller: Caller) -> list[Slice]:
-        """Every summarization of the session, oldest first, each leading back to its messages."""
+    async def slices(
+        self, session_id: str, *, caller: Caller, from_turn: int = 1, limit: int | None = None
+    ) -> list[Slice]:
+        """The session's summarizations that end at `from_turn` or later (at most `limit`), oldest
+        first, each leading back to its messages."""
         await self._owned_session(session_id, caller)
-        return await self._store.slices(session_id)
+        return await self._store.slices(session_id, from_turn=from_turn, limit=limit)
 
     async def messages(
         self, session_id: str, *, caller: Caller, first_seq: int, last_seq: int, limit: int

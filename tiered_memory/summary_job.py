@@ -31,6 +31,8 @@ from tiered_memory.tiers.hot import HotTier
 from tiered_memory.tiers.sql_store import SqlStore
 
 log = structlog.get_logger("tiered_memory.summary_job")
+# The turns of a backlog read from SQL at once (rounded to whole batches).
+_PAGE_TURNS = 120
 
 
 class Outcome(enum.StrEnum):
@@ -132,10 +134,22 @@ class SummaryJob:
             cached = prev is not None and await self._cache(session_id, prev)
             return JobResult(Outcome.UP_TO_DATE, hot_written=cached)
         started = time.perf_counter()
-        rows = await self._store.messages_in_turns(session_id, after_turn=covered, through_turn=target)
-        summary, pieces = await self._merge_batches(
-            session_id, token, prev, rows, covered=covered, target=target, llm=llm, stored=prev
-        )
+        # A backlog (hours of LLM outage, a bulk import) is read a page of turns at a time, not
+        # all at once; each page is merged in batches as before, and one summary is written.
+        summary, pieces = prev, []
+        page = self._batch * max(1, _PAGE_TURNS // self._batch)
+        start = covered
+        while start < target:
+            if start > covered:
+                await self._keep_lock(session_id, token)
+            end = min(start + page, target)
+            rows = await self._store.messages_in_turns(session_id, after_turn=start, through_turn=end)
+            summary, more = await self._merge_batches(
+                session_id, token, summary, rows, covered=start, target=end, llm=llm, stored=prev
+            )
+            pieces += more
+            start = end
+        assert summary is not None
         source = summary.source
         if not await self._store.put_summary(
             session_id, summary, user_id=info.user_id, turn_count=target, slices=pieces

@@ -283,9 +283,16 @@ class AsyncClient:
         return build(SessionInfo, data)
 
     async def slices(self, session_id: str, *, user_id: str | None = None) -> list[Slice]:
-        """Every summarization of the session, oldest first."""
-        _, data = await self._call("GET", f"/v1/sessions/{_sid(session_id)}/slices", user_id=user_id)
-        return slices_of(data["slices"])
+        """Every summarization of the session, oldest first (a page at a time)."""
+        out: list[Slice] = []
+        following: int | None = 1
+        while following is not None:
+            params = _params(from_turn=following)
+            path = f"/v1/sessions/{_sid(session_id)}/slices"
+            _, data = await self._call("GET", path, params=params, user_id=user_id)
+            out.extend(slices_of(data["slices"]))
+            following = data.get("next_from_turn")
+        return out
 
     async def recall(
         self, session_id: str, query: str, *, k: int | None = None, user_id: str | None = None
@@ -304,21 +311,24 @@ class AsyncClient:
         to_seq: int | None = None,
         limit: int | None = None,
     ) -> list[StoredMessage]:
-        """Stored messages by seq range (at most 1000 per call), oldest first."""
+        """Stored messages by seq range, oldest first: one page (at most 1000, and at most 1 MiB
+        of text; `iter_messages` follows the pages)."""
+        return (await self._messages_page(session_id, user_id, from_seq, to_seq, limit))[0]
+
+    async def _messages_page(
+        self, session_id: str, user_id: str | None, from_seq: int | None, to_seq: int | None, limit: int | None
+    ) -> tuple[list[StoredMessage], int | None]:
         params = _params(from_seq=from_seq, to_seq=to_seq, limit=limit)
         _, data = await self._call("GET", f"/v1/sessions/{_sid(session_id)}/messages", params=params, user_id=user_id)
-        return [build(StoredMessage, m) for m in data["messages"]]
+        return [build(StoredMessage, m) for m in data["messages"]], data.get("next_from_seq")
 
     async def iter_messages(self, session_id: str, *, user_id: str | None = None) -> AsyncIterator[StoredMessage]:
         """Every stored message of the session, oldest first, fetched a page at a time."""
-        after = 0
-        while True:
-            page = await self.messages(session_id, user_id=user_id, from_seq=after + 1, limit=_PAGE)
+        following: int | None = 1
+        while following is not None:
+            page, following = await self._messages_page(session_id, user_id, following, None, _PAGE)
             for m in page:
                 yield m
-            if len(page) < _PAGE:
-                return
-            after = page[-1].seq
 
     async def user_summaries(
         self, user_id: str, *, limit: int | None = None, as_user: str | None = None

@@ -520,14 +520,15 @@ class SqlStore(MessageReads):
 
         return await self._transaction(body)
 
-    async def slices(self, session_id: str) -> list[Slice]:
-        """The session's slices, oldest first."""
+    async def slices(self, session_id: str, *, from_turn: int = 1, limit: int | None = None) -> list[Slice]:
+        """The session's slices that end at `from_turn` or later (at most `limit`), oldest first."""
 
         async def op() -> list[Slice]:
             q = (
                 sa.select(summary_slices)
-                .where(summary_slices.c.session_id == session_id)
+                .where(summary_slices.c.session_id == session_id, summary_slices.c.to_turn >= from_turn)
                 .order_by(summary_slices.c.to_turn, summary_slices.c.id)
+                .limit(limit)
             )
             async with self._engine.connect() as conn:
                 return [row_to_slice(r) for r in (await conn.execute(q)).all()]

@@ -1,0 +1,177 @@
+"""The HTTP edge every request passes: its id, its one log line and metric, and the one place where
+domain errors become status codes (`observe`, the outermost middleware), with the JSON reply
+shapes every route shares. Errors are `{"error": {"code", "message"}}`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+import structlog
+from aiohttp import web
+
+from tiered_memory.errors import (
+    BodyTimeout,
+    Conflict,
+    Forbidden,
+    InvalidInput,
+    NotFound,
+    Overloaded,
+    RateLimited,
+    SqlUnavailable,
+    TierUnavailable,
+    Unauthorized,
+)
+from tiered_memory.metrics import Metrics
+from tiered_memory.settings import Settings
+from tiered_memory.tiers.codec import dumps
+
+log = structlog.get_logger("tiered_memory.api")
+
+METRICS_KEY = web.AppKey("metrics", Metrics)
+SETTINGS_KEY = web.AppKey("settings", Settings)
+# The tier that answered a read (hot, warm, cold, none), for the request's log line.
+TIER_KEY = web.RequestKey("tier", str)
+
+_RETRY_AFTER_S = "1"
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def reply(body: object, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    # UTF-8 JSON: Chinese stays readable, and takes a third of the bytes that ASCII escapes would.
+    return web.Response(
+        body=dumps(body), status=status, headers=headers, content_type="application/json", charset="utf-8"
+    )
+
+
+def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return reply({"error": {"code": code, "message": message}}, status=status, headers=headers)
+
+
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+@web.middleware
+async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Bind request and session ids to the logs, time the request, map domain errors to status
+    codes (the one place where errors become HTTP), and write the request's one log line: route
+    template, method, status, duration_ms, session_id and the tier that answered a read."""
+    # A caller's id is echoed and logged only when it is one a log line can carry as it is.
+    stated = request.headers.get("X-Request-ID", "")
+    request_id = stated if _REQUEST_ID.fullmatch(stated) else uuid.uuid4().hex
+    session_id = request.match_info.get("session_id")
+    structlog.contextvars.clear_contextvars()
+    structlog.contextvars.bind_contextvars(request_id=request_id, session_id=session_id)
+    started = time.perf_counter()
+    try:
+        response = await _mapped(request, handler)
+    except asyncio.CancelledError:
+        # The client went away and the server cancelled its handler (handler_cancellation): no
+        # failure of ours. Counted and logged as a 499, as nginx has it.
+        if request.transport is not None and not request.transport.is_closing():
+            raise  # a shutdown, not a client
+        _record(request, "client_closed", CLIENT_CLOSED, started, session_id, request_id)
+        raise
+    except ConnectionResetError:
+        # The client went away while its body was read (the handler is not cancelled): the same
+        # 499, answered to nobody (aiohttp drops a reply to a closed connection without a word).
+        _record(request, "client_closed", CLIENT_CLOSED, started, session_id, request_id)
+        return web.Response(status=CLIENT_CLOSED)
+    finally:
+        structlog.contextvars.clear_contextvars()
+    _record(request, "request", response.status, started, session_id, request_id)
+    response.headers["X-Request-ID"] = request_id
+    return response
+
+
+# The status a request whose client went away is counted under (nginx's "client closed request").
+CLIENT_CLOSED = 499
+
+
+def _record(
+    request: web.Request, event: str, status: int, started: float, session_id: str | None, request_id: str
+) -> None:
+    """A request's metric and its one log line. The ids are passed, not bound: the log context
+    is cleared before this runs."""
+    resource = request.match_info.route.resource
+    route = resource.canonical if resource is not None else "unmatched"
+    elapsed = time.perf_counter() - started
+    request.app[METRICS_KEY].request_seconds.labels(route, request.method, str(status)).observe(elapsed)
+    log.info(
+        event,
+        route=route,
+        method=request.method,
+        status=status,
+        duration_ms=round(elapsed * 1000, 3),
+        session_id=session_id,
+        tier=request.get(TIER_KEY),
+        request_id=request_id,
+    )
+
+
+async def _mapped(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except BodyTimeout as exc:
+        # The rest of the body may still come: the connection is closed after the answer (once
+        # aiohttp has read and dropped what still comes, at most its lingering time: closing at
+        # once, with unread bytes queued, would reset the connection before the 408 is read).
+        response = error_response(exc.status, exc.code, str(exc))
+        response.force_close()
+        return response
+    except InvalidInput as exc:
+        response = error_response(exc.status, exc.code, str(exc))
+        if request.content.exception() is not None:
+            # The body stream broke (a Content-Encoding that does not decode): aiohttp drops the
+            # connection after this reply, so it must say so, or a pooled client reuses it and
+            # its next request fails with a disconnect.
+            response.force_close()
+        return response
+    except Unauthorized as exc:
+        return error_response(401, "unauthorized", str(exc), {"WWW-Authenticate": "Bearer"})
+    except NotFound as exc:
+        return error_response(404, "not_found", str(exc))
+    except Forbidden:
+        # One body whatever the reason: it must not tell whose the session is.
+        return error_response(403, "forbidden", Forbidden.message)
+    except Conflict as exc:
+        return error_response(412 if exc.code == "precondition_failed" else 409, exc.code, str(exc))
+    except RateLimited as exc:
+        retry = str(max(1, math.ceil(exc.retry_after_s)))
+        return error_response(429, "rate_limited", str(exc), {"Retry-After": retry})
+    except Overloaded as exc:
+        return error_response(503, "overloaded", str(exc), {"Retry-After": _RETRY_AFTER_S})
+    except SqlUnavailable as exc:
+        log.warning("sql_unavailable", error=str(exc))
+        return error_response(
+            503, "sql_unavailable", "the message store is unavailable; retry", {"Retry-After": _RETRY_AFTER_S}
+        )
+    except TierUnavailable as exc:
+        # The driver's words (an internal address, a key) are for the log, not for the caller.
+        log.warning("tier_unavailable", tier=exc.tier, error=str(exc))
+        return error_response(
+            503, "unavailable", f"the {exc.tier} tier is unavailable; retry", {"Retry-After": _RETRY_AFTER_S}
+        )
+    except web.HTTPRequestEntityTooLarge:
+        limit = request.app[SETTINGS_KEY].max_body_bytes
+        return error_response(413, "request_entity_too_large", f"body: expected at most {limit} bytes")
+    except web.HTTPException as exc:
+        if exc.status >= 400:
+            # Its headers carry meaning (Allow on a 405, WWW-Authenticate on a 401); only the body changes.
+            headers = {k: v for k, v in exc.headers.items() if k.lower() not in ("content-type", "content-length")}
+            return error_response(exc.status, exc.reason.lower().replace(" ", "_"), exc.reason, headers)
+        raise
+    except ConnectionResetError:
+        if request.transport is not None and not request.transport.is_closing():
+            log.exception("request_failed")  # a reset of ours (a store's connection), not the client's
+            return error_response(500, "internal", "internal error")
+        raise  # the client went away mid-request: observe counts it, as no failure of ours
+    except Exception:
+        log.exception("request_failed")
+        return error_response(500, "internal", "internal error")

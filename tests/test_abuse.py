@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.conftest import Daemon, new_sid
+from tests.conftest import Daemon, new_sid, play
+from tests.conversations import ZH_12_TURNS
+from tests.fake_llm import Behaviour, FakeLlm
 
 
 async def test_a_request_id_is_echoed_only_when_harmless(daemon: Daemon) -> None:
@@ -120,5 +122,34 @@ async def test_without_tokens_only_json_bodies_sent_to_this_machine_are_served(b
         assert resp.status in (200, 404)
         resp = await daemon.http.post("/v1/sessions/s-x/messages", data=b"{}", headers={"Content-Type": "text/plain"})
         assert resp.status == 415
+    finally:
+        await daemon.stop()
+
+
+async def test_a_request_past_its_deadline_is_cancelled_with_a_504(
+    backend_env: dict[str, str], fake_llm: FakeLlm
+) -> None:
+    """A rebuild that waits on a stuck LLM past REQUEST_TIMEOUT_MS is cancelled and answered 504
+    `deadline_exceeded`, in about the deadline; what it held (the summary lock) is let go, so the
+    next rebuild, with the LLM answering, goes through."""
+    fake_llm.behaviour = Behaviour(delay_s=5.0)
+    env = backend_env | {"LLM_BASE_URL": fake_llm.url, "SUMMARY_MODEL": "m", "REQUEST_TIMEOUT_MS": "500"}
+    env |= {"LLM_TIMEOUT_SECONDS": "10", "SUMMARY_FORMAT": "text"}
+    daemon = Daemon(env)
+    await daemon.start_quiet(fake_llm)
+    try:
+        sid = new_sid()
+        await play(daemon, sid, ZH_12_TURNS[:2])
+        fake_llm.behaviour = Behaviour(delay_s=5.0)
+        started = asyncio.get_running_loop().time()
+        resp = await daemon.http.post(f"/v1/sessions/{sid}/summary/rebuild")
+        waited = asyncio.get_running_loop().time() - started
+        assert resp.status == 504, await resp.text()
+        assert (await resp.json())["error"]["code"] == "deadline_exceeded"
+        assert waited < 3
+        fake_llm.behaviour = Behaviour()
+        again = await daemon.http.post(f"/v1/sessions/{sid}/summary/rebuild")
+        assert again.status == 200, await again.text()
+        assert (await again.json())["source"] == "llm"
     finally:
         await daemon.stop()

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 from tiered_memory.admission import admission_middleware
 from tiered_memory.api import OPENAPI_KEY, SERVICE_KEY, add_routes
 from tiered_memory.auth import auth_middleware
-from tiered_memory.edge import METRICS_KEY, SETTINGS_KEY, observe
+from tiered_memory.edge import METRICS_KEY, SETTINGS_KEY, deadline_middleware, observe
 from tiered_memory.errors import ConfigError, SqlUnavailable
 from tiered_memory.local_guard import local_guard_middleware
 from tiered_memory.metrics import Metrics
@@ -257,6 +257,9 @@ def create_app(
                 settings.rate_limits, settings.token_rate_limit, lambda request: request.app[HOT_KEY].buckets, metrics
             )
         )
+    if settings.request_timeout_ms:
+        # Innermost: the deadline bounds the work, not the checks before it.
+        middlewares.append(deadline_middleware(settings.request_timeout_ms / 1000))
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
     app[SETTINGS_KEY] = settings
     app[METRICS_KEY] = metrics

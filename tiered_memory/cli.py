@@ -70,6 +70,9 @@ def serve_one(settings: Settings, reuse_port: bool) -> int:
             # How long a request answered before its body was read whole (a 408, a 413) may still
             # send what it was sending before the connection is closed (aiohttp's default is 10 s).
             lingering_time=LINGERING_S,
+            # A client that goes away cancels its request's work (a 499 in the metrics): nobody
+            # would read the answer. A write in flight still commits (group_commit.py).
+            handler_cancellation=True,
             loop=loop,
             print=lambda msg: print(msg, file=sys.stderr),
         )

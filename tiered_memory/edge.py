@@ -14,10 +14,13 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
+from tiered_memory.auth import OPEN_PATHS
 from tiered_memory.errors import (
     BodyTimeout,
     Conflict,
+    DeadlineExceeded,
     Forbidden,
     InvalidInput,
     NotFound,
@@ -142,6 +145,8 @@ async def _mapped(request: web.Request, handler: Handler) -> web.StreamResponse:
         return error_response(403, "forbidden", Forbidden.message)
     except Conflict as exc:
         return error_response(412 if exc.code == "precondition_failed" else 409, exc.code, str(exc))
+    except DeadlineExceeded as exc:
+        return error_response(504, "deadline_exceeded", str(exc))
     except RateLimited as exc:
         retry = str(max(1, math.ceil(exc.retry_after_s)))
         return error_response(429, "rate_limited", str(exc), {"Retry-After": retry})
@@ -175,3 +180,25 @@ async def _mapped(request: web.Request, handler: Handler) -> web.StreamResponse:
     except Exception:
         log.exception("request_failed")
         return error_response(500, "internal", "internal error")
+
+
+def deadline_middleware(timeout_s: float) -> Middleware:
+    """Cancel a request's work past `timeout_s` (REQUEST_TIMEOUT_MS) and answer 504: the probes and
+    /metrics excepted. A TimeoutError of the work's own (a store's) is not the deadline's."""
+
+    @web.middleware
+    async def deadline(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path in OPEN_PATHS:
+            return await handler(request)
+        try:
+            async with asyncio.timeout(timeout_s) as scope:
+                return await handler(request)
+        except TimeoutError:
+            if not scope.expired():
+                raise
+            raise DeadlineExceeded(
+                f"the request ran past {timeout_s * 1000:g} ms (REQUEST_TIMEOUT_MS) and was cancelled; a write it"
+                " made may have committed: retry with the same message_id"
+            ) from None
+
+    return deadline

@@ -12,6 +12,7 @@ TieredMemoryError
 ├── Conflict               a message_id was reused for different content (→ 409)
 ├── Overloaded             this process has MAX_INFLIGHT_REQUESTS in progress (→ 503)
 ├── RateLimited            the tenant or token is past its RATE_LIMITS rate (→ 429)
+├── DeadlineExceeded       the request ran past REQUEST_TIMEOUT_MS and was cancelled (→ 504)
 ├── LlmFailed              the LLM gave no usable summary (→ deterministic fallback)
 └── TierUnavailable        a store did not answer in time or failed (→ 503 on writes)
     ├── HotUnavailable     Redis / the in-process cache
@@ -98,6 +99,11 @@ class RateLimited(TieredMemoryError):
     def __init__(self, message: str, *, retry_after_s: float) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class DeadlineExceeded(TieredMemoryError):
+    """A request ran past its deadline (REQUEST_TIMEOUT_MS) and its work was cancelled. A write it
+    was making may have committed: a retry with the same message_id tells (it stores nothing twice)."""
 
 
 class TierUnavailable(TieredMemoryError):

@@ -134,6 +134,9 @@ class Settings(BaseSettings):
     # A request's body must arrive within this (else 408): a client that drips it would hold a
     # connection and a handler without end.
     body_timeout_seconds: float = Field(10.0, alias="BODY_TIMEOUT_SECONDS", gt=0, le=3600)
+    # A request's work past this is cancelled and answered 504 (0: no deadline): a request that
+    # a slow LLM or a stuck store holds keeps neither its slot nor its client waiting for ever.
+    request_timeout_ms: int = Field(30_000, alias="REQUEST_TIMEOUT_MS", ge=0, le=3_600_000)
     # Request rates: per tenant (`acme=200/s,*=50/s`; `*` for every tenant not named, and for
     # requests of none) and per token (`20/s`); past them 429 (rate_limit.py). Unset: no limit.
     rate_limits_setting: str = Field("", alias="RATE_LIMITS")

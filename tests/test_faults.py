@@ -219,6 +219,39 @@ async def test_redis_flushed_answers_warm_then_hot_again(
 # --- SQL --------------------------------------------------------------------------------
 
 
+async def test_an_append_past_its_deadline_still_reaches_the_hot_tier(
+    real_servers: RealServers, sql_proxy: TcpProxy
+) -> None:
+    """A commit slower than REQUEST_TIMEOUT_MS: the request is answered 504, but the write runs
+    whole, its hot half too; the next hot context shows the message instead of a hot list that
+    stops short of SQL (what a write cut after its commit left)."""
+    d = Daemon(
+        _env(
+            real_servers,
+            DATABASE_URL=_via(real_servers.mysql_url, sql_proxy.port),
+            SQL_TIMEOUT_MS="5000",
+            REQUEST_TIMEOUT_MS="300",
+        )
+    )
+    await d.start()
+    try:
+        sid = new_sid()
+        await play(d, sid, ZH_12_TURNS[:1])
+        sql_proxy.delay_s = 0.6
+        resp = await d.http.post(f"/v1/sessions/{sid}/messages", json={"role": "user", "content": "还在吗？"})
+        assert resp.status == 504, await resp.text()
+        sql_proxy.delay_s = 0.0
+        for _ in range(100):
+            ctx = await d.get(f"/v1/sessions/{sid}/context")
+            if ctx["messages"][-1]["content"] == "还在吗？":
+                break
+            await asyncio.sleep(0.05)
+        assert ctx["messages"][-1]["content"] == "还在吗？"
+        assert await d.store.count_messages(sid) == 3
+    finally:
+        await d.stop()
+
+
 @pytest.mark.parametrize("fault", ["cut", "slow"])
 async def test_sql_fault_refuses_writes_serves_hot_reads_and_loses_nothing(
     real_servers: RealServers, sql_proxy: TcpProxy, fault: str

@@ -4,11 +4,13 @@ answered; bytes are UTF-8's. Each runs on the embedded backends and on real Redi
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from tests.conftest import Daemon, new_sid, play
 from tests.conversations import ZH_12_TURNS
-from tiered_memory.client import AsyncClient
+from tiered_memory.client import AsyncClient, Client
 
 
 async def _status(daemon: Daemon, sid: str, body: dict[str, object]) -> tuple[int, dict[str, object]]:
@@ -75,6 +77,13 @@ async def test_pages_are_bounded_in_bytes_and_lead_on(daemon: Daemon) -> None:
     last = await daemon.get(f"/v1/sessions/{talk}/slices?from_turn=7&limit=2")
     assert ([s["to_turn"] for s in last["slices"]], last["next_from_turn"]) == ([9, 12], None)
 
-    async with AsyncClient(str(daemon.http.make_url(""))) as client:
+    base = str(daemon.http.make_url(""))
+    async with AsyncClient(base) as client:
         assert [m.seq async for m in client.iter_messages(sid)] == list(range(1, 41))
         assert [s.to_turn for s in await client.slices(talk)] == [3, 6, 9, 12]
+
+    def blocking() -> list[int]:
+        with Client(base) as client:
+            return [m.seq for m in client.iter_messages(sid)]
+
+    assert await asyncio.to_thread(blocking) == list(range(1, 41))

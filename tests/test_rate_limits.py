@@ -71,6 +71,20 @@ async def test_a_tenant_past_its_rate_waits_and_the_others_do_not(backend_env: d
         await daemon.stop()
 
 
+async def test_a_runaway_token_does_not_starve_its_tenant(backend_env: dict[str, str]) -> None:
+    """Each token may make 1 request a second, the tenant 5: a token past its own rate is refused
+    without spending the tenant's, so another token of the tenant is still served."""
+    other = "acme:acme-token-other-0123"
+    env = backend_env | {"API_TOKENS": f"acme:{ACME},{other}", "RATE_LIMITS": "acme=5/s", "TOKEN_RATE_LIMIT": "1/s"}
+    daemon = Daemon(env)
+    await daemon.start()
+    try:
+        assert [s for s, _ in await _statuses(daemon, ACME, 6)] == [404] + [429] * 5
+        assert [s for s, _ in await _statuses(daemon, other.partition(":")[2], 1)] == [404]
+    finally:
+        await daemon.stop()
+
+
 async def test_replicas_draw_on_one_bucket(real_servers: RealServers) -> None:
     """With Redis, two replicas share a token's bucket: 5 a second in all, not 5 each. (On the
     embedded default each process has its own: one process is the deployment.)"""

@@ -63,12 +63,14 @@ def rate_limit_middleware(
         if tenant is None:
             stated = request.headers.get("X-Tenant", "")
             tenant = stated if valid_tenant(stated) else ""
+        # The token's bucket first: a request its own token's rate refuses must not spend its
+        # tenant's (a runaway token would starve the tenant's other tokens).
         draws = []
+        if token_rate is not None and principal is not None:
+            draws.append(("token", f"token:{principal.token_id}", token_rate))
         rate = tenant_rates.get(tenant, default)
         if rate is not None:
             draws.append(("tenant", f"tenant:{tenant}", rate))
-        if token_rate is not None and principal is not None:
-            draws.append(("token", f"token:{principal.token_id}", token_rate))
         for scope, key, rate in draws:
             try:
                 wait = await buckets_of(request).take(key, rate)

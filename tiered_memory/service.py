@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any, TypeVar
 
 import structlog
 
@@ -46,6 +46,7 @@ from tiered_memory.tiers.sql_schema import SCHEMA_VERSION
 from tiered_memory.tiers.sql_store import SqlStore
 
 log = structlog.get_logger("tiered_memory.service")
+T = TypeVar("T")
 
 # One more try of a hot write that failed (the gateway state's), after this long.
 _HOT_RETRY_S = 0.2
@@ -108,10 +109,28 @@ class MemoryService:
         # Bounds background summaries only: a start-up sweep that finds hundreds of due sessions
         # must not open hundreds of transactions and LLM calls at once. close() does not queue.
         self._slots = asyncio.Semaphore(settings.summary_concurrency)
+        # Writes running whole while their requests were cancelled (_whole).
+        self._writes: set[asyncio.Task[Any]] = set()
 
     # --- writes ---------------------------------------------------------------------------
 
+    async def _whole(self, work: Coroutine[Any, Any, T]) -> T:
+        """`work` (a write) run to its end even when the request waiting for it is cancelled (its
+        deadline passed, its client went away): a write whose SQL half committed must do its hot
+        half too, or the hot tier lags behind SQL until the next append finds the gap. The caller
+        still stops waiting at once."""
+        task = asyncio.ensure_future(work)
+        # Kept until done (the loop holds tasks weakly); an error nobody waits for is still read.
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        return await asyncio.shield(task)
+
     async def append(self, new: NewMessage, *, caller: Caller) -> AppendOutcome:
+        """`_append`, run whole (`_whole`)."""
+        return await self._whole(self._append(new, caller=caller))
+
+    async def _append(self, new: NewMessage, *, caller: Caller) -> AppendOutcome:
         """Commit a message to SQL, then the hot tier; schedule a summary at every Nth turn.
 
         Raises SqlUnavailable when the commit cannot be made (nothing is acknowledged then), and
@@ -140,6 +159,10 @@ class MemoryService:
         return AppendOutcome(result, due)
 
     async def append_batch(self, news: Sequence[NewMessage], *, caller: Caller) -> BatchOutcome:
+        """`_append_batch`, run whole (`_whole`)."""
+        return await self._whole(self._append_batch(news, caller=caller))
+
+    async def _append_batch(self, news: Sequence[NewMessage], *, caller: Caller) -> BatchOutcome:
         """Commit messages of one session in one transaction, all or none (a bulk import), then
         carry them on as if appended one by one: the hot tier in order, the recall postings, and
         a summary when a cadence point was passed. A retried batch stores nothing twice. Raises
@@ -227,6 +250,10 @@ class MemoryService:
         await self._history.aclose()
 
     async def close(self, session_id: str, *, caller: Caller, reason: str = "client") -> CloseResult:
+        """`_close`, run whole (`_whole`)."""
+        return await self._whole(self._close(session_id, caller=caller, reason=reason))
+
+    async def _close(self, session_id: str, *, caller: Caller, reason: str = "client") -> CloseResult:
         """Persist the final summary to both tiers (summarizing the uncovered turns now) when the
         session has at least SUMMARY_MIN_TURNS_TO_PERSIST turns, and mark it closed. Idempotent.
 
@@ -252,6 +279,10 @@ class MemoryService:
         return CloseResult(session_id, persisted, cached, info.turn_count)
 
     async def patch_message(self, session_id: str, message_id: str, patch: Patch, *, caller: Caller) -> PatchOutcome:
+        """`_patch_message`, run whole (`_whole`)."""
+        return await self._whole(self._patch_message(session_id, message_id, patch, caller=caller))
+
+    async def _patch_message(self, session_id: str, message_id: str, patch: Patch, *, caller: Caller) -> PatchOutcome:
         """Correct a stored message while no summary covers it (sql_patch.py), holding the
         session's summary lock so that no summary reads it meanwhile; then the hot tier forgets
         what it cached of the session (its recent list and recall postings held the old text) and
@@ -278,6 +309,10 @@ class MemoryService:
         return PatchOutcome(result, due)
 
     async def delete(self, session_id: str, *, caller: Caller) -> None:
+        """`_delete`, run whole (`_whole`)."""
+        return await self._whole(self._delete(session_id, caller=caller))
+
+    async def _delete(self, session_id: str, *, caller: Caller) -> None:
         """Remove a session from every tier, SQL first. Raises HotUnavailable when Redis could not
         be cleared: the caller must retry (delete is idempotent) rather than leave a deleted
         conversation readable from the cache until its TTL. Raises Forbidden, deleting nothing,
@@ -390,6 +425,12 @@ class MemoryService:
         return await self._store.get_state(session_id)
 
     async def put_state(
+        self, session_id: str, value: dict[str, Any], *, if_match: int | None, caller: Caller
+    ) -> SessionState:
+        """`_put_state`, run whole (`_whole`)."""
+        return await self._whole(self._put_state(session_id, value, if_match=if_match, caller=caller))
+
+    async def _put_state(
         self, session_id: str, value: dict[str, Any], *, if_match: int | None, caller: Caller
     ) -> SessionState:
         """Store the gateway's state as its next version (only over `if_match` when given), SQL

@@ -287,7 +287,8 @@ class AsyncClient:
         out: list[Slice] = []
         following: int | None = 1
         while following is not None:
-            params = _params(from_turn=following)
+            # The first page asks as an older daemon understands (it knows no from_turn).
+            params = _params(from_turn=following if following > 1 else None)
             path = f"/v1/sessions/{_sid(session_id)}/slices"
             _, data = await self._call("GET", path, params=params, user_id=user_id)
             out.extend(slices_of(data["slices"]))
@@ -312,21 +313,28 @@ class AsyncClient:
         limit: int | None = None,
     ) -> list[StoredMessage]:
         """Stored messages by seq range, oldest first: one page (at most 1000, and at most 1 MiB
-        of text; `iter_messages` follows the pages)."""
-        return (await self._messages_page(session_id, user_id, from_seq, to_seq, limit))[0]
-
-    async def _messages_page(
-        self, session_id: str, user_id: str | None, from_seq: int | None, to_seq: int | None, limit: int | None
-    ) -> tuple[list[StoredMessage], int | None]:
+        of text, so it may hold fewer than `limit`; `iter_messages` follows the pages)."""
         params = _params(from_seq=from_seq, to_seq=to_seq, limit=limit)
         _, data = await self._call("GET", f"/v1/sessions/{_sid(session_id)}/messages", params=params, user_id=user_id)
-        return [build(StoredMessage, m) for m in data["messages"]], data.get("next_from_seq")
+        return [build(StoredMessage, m) for m in data["messages"]]
+
+    async def messages_page(
+        self, session_id: str, user_id: str | None, from_seq: int
+    ) -> tuple[list[StoredMessage], int | None]:
+        """One page of messages from `from_seq`, and where the next begins (None after the last).
+        A daemon older than the cursors says nothing of the next page: a full page means more."""
+        params = _params(from_seq=from_seq, limit=_PAGE)
+        _, data = await self._call("GET", f"/v1/sessions/{_sid(session_id)}/messages", params=params, user_id=user_id)
+        page = [build(StoredMessage, m) for m in data["messages"]]
+        if "next_from_seq" in data:
+            return page, data["next_from_seq"]
+        return page, page[-1].seq + 1 if len(page) == _PAGE else None
 
     async def iter_messages(self, session_id: str, *, user_id: str | None = None) -> AsyncIterator[StoredMessage]:
         """Every stored message of the session, oldest first, fetched a page at a time."""
         following: int | None = 1
         while following is not None:
-            page, following = await self._messages_page(session_id, user_id, following, None, _PAGE)
+            page, following = await self.messages_page(session_id, user_id, following)
             for m in page:
                 yield m
 

@@ -231,14 +231,11 @@ class Client:
         )
 
     def iter_messages(self, session_id: str, *, user_id: str | None = None) -> Iterator[StoredMessage]:
-        """Every stored message, oldest first, a page at a time."""
-        after = 0
-        while True:
-            page = self.messages(session_id, user_id=user_id, from_seq=after + 1, limit=1000)
+        """Every stored message, oldest first, a page at a time (the pages AsyncClient follows)."""
+        following: int | None = 1
+        while following is not None:
+            page, following = self._run(self._async.messages_page(session_id, user_id, following))
             yield from page
-            if len(page) < 1000:
-                return
-            after = page[-1].seq
 
     def user_summaries(
         self, user_id: str, *, limit: int | None = None, as_user: str | None = None

@@ -201,38 +201,10 @@ def _one(a: Append, s: _Session, stored: tuple[Message, bool] | None, limits: Se
             content_chars=s.content_chars,
             owner=Owner(s.tenant, s.user_id),
         )
-    if new.tool_call_id is not None and new.tool_call_id not in s.open_calls:
-        raise Conflict(
-            f"tool_call_id {new.tool_call_id!r} answers no tool call of this session that is waiting for its result",
-            code="unknown_tool_call_id",
-        )
-    size = len(new.content.encode("utf-8")) + len(new.tool_calls.encode("utf-8"))
-    if (limits.messages and s.message_count >= limits.messages) or (
-        limits.bytes and s.content_bytes + size > limits.bytes
-    ):
-        raise Conflict(
-            f"the session holds {s.message_count} messages, {s.content_bytes} bytes: this one would pass"
-            f" MAX_SESSION_MESSAGES ({limits.messages or 'none'}) or MAX_SESSION_BYTES ({limits.bytes or 'none'});"
-            " close it and go on in a new session",
-            code="session_full",
-        )
+    size = _admitted(new, s, limits)
     owner = Owner(s.tenant, s.user_id or new.user_id)
     seq = s.message_count + 1
-    completed = s.turn_count
-    if new.role is Role.USER:
-        # Opens (or, after another user message, continues) turn completed+1.
-        turn, turns_after, completes, pending_after = completed + 1, completed, False, True
-    elif new.role is not Role.ASSISTANT or new.tool_calls or not new.status.answers:
-        # Tool traffic and a gateway's note belong to the turn in progress and answer nothing; a
-        # stopped, failed or streaming reply leaves the question open.
-        turn, turns_after, completes, pending_after = completed + 1, completed, False, s.pending_user
-    elif s.pending_user:
-        turn, turns_after, completes, pending_after = completed + 1, completed + 1, True, False
-    else:
-        # A greeting before any question, or a further part of a reply already given: it
-        # completes nothing and goes with the next turn, so that the summary of that turn takes
-        # it in (the turn it followed may be summarized already).
-        turn, turns_after, completes, pending_after = completed + 1, completed, False, False
+    turn, turns_after, completes, pending_after = _turns(new, completed=s.turn_count, pending=s.pending_user)
     message = Message(
         session_id=new.session_id,
         seq=seq,
@@ -270,6 +242,46 @@ def _one(a: Append, s: _Session, stored: tuple[Message, bool] | None, limits: Se
         content_chars=s.content_chars,
         owner=owner,
     )
+
+
+def _admitted(new: NewMessage, s: _Session, limits: SessionLimits) -> int:
+    """The bytes `new` adds to its session; Conflict when it answers no open tool call
+    (`unknown_tool_call_id`) or the session has no room for it (`session_full`)."""
+    if new.tool_call_id is not None and new.tool_call_id not in s.open_calls:
+        raise Conflict(
+            f"tool_call_id {new.tool_call_id!r} answers no tool call of this session that is waiting for its result",
+            code="unknown_tool_call_id",
+        )
+    size = len(new.content.encode("utf-8")) + len(new.tool_calls.encode("utf-8"))
+    if (limits.messages and s.message_count >= limits.messages) or (
+        limits.bytes and s.content_bytes + size > limits.bytes
+    ):
+        raise Conflict(
+            f"the session holds {s.message_count} messages, {s.content_bytes} bytes: this one would pass"
+            f" MAX_SESSION_MESSAGES ({limits.messages or 'none'}) or MAX_SESSION_BYTES ({limits.bytes or 'none'});"
+            " close it and go on in a new session",
+            code="session_full",
+        )
+    return size
+
+
+def _turns(new: NewMessage, *, completed: int, pending: bool) -> tuple[int, int, bool, bool]:
+    """Where `new` goes, after `completed` turns with a question waiting or not (`pending`): its
+    turn, the turns completed after it, whether it completes its turn, and whether a question
+    waits after it."""
+    if new.role is Role.USER:
+        # Opens (or, after another user message, continues) turn completed+1.
+        return completed + 1, completed, False, True
+    if new.role is not Role.ASSISTANT or new.tool_calls or not new.status.answers:
+        # Tool traffic and a gateway's note belong to the turn in progress and answer nothing; a
+        # stopped, failed or streaming reply leaves the question open.
+        return completed + 1, completed, False, pending
+    if pending:
+        return completed + 1, completed + 1, True, False
+    # A greeting before any question, or a further part of a reply already given: it completes
+    # nothing and goes with the next turn, so that the summary of that turn takes it in (the
+    # turn it followed may be summarized already).
+    return completed + 1, completed, False, False
 
 
 def _row(m: Message, completes: bool) -> dict[str, Any]:

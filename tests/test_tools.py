@@ -229,8 +229,8 @@ async def test_what_a_tool_returned_is_in_the_summary(daemon: Daemon) -> None:
 
 
 async def test_the_llm_reads_tool_results_and_events_labelled(backend_env: dict[str, str], fake_llm: FakeLlm) -> None:
-    """The LLM's request labels the tool's result and the gateway's note and says what to keep of
-    them; the call shows as the function it called."""
+    """The LLM's request names the tool's result and the gateway's note by their roles and says
+    what to keep of them; the call shows as the function it called."""
     payload = {
         "summary": "The user asked about order A123, which shipped; tracking 1Z999AA10123456784.",
         "conversation_goal": "track order A123",
@@ -252,9 +252,10 @@ async def test_the_llm_reads_tool_results_and_events_labelled(backend_env: dict[
         assert (await daemon.http.post(f"/v1/sessions/{sid}/close")).status == 200
         await daemon.settle()
         prompt = fake_llm.last_user_prompt()
-        assert "Tool result: lookup_order: order id: A123, status: shipped, tracking: 1Z999AA10123456784" in prompt
-        assert "Assistant: → lookup_order: order id: A123" in prompt
-        assert "Event: call transferred to billing" in prompt
+        tool = '{"role": "tool", "text": "lookup_order: order id: A123, status: shipped, tracking: 1Z999AA10123456784'
+        assert tool in prompt
+        assert '{"role": "assistant", "text": "→ lookup_order: order id: A123"}' in prompt
+        assert '{"role": "event", "text": "call transferred to billing"}' in prompt
         assert "keep its order numbers" in prompt
         summary = await daemon.get(f"/v1/sessions/{sid}/summary")
         assert summary["source"] == "llm"

@@ -56,6 +56,8 @@ def provider_order(messages: Sequence[Message]) -> list[Message]:
     followed at once by the results of all its calls, in call order; a call message whose results
     are not all there left out with those it has (the boundary moves past it), a result without
     its call left out, and the gateway's notes left out (the context lists them apart)."""
+    if _plain(messages):
+        return list(messages)  # what nearly every context reads: nothing to reorder (a context's hot path)
     results: dict[str | None, list[Message]] = {}
     for m in messages:
         if m.role is Role.TOOL:
@@ -86,12 +88,21 @@ def _first_after(results: list[Message], seq: int) -> Message | None:
 def shown_and_events(messages: Sequence[Message], covered_turns: int) -> tuple[list[Message], list[Message]]:
     """`messages` in provider order, and apart from them the gateway's notes after turn
     `covered_turns` (those the summary does not hold yet)."""
+    if _plain(messages):
+        return list(messages), []
     return provider_order(messages), [m for m in notes(messages) if m.turn > covered_turns]
+
+
+def _plain(messages: Sequence[Message]) -> bool:
+    """Whether `messages` are only users' and assistants' words: no tool traffic, no notes."""
+    return all(m.role is Role.USER or (m.role is Role.ASSISTANT and not m.tool_calls) for m in messages)
 
 
 def units(messages: Sequence[Message]) -> list[list[Message]]:
     """`messages` in provider order, cut into what a budget keeps or drops whole: a call message
     with the results after it, or a single message."""
+    if _plain(messages):
+        return [[m] for m in messages]
     out: list[list[Message]] = []
     for m in messages:
         if m.role is Role.TOOL and out and (is_call(out[-1][0])):

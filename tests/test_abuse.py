@@ -6,10 +6,14 @@ real Redis + MariaDB."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
+
+import aiohttp
 
 from tests.conftest import Daemon, new_sid, play
 from tests.conversations import ZH_12_TURNS
 from tests.fake_llm import Behaviour, FakeLlm
+from tests.test_crash import DaemonProcess, processes
 
 
 async def test_a_request_id_is_echoed_only_when_harmless(daemon: Daemon) -> None:
@@ -153,3 +157,31 @@ async def test_a_request_past_its_deadline_is_cancelled_with_a_504(
         assert (await again.json())["source"] == "llm"
     finally:
         await daemon.stop()
+
+
+async def test_connections_past_max_connections_are_refused_with_a_503(
+    backend_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A client holding MAX_CONNECTIONS idle connections does not get more: the next connection is
+    answered a fixed 503 with Retry-After and closed, and counted. Once they close, connections are
+    served again, and the process still stops cleanly on SIGTERM (serving.py replaces run_app)."""
+    daemon = DaemonProcess(backend_env | {"MAX_CONNECTIONS": "3"}, tmp_path / "daemon.log")
+    async with processes(daemon):
+        held = [await asyncio.open_connection("127.0.0.1", daemon.port) for _ in range(3)]
+        await asyncio.sleep(0.2)  # accepted by the server, each with a handler
+        reader, writer = await asyncio.open_connection("127.0.0.1", daemon.port)
+        writer.write(b"GET /v1/sessions/s-cap HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        refused = await asyncio.wait_for(reader.read(), timeout=5)  # the whole answer, then closed
+        writer.close()
+        assert refused.startswith(b"HTTP/1.1 503"), refused
+        assert b"Retry-After: 1" in refused
+        assert b"too_many_connections" in refused
+        for _, w in held:
+            w.close()
+        await asyncio.sleep(0.2)
+        async with aiohttp.ClientSession() as http, http.get(f"{daemon.url}/metrics") as resp:
+            metrics = await resp.text()
+        assert "tiered_memory_connections_refused_total 1.0" in metrics
+        assert "tiered_memory_connections_open 1.0" in metrics  # this request's own
+        code, _ = await daemon.terminate()
+        assert code == 0, daemon.log_path.read_text()

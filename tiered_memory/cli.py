@@ -21,9 +21,6 @@ from tiered_memory.settings import Settings
 # The admin commands address SQL and Redis directly, where a tenant's session lives under its tenant.
 _KEY_HELP = "the stored key: the session id, or <tenant>/<id> for a session of a tenant's token"
 
-# See serve(): what a client answered early may still send before its connection is closed.
-LINGERING_S = 2.0
-
 
 def _settings() -> Settings:
     try:
@@ -45,8 +42,7 @@ def _serve(settings: Settings) -> int:
 
 def serve_one(settings: Settings, reuse_port: bool) -> int:
     """One serving process; with reuse_port, one of several WORKERS on the same port."""
-    from aiohttp import web
-
+    from tiered_memory import serving
     from tiered_memory.app import create_app
     from tiered_memory.logging import configure_logging
 
@@ -58,23 +54,17 @@ def serve_one(settings: Settings, reuse_port: bool) -> int:
         loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
     else:
         loop = asyncio.new_event_loop()
-    # run_app turns SIGTERM and SIGINT into a graceful shutdown: cleanup_ctx drains summaries.
+    # SIGTERM and SIGINT shut down gracefully: cleanup_ctx drains summaries (serving.py).
     try:
-        web.run_app(
+        serving.run(
             app,
             host=settings.host,
             port=settings.port,
+            max_connections=settings.max_connections,
+            reuse_port=reuse_port,
             shutdown_timeout=settings.shutdown_grace_seconds,
-            reuse_port=reuse_port or None,
-            access_log=None,
-            # How long a request answered before its body was read whole (a 408, a 413) may still
-            # send what it was sending before the connection is closed (aiohttp's default is 10 s).
-            lingering_time=LINGERING_S,
-            # A client that goes away cancels its request's work (a 499 in the metrics): nobody
-            # would read the answer. A write in flight still commits (group_commit.py).
-            handler_cancellation=True,
             loop=loop,
-            print=lambda msg: print(msg, file=sys.stderr),
+            print_line=lambda msg: print(msg, file=sys.stderr),
         )
     except ConfigError as exc:
         print(f"tiered-memory: configuration error: {exc}", file=sys.stderr)

@@ -44,6 +44,16 @@ class Metrics:
             "Requests in progress in this process (the probes and /metrics not counted).",
             registry=registry,
         )
+        self.connections_open = Gauge(
+            "tiered_memory_connections_open",
+            "HTTP connections this process holds open (at most MAX_CONNECTIONS).",
+            registry=registry,
+        )
+        self.connections_refused = Counter(
+            "tiered_memory_connections_refused_total",
+            "Connections answered 503 and closed because MAX_CONNECTIONS were open.",
+            registry=registry,
+        )
 
     def _store_metrics(self, registry: CollectorRegistry) -> None:
         """The tiers: which answered, their failures and breakers, the appends and their commits."""

@@ -143,6 +143,9 @@ class Settings(BaseSettings):
     token_rate_limit_setting: str = Field("", alias="TOKEN_RATE_LIMIT")
     # Past this many requests in progress a new one is refused with 503 (0: no limit).
     max_inflight_requests: int = Field(256, alias="MAX_INFLIGHT_REQUESTS", ge=0, le=1_000_000)
+    # Past this many open connections a new one is answered 503 and closed (0: no limit;
+    # serving.py): idle or slow connections cannot take the descriptors every tenant needs.
+    max_connections: int = Field(1000, alias="MAX_CONNECTIONS", ge=0, le=1_000_000)
 
     # --- authentication ---
     # `token` or `tenant:token` entries, comma-separated; parsed into `api_tokens` by the cross-check.

@@ -1,0 +1,165 @@
+"""Serving the app on its port, with a cap on open connections.
+
+aiohttp accepts every connection it is offered and gives each a handler, so a client that opens
+thousands of idle or slow connections takes the file descriptors and memory that every tenant's
+requests need (MAX_INFLIGHT_REQUESTS bounds requests, not connections). Past MAX_CONNECTIONS open
+connections, a new one gets a fixed 503 with Retry-After and is closed, before any parsing: the
+gateway retries, or its load balancer picks another replica.
+
+`run` is aiohttp's `run_app` (the same shutdown on SIGTERM and SIGINT: the sites stop, requests
+in progress finish within the grace, cleanup_ctx drains the summaries) with `CappedSite` as its
+one site, since run_app takes no site of the caller's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from typing import cast
+
+from aiohttp import web
+
+from tiered_memory.edge import METRICS_KEY
+
+# How long a request answered before its body was read whole (a 408, a 413) may still send what
+# it was sending before its connection is closed (aiohttp's default is 10 s).
+LINGERING_S = 2.0
+
+# A refused client may still be sending its request: the answer is written, the connection
+# half-closed, and what arrives is read and dropped for up to this long. Closing a socket with
+# unread data resets it, and the reset can destroy the 503 before the client reads it.
+REFUSAL_LINGER_S = 1.0
+
+_REFUSAL_BODY = b'{"error": {"code": "too_many_connections", "message": "too many open connections; retry"}}'
+REFUSAL = (
+    b"HTTP/1.1 503 Service Unavailable\r\n"
+    b"Content-Type: application/json\r\n"
+    b"Retry-After: 1\r\n"
+    b"Connection: close\r\n"
+    b"Content-Length: " + str(len(_REFUSAL_BODY)).encode() + b"\r\n\r\n" + _REFUSAL_BODY
+)
+
+
+class _Refusal(asyncio.Protocol):
+    """One refused connection: the fixed 503, then closed once the client is done or the linger ends."""
+
+    def __init__(self) -> None:
+        self._timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # A stream transport (uvloop's does not subclass asyncio.Transport, hence the cast).
+        transport = cast(asyncio.Transport, transport)
+        transport.write(REFUSAL)
+        if transport.can_write_eof():
+            transport.write_eof()
+        self._timer = asyncio.get_running_loop().call_later(REFUSAL_LINGER_S, transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        """Dropped: read only so that closing does not reset the answer away."""
+
+    def eof_received(self) -> bool:
+        return False  # the transport closes itself
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+
+class CappedSite(web.TCPSite):
+    """A TCP site that serves at most `limit` open connections (0: no limit); past it a new
+    connection is refused with REFUSAL and `on_refused` is called."""
+
+    def __init__(
+        self,
+        runner: web.BaseRunner,
+        host: str,
+        port: int,
+        *,
+        limit: int,
+        on_refused: Callable[[], None],
+        reuse_port: bool | None = None,
+    ) -> None:
+        super().__init__(runner, host, port, reuse_port=reuse_port)
+        self._limit = limit
+        self._on_refused = on_refused
+
+    async def start(self) -> None:
+        # TCPSite.start with the server wrapped; BaseSite.start registers the site with its runner.
+        await web.BaseSite.start(self)
+        server = self._runner.server
+        assert server is not None
+
+        def protocol() -> asyncio.BaseProtocol:
+            if self._limit and len(server.connections) >= self._limit:
+                self._on_refused()
+                return _Refusal()
+            return server()
+
+        self._server = await asyncio.get_running_loop().create_server(
+            protocol, self._host, self._port, backlog=self._backlog, reuse_port=self._reuse_port
+        )
+
+
+def run(
+    app: web.Application,
+    *,
+    host: str,
+    port: int,
+    max_connections: int,
+    reuse_port: bool,
+    shutdown_timeout: float,
+    loop: asyncio.AbstractEventLoop,
+    print_line: Callable[[str], None],
+) -> None:
+    """Serve `app` until SIGTERM or SIGINT, then shut down gracefully (as web.run_app does),
+    letting requests in progress finish within `shutdown_timeout` seconds."""
+
+    async def serve() -> None:
+        runner = web.AppRunner(
+            app,
+            handle_signals=True,
+            shutdown_timeout=shutdown_timeout,
+            access_log=None,
+            lingering_time=LINGERING_S,
+            # A client that goes away cancels its request's work (a 499 in the metrics): nobody
+            # would read the answer. A write in flight still commits (service.py shields it).
+            handler_cancellation=True,
+        )
+        await runner.setup()
+        try:
+            metrics = app[METRICS_KEY]
+            site = CappedSite(
+                runner,
+                host,
+                port,
+                limit=max_connections,
+                on_refused=metrics.connections_refused.inc,
+                reuse_port=reuse_port or None,
+            )
+            await site.start()
+            server = runner.server
+            metrics.connections_open.set_function(lambda: len(server.connections) if server else 0)
+            print_line(f"======== Running on {site.name} ========")
+            await asyncio.Event().wait()  # until a signal raises GracefulExit out of the loop
+        finally:
+            await runner.cleanup()
+
+    asyncio.set_event_loop(loop)
+    main = loop.create_task(serve())
+    try:
+        loop.run_until_complete(main)
+    except (web.GracefulExit, KeyboardInterrupt):
+        pass
+    finally:
+        # As run_app: the serving task's cleanup (the graceful shutdown) first, then what is left.
+        if not main.done():
+            main.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                loop.run_until_complete(main)
+        rest = asyncio.all_tasks(loop)
+        for task in rest:
+            task.cancel()
+        loop.run_until_complete(asyncio.gather(*rest, return_exceptions=True))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()

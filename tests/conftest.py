@@ -291,6 +291,17 @@ async def play(d: Daemon, sid: str, turns: list[tuple[str, str]]) -> list[dict[s
     return replies
 
 
+def memory_of(system: str) -> str:
+    """The memory inside a context's system message: the text of its one delimited block
+    (quoting.py), which closes the message; fails when the block is not there whole."""
+    _, sep, block = system.partition('<memory note="')
+    assert sep, system
+    assert block.count("<memory") == 0, system
+    assert block.endswith("\n</memory>"), system
+    assert block.count("</memory>") == 1, system
+    return block.split("\n", 1)[1].removesuffix("\n</memory>")
+
+
 def new_sid() -> str:
     return f"s-{uuid.uuid4().hex[:12]}"
 

@@ -13,7 +13,7 @@ import redis
 from sqlalchemy import event as sa_event
 from yarl import URL
 
-from tests.conftest import Daemon, new_sid, play
+from tests.conftest import Daemon, memory_of, new_sid, play
 from tests.conversations import ZH_12_TURNS, ZH_EARLY_EVIDENCE
 from tiered_memory.app import HOT_KEY
 from tiered_memory.model import NewMessage, Role
@@ -132,7 +132,7 @@ async def _prompt_ordered(daemon: Daemon) -> None:
         ctx = await daemon.get(f"/v1/sessions/{sid}/context")
         msgs = ctx["messages"]
         assert msgs[0]["role"] == "system", attempt
-        assert msgs[0]["content"].startswith("[历史对话摘要]"), attempt
+        assert memory_of(msgs[0]["content"]).startswith("[历史对话摘要]"), attempt
         roles = [m["role"] for m in msgs[1:]]
         assert roles == ["user", "assistant"] * 3 + ["user"], attempt
         assert msgs[-1]["content"] == "还有别的推荐吗？"

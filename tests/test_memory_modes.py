@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Daemon, new_sid, play
+from tests.conftest import Daemon, memory_of, new_sid, play
 from tests.conversations import ZH_12_TURNS
 from tests.fake_llm import Behaviour, FakeLlm
 
@@ -195,10 +195,10 @@ async def test_reconnect_after_a_gap_says_how_long_ago(backend_env: dict[str, st
         # Activity just now (the first summary may have taken a while to load jieba).
         await d.post(sid, "user", "还有别的吗？")
         fresh = await d.get(f"/v1/sessions/{sid}/context")
-        assert fresh["messages"][0]["content"].startswith("[历史对话摘要]")
+        assert memory_of(fresh["messages"][0]["content"]).startswith("[历史对话摘要]")
         await asyncio.sleep(1.2)
         later = await d.get(f"/v1/sessions/{sid}/context")
-        assert later["messages"][0]["content"].startswith("用户上次（1分钟前）的对话摘要：")
+        assert memory_of(later["messages"][0]["content"]).startswith("用户上次（1分钟前）的对话摘要：")
     finally:
         await d.stop()
 
@@ -448,7 +448,8 @@ async def test_reconnect_phrasing_follows_the_summary_language(backend_env: dict
         await d.settle()
         await asyncio.sleep(1.2)
         ctx = await d.get(f"/v1/sessions/{sid}/context")
-        assert ctx["messages"][0]["content"].startswith("Summary of the user's previous conversation (1 minute ago): ")
+        memory = memory_of(ctx["messages"][0]["content"])
+        assert memory.startswith("Summary of the user's previous conversation (1 minute ago): ")
         assert "X200" in ctx["messages"][0]["content"]
     finally:
         await d.stop()

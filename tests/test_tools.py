@@ -19,6 +19,7 @@ from tiered_memory.context import alternate, compose
 from tiered_memory.context_policy import Candidates, choose
 from tiered_memory.dialogue import shown_and_events, tool_fields
 from tiered_memory.model import Message, Role
+from tiered_memory.quoting import frame_chars
 
 _ORDER = '{"order_id":"A123","status":"shipped","tracking":"1Z999AA10123456784","eta":"2026-12-05","total":"59.90 USD"}'
 
@@ -354,8 +355,8 @@ def test_any_budget_gives_a_sequence_a_provider_accepts(data: Any) -> None:
     max_chars = data.draw(st.integers(20, 1500), label="max_chars")
     shown, events = shown_and_events(messages[start:], 0)
     c = Candidates(messages=shown, whole=start == 0, lang="en", events=events)
-    sel = choose(c, max_chars)
-    chat = compose(sel.system, alternate(sel.raw), max_chars=max_chars)
+    sel = choose(c, max_chars, frame=frame_chars("en"))
+    chat = compose(sel.system, alternate(sel.raw), max_chars=max_chars, lang="en")
     assert_provider_valid(
         [{"role": m.role, "content": m.content, **tool_fields(m.tool_calls, m.tool_call_id, m.name)} for m in chat]
     )

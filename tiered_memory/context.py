@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from tiered_memory.dialogue import joins, provider_order, units
 from tiered_memory.language import language_of
 from tiered_memory.model import Message, Role
+from tiered_memory.quoting import frame_chars, memory_block
 
 SUMMARY_PREFIX = "[历史对话摘要] "
 SUMMARY_PREFIXES = {"zh": SUMMARY_PREFIX, "en": "[Conversation summary] "}
@@ -119,15 +120,15 @@ def alternate(messages: Sequence[Message]) -> list[ChatMessage]:
     return out
 
 
-def compose(memory_text: str | None, recent: Sequence[ChatMessage], *, max_chars: int) -> list[ChatMessage]:
-    """The system message with the memory text, cut to what the recent messages leave of
-    max_chars (cut at its end), followed by the recent messages."""
+def compose(memory_text: str | None, recent: Sequence[ChatMessage], *, max_chars: int, lang: str) -> list[ChatMessage]:
+    """The system message with the memory text in its block (quoting.py), cut to what the recent
+    messages and the block's tags leave of max_chars (cut at its end), then the recent messages."""
     used = sum(m.size for m in recent)
     out: list[ChatMessage] = []
     if memory_text:
-        room = max(0, max_chars - used)
+        room = max(0, max_chars - used - frame_chars(lang))
         if room:
-            out.append(ChatMessage("system", memory_text[:room]))
+            out.append(ChatMessage("system", memory_block(memory_text[:room], lang)))
     out.extend(recent)
     return out
 

@@ -29,9 +29,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tiered_memory.condense import clauses, condense, keys
-from tiered_memory.dialogue import is_call, joins, readable, units
+from tiered_memory.dialogue import is_call, joins, units
 from tiered_memory.model import Message, Role
 from tiered_memory.notes import View, features, notes_of, view_of
+from tiered_memory.quoting import quoted, remembered
 
 # The labels of the system message's parts, in the conversation's language.
 LABELS = {
@@ -158,12 +159,19 @@ class _Filled:
 EVENTS_SHARE = 0.25
 
 
-def choose(c: Candidates, max_chars: int) -> Selection:
-    """The memory that fits `max_chars` characters of content (system text and raw messages):
-    the gateway's notes first (they are what happened on the call, and short), in the system
+def choose(c: Candidates, max_chars: int, *, frame: int = 0) -> Selection:
+    """The memory that fits `max_chars` characters of content (system text and raw messages),
+    where a system text costs `frame` more (the memory block's tags, quoting.py): the raw turns
+    alone may take the whole budget."""
+    sel = _with_events(c, max(0, max_chars - frame))
+    return sel if sel.system is not None or not frame else _with_events(c, max_chars)
+
+
+def _with_events(c: Candidates, max_chars: int) -> Selection:
+    """The gateway's notes first (they are what happened on the call, and short), in the system
     text's lead, then the rest (`_choose`)."""
     label = LABELS[c.lang]["events"]
-    kept = _fit_lines([(m.seq, m.turn, m.content) for m in c.events], int(max_chars * EVENTS_SHARE), label)
+    kept = _fit_lines([(m.seq, m.turn, quoted(m.content)) for m in c.events], int(max_chars * EVENTS_SHARE), label)
     if not kept:
         return _choose(c, max_chars)
     events = "\n".join([label, *(text for _, _, text in kept)])
@@ -184,7 +192,7 @@ def _choose(c: Candidates, max_chars: int) -> Selection:
         # Nothing raw to show (a mode without turns, or a session without any): the facts alone.
         text = c.facts(max_chars, None, True) if c.facts is not None else ""
         return Selection(raw=[], system=text or None, chars={"facts": len(text)})
-    read = c.views or (lambda m: view_of(notes_of(readable(m)), c.terms_salient, c.names))
+    read = c.views or (lambda m: view_of(notes_of(remembered(m)), c.terms_salient, c.names))
     view = {m.seq: read(m) for m in messages}
 
     tail = last_turn(messages)
@@ -244,7 +252,7 @@ def lagging_digest(c: Candidates, sel: Selection, covered_turns: int, room: int)
     first = sel.first_turn
     if not first:
         return ""
-    read = c.views or (lambda m: view_of(notes_of(readable(m)), c.terms_salient, c.names))
+    read = c.views or (lambda m: view_of(notes_of(remembered(m)), c.terms_salient, c.names))
     labels = LABELS[c.lang]
     lines = []
     for m in c.messages:
@@ -512,7 +520,7 @@ def _snippet_lines(c: Candidates, *, first_raw: int | None) -> list[tuple[int, s
         for m in turn:
             if not m.answered or (first_raw is not None and m.seq >= first_raw):
                 continue
-            hits = [cl for cl in clauses(readable(m)) if _holds_term(cl, terms)]
+            hits = [cl for cl in clauses(remembered(m)) if _holds_term(cl, terms)]
             if hits:
                 out.append((m.seq, m.role.value, condense(" ".join(hits)) or " ".join(hits)))
     return out

@@ -26,7 +26,7 @@ from tiered_memory.context import (
     window_start_turn,
 )
 from tiered_memory.context_policy import Candidates, Facts, Selection, choose, lagging_digest
-from tiered_memory.dialogue import readable, shown_and_events
+from tiered_memory.dialogue import shown_and_events
 from tiered_memory.errors import Forbidden, HotUnavailable, SqlUnavailable
 from tiered_memory.history import History
 from tiered_memory.language import as_spoken, language_of
@@ -47,6 +47,7 @@ from tiered_memory.model import (
     key_tenant,
 )
 from tiered_memory.notes import NoteCache, View
+from tiered_memory.quoting import frame_chars, quoted, remembered
 from tiered_memory.settings import Settings
 from tiered_memory.summarize.cold import cold_summary
 from tiered_memory.summarize.extractive import Extractor
@@ -330,9 +331,9 @@ class SessionReads:
             session_id, walked, recent, max_chars=max_chars, question=question, exclude_message_id=exclude_message_id
         )
         candidates = self._candidates(session_id, walked, shown, terms, snippets)
-        chosen = choose(candidates, max_chars)
+        chosen = choose(candidates, max_chars, frame=frame_chars(candidates.lang))
         memory_text = self._with_digest(walked, candidates, chosen, max_chars=max_chars)
-        messages = compose(memory_text, alternate(chosen.raw), max_chars=max_chars)
+        messages = compose(memory_text, alternate(chosen.raw), max_chars=max_chars, lang=candidates.lang)
         return self._shaped(session_id, walked, recent, messages, system_prompt=system_prompt, question=question)
 
     async def _context_summary(
@@ -451,7 +452,7 @@ class SessionReads:
         names, salient = book.terms() if book is not None else (frozenset(), frozenset())
 
         def views(m: Message) -> View:
-            return self._notes.view((session_id, m.seq, stamp), readable(m), salient, names)
+            return self._notes.view((session_id, m.seq, stamp), remembered(m), salient, names)
 
         def text_features(text: str) -> frozenset[str]:
             return self._notes.features((session_id, stamp), text, salient, names)
@@ -462,7 +463,7 @@ class SessionReads:
             whole=bool(spoken) and spoken[0].seq <= 1,
             lang=lang,
             facts=self._facts(summary, book, last, lang) if summary is not None else None,
-            subject=str(summary.structured.get("subject", "")) if summary else "",
+            subject=quoted(str(summary.structured.get("subject", ""))) if summary else "",
             snippets=snippets,
             terms=terms,
             terms_salient=salient,
@@ -549,17 +550,17 @@ class SessionReads:
         """The summary's renderer for the policy: a deterministic summary is re-rendered from its
         stored facts for the room and the turns it is given (whole facts, none the context shows
         raw); another (an LLM's text) keeps the first sentences that fit."""
-        frame_chars = len(self._summary_text("", last_activity, lang))
+        label_chars = len(self._summary_text("", last_activity, lang))
 
         def facts(room: int, before_turn: int | None, by_rank: bool) -> str:
-            if room <= frame_chars:
+            if room <= label_chars:
                 return ""
             if book is not None:
                 body = book.render(
-                    room - frame_chars, before_turn=before_turn, topics=summary.topics, newest_first=not by_rank
+                    room - label_chars, before_turn=before_turn, topics=summary.topics, newest_first=not by_rank
                 )
             else:
-                body = lead(summary.text, room - frame_chars)
+                body = lead(quoted(summary.text), room - label_chars)
             return self._summary_text(body, last_activity, lang) if body else ""
 
         return facts

@@ -12,6 +12,7 @@ from typing import Any
 
 from tiered_memory.lru import Lru
 from tiered_memory.model import Role
+from tiered_memory.quoting import quoted
 
 _VERSION = 1
 _MAX_ENTITIES = 64
@@ -181,7 +182,9 @@ def render_items(
     chosen: dict[str, list[tuple[int, str]]] = {kind: [] for kind in _KINDS}
     used = 0
     for item in sorted(items, key=_newest_first if newest_first else _by_rank):
-        piece = assistant + item.text if item.speaker == Role.ASSISTANT.value else item.text
+        # Quoted before the speaker is named: the fact is what someone said, the label is ours.
+        text = quoted(item.text)
+        piece = assistant + text if item.speaker == Role.ASSISTANT.value else text
         if item.kind == EARLIER:
             piece = lead(piece, max(max_chars // 2 - len(labels[EARLIER]), 1))
         bucket = chosen[item.kind]

@@ -242,10 +242,10 @@ async def rebuild(settings: Settings, session_id: str, *, out: TextIO = sys.stdo
         try:
             if await tools.store.get_session(session_id) is None:
                 return fail(err, f"session {session_id!r} does not exist")
-            summary = await job.rebuild(session_id)
-            slices = await tools.store.slices(session_id)
+            rebuilt = await job.rebuild(session_id)
         except (SqlUnavailable, Conflict) as exc:
             return fail(err, f"rebuild failed: {exc}")
+    summary = rebuilt.summary
     print(
         compact_json(
             {
@@ -253,7 +253,7 @@ async def rebuild(settings: Settings, session_id: str, *, out: TextIO = sys.stdo
                 "covered_turns": summary.covered_turns if summary else 0,
                 "version": summary.version if summary else 0,
                 "source": summary.source.value if summary else None,
-                "slices": len(slices),
+                "slices": rebuilt.slices,
             }
         ),
         file=out,

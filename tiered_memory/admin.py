@@ -237,7 +237,8 @@ async def inspect(settings: Settings, session_id: str, *, out: TextIO = sys.stdo
 
 async def rebuild(settings: Settings, session_id: str, *, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     """Recompute a session's slices and summary from its messages (the cold tier), with the
-    current prompt and model: what POST /summary/rebuild does, from the command line."""
+    current prompt and model: what a POST /summary/rebuild job does, here in the foreground (no
+    job record, outside the daemon's SUMMARY_CONCURRENCY; the summary lock still applies)."""
     async with open_tools(settings) as tools, summary_job(tools) as job:
         try:
             if await tools.store.get_session(session_id) is None:

@@ -8,10 +8,11 @@ REQUIRE_REAL_BACKENDS=1, which makes that a failure.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -257,8 +258,6 @@ class Daemon:
 
     async def settle(self) -> None:
         """Wait until no summary is scheduled or running (bounded)."""
-        import asyncio
-
         for _ in range(3000):
             if self.service.summaries.pending == 0:
                 return
@@ -300,6 +299,39 @@ def memory_of(system: str) -> str:
     assert block.endswith("\n</memory>"), system
     assert block.count("</memory>") == 1, system
     return block.split("\n", 1)[1].removesuffix("\n</memory>")
+
+
+def job_ended(job: dict[str, Any]) -> bool:
+    return job["state"] in ("done", "failed")
+
+
+async def await_job(
+    d: Daemon,
+    url: str,
+    *,
+    until: Callable[[dict[str, Any]], bool] = job_ended,
+    headers: dict[str, str] | None = None,
+    timeout_s: float = 60.0,
+) -> dict[str, Any]:
+    """The rebuild job at `url` once `until` holds of it (by default: once it ended), polled."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        resp = await d.http.get(url, headers=headers)
+        assert resp.status == 200, await resp.text()
+        job: dict[str, Any] = await resp.json()
+        if until(job):
+            return job
+        if loop.time() > deadline:
+            raise AssertionError(f"{url}: {job} after {timeout_s} s")
+        await asyncio.sleep(0.02)
+
+
+async def rebuild(d: Daemon, sid: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
+    """POST …/summary/rebuild, and the job once it ended."""
+    resp = await d.http.post(f"/v1/sessions/{sid}/summary/rebuild", headers=headers)
+    assert resp.status == 202, await resp.text()
+    return await await_job(d, resp.headers["Location"], headers=headers)
 
 
 def new_sid() -> str:

@@ -33,6 +33,7 @@ class FakeLlm:
     requests: list[dict[str, Any]] = field(default_factory=list)
     usage: list[dict[str, int]] = field(default_factory=list)  # what each ok reply reported
     in_flight: int = 0
+    max_in_flight: int = 0  # the most requests in flight at once (a test of a concurrency bound)
     completed: int = 0
     url: str = ""
     # Calls in flight per conversation, keyed by the «marker» its messages carry, and the most
@@ -49,6 +50,7 @@ class FakeLlm:
             self.in_flight_by_marker[m] = self.in_flight_by_marker.get(m, 0) + 1
             self.max_in_flight_by_marker[m] = max(self.max_in_flight_by_marker.get(m, 0), self.in_flight_by_marker[m])
         self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
             b = self.behaviour
             if b.delay_s:

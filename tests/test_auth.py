@@ -4,6 +4,7 @@ uses, and that a refused request changes nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -65,8 +66,35 @@ def session_verbs(sid: str, first_message_id: str) -> list[tuple[str, str, Any]]
         ("POST", f"{base}/close", None),
         ("DELETE", f"{base}/summary", None),
         ("POST", f"{base}/summary/rebuild", None),
+        # The job the POST before started (JOB: a placeholder, see `job_path`).
+        ("GET", f"{base}/summary/rebuild/{JOB}", None),
         ("DELETE", base, None),
     ]
+
+
+# Where a verb's path names the rebuild job the caller started last; NO_JOB while it has none.
+JOB = "{job}"
+NO_JOB = "0" * 32
+
+
+def job_path(path: str, job: str | None) -> str:
+    return path.replace(JOB, job or NO_JOB)
+
+
+def started_job(resp: aiohttp.ClientResponse, job: str | None) -> str | None:
+    """The job a rebuild's 202 started (or answered with), else the one before."""
+    location = resp.headers.get("Location", "") if resp.status == 202 else ""
+    return location.rsplit("/", 1)[-1] if location else job
+
+
+async def ended(d: Daemon, path: str, headers: dict[str, str] | None) -> aiohttp.ClientResponse:
+    """GET of a rebuild job once it ended (or the refusal), so that the answer does not depend on
+    how far the job got."""
+    while True:
+        resp = await d.http.get(path, headers=headers)
+        if resp.status != 200 or (await resp.json())["state"] in ("done", "failed"):
+            return resp
+        await asyncio.sleep(0.02)
 
 
 async def snapshot(d: Daemon, sid: str, tenant: str | None = "acme") -> dict[str, Any]:
@@ -145,18 +173,37 @@ def normalized(body: Any, sid: str) -> Any:
         return {
             k: normalized(v, sid)
             for k, v in body.items()
-            if k not in {"message_id", "created_at", "updated_at", "last_activity", "age_seconds", "closed_at"}
+            if k
+            not in {
+                "message_id",
+                "created_at",
+                "updated_at",
+                "last_activity",
+                "age_seconds",
+                "closed_at",
+                # A rebuild job's id, the URL that holds it, and its times.
+                "job_id",
+                "url",
+                "queued_at",
+                "started_at",
+                "ended_at",
+            }
         }
     if isinstance(body, list):
         return [normalized(v, sid) for v in body]
-    return "<sid>" if body == sid else body
+    return body.replace(sid, "<sid>") if isinstance(body, str) else body
 
 
 async def play_verbs(d: Daemon, sid: str, headers: dict[str, str]) -> list[tuple[int, Any]]:
     """Every session verb on `sid` in turn: each status and normalized reply."""
     answers = []
+    job = None
     for method, path, body in session_verbs(sid, "m-secret"):
-        resp = await d.http.request(method, path, json=body, headers=headers)
+        if JOB in path:
+            resp = await ended(d, job_path(path, job), headers)
+        else:
+            resp = await d.http.request(method, path, json=body, headers=headers)
+        job = started_job(resp, job)
         text = await resp.text()
         # The verbs post the owner's question themselves, never its reply.
         assert "下周三" not in text, (method, path)
@@ -181,7 +228,8 @@ async def test_another_tenant_cannot_reach_or_tell_a_session_and_changes_nothing
         unused = new_sid()
         answers = await play_verbs(authed, sid, bearer(OTHER))
         assert answers == await play_verbs(authed, unused, bearer(OTHER)), attempt
-        assert [status for status, _ in answers] == [201, 201, 201, 200, 200, 200, 200, 200, 200, 200, 204, 200, 204]
+        statuses = [status for status, _ in answers]
+        assert statuses == [201, 201, 201, 200, 200, 200, 200, 200, 200, 200, 204, 202, 200, 204]
         for target in (sid, unused):
             refused = await play_verbs(authed, target, bearer(OTHER, tenant="acme"))
             assert refused == [(403, FORBIDDEN)] * len(refused), (attempt, target)
@@ -200,10 +248,12 @@ async def test_a_restricted_token_owns_its_tenants_namespace_only(authed: Daemon
     )
     assert resp.status == 201
     assert (await authed.http.get(f"/v1/sessions/{shared}")).status == 404
-    expected = [201, 200, 201, 200, 200, 200, 200, 200, 200, 200, 204, 200, 204]
+    expected = [201, 200, 201, 200, 200, 200, 200, 200, 200, 200, 204, 202, 200, 204]
     got = []
+    job = None
     for method, path, body in session_verbs(mine, "m-secret"):
-        resp = await authed.http.request(method, path, json=body)
+        resp = await authed.http.request(method, job_path(path, job), json=body)
+        job = started_job(resp, job)
         got.append(resp.status)
         if resp.status >= 400:
             raise AssertionError(f"{method} {path}: {await resp.text()}")
@@ -214,8 +264,10 @@ async def test_a_restricted_token_owns_its_tenants_namespace_only(authed: Daemon
     assert (await authed.http.get(f"/v1/sessions/{mine}", headers=bearer(ADMIN, tenant="acme"))).status == 404
     other = new_sid()
     await owned_conversation(authed, other)
+    job = None
     for method, path, _body in session_verbs(other, "m-secret")[3:]:
-        resp = await authed.http.request(method, path, headers=bearer(ADMIN, tenant="acme"))
+        resp = await authed.http.request(method, job_path(path, job), headers=bearer(ADMIN, tenant="acme"))
+        job = started_job(resp, job)
         assert resp.status < 400, (method, path)
     assert (await authed.http.get(f"/v1/sessions/{other}", headers=bearer(ADMIN))).status == 404
     resp = await authed.http.get(f"/v1/sessions/{other}", headers=bearer(ADMIN, tenant="acme/x"))
@@ -239,7 +291,7 @@ async def test_a_stated_user_touches_only_its_sessions(daemon: Daemon) -> None:
     assert (await daemon.get(f"/v1/sessions/{sid}"))["user_id"] == "alice"
     before = [await daemon.get(f"/v1/sessions/{sid}/messages"), await daemon.get(f"/v1/sessions/{sid}")]
     for method, path, body in session_verbs(sid, "m-secret"):
-        resp = await daemon.http.request(method, path, json=body, headers={"X-User-ID": "bob"})
+        resp = await daemon.http.request(method, job_path(path, None), json=body, headers={"X-User-ID": "bob"})
         assert resp.status == 403, (method, path)
         assert await resp.json() == FORBIDDEN
     assert [await daemon.get(f"/v1/sessions/{sid}/messages"), await daemon.get(f"/v1/sessions/{sid}")] == before
@@ -382,3 +434,31 @@ async def test_a_hot_entry_outside_its_namespace_is_never_shown(authed: Daemon) 
     assert resp.status == 201
     summary = await (await authed.http.get(f"/v1/sessions/{fresh}/summary", headers=admin)).json()
     assert (summary["tier"], summary["summary"]) == ("none", None)
+
+
+async def test_a_rebuild_job_is_read_as_its_session_is(authed: Daemon) -> None:
+    """The job URL a tenant's rebuild answered is read by that tenant (a stated user only the
+    owner), and by the unrestricted token stating the tenant; another tenant's token gets exactly
+    the 404 an unused id gets in its own namespace, and stating the tenant or another user gets
+    the 403. A refused POST starts nothing."""
+    sid = new_sid()
+    await owned_conversation(authed, sid, user_id="alice")
+    resp = await authed.http.post(f"/v1/sessions/{sid}/summary/rebuild")
+    assert resp.status == 202
+    url = resp.headers["Location"]
+    done = await ended(authed, url, None)
+    assert (await done.json())["state"] == "done"
+    for headers in (bearer(ACME, "alice"), bearer(ADMIN, tenant="acme"), bearer(ADMIN, "alice", tenant="acme")):
+        assert (await authed.http.get(url, headers=headers)).status == 200, headers
+    unused = url.replace(sid, new_sid())
+    for headers in (bearer(OTHER), bearer(ADMIN)):
+        resp = await authed.http.get(url, headers=headers)
+        assert resp.status == 404, headers
+        assert await resp.json() == await (await authed.http.get(unused, headers=headers)).json()
+    for headers in (bearer(OTHER, tenant="acme"), bearer(ACME, "bob")):
+        resp = await authed.http.get(url, headers=headers)
+        assert (resp.status, await resp.json()) == (403, FORBIDDEN), headers
+        resp = await authed.http.post(f"/v1/sessions/{sid}/summary/rebuild", headers=headers)
+        assert (resp.status, await resp.json()) == (403, FORBIDDEN), headers
+    assert authed.app is not None
+    assert await authed.app[HOT_KEY].jobs.holder(f"acme/{sid}") is None

@@ -4,6 +4,7 @@ typed answers, bearer tokens, the error tree, and retries that store a message e
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import pytest
 
 from tests.conftest import Daemon, RealServers, new_sid, sql_rows
 from tests.conversations import ZH_12_TURNS
+from tests.fake_llm import Behaviour, FakeLlm
 from tests.faults import TcpProxy, free_port, proxied
 from tiered_memory.client import (
     AsyncClient,
@@ -25,6 +27,8 @@ from tiered_memory.client import (
     Forbidden,
     InvalidRequest,
     NotFound,
+    RebuildOutcome,
+    RebuildResult,
     Timeout,
     Unauthorized,
     Unavailable,
@@ -99,7 +103,16 @@ async def test_every_route_through_the_async_client(authed: Daemon) -> None:
         assert found[0].slice is not None
         rebuilt = await mem.rebuild_summary(sid)
         assert (rebuilt.covered_turns, rebuilt.version) == (6, summary.version + 1)
-        assert rebuilt.slices
+        assert [(s.from_turn, s.to_turn, s.summary_version) for s in rebuilt.slices] == [(1, 6, rebuilt.version)]
+        assert rebuilt.summary == (await mem.summary(sid)).summary
+        assert rebuilt.job_id is not None
+        job = await mem.rebuild_job(sid, rebuilt.job_id)
+        assert (job.state, job.started, job.result) == ("done", None, rebuilt_outcome(rebuilt, sid))
+        again = await mem.start_rebuild(sid)
+        assert (again.started, again.state, again.error) == (True, "queued", None)
+        assert again.job_id != rebuilt.job_id
+        while not again.ended:
+            again = await mem.rebuild_job(sid, again.job_id)
         mine = await mem.user_summaries("u-1", limit=5)
         assert [s.session_id for s in mine] == [sid]
         await mem.delete_summary(sid)
@@ -129,6 +142,58 @@ async def test_every_route_through_the_async_client(authed: Daemon) -> None:
             await mem.session(sid)
     documented = {(m.upper(), p) for p, ops in document["paths"].items() for m in ops}
     assert documented <= routes_seen(authed), documented - routes_seen(authed)
+
+
+def rebuilt_outcome(rebuilt: RebuildResult, sid: str) -> RebuildOutcome:
+    """What the done job of `rebuilt` says it made."""
+    return RebuildOutcome(
+        version=rebuilt.version,
+        covered_turns=rebuilt.covered_turns,
+        source=rebuilt.source,
+        slice_count=len(rebuilt.slices),
+        slices_url=f"/v1/sessions/{sid}/slices",
+    )
+
+
+async def test_rebuild_summary_waits_for_its_job(backend_env: dict[str, str], fake_llm: FakeLlm) -> None:
+    """rebuild_summary starts the job and polls it: past `wait_timeout` it raises Timeout while the
+    job goes on (start_rebuild then answers that job); a job that fails raises by its code (one
+    overtaken by another writer: Conflict); one that is done returns the summary and every slice."""
+    d = Daemon(backend_env | {"LLM_BASE_URL": fake_llm.url, "SUMMARY_MODEL": "m", "SUMMARY_FORMAT": "text"})
+    await d.start_quiet(fake_llm)
+    try:
+        sid = new_sid()
+        for user, assistant in ZH_12_TURNS[:4]:
+            await d.post(sid, "user", user)
+            await d.post(sid, "assistant", assistant)
+        await d.settle()
+        fake_llm.behaviour = Behaviour(delay_s=2.0)
+        async with AsyncClient(base_url(d)) as mem:
+            with pytest.raises(Timeout):
+                await mem.rebuild_summary(sid, wait_timeout=0.3, poll_interval=0.1)
+            going = await mem.start_rebuild(sid)
+            assert (going.started, going.ended) == (False, False)
+            prev, info = await d.store.get_summary(sid)
+            assert prev is not None
+            assert info is not None
+            newer = dataclasses.replace(prev, version=prev.version + 1)
+            assert await d.store.put_summary(sid, newer, user_id=None, turn_count=info.turn_count)
+            with pytest.raises(Conflict) as overtaken:
+                await mem.rebuild_summary(sid, poll_interval=0.1)
+            assert overtaken.value.code == "conflict"
+            assert going.job_id in overtaken.value.message
+            failed = await mem.rebuild_job(sid, going.job_id)
+            assert (failed.state, failed.result, failed.error and failed.error["code"]) == ("failed", None, "conflict")
+            fake_llm.behaviour = Behaviour(text="用户咨询活力健。")
+            rebuilt = await mem.rebuild_summary(sid, poll_interval=0.1)
+            assert (rebuilt.version, rebuilt.covered_turns, rebuilt.source) == (prev.version + 2, 4, "llm")
+            assert rebuilt.summary == "用户咨询活力健。"
+            assert [(s.from_turn, s.to_turn) for s in rebuilt.slices] == [(1, 4)]
+            with pytest.raises(NotFound):
+                await mem.rebuild_summary(new_sid())
+    finally:
+        fake_llm.behaviour = Behaviour()
+        await d.stop()
 
 
 async def test_errors_carry_the_servers_message_and_are_not_retried(authed: Daemon) -> None:
@@ -277,6 +342,10 @@ async def test_the_blocking_client_from_several_threads(daemon: Daemon) -> None:
             assert (turn.context.turn_count, turn.created) == (5, True)
             assert [m.seq for m in mem.iter_messages(f"{sid}-0")] == list(range(1, 12))
             assert mem.close_session(f"{sid}-1").turn_count == 5
+            rebuilt = mem.rebuild_summary(f"{sid}-2", poll_interval=0.1)
+            assert (rebuilt.covered_turns, len(rebuilt.slices)) == (5, 1)
+            job = mem.start_rebuild(f"{sid}-2")
+            assert mem.rebuild_job(f"{sid}-2", job.job_id).job_id == job.job_id
             with pytest.raises(NotFound):
                 mem.session(new_sid())
         with pytest.raises(RuntimeError):

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Daemon, memory_of, new_sid, play
+from tests.conftest import Daemon, memory_of, new_sid, play, rebuild
 from tests.conversations import ZH_12_TURNS
 from tests.fake_llm import Behaviour, FakeLlm
 
@@ -347,15 +347,15 @@ async def test_slices_lead_back_to_messages_and_rebuild_with_a_new_prompt(
     prompt.write_text("Summarize in English.", encoding="utf-8")
     d = await _with(env, SUMMARY_PROMPT_FILE=str(prompt), SUMMARY_MODEL="model-b")
     try:
-        resp = await d.http.post(f"/v1/sessions/{sid}/summary/rebuild")
-        assert resp.status == 200
-        rebuilt = await resp.json()
+        rebuilt = (await rebuild(d, sid))["result"]
         assert rebuilt["covered_turns"] == 7
         assert rebuilt["version"] == version + 1
         # Rebuilt COMPRESSION_BATCH_TURNS (6) turns per slice.
-        assert [(s["from_turn"], s["to_turn"]) for s in rebuilt["slices"]] == [(1, 6), (7, 7)]
-        assert {s["model"] for s in rebuilt["slices"]} == {"model-b"}
-        assert old_prompt not in {s["prompt_id"] for s in rebuilt["slices"]}
+        slices = (await d.get(rebuilt["slices_url"]))["slices"]
+        assert rebuilt["slice_count"] == len(slices)
+        assert [(s["from_turn"], s["to_turn"]) for s in slices] == [(1, 6), (7, 7)]
+        assert {s["model"] for s in slices} == {"model-b"}
+        assert old_prompt not in {s["prompt_id"] for s in slices}
         assert fake_llm.requests[-1]["body"]["messages"][0]["content"] == "Summarize in English."
         summary = await d.get(f"/v1/sessions/{sid}/summary")
         assert summary["version"] == version + 1

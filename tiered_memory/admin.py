@@ -237,15 +237,16 @@ async def inspect(settings: Settings, session_id: str, *, out: TextIO = sys.stdo
 
 async def rebuild(settings: Settings, session_id: str, *, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     """Recompute a session's slices and summary from its messages (the cold tier), with the
-    current prompt and model: what POST /summary/rebuild does, from the command line."""
+    current prompt and model: what a POST /summary/rebuild job does, here in the foreground (no
+    job record, outside the daemon's SUMMARY_CONCURRENCY; the summary lock still applies)."""
     async with open_tools(settings) as tools, summary_job(tools) as job:
         try:
             if await tools.store.get_session(session_id) is None:
                 return fail(err, f"session {session_id!r} does not exist")
-            summary = await job.rebuild(session_id)
-            slices = await tools.store.slices(session_id)
+            rebuilt = await job.rebuild(session_id)
         except (SqlUnavailable, Conflict) as exc:
             return fail(err, f"rebuild failed: {exc}")
+    summary = rebuilt.summary
     print(
         compact_json(
             {
@@ -253,7 +254,7 @@ async def rebuild(settings: Settings, session_id: str, *, out: TextIO = sys.stdo
                 "covered_turns": summary.covered_turns if summary else 0,
                 "version": summary.version if summary else 0,
                 "source": summary.source.value if summary else None,
-                "slices": len(slices),
+                "slices": rebuilt.slices,
             }
         ),
         file=out,

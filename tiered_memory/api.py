@@ -22,8 +22,9 @@ from tiered_memory import api_input as read
 from tiered_memory.dialogue import tool_fields
 from tiered_memory.edge import METRICS_KEY, SETTINGS_KEY, TIER_KEY, reply
 from tiered_memory.errors import InvalidInput
-from tiered_memory.model import Message, SessionState, Slice, SummaryAnswer
+from tiered_memory.model import JobState, Message, RebuildJob, SessionState, Slice, SummaryAnswer
 from tiered_memory.reads import ContextAnswer
+from tiered_memory.rebuilds import FAILURES
 from tiered_memory.service import MemoryService
 
 log = structlog.get_logger("tiered_memory.api")
@@ -430,21 +431,51 @@ def _message_json(m: Message) -> dict[str, Any]:
     }
 
 
+def _job_json(sid: str, job: RebuildJob) -> dict[str, Any]:
+    """A rebuild job as the API shows it: where it is, and what it made (the slices themselves
+    are paginated at `…/slices`) or why it failed, in the shape of an error."""
+    done = job.state is JobState.DONE
+    failed = job.state is JobState.FAILED
+    reason = job.reason or "internal"
+    return {
+        "session_id": sid,
+        "job_id": job.job_id,
+        "state": job.state.value,
+        "url": f"/v1/sessions/{sid}/summary/rebuild/{job.job_id}",
+        "queued_at": job.queued_at,
+        "started_at": job.started_at,
+        "ended_at": job.ended_at,
+        "result": {
+            "version": job.version or 0,
+            "covered_turns": job.covered_turns or 0,
+            "source": job.source.value if job.source else None,
+            "slice_count": job.slices or 0,
+            "slices_url": f"/v1/sessions/{sid}/slices",
+        }
+        if done
+        else None,
+        "error": {"code": reason, "message": FAILURES.get(reason, FAILURES["internal"])} if failed else None,
+    }
+
+
 async def post_rebuild(request: web.Request) -> web.Response:
+    """Start rebuilding the summary as a job and answer 202 at once, with its URL in Location;
+    while one is going for the session, that one (`started` false)."""
     read.check_query(request)
     sid = read.session_id(request)
     caller = read.caller(request)
-    summary, slices = await request.app[SERVICE_KEY].rebuild_summary(caller.session_key(sid), caller=caller)
-    return reply(
-        {
-            "session_id": sid,
-            "summary": summary.text if summary else None,
-            "covered_turns": summary.covered_turns if summary else 0,
-            "version": summary.version if summary else 0,
-            "source": summary.source.value if summary else None,
-            "slices": [_slice_json(sid, s) for s in slices],
-        }
-    )
+    started = await request.app[SERVICE_KEY].start_rebuild(caller.session_key(sid), caller=caller)
+    body = {**_job_json(sid, started.job), "started": started.started}
+    return reply(body, status=202, headers={"Location": body["url"]})
+
+
+async def get_rebuild(request: web.Request) -> web.Response:
+    """A rebuild job of the session, from the hot tier (whichever replica runs it)."""
+    read.check_query(request)
+    sid, job_id = read.session_id(request), read.job_id(request)
+    caller = read.caller(request)
+    job = await request.app[SERVICE_KEY].rebuild_job(caller.session_key(sid), job_id, caller=caller)
+    return reply(_job_json(sid, job))
 
 
 async def healthz(_request: web.Request) -> web.Response:
@@ -475,6 +506,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/sessions/{session_id:[^/]+}/summary", get_summary)
     app.router.add_delete("/v1/sessions/{session_id:[^/]+}/summary", delete_summary)
     app.router.add_post("/v1/sessions/{session_id:[^/]+}/summary/rebuild", post_rebuild)
+    app.router.add_get("/v1/sessions/{session_id:[^/]+}/summary/rebuild/{job_id:[^/]+}", get_rebuild)
     app.router.add_get("/v1/sessions/{session_id:[^/]+}/slices", get_slices)
     app.router.add_get("/v1/sessions/{session_id:[^/]+}/messages", get_messages)
     app.router.add_patch("/v1/sessions/{session_id:[^/]+}/messages/{message_id:[^/]+}", patch_message)

@@ -23,6 +23,8 @@ from tiered_memory.model import Caller, Channel, MessageStatus, NewMessage, Patc
 # Both are used with fullmatch: `$` also matches before a trailing newline, which let "a\n" in.
 SESSION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 _MESSAGE_ID = re.compile(r"[\x21-\x7e]{1,128}")
+# What rebuilds.py makes a job id of: 16 random bytes in hex.
+_JOB_ID = re.compile(r"[0-9a-f]{32}")
 _MESSAGE_FIELDS = {
     "role",
     "content",
@@ -252,6 +254,14 @@ def message_id(request: web.Request) -> str:
     value = request.match_info["message_id"]
     if not _MESSAGE_ID.fullmatch(value):
         raise InvalidInput("message_id: expected 1-128 printable ASCII characters")
+    return value
+
+
+def job_id(request: web.Request) -> str:
+    """The rebuild job id of the path."""
+    value = request.match_info["job_id"]
+    if not _JOB_ID.fullmatch(value):
+        raise InvalidInput("job_id: expected the 32 lowercase hex digits of a job POST …/summary/rebuild started")
     return value
 
 

@@ -1,7 +1,8 @@
 """create_app(settings): the aiohttp application and every resource it owns, through cleanup_ctx.
 
 Resources start in order (SQL, hot tier, LLM client, service with its background sweeper) and are
-unwound in reverse on shutdown, after in-flight summaries have had SHUTDOWN_GRACE_SECONDS to finish.
+unwound in reverse on shutdown, after in-flight summaries and rebuild jobs have had
+SHUTDOWN_GRACE_SECONDS to finish.
 """
 
 from __future__ import annotations
@@ -230,10 +231,16 @@ async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
         await retention.stop()
     await sweeper.stop()
     await service.aclose()
-    cancelled = await service.summaries.drain(settings.shutdown_grace_seconds)
+    cancelled, rebuilds = await asyncio.gather(
+        service.summaries.drain(settings.shutdown_grace_seconds),
+        service.rebuilds.drain(settings.shutdown_grace_seconds),
+    )
     if cancelled:
         # Their watermark did not move: the next start-up sweep does them again.
         log.warning("summaries_cancelled_at_shutdown", count=cancelled)
+    if rebuilds:
+        # Each ended `cancelled` (recorded while the hot tier is still open): its caller starts it again.
+        log.warning("rebuilds_cancelled_at_shutdown", count=rebuilds)
 
 
 def create_app(

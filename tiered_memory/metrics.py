@@ -145,6 +145,13 @@ class Metrics:
             ["model"],
             registry=registry,
         )
+        self.rebuilds = Counter(
+            "tiered_memory_rebuilds_total",
+            "Rebuild jobs (POST …/summary/rebuild) ended in this process, by outcome: done, or the"
+            " failure's reason (conflict, sql_unavailable, not_found, cancelled, superseded, internal).",
+            ["outcome"],
+            registry=registry,
+        )
         self.pending_summarizations = Gauge(
             "tiered_memory_pending_summarizations",
             "Summarizations scheduled or running in this process.",

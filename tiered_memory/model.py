@@ -328,3 +328,36 @@ class CloseResult:
     persisted: bool
     cached: bool
     turn_count: int
+
+
+class JobState(enum.StrEnum):
+    """Where a rebuild job is: waiting for the session's summary lock or its first
+    SUMMARY_CONCURRENCY slot (`queued`), merging batches (`running`), or ended (`done`, `failed`)."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+    @property
+    def ended(self) -> bool:
+        return self in (JobState.DONE, JobState.FAILED)
+
+
+@dataclass(frozen=True, slots=True)
+class RebuildJob:
+    """One `POST …/summary/rebuild` as the hot tier keeps it. Times are epoch seconds of the
+    replica that made the change. A failed job's `reason` is a code (rebuilds.FAILURES); a done
+    one carries what it made: the summary's `version`, `covered_turns` and `source` (None, with
+    version 0, when the session had no completed turn) and how many `slices` it wrote."""
+
+    job_id: str
+    state: JobState
+    queued_at: float
+    started_at: float | None = None
+    ended_at: float | None = None
+    reason: str | None = None
+    version: int | None = None
+    covered_turns: int | None = None
+    source: SummarySource | None = None
+    slices: int | None = None

@@ -28,6 +28,7 @@ from tiered_memory.model import (
     NewMessage,
     Patch,
     PatchOutcome,
+    RebuildJob,
     SessionInfo,
     SessionState,
     Slice,
@@ -35,6 +36,7 @@ from tiered_memory.model import (
     SummaryAnswer,
 )
 from tiered_memory.reads import ContextAnswer, SessionReads, authorize
+from tiered_memory.rebuilds import Rebuilds, Started
 from tiered_memory.recall import RecallMatch
 from tiered_memory.settings import Settings
 from tiered_memory.summarize.extractive import Extractor
@@ -106,9 +108,21 @@ class MemoryService:
         # Sessions a client closed whose next background pass makes their summary again with the
         # LLM (a close answers with the deterministic merge, never waiting for the LLM).
         self._refine: set[str] = set()
-        # Bounds background summaries only: a start-up sweep that finds hundreds of due sessions
-        # must not open hundreds of transactions and LLM calls at once. close() does not queue.
+        # Bounds background summaries and rebuild jobs: a start-up sweep that finds hundreds of due
+        # sessions, or a burst of rebuilds, must not open hundreds of transactions and LLM calls
+        # at once. close() does not queue.
         self._slots = asyncio.Semaphore(settings.summary_concurrency)
+        # A rebuild used to hold a request in flight for its whole run; as a job it holds none, so
+        # the jobs a process keeps queued or running get the bound its requests have (0: none).
+        self.rebuilds = Rebuilds(
+            job=job,
+            store=store,
+            jobs=hot.jobs,
+            slots=self._slots,
+            metrics=metrics,
+            max_pending=settings.max_inflight_requests or None,
+            clock=clock,
+        )
         # Writes running whole while their requests were cancelled (_whole).
         self._writes: set[asyncio.Task[Any]] = set()
 
@@ -339,13 +353,20 @@ class MemoryService:
             self._metrics.tier_errors.labels("hot", "delete").inc()
             raise
 
-    async def rebuild_summary(self, session_id: str, *, caller: Caller) -> tuple[Summary | None, list[Slice]]:
-        """Recompute every slice and the summary from the messages, COMPRESSION_BATCH_TURNS turns
-        per slice, with the current prompt and model. Raises NotFound, Forbidden, Conflict,
-        SqlUnavailable."""
+    async def start_rebuild(self, session_id: str, *, caller: Caller) -> Started:
+        """Start recomputing every slice and the summary from the messages, COMPRESSION_BATCH_TURNS
+        turns per slice, with the current prompt and model, as a job (rebuilds.py); or answer with
+        the session's rebuild still going. Run whole (`_whole`): a job that took the session's
+        lease is launched even when the request is cancelled. Raises NotFound, Forbidden,
+        SqlUnavailable, HotUnavailable, Overloaded, Conflict; nothing is started then."""
         await self._owned_session(session_id, caller)
-        summary = await self._job.rebuild(session_id)
-        return summary, await self._store.slices(session_id)
+        return await self._whole(self.rebuilds.start(session_id))
+
+    async def rebuild_job(self, session_id: str, job_id: str, *, caller: Caller) -> RebuildJob:
+        """A rebuild job of the session as it is now. Raises NotFound (the session or the job),
+        Forbidden, SqlUnavailable, HotUnavailable."""
+        await self._owned_session(session_id, caller)
+        return await self.rebuilds.get(session_id, job_id)
 
     # --- reads ----------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ import dataclasses
 import enum
 import time
 from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 
 import structlog
@@ -42,6 +43,19 @@ class Outcome(enum.StrEnum):
     LOCKED = "locked"
     STALE = "stale"
     FAILED = "failed"
+
+
+# Entered around each batch's merge (its LLM call): how a rebuild runs within SUMMARY_CONCURRENCY.
+Gate = Callable[[], AbstractAsyncContextManager[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Rebuilt:
+    """What a rebuild wrote: the summary (None when the session has no completed turn) and how
+    many slices now lead back to its messages."""
+
+    summary: Summary | None
+    slices: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,10 +200,11 @@ class SummaryJob:
         target: int,
         llm: LlmSummarizer | None,
         stored: Summary | None,
+        gate: Gate | None = None,
     ) -> tuple[Summary, list[Slice]]:
         """Merge turns covered+1..target into `prev`, at most COMPRESSION_BATCH_TURNS turns per
-        call, one slice per batch. The result is the next version of the `stored` summary (`prev`,
-        or the one a merge from nothing replaces)."""
+        call, one slice per batch, each inside `gate` when one is given. The result is the next
+        version of the `stored` summary (`prev`, or the one a merge from nothing replaces)."""
         running = prev
         pieces: list[Slice] = []
         start = covered
@@ -198,7 +213,8 @@ class SummaryJob:
                 await self._keep_lock(session_id, token)
             end = min(start + self._batch, target)
             batch = [m for m in rows if start < m.turn <= end]
-            running, piece = await self._merge(session_id, running, batch, covered=start, target=end, llm=llm)
+            async with gate() if gate is not None else contextlib.nullcontext():
+                running, piece = await self._merge(session_id, running, batch, covered=start, target=end, llm=llm)
             if piece:
                 pieces.append(piece)
             start = end
@@ -290,33 +306,42 @@ class SummaryJob:
         )
         return summary, piece
 
-    async def rebuild(self, session_id: str) -> Summary | None:
-        """Recompute every slice and the summary from the cold tier, COMPRESSION_BATCH_TURNS at a time
-        (after a prompt or model change). None when the session has no completed turn. Raises
-        SqlUnavailable, or Conflict when another summarizer holds the lock or wrote meanwhile."""
+    async def rebuild(self, session_id: str, *, gate: Gate | None = None) -> Rebuilt:
+        """Recompute every slice and the summary from the cold tier, COMPRESSION_BATCH_TURNS at a
+        time (after a prompt or model change), each batch inside `gate` when one is given (a
+        SUMMARY_CONCURRENCY slot: a long rebuild lets other summaries run between its batches).
+        Raises SqlUnavailable, or Conflict when another summarizer holds the lock or wrote meanwhile."""
         token = await self._lock_or_raise(session_id)
         try:
             prev, info = await self._store.get_summary(session_id)
             if info is None or info.turn_count == 0:
-                return None
-            final, pieces = await self._remade(session_id, token, prev, info.turn_count, self._llm)
+                return Rebuilt(None, 0)
+            final, pieces = await self._remade(session_id, token, prev, info.turn_count, self._llm, gate)
             if not await self._store.put_summary(
                 session_id, final, user_id=info.user_id, turn_count=info.turn_count, slices=pieces, replace_slices=True
             ):
                 raise Conflict("the summary changed while it was being rebuilt; try again")
             await self._cache(session_id, final)
             log.info("summary_rebuilt", session_id=session_id, slices=len(pieces), version=final.version)
-            return final
+            return Rebuilt(final, len(pieces))
         finally:
             await self._unlock(session_id, token)
 
     async def _remade(
-        self, session_id: str, token: str, prev: Summary | None, turns: int, llm: LlmSummarizer | None
+        self,
+        session_id: str,
+        token: str,
+        prev: Summary | None,
+        turns: int,
+        llm: LlmSummarizer | None,
+        gate: Gate | None = None,
     ) -> tuple[Summary, list[Slice]]:
         """Every slice and the summary of turns 1..`turns` made anew, from nothing, but as the
         next version of `prev` (so that caches take it)."""
         rows = await self._store.messages_in_turns(session_id, after_turn=0, through_turn=turns)
-        return await self._merge_batches(session_id, token, None, rows, covered=0, target=turns, llm=llm, stored=prev)
+        return await self._merge_batches(
+            session_id, token, None, rows, covered=0, target=turns, llm=llm, stored=prev, gate=gate
+        )
 
     async def _refine(
         self, session_id: str, token: str, prev: Summary, user_id: str | None, turns: int, llm: LlmSummarizer

@@ -22,7 +22,7 @@ from urllib.parse import quote
 import aiohttp
 from yarl import URL
 
-from tiered_memory.client.errors import Timeout, Unavailable, api_error
+from tiered_memory.client.errors import ClientError, Conflict, NotFound, Timeout, Unavailable, api_error
 from tiered_memory.client.models import (
     AppendResult,
     BatchMessage,
@@ -32,6 +32,7 @@ from tiered_memory.client.models import (
     GatewayState,
     PatchResult,
     Readiness,
+    RebuildJob,
     RebuildResult,
     RecallMatch,
     SessionInfo,
@@ -43,11 +44,15 @@ from tiered_memory.client.models import (
     build,
     context_of,
     matches_of,
+    rebuild_job_of,
     slices_of,
 )
 
 # The daemon answers at most this many messages per page of GET /messages.
 _PAGE = 1000
+# A rebuild job is polled this soon first, then twice as late each time up to the poll interval:
+# a short session's rebuild is done in a moment, a long one's takes minutes.
+_FIRST_POLL_S = 0.05
 
 
 def new_message_id() -> str:
@@ -65,8 +70,8 @@ class AsyncClient:
 
     - `token`: sent as `Authorization: Bearer <token>` (the daemon's API_TOKENS).
     - `timeout`: seconds for one attempt, connection to last byte (default 10).
-      `rebuild_summary` calls the LLM once per batch while it waits: give it a longer
-      `attempt_timeout` of its own if LLM_TIMEOUT_SECONDS is long.
+      `rebuild_summary` waits for a job that calls the LLM once per batch: its `wait_timeout`
+      (default 600 s) bounds the wait, each of its calls is one short attempt.
     - `retries`: further attempts after a connection failure or a 5xx (default 2); `backoff` the
       first wait in seconds (doubled each time, jittered, at most `max_backoff`); a 503's
       Retry-After is waited for when longer, up to `max_backoff`.
@@ -247,14 +252,68 @@ class AsyncClient:
         """Forget the session's summary in both tiers; its messages stay. NotFound for an unknown session."""
         await self._call("DELETE", f"/v1/sessions/{_sid(session_id)}/summary", user_id=user_id)
 
-    async def rebuild_summary(
+    async def start_rebuild(
         self, session_id: str, *, user_id: str | None = None, attempt_timeout: float | None = None
+    ) -> RebuildJob:
+        """Start recomputing every slice and the summary from the stored messages, with the
+        daemon's current prompt and model, as a job, and answer at once; while the session's
+        rebuild is still going, that job (`started` False). Follow it with `rebuild_job`."""
+        path = f"/v1/sessions/{_sid(session_id)}/summary/rebuild"
+        _, data = await self._call("POST", path, user_id=user_id, attempt_timeout=attempt_timeout, ok=(202,))
+        return rebuild_job_of(data)
+
+    async def rebuild_job(
+        self, session_id: str, job_id: str, *, user_id: str | None = None, attempt_timeout: float | None = None
+    ) -> RebuildJob:
+        """A rebuild job as it is now (from any replica). NotFound past an hour after it ended."""
+        path = f"/v1/sessions/{_sid(session_id)}/summary/rebuild/{quote(job_id, safe='')}"
+        _, data = await self._call("GET", path, user_id=user_id, attempt_timeout=attempt_timeout)
+        return rebuild_job_of(data)
+
+    async def rebuild_summary(
+        self,
+        session_id: str,
+        *,
+        user_id: str | None = None,
+        attempt_timeout: float | None = None,
+        wait_timeout: float = 600.0,
+        poll_interval: float = 1.0,
     ) -> RebuildResult:
-        """Recompute every slice and the summary from the stored messages (may call the LLM per slice)."""
-        _, data = await self._call(
-            "POST", f"/v1/sessions/{_sid(session_id)}/summary/rebuild", user_id=user_id, attempt_timeout=attempt_timeout
+        """Recompute every slice and the summary from the stored messages and wait for it: start
+        the job, poll it (soon at first, then at most every `poll_interval` seconds) until it
+        ended, then read the summary and every slice. Raises Timeout when it has not ended
+        within `wait_timeout` seconds (it goes on: `rebuild_job` follows it); when it failed,
+        Conflict (code `conflict`: a summary of the session was being written; try again),
+        NotFound (the session is unknown, or was deleted meanwhile) or Unavailable (the message
+        store was down, or the daemon running it stopped: try again)."""
+        if wait_timeout <= 0 or poll_interval <= 0:
+            raise ValueError("expected wait_timeout > 0 and poll_interval > 0")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_timeout
+        job = await self.start_rebuild(session_id, user_id=user_id, attempt_timeout=attempt_timeout)
+        delay = min(_FIRST_POLL_S, poll_interval)
+        while not job.ended:
+            left = deadline - loop.time()
+            if left <= 0:
+                raise Timeout(
+                    f"rebuild {job.job_id} of {session_id}: still {job.state} after {wait_timeout} s;"
+                    " it goes on (rebuild_job follows it)"
+                )
+            await asyncio.sleep(min(delay, left))
+            delay = min(delay * 2, poll_interval)
+            job = await self.rebuild_job(session_id, job.job_id, user_id=user_id, attempt_timeout=attempt_timeout)
+        if job.result is None:
+            raise _rebuild_error(job)
+        summary = await self.summary(session_id, user_id=user_id)
+        return RebuildResult(
+            session_id=session_id,
+            summary=summary.summary if summary.version == job.result.version else None,
+            covered_turns=job.result.covered_turns,
+            version=job.result.version,
+            source=job.result.source,
+            slices=await self.slices(session_id, user_id=user_id),
+            job_id=job.job_id,
         )
-        return build(RebuildResult, data, slices=slices_of(data.get("slices") or []))
 
     # --- reads ----------------------------------------------------------------------------
 
@@ -457,6 +516,18 @@ class AsyncClient:
         if retry_after is not None:
             return min(self._max_backoff, max(retry_after, jittered))
         return jittered
+
+
+def _rebuild_error(job: RebuildJob) -> ClientError:
+    """The error a failed rebuild job raises: by its code, as the daemon would answer it."""
+    error = job.error or {}
+    code = error.get("code", "internal")
+    message = f"rebuild {job.job_id} failed: {error.get('message', 'no reason given')}"
+    if code == "conflict":
+        return Conflict(409, code, message)
+    if code == "not_found":
+        return NotFound(404, code, message)
+    return Unavailable(f"{message} ({code})")
 
 
 def _body(**fields: object) -> dict[str, object]:

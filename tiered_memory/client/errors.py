@@ -5,15 +5,18 @@ ClientError
 │   ├── InvalidRequest  400 (a field is wrong: the message names it) and 413 (body too large)
 │   ├── Unauthorized    401 (no token, or one the daemon does not know)
 │   ├── Forbidden       403 (the session belongs to another tenant or user)
-│   ├── NotFound        404 (no such session)
+│   ├── NotFound        404 (no such session, or rebuild job)
 │   └── Conflict        409 (a message_id reused for other content, a rebuild racing a summary,
 │                       a summarized message patched), 412 (a state written over a stale version)
 ├── Unavailable         no usable answer after every retry: the daemon was unreachable, cut the
-│                       connection, or answered 5xx (503: a store is down; `retry_after` seconds)
+│                       connection, or answered 5xx (503: a store is down; `retry_after` seconds);
+│                       or a rebuild job failed for a reason a retry may cure (`status` None)
 └── Timeout             no answer within the timeout (not retried: the request may still be running)
 
 A 4xx is never retried: the same request would get the same answer. Only `Unavailable` is what
-retries were for; when it is raised they are used up.
+retries were for; when it is raised they are used up. A rebuild job that failed (`rebuild_summary`)
+raises what its code names: Conflict for `conflict` (409), NotFound for `not_found` (404), and
+Unavailable (`status` None) for the reasons a later try may cure.
 """
 
 from __future__ import annotations

@@ -215,13 +215,52 @@ class RecallMatch:
 
 
 @dataclass(frozen=True, slots=True)
+class RebuildOutcome:
+    """What a done rebuild job made: the summary's version (0 when the session had no completed
+    turn), the turns it covers, its source, and how many slices it wrote (read them at `slices_url`)."""
+
+    version: int
+    covered_turns: int
+    source: str | None
+    slice_count: int
+    slices_url: str
+
+
+@dataclass(frozen=True, slots=True)
+class RebuildJob:
+    """POST or GET …/summary/rebuild: a rebuild job. `state` is queued, running, done (`result`)
+    or failed (`error`: its `code` and `message`). `started` (POST only) is False when the POST
+    answered with the session's job still going instead of starting one."""
+
+    session_id: str
+    job_id: str
+    state: str
+    url: str
+    queued_at: float
+    started_at: float | None
+    ended_at: float | None
+    result: RebuildOutcome | None = None
+    error: dict[str, str] | None = None
+    started: bool | None = None
+
+    @property
+    def ended(self) -> bool:
+        return self.state in ("done", "failed")
+
+
+@dataclass(frozen=True, slots=True)
 class RebuildResult:
+    """`rebuild_summary`'s answer once its job is done: the new summary as read right after
+    (`summary` is its text, None when a newer summary was written meanwhile or there is none),
+    and every slice."""
+
     session_id: str
     summary: str | None
     covered_turns: int
     version: int
     source: str | None
     slices: list[Slice] = field(default_factory=list)
+    job_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,3 +304,8 @@ def matches_of(items: list[dict[str, Any]]) -> list[RecallMatch]:
         )
         for m in items
     ]
+
+
+def rebuild_job_of(data: dict[str, Any]) -> RebuildJob:
+    result = data.get("result")
+    return build(RebuildJob, data, result=build(RebuildOutcome, result) if result else None)

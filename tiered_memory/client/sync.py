@@ -23,6 +23,7 @@ from tiered_memory.client.models import (
     GatewayState,
     PatchResult,
     Readiness,
+    RebuildJob,
     RebuildResult,
     RecallMatch,
     SessionInfo,
@@ -183,10 +184,34 @@ class Client:
     def delete_summary(self, session_id: str, *, user_id: str | None = None) -> None:
         self._run(self._async.delete_summary(session_id, user_id=user_id))
 
-    def rebuild_summary(
+    def start_rebuild(
         self, session_id: str, *, user_id: str | None = None, attempt_timeout: float | None = None
+    ) -> RebuildJob:
+        return self._run(self._async.start_rebuild(session_id, user_id=user_id, attempt_timeout=attempt_timeout))
+
+    def rebuild_job(
+        self, session_id: str, job_id: str, *, user_id: str | None = None, attempt_timeout: float | None = None
+    ) -> RebuildJob:
+        return self._run(self._async.rebuild_job(session_id, job_id, user_id=user_id, attempt_timeout=attempt_timeout))
+
+    def rebuild_summary(
+        self,
+        session_id: str,
+        *,
+        user_id: str | None = None,
+        attempt_timeout: float | None = None,
+        wait_timeout: float = 600.0,
+        poll_interval: float = 1.0,
     ) -> RebuildResult:
-        return self._run(self._async.rebuild_summary(session_id, user_id=user_id, attempt_timeout=attempt_timeout))
+        return self._run(
+            self._async.rebuild_summary(
+                session_id,
+                user_id=user_id,
+                attempt_timeout=attempt_timeout,
+                wait_timeout=wait_timeout,
+                poll_interval=poll_interval,
+            )
+        )
 
     def context(
         self,

@@ -1,4 +1,4 @@
-"""JSON encodings of messages and summaries, shared by the Redis tier and the SQL summary row."""
+"""JSON encodings of messages, summaries and rebuild jobs, shared by the Redis tier and the SQL summary row."""
 
 from __future__ import annotations
 
@@ -7,7 +7,17 @@ from typing import Any
 
 import orjson
 
-from tiered_memory.model import Channel, Message, MessageStatus, Role, SessionState, Summary, SummarySource
+from tiered_memory.model import (
+    Channel,
+    JobState,
+    Message,
+    MessageStatus,
+    RebuildJob,
+    Role,
+    SessionState,
+    Summary,
+    SummarySource,
+)
 
 
 def message_to_dict(m: Message) -> dict[str, Any]:
@@ -126,3 +136,43 @@ def state_of(version: bytes | str | None, value: bytes | str | None) -> SessionS
     if version is None:
         return None
     return SessionState(int(version), json.loads(value) if value else None)
+
+
+def encode_job(job: RebuildJob) -> bytes:
+    return dumps(
+        {
+            "id": job.job_id,
+            "state": job.state.value,
+            "queued_at": job.queued_at,
+            "started_at": job.started_at,
+            "ended_at": job.ended_at,
+            "reason": job.reason,
+            "version": job.version,
+            "covered": job.covered_turns,
+            "source": job.source.value if job.source else None,
+            "slices": job.slices,
+        }
+    )
+
+
+def decode_job(raw: str | bytes) -> RebuildJob:
+    d = _loads(raw)
+
+    def number(name: str) -> float | None:
+        return None if d.get(name) is None else float(d[name])
+
+    def count(name: str) -> int | None:
+        return None if d.get(name) is None else int(d[name])
+
+    return RebuildJob(
+        job_id=str(d["id"]),
+        state=JobState(d["state"]),
+        queued_at=float(d["queued_at"]),
+        started_at=number("started_at"),
+        ended_at=number("ended_at"),
+        reason=None if d.get("reason") is None else str(d["reason"]),
+        version=count("version"),
+        covered_turns=count("covered"),
+        source=SummarySource(d["source"]) if d.get("source") else None,
+        slices=count("slices"),
+    )

@@ -12,6 +12,7 @@ from typing import Protocol
 
 from tiered_memory.model import HotSession, Message, Owner, SessionState, Summary
 from tiered_memory.tiers.buckets import Buckets
+from tiered_memory.tiers.jobs import JobStore
 from tiered_memory.tiers.postings import PostingsStore
 
 
@@ -70,6 +71,11 @@ class HotTier(Protocol):
     @property
     def buckets(self) -> Buckets:
         """The request-rate buckets of tenants and tokens (RATE_LIMITS), shared like the rest."""
+        ...
+
+    @property
+    def jobs(self) -> JobStore:
+        """The sessions' rebuild jobs: their records and leases, read by every replica."""
         ...
 
     async def read_summary(self, session_id: str) -> tuple[Summary | None, int | None, Owner | None]:

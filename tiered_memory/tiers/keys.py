@@ -43,6 +43,16 @@ class Keys:
         changed): a batch read before that is refused (redis_postings.py)."""
         return f"{self.prefix}:{{{session_id}}}:recall-floor"
 
+    def rebuild(self, session_id: str, job_id: str) -> str:
+        """One rebuild job's record (JSON): every job of a session under its own id, so that a
+        later job never hides an earlier one's answer from whoever polls it (rebuilds.py)."""
+        return f"{self.prefix}:{{{session_id}}}:rebuild:{job_id}"
+
+    def rebuild_lease(self, session_id: str) -> str:
+        """The id of the session's live rebuild job, expiring unless its process renews it: one
+        rebuild per session across replicas, and a job whose process died is seen to be lost."""
+        return f"{self.prefix}:{{{session_id}}}:rebuild-lease"
+
     def rate(self, name: str) -> str:
         """Hash: a token bucket (`tenant:<name>` or `token:<id>`) every replica draws on."""
         return f"{self.prefix}:rate:{{{name}}}"

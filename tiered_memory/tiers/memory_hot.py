@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from tiered_memory.model import HotSession, Message, Owner, SessionState, Summary
 from tiered_memory.tiers.buckets import MemoryBuckets
 from tiered_memory.tiers.hot import RecentBound
+from tiered_memory.tiers.jobs import MemoryJobs
 from tiered_memory.tiers.postings import SESSION_BYTES, MemoryPostings
 
 # What the recall postings of every session hold in all, in bytes of names and values (the least
@@ -91,6 +92,7 @@ class MemoryHot:
         )
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._buckets = MemoryBuckets()
+        self._jobs = MemoryJobs(clock=clock)
         self._max = max_sessions
         self._max_bytes = max_bytes
         self._bytes = 0
@@ -132,6 +134,10 @@ class MemoryHot:
     @property
     def buckets(self) -> MemoryBuckets:
         return self._buckets
+
+    @property
+    def jobs(self) -> MemoryJobs:
+        return self._jobs
 
     def _get(self, session_id: str) -> _Entry | None:
         entry = self._entries.get(session_id)
@@ -314,3 +320,4 @@ class MemoryHot:
         self._entries.clear()
         self._bytes = 0
         self._postings.clear()
+        self._jobs.clear()

@@ -27,6 +27,7 @@ from tiered_memory.tiers.hot_cache import HotCache, cache_invalidator
 from tiered_memory.tiers.keys import Keys
 from tiered_memory.tiers.postings import SESSION_BYTES
 from tiered_memory.tiers.redis_buckets import RedisBuckets
+from tiered_memory.tiers.redis_jobs import RedisJobs
 from tiered_memory.tiers.redis_link import RedisLink
 from tiered_memory.tiers.redis_postings import RedisPostings, forget_commands
 from tiered_memory.tiers.redis_url import connect, parse_redis_url
@@ -219,6 +220,7 @@ class RedisHot:
         self.link = link
         self._postings = RedisPostings(link, keys=keys, ttl_s=history_ttl_s, session_max_bytes=recall_max_bytes)
         self._buckets = RedisBuckets(link, keys=keys)
+        self._jobs = RedisJobs(link, keys=keys)
         self._mux = link.mux
         self._cache = cache if link.mux is not None else None
         self._keys = keys
@@ -253,6 +255,10 @@ class RedisHot:
     @property
     def buckets(self) -> RedisBuckets:
         return self._buckets
+
+    @property
+    def jobs(self) -> RedisJobs:
+        return self._jobs
 
     @classmethod
     def from_url(

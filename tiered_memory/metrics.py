@@ -23,6 +23,7 @@ class Metrics:
         self._request_metrics(registry)
         self._store_metrics(registry)
         self._summary_metrics(registry)
+        self._llm_metrics(registry)
 
     def _request_metrics(self, registry: CollectorRegistry) -> None:
         """The HTTP edge: latency by route, and the load shedding of admission.py."""
@@ -97,7 +98,7 @@ class Metrics:
         )
 
     def _summary_metrics(self, registry: CollectorRegistry) -> None:
-        """Summaries: how they were made, how long that took, the LLM's failures, their lag."""
+        """Summaries: how they were made, how long that took, their lag; the rate limits; the hot cache."""
         self.summarizations = Counter(
             "tiered_memory_summarizations_total",
             "Summarizations by source (llm, deterministic) and outcome (ok, stale, failed).",
@@ -111,28 +112,10 @@ class Metrics:
             buckets=_SUMMARY_BUCKETS,
             registry=registry,
         )
-        self.llm_failures = Counter(
-            "tiered_memory_llm_failures_total",
-            "LLM summary calls that fell back to the deterministic summarizer, by reason.",
-            ["reason"],
-            registry=registry,
-        )
         self.summary_lag = Histogram(
             "tiered_memory_summary_lag_turns",
             "Completed turns not covered by the summary a read returned (turn_count - covered_turns).",
             buckets=_LAG_BUCKETS,
-            registry=registry,
-        )
-        self.llm_tokens = Counter(
-            "tiered_memory_llm_tokens_total",
-            "Tokens the LLM reported using (its replies' usage), by model and direction (input, output).",
-            ["model", "direction"],
-            registry=registry,
-        )
-        self.llm_cost = Counter(
-            "tiered_memory_llm_cost_total",
-            "What those tokens cost at LLM_PRICES (per million tokens, in the prices' currency), by model.",
-            ["model"],
             registry=registry,
         )
         self.pending_summarizations = Gauge(
@@ -154,6 +137,27 @@ class Metrics:
         self.hot_cache_bytes = Gauge(
             "tiered_memory_hot_cache_bytes",
             "The in-process hot cache's estimate of what its sessions hold (embedded default; HOT_MAX_BYTES).",
+            registry=registry,
+        )
+
+    def _llm_metrics(self, registry: CollectorRegistry) -> None:
+        """The LLM: its fallbacks and what it cost."""
+        self.llm_failures = Counter(
+            "tiered_memory_llm_failures_total",
+            "LLM summary calls that fell back to the deterministic summarizer, by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        self.llm_tokens = Counter(
+            "tiered_memory_llm_tokens_total",
+            "Tokens the LLM reported using (its replies' usage), by model and direction (input, output).",
+            ["model", "direction"],
+            registry=registry,
+        )
+        self.llm_cost = Counter(
+            "tiered_memory_llm_cost_total",
+            "What those tokens cost at LLM_PRICES (per million tokens, in the prices' currency), by model.",
+            ["model"],
             registry=registry,
         )
 

@@ -141,7 +141,7 @@ class Metrics:
         )
 
     def _llm_metrics(self, registry: CollectorRegistry) -> None:
-        """The LLM: its fallbacks and what it cost."""
+        """The LLM: its fallbacks, what it cost, and what it wrote that was not in the conversation."""
         self.llm_failures = Counter(
             "tiered_memory_llm_failures_total",
             "LLM summary calls that fell back to the deterministic summarizer, by reason.",
@@ -160,6 +160,14 @@ class Metrics:
             ["model"],
             registry=registry,
         )
+        self.llm_items_dropped = Counter(
+            "tiered_memory_llm_items_dropped_total",
+            "Parts of LLM summaries dropped as ungrounded, by field (a payload list, or summary and"
+            " conversation_goal for their sentences) and reason (the first of id, number, name not in the"
+            " conversation or the previous summary).",
+            ["field", "reason"],
+            registry=registry,
+        )
 
     def llm_usage(self, model: str, prices: Mapping[str, Mapping[str, float]]) -> Callable[[int, int], None]:
         """What counts one reply's tokens of `model`, and their cost when `prices` has the model."""
@@ -174,6 +182,10 @@ class Metrics:
                 )
 
         return count
+
+    def llm_item_dropped(self, field: str, reason: str) -> None:
+        """Count one part of an LLM reply dropped as ungrounded (LlmSummarizer's on_dropped)."""
+        self.llm_items_dropped.labels(field, reason).inc()
 
     def breaker(self, name: str, *, failures: int, reset_s: float) -> CircuitBreaker:
         """A circuit breaker for one dependency whose state and refusals are exported."""

@@ -245,12 +245,14 @@ class SummaryJob:
         text, source = extraction.text, SummarySource.DETERMINISTIC
         if llm is not None and new:
             try:
-                if self._format == "structured":
-                    payload = await llm.summarize_structured(prev_payload, new)
-                    text = payload["summary"]
-                else:
-                    text = await llm.summarize(prev.text if prev else None, new)
-                    payload = {**payload, "summary": text}
+                # The summarizer logs what grounding drops; this names the session on those lines.
+                with structlog.contextvars.bound_contextvars(session_id=session_id):
+                    if self._format == "structured":
+                        payload = await llm.summarize_structured(prev_payload, new)
+                        text = payload["summary"]
+                    else:
+                        text = await llm.summarize(prev.text if prev else None, new)
+                        payload = {**payload, "summary": text}
                 source = SummarySource.LLM
             except LlmFailed as exc:
                 # Rejected or failed: the rule-based merge above stands, and the reason is counted.

@@ -175,10 +175,13 @@ def _exported(scrape: str) -> dict[str, set[str] | None]:
 
 async def _traffic(d: Daemon, llm: FakeLlm, redis_server: RedisProcess) -> None:
     """Requests that give every metric a labelled series: LLM and deterministic summaries, LLM
-    failures, reads answered by every tier, a closed session, and Redis failures that open its
-    breaker."""
+    failures, an LLM fact dropped as ungrounded, reads answered by every tier, a closed session,
+    and Redis failures that open its breaker."""
     llm_sid, fallback_sid, cold_sid = new_sid(), new_sid(), new_sid()
     turns = [(f"第{i}个问题：活力健怎么吃？", f"第{i}个回答：每天2次。") for i in range(3)]
+    # A payload with one fact the turns never said (its amount): dropped and counted.
+    reply = {"summary": "用户询问活力健的吃法。", "stable_facts": ["每天2次", "退款5000元"]}
+    llm.behaviour = Behaviour(text=json.dumps(reply, ensure_ascii=False))
     await play(d, llm_sid, turns)
     await d.settle()
     llm.behaviour = Behaviour(mode="status", status=500)

@@ -20,11 +20,15 @@ async def _daemon(env: dict[str, str], llm: FakeLlm, **extra: str) -> Daemon:
     return d
 
 
+_TEN = "甲乙丙丁戊己庚辛壬癸"
+
+
 def _payload(**overrides: Any) -> str:
     doc = {
         "summary": "用户王小明咨询活力健的用法和价格，偏好不太甜的口味。",
         "conversation_goal": "了解活力健",
-        "stable_facts": [f"事实{i}" for i in range(10)],
+        # Ten facts, each grounded in the conversation: numbered 0-9 they would name numbers it never said.
+        "stable_facts": [f"事实{c}" for c in _TEN],
         "user_preferences": ["不喜欢太甜" + "很" * 100],
         "resolved_points": ["每天2次，每次1条", "一盒398元"],
         "pending_questions": ["是否适合高血压人群"],
@@ -51,7 +55,7 @@ async def test_llm_payload_is_stored_with_limits_enforced(backend_env: dict[str,
         ctx = await d.get(f"/v1/sessions/{sid}/context")
         plan = ctx["planning"]
         assert plan["goal"] == "了解活力健"
-        assert plan["facts"] == [f"事实{i}" for i in range(6)]
+        assert plan["facts"] == [f"事实{c}" for c in _TEN[:6]]
         assert plan["pending_questions"] == ["是否适合高血压人群"]
         assert plan["retrieval_hints"] == ["活力健", "剂量", "价格"]
         summary, _ = await d.store.get_summary(sid)
@@ -194,7 +198,9 @@ async def test_a_fallback_after_an_llm_summary_keeps_it(backend_env: dict[str, s
     d = await _daemon(backend_env, fake_llm)
     try:
         sid = new_sid()
-        await play(d, sid, ZH_12_TURNS[:3])
+        # The user names the rival product the LLM's summary keeps (an id: it must be in the turns).
+        first = ("我有糖尿病，ZQ-7和活力健哪个好？", "两款成分不同，活力健每天2次，每次1条。")
+        await play(d, sid, [first, *ZH_12_TURNS[1:3]])
         await d.settle()
         fake_llm.behaviour = Behaviour(text="not json")
         await play(

@@ -106,6 +106,7 @@ def build_llm(settings: Settings, session: aiohttp.ClientSession, metrics: Metri
         ),
         extra_body=settings.llm_extra_body,
         on_usage=metrics.llm_usage(settings.summary_model, settings.llm_prices),
+        on_dropped=metrics.llm_item_dropped,
     )
 
 

@@ -122,8 +122,8 @@ class SqlUnavailable(TierUnavailable):
 
 class LlmFailed(TieredMemoryError):
     """The LLM did not give a usable summary; `reason` is one of timeout, http_error,
-    transport, malformed, empty, answer, circuit_open. Callers fall back to the deterministic
-    summarizer."""
+    transport, malformed, empty, answer, ungrounded (no sentence of its summary was in the
+    conversation), circuit_open. Callers fall back to the deterministic summarizer."""
 
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")

@@ -23,6 +23,7 @@ class Metrics:
         self._request_metrics(registry)
         self._store_metrics(registry)
         self._summary_metrics(registry)
+        self._llm_metrics(registry)
 
     def _request_metrics(self, registry: CollectorRegistry) -> None:
         """The HTTP edge: latency by route, and the load shedding of admission.py."""
@@ -107,7 +108,7 @@ class Metrics:
         )
 
     def _summary_metrics(self, registry: CollectorRegistry) -> None:
-        """Summaries: how they were made, how long that took, the LLM's failures, their lag."""
+        """Summaries: how they were made, how long that took, their lag; the rate limits; the hot cache."""
         self.summarizations = Counter(
             "tiered_memory_summarizations_total",
             "Summarizations by source (llm, deterministic) and outcome (ok, stale, failed).",
@@ -121,28 +122,10 @@ class Metrics:
             buckets=_SUMMARY_BUCKETS,
             registry=registry,
         )
-        self.llm_failures = Counter(
-            "tiered_memory_llm_failures_total",
-            "LLM summary calls that fell back to the deterministic summarizer, by reason.",
-            ["reason"],
-            registry=registry,
-        )
         self.summary_lag = Histogram(
             "tiered_memory_summary_lag_turns",
             "Completed turns not covered by the summary a read returned (turn_count - covered_turns).",
             buckets=_LAG_BUCKETS,
-            registry=registry,
-        )
-        self.llm_tokens = Counter(
-            "tiered_memory_llm_tokens_total",
-            "Tokens the LLM reported using (its replies' usage), by model and direction (input, output).",
-            ["model", "direction"],
-            registry=registry,
-        )
-        self.llm_cost = Counter(
-            "tiered_memory_llm_cost_total",
-            "What those tokens cost at LLM_PRICES (per million tokens, in the prices' currency), by model.",
-            ["model"],
             registry=registry,
         )
         self.rebuilds = Counter(
@@ -174,6 +157,35 @@ class Metrics:
             registry=registry,
         )
 
+    def _llm_metrics(self, registry: CollectorRegistry) -> None:
+        """The LLM: its fallbacks, what it cost, and what it wrote that was not in the conversation."""
+        self.llm_failures = Counter(
+            "tiered_memory_llm_failures_total",
+            "LLM summary calls that fell back to the deterministic summarizer, by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        self.llm_tokens = Counter(
+            "tiered_memory_llm_tokens_total",
+            "Tokens the LLM reported using (its replies' usage), by model and direction (input, output).",
+            ["model", "direction"],
+            registry=registry,
+        )
+        self.llm_cost = Counter(
+            "tiered_memory_llm_cost_total",
+            "What those tokens cost at LLM_PRICES (per million tokens, in the prices' currency), by model.",
+            ["model"],
+            registry=registry,
+        )
+        self.llm_items_dropped = Counter(
+            "tiered_memory_llm_items_dropped_total",
+            "Parts of LLM summaries dropped as ungrounded, by field (a payload list, or summary and"
+            " conversation_goal for their sentences) and reason (the first of id, number, name not in the"
+            " conversation or the previous summary).",
+            ["field", "reason"],
+            registry=registry,
+        )
+
     def llm_usage(self, model: str, prices: Mapping[str, Mapping[str, float]]) -> Callable[[int, int], None]:
         """What counts one reply's tokens of `model`, and their cost when `prices` has the model."""
         price = prices.get(model)
@@ -187,6 +199,10 @@ class Metrics:
                 )
 
         return count
+
+    def llm_item_dropped(self, field: str, reason: str) -> None:
+        """Count one part of an LLM reply dropped as ungrounded (LlmSummarizer's on_dropped)."""
+        self.llm_items_dropped.labels(field, reason).inc()
 
     def breaker(self, name: str, *, failures: int, reset_s: float) -> CircuitBreaker:
         """A circuit breaker for one dependency whose state and refusals are exported."""

@@ -13,9 +13,10 @@ import contextlib
 import dataclasses
 import enum
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
@@ -261,12 +262,7 @@ class SummaryJob:
         text, source = extraction.text, SummarySource.DETERMINISTIC
         if llm is not None and new:
             try:
-                if self._format == "structured":
-                    payload = await llm.summarize_structured(prev_payload, new)
-                    text = payload["summary"]
-                else:
-                    text = await llm.summarize(prev.text if prev else None, new)
-                    payload = {**payload, "summary": text}
+                text, payload = await self._ask(session_id, llm, prev, prev_payload, new, payload)
                 source = SummarySource.LLM
             except LlmFailed as exc:
                 # Rejected or failed: the rule-based merge above stands, and the reason is counted.
@@ -305,6 +301,25 @@ class SummaryJob:
             prompt_id=llm.prompt_id_for(new) if source is SummarySource.LLM and llm else None,
         )
         return summary, piece
+
+    async def _ask(
+        self,
+        session_id: str,
+        llm: LlmSummarizer,
+        prev: Summary | None,
+        prev_payload: Mapping[str, Any] | None,
+        new: list[Message],
+        payload: dict[str, Any],
+    ) -> tuple[str, dict[str, Any]]:
+        """The LLM's summary text and payload of `new` merged into `prev` (in the text format, the
+        rule-based `payload` with the LLM's text). Raises LlmFailed."""
+        # The summarizer logs what grounding drops; this names the session on those lines.
+        with structlog.contextvars.bound_contextvars(session_id=session_id):
+            if self._format == "structured":
+                merged = await llm.summarize_structured(prev_payload, new)
+                return merged["summary"], merged
+            text = await llm.summarize(prev.text if prev else None, new)
+            return text, {**payload, "summary": text}
 
     async def rebuild(self, session_id: str, *, gate: Gate | None = None) -> Rebuilt:
         """Recompute every slice and the summary from the cold tier, COMPRESSION_BATCH_TURNS at a

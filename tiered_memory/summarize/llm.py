@@ -4,6 +4,10 @@ The LLM is an optional improvement, never a dependency: every way it can fail (t
 error, broken connection, malformed or empty reply) raises LlmFailed with a reason, and the
 caller falls back to the deterministic summarizer. A circuit breaker stops calling an LLM that
 keeps failing, so a dead endpoint costs one timeout per probe, not one per summary.
+
+What the LLM writes is kept only where it is grounded in what it was shown (grounding.py): an
+invented amount, order or name is dropped and counted, and a reply left with no summary at all
+is refused as `ungrounded`.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -18,14 +23,17 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
+import structlog
 
 from tiered_memory.breaker import CircuitBreaker
 from tiered_memory.errors import LlmFailed
 from tiered_memory.language import LANGUAGES, Language, conversation_language
 from tiered_memory.model import Message, Role
-from tiered_memory.summarize.payload import check_text, parse_llm_payload
+from tiered_memory.summarize.grounding import Dropped, Source, grounded_payload, grounded_text, payload_texts
+from tiered_memory.summarize.payload import bounded, check_text, read_llm_payload
 
 T = TypeVar("T")
+log = structlog.get_logger("tiered_memory.summarize.llm")
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +129,13 @@ def load_prompts(
 _ROLES = {Role.USER: "user", Role.ASSISTANT: "assistant", Role.TOOL: "tool", Role.SYSTEM: "event"}
 
 
+def _source(messages: Sequence[Message], previous: Sequence[str]) -> Source:
+    """What the LLM was shown, as grounding reads it: the new turns' texts (tool results and
+    events among them) and the previous summary or payload. Reading a batch of long turns takes
+    a while (about a second for 200 KB of numbers and ids): callers run it in a worker thread."""
+    return Source.of([*(m.content for m in messages), *previous])
+
+
 def _transcript(messages: Sequence[Message], labels: _Labels) -> str:
     """The new turns, one JSON object a line (`{"role": …, "text": …}`): a user who writes
     "\nAssistant: refund approved" writes it inside a quoted string, and forges no line of the
@@ -183,11 +198,14 @@ class LlmSummarizer:
         breaker: CircuitBreaker | None = None,
         extra_body: Mapping[str, Any] | None = None,
         on_usage: Callable[[int, int], None] | None = None,
+        on_dropped: Callable[[str, str], None] | None = None,
     ) -> None:
         """`extra_body` is merged into every request (LLM_EXTRA_BODY; it may set what the daemon
         sets but the model and the messages); `on_usage` gets the prompt and completion tokens a
-        reply reports in `usage`."""
+        reply reports in `usage`; `on_dropped` gets the field and the reason of each part of a
+        reply dropped as ungrounded."""
         self._session = session
+        self._on_dropped = on_dropped
         self._extra_body = dict(extra_body or {})
         self._on_usage = on_usage
         self._breaker = breaker
@@ -213,29 +231,59 @@ class LlmSummarizer:
         return self._prompts[conversation_language(messages)].id
 
     async def summarize(self, previous: str | None, messages: Sequence[Message]) -> str:
-        """A text summary merging `previous` with `messages`, at most max_chars long.
+        """A text summary merging `previous` with `messages`, at most max_chars long, without
+        the sentences that are not grounded in them.
 
         Raises LlmFailed on any failure (including a reply that is empty, says there is nothing
-        to summarize, or answers the user); never waits longer than the configured timeout.
+        to summarize, answers the user, or has no grounded sentence); never waits longer than the
+        configured timeout.
         """
         language = conversation_language(messages)
         request = render_request(previous, messages, language=language)
-        return await self._guarded(lambda: self._complete_text(language, request))
+        text = await self._guarded(lambda: self._complete_text(language, request))
+        # The summary is the text a context puts in its system message: an invented amount or
+        # order there reads as the memory's own word, so its sentence goes.
+        kept, reasons = await asyncio.to_thread(lambda: grounded_text(text, _source(messages, [previous or ""])))
+        self._report([Dropped("summary", r) for r in reasons], kept=bool(kept))
+        return kept[: self._max_chars]
 
     async def summarize_structured(
         self, previous: Mapping[str, Any] | None, messages: Sequence[Message]
     ) -> dict[str, Any]:
-        """A structured payload merging `previous` with `messages`, limits enforced.
-        Raises LlmFailed as `summarize`, and for a reply that is not the JSON object asked for."""
+        """A structured payload merging `previous` with `messages`, limits enforced, without the
+        list items and the summary's and goal's sentences not grounded in them. Raises LlmFailed
+        as `summarize`, and for a reply that is not the JSON object asked for."""
         language = conversation_language(messages)
         request = render_structured_request(previous, messages, language=language)
-        return await self._guarded(lambda: self._complete_payload(language, request))
+        doc = await self._guarded(lambda: self._complete_payload(language, request))
+        # The previous payload is the long-term memory the LLM merges into: what it carries over
+        # from there is grounded, however many passes ago the conversation said it.
+        payload, dropped = await asyncio.to_thread(
+            lambda: grounded_payload(doc, _source(messages, payload_texts(previous or {})))
+        )
+        self._report(dropped, kept=bool(payload["summary"]))
+        return bounded(payload, max_chars=self._max_chars)
 
     async def _complete_text(self, language: Language, user_content: str) -> str:
-        return check_text(await self._complete(language, user_content))[: self._max_chars]
+        return check_text(await self._complete(language, user_content))
 
     async def _complete_payload(self, language: Language, user_content: str) -> dict[str, Any]:
-        return parse_llm_payload(await self._complete(language, user_content), max_chars=self._max_chars)
+        return read_llm_payload(await self._complete(language, user_content))
+
+    def _report(self, dropped: Sequence[Dropped], *, kept: bool) -> None:
+        """Count and log what grounding dropped (never the text), and refuse a reply with no
+        summary left. Outside the breaker: the endpoint answered well, and what it wrote was led
+        by the conversation, so one user's text could otherwise switch the LLM off for everyone.
+        A summary with some sentences dropped stands, since a summary slightly short beats the
+        deterministic one; with none left it is no summary, and the fallback writes one."""
+        if dropped:
+            for d in dropped:
+                if self._on_dropped is not None:
+                    self._on_dropped(d.field, d.reason)
+            counts = Counter(f"{d.field}/{d.reason}" for d in dropped)
+            log.info("llm_items_dropped", dropped=dict(sorted(counts.items())), summary_left=kept)
+        if not kept:
+            raise LlmFailed("ungrounded", "no sentence of the summary is grounded in the conversation")
 
     async def _guarded(self, call: Callable[[], Awaitable[T]]) -> T:
         # A garbage reply counts like no reply: an LLM that answers nonsense for every call is

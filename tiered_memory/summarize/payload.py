@@ -115,9 +115,11 @@ def check_text(text: str) -> str:
     return stripped
 
 
-def parse_llm_payload(raw: str, *, max_chars: int) -> dict[str, Any]:
-    """The payload in an LLM reply (a JSON object, optionally in a Markdown fence), limits
-    enforced. Raises LlmFailed('malformed' | 'empty' | 'answer')."""
+def read_llm_payload(raw: str) -> dict[str, Any]:
+    """The payload in an LLM reply (a JSON object, optionally in a Markdown fence), its shape
+    checked but its limits not yet enforced: grounding reads it first (a number an 80-character
+    clip cut short would read as another), then `bounded` clips it. Raises
+    LlmFailed('malformed' | 'empty' | 'answer')."""
     try:
         doc = json.loads(_FENCE.sub("", raw.strip()))
     except ValueError as exc:
@@ -129,7 +131,7 @@ def parse_llm_payload(raw: str, *, max_chars: int) -> dict[str, Any]:
     if not _encodable(doc):
         raise LlmFailed("malformed", "reply holds invalid Unicode (a lone surrogate)")
     check_text(doc["summary"])
-    return bounded(doc, max_chars=max_chars)
+    return doc
 
 
 def rule_payload(

@@ -547,9 +547,8 @@ class SessionReads:
         )
 
     def _facts(self, summary: Summary, book: FactBook | None, last_activity: float | None, lang: str) -> Facts:
-        """The summary's renderer for the policy: a deterministic summary is re-rendered from its
-        stored facts for the room and the turns it is given (whole facts, none the context shows
-        raw); another (an LLM's text) keeps the first sentences that fit."""
+        """The summary's renderer for the policy: an extractor's re-rendered from its stored facts
+        for the room and turns given (whole facts, none shown raw); an LLM's text cut to sentences."""
         label_chars = len(self._summary_text("", last_activity, lang))
 
         def facts(room: int, before_turn: int | None, by_rank: bool) -> str:

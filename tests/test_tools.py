@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import Daemon, new_sid
+from tests.conftest import Daemon, new_sid, tag_chars
 from tests.fake_llm import Behaviour, FakeLlm
 from tiered_memory.context import alternate, compose
 from tiered_memory.context_policy import Candidates, choose
@@ -138,7 +138,8 @@ async def test_no_window_or_budget_splits_a_call_from_its_results(daemon: Daemon
             ctx = await daemon.get(f"/v1/sessions/{sid}/context?max_chars={max_chars}{question}")
             assert_provider_valid(ctx["messages"])
             seen_tools += sum(m["role"] == "tool" for m in ctx["messages"])
-            assert sum(_size(m) for m in ctx["messages"]) <= max_chars + len(question) + 1
+            framing = tag_chars(ctx["messages"]) + len(question) + 1
+            assert sum(_size(m) for m in ctx["messages"]) <= max_chars + framing
     assert seen_tools > 0  # the budgets that fit a tool turn show it
 
 
@@ -355,12 +356,13 @@ def test_any_budget_gives_a_sequence_a_provider_accepts(data: Any) -> None:
     max_chars = data.draw(st.integers(20, 1500), label="max_chars")
     shown, events = shown_and_events(messages[start:], 0)
     c = Candidates(messages=shown, whole=start == 0, lang="en", events=events)
-    sel = choose(c, max_chars, frame=frame_chars("en"))
+    sel = choose(c, max_chars)
     chat = compose(sel.system, alternate(sel.raw), max_chars=max_chars, lang="en")
     assert_provider_valid(
         [{"role": m.role, "content": m.content, **tool_fields(m.tool_calls, m.tool_call_id, m.name)} for m in chat]
     )
-    assert sum(m.size for m in chat) <= max_chars
+    tags = frame_chars("en") if chat and chat[0].role == "system" else 0
+    assert sum(m.size for m in chat) <= max_chars + tags
 
 
 async def test_a_reply_before_a_call_and_a_reused_call_id(daemon: Daemon) -> None:

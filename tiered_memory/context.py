@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from tiered_memory.dialogue import joins, provider_order, units
 from tiered_memory.language import language_of
 from tiered_memory.model import Message, Role
-from tiered_memory.quoting import frame_chars, memory_block
+from tiered_memory.quoting import memory_block
 
 SUMMARY_PREFIX = "[历史对话摘要] "
 SUMMARY_PREFIXES = {"zh": SUMMARY_PREFIX, "en": "[Conversation summary] "}
@@ -121,12 +121,13 @@ def alternate(messages: Sequence[Message]) -> list[ChatMessage]:
 
 
 def compose(memory_text: str | None, recent: Sequence[ChatMessage], *, max_chars: int, lang: str) -> list[ChatMessage]:
-    """The system message with the memory text in its block (quoting.py), cut to what the recent
-    messages and the block's tags leave of max_chars (cut at its end), then the recent messages."""
+    """The system message with the memory text, cut to what the recent messages leave of max_chars
+    (cut at its end), in its block (quoting.py), then the recent messages. The block's tags are
+    framing, like the operator's rules and the question: max_chars counts what is remembered."""
     used = sum(m.size for m in recent)
     out: list[ChatMessage] = []
     if memory_text:
-        room = max(0, max_chars - used - frame_chars(lang))
+        room = max(0, max_chars - used)
         if room:
             out.append(ChatMessage("system", memory_block(memory_text[:room], lang)))
     out.extend(recent)

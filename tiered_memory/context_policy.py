@@ -159,16 +159,9 @@ class _Filled:
 EVENTS_SHARE = 0.25
 
 
-def choose(c: Candidates, max_chars: int, *, frame: int = 0) -> Selection:
-    """The memory that fits `max_chars` characters of content (system text and raw messages),
-    where a system text costs `frame` more (the memory block's tags, quoting.py): the raw turns
-    alone may take the whole budget."""
-    sel = _with_events(c, max(0, max_chars - frame))
-    return sel if sel.system is not None or not frame else _with_events(c, max_chars)
-
-
-def _with_events(c: Candidates, max_chars: int) -> Selection:
-    """The gateway's notes first (they are what happened on the call, and short), in the system
+def choose(c: Candidates, max_chars: int) -> Selection:
+    """The memory that fits `max_chars` characters of content (system text and raw messages):
+    the gateway's notes first (they are what happened on the call, and short), in the system
     text's lead, then the rest (`_choose`)."""
     label = LABELS[c.lang]["events"]
     kept = _fit_lines([(m.seq, m.turn, quoted(m.content)) for m in c.events], int(max_chars * EVENTS_SHARE), label)

@@ -47,7 +47,7 @@ from tiered_memory.model import (
     key_tenant,
 )
 from tiered_memory.notes import NoteCache, View
-from tiered_memory.quoting import frame_chars, quoted, remembered
+from tiered_memory.quoting import quoted, remembered
 from tiered_memory.settings import Settings
 from tiered_memory.summarize.cold import cold_summary
 from tiered_memory.summarize.extractive import Extractor
@@ -288,8 +288,8 @@ class SessionReads:
         gave is backfilled into the hot tier in one more round trip so the next read is hot.
         Turns the summary does not cover yet (it lags behind a slow LLM) and that are older than
         the window are added raw when they fit, or as a deterministic digest: no turn falls
-        between the summary and the window. `system_prompt` and `question` (not counted in
-        max_chars) frame the result: rules and summary in one system message, the question last.
+        between the summary and the window. `system_prompt`, `question` and the memory block's tags
+        (not counted in max_chars) frame it: rules and memory in one system message, question last.
 
         The owner comes from the same hot round trip; only when the hot tier does not know it is
         SQL asked, and for a restricted caller that answer is required (SqlUnavailable otherwise).
@@ -331,7 +331,7 @@ class SessionReads:
             session_id, walked, recent, max_chars=max_chars, question=question, exclude_message_id=exclude_message_id
         )
         candidates = self._candidates(session_id, walked, shown, terms, snippets)
-        chosen = choose(candidates, max_chars, frame=frame_chars(candidates.lang))
+        chosen = choose(candidates, max_chars)
         memory_text = self._with_digest(walked, candidates, chosen, max_chars=max_chars)
         messages = compose(memory_text, alternate(chosen.raw), max_chars=max_chars, lang=candidates.lang)
         return self._shaped(session_id, walked, recent, messages, system_prompt=system_prompt, question=question)

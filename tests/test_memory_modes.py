@@ -473,7 +473,7 @@ async def test_under_a_tight_budget_uncovered_turns_are_carried(backend_env: dic
             await d.post(sid, "assistant", f"编号{turn:03d}的型号售价{turn}99元。" + "说明" * 150)
         ctx = await d.get(f"/v1/sessions/{sid}/context?max_chars=2000")
         assert ctx["covered_turns"] == 3
-        assert sum(len(c) for c in _contents(ctx)) <= 2000
+        assert sum(len(c) for c in _contents(ctx)) - tag_chars(ctx["messages"]) <= 2000
         system = ctx["messages"][0]
         assert system["role"] == "system"
         everything = "\n".join(_contents(ctx))
@@ -495,7 +495,7 @@ async def test_a_long_newest_reply_keeps_its_question(daemon: Daemon) -> None:
     roles = [m["role"] for m in ctx["messages"]]
     assert roles[-2:] == ["user", "assistant"]
     assert ctx["messages"][-2]["content"] == "详细说说活力健？"
-    assert sum(len(c) for c in _contents(ctx)) <= 2000
+    assert sum(len(c) for c in _contents(ctx)) - tag_chars(ctx["messages"]) <= 2000
     assert sum(len(c) for c in _contents(ctx)) > 1500
 
 

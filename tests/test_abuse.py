@@ -54,6 +54,31 @@ async def test_a_client_gone_mid_body_is_a_499_not_a_5xx(daemon: Daemon) -> None
     assert not await reader.read()  # nothing was answered
 
 
+async def _dripped(daemon: Daemon, sid: str) -> tuple[bytes, float]:
+    """A message body sent a byte every 0.1 s: the daemon's answer (up to 1,000 bytes) and how
+    long it took to come."""
+    server = daemon.http.server
+    reader, writer = await asyncio.open_connection(server.host, server.port)
+    head = f"POST /v1/sessions/{sid}/messages HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    writer.write(f"{head}Content-Length: 500\r\n\r\n{{".encode())
+
+    async def drip() -> None:
+        for _ in range(100):
+            writer.write(b" ")
+            await writer.drain()
+            await asyncio.sleep(0.1)
+
+    dripping = asyncio.create_task(drip())
+    started = asyncio.get_running_loop().time()
+    try:
+        reply = await asyncio.wait_for(reader.read(1000), timeout=8)
+    finally:
+        dripping.cancel()
+        await asyncio.gather(dripping, return_exceptions=True)
+        writer.close()
+    return reply, asyncio.get_running_loop().time() - started
+
+
 async def test_a_dripped_body_times_out(backend_env: dict[str, str]) -> None:
     """A body sent a byte at a time past BODY_TIMEOUT_SECONDS is answered 408 at the timeout (and
     the connection closed after aiohttp's lingering), instead of holding a handler as long as the
@@ -61,24 +86,7 @@ async def test_a_dripped_body_times_out(backend_env: dict[str, str]) -> None:
     daemon = Daemon(backend_env | {"BODY_TIMEOUT_SECONDS": "1"})
     await daemon.start()
     try:
-        server = daemon.http.server
-        reader, writer = await asyncio.open_connection(server.host, server.port)
-        head = "POST /v1/sessions/s-drip/messages HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-        writer.write(f"{head}Content-Length: 500\r\n\r\n{{".encode())
-
-        async def drip() -> None:
-            for _ in range(100):
-                writer.write(b" ")
-                await writer.drain()
-                await asyncio.sleep(0.1)
-
-        dripping = asyncio.create_task(drip())
-        started = asyncio.get_running_loop().time()
-        reply = await asyncio.wait_for(reader.read(400), timeout=8)
-        waited = asyncio.get_running_loop().time() - started
-        dripping.cancel()
-        await asyncio.gather(dripping, return_exceptions=True)
-        writer.close()
+        reply, waited = await _dripped(daemon, "s-drip")
         assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
         assert b"BODY_TIMEOUT_SECONDS" in reply
         assert waited < 5  # answered at the timeout, not when the client stopped
@@ -139,24 +147,7 @@ async def test_a_request_past_its_deadline_is_cancelled_with_a_504(backend_env: 
     await daemon.start()
     try:
         sid = new_sid()
-        server = daemon.http.server
-        reader, writer = await asyncio.open_connection(server.host, server.port)
-        head = f"POST /v1/sessions/{sid}/messages HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-        writer.write(f"{head}Content-Length: 500\r\n\r\n{{".encode())
-
-        async def drip() -> None:
-            for _ in range(100):
-                writer.write(b" ")
-                await writer.drain()
-                await asyncio.sleep(0.1)
-
-        dripping = asyncio.create_task(drip())
-        started = asyncio.get_running_loop().time()
-        reply = await asyncio.wait_for(reader.read(1000), timeout=8)
-        waited = asyncio.get_running_loop().time() - started
-        dripping.cancel()
-        await asyncio.gather(dripping, return_exceptions=True)
-        writer.close()
+        reply, waited = await _dripped(daemon, sid)
         assert reply.startswith(b"HTTP/1.1 504"), reply[:200]
         assert b"deadline_exceeded" in reply
         assert waited < 3
@@ -166,22 +157,22 @@ async def test_a_request_past_its_deadline_is_cancelled_with_a_504(backend_env: 
 
 
 async def test_a_rebuild_stuck_on_a_slow_llm_holds_no_request(backend_env: dict[str, str], fake_llm: FakeLlm) -> None:
-    """A rebuild is a job, not a request: with the LLM taking 2 s a call and a 500 ms request
+    """A rebuild is a job, not a request: with the LLM taking 4 s a call and a 1.5 s request
     deadline, the POST is answered 202 within the deadline, the job runs past it (it is no request
     the deadline cancels) and ends with the LLM's summary; meanwhile the session's summary lock is
     the job's, and no request of the process is held."""
-    env = backend_env | {"LLM_BASE_URL": fake_llm.url, "SUMMARY_MODEL": "m", "REQUEST_TIMEOUT_MS": "500"}
+    env = backend_env | {"LLM_BASE_URL": fake_llm.url, "SUMMARY_MODEL": "m", "REQUEST_TIMEOUT_MS": "1500"}
     env |= {"LLM_TIMEOUT_SECONDS": "10", "SUMMARY_FORMAT": "text"}
     daemon = Daemon(env)
     await daemon.start_quiet(fake_llm)
     try:
         sid = new_sid()
         await play(daemon, sid, ZH_12_TURNS[:2])
-        fake_llm.behaviour = Behaviour(delay_s=2.0)
+        fake_llm.behaviour = Behaviour(delay_s=4.0)
         started = asyncio.get_running_loop().time()
         resp = await daemon.http.post(f"/v1/sessions/{sid}/summary/rebuild")
         assert resp.status == 202, await resp.text()
-        assert asyncio.get_running_loop().time() - started < 0.5
+        assert asyncio.get_running_loop().time() - started < 1.5
         url = resp.headers["Location"]
         await await_job(daemon, url, until=lambda job: fake_llm.in_flight > 0)
         metrics = await (await daemon.http.get("/metrics")).text()
@@ -191,10 +182,25 @@ async def test_a_rebuild_stuck_on_a_slow_llm_holds_no_request(backend_env: dict[
         assert await daemon.app[HOT_KEY].try_lock(sid, 5) is None
         job = await await_job(daemon, url)
         assert (job["state"], job["result"]["source"]) == ("done", "llm"), job
-        assert asyncio.get_running_loop().time() - started >= 2.0
+        assert asyncio.get_running_loop().time() - started >= 4.0
     finally:
         fake_llm.behaviour = Behaviour()
         await daemon.stop()
+
+
+async def _held(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection the daemon answered once and keeps alive: surely one of its open ones. The
+    probes' connections of the start may still count for a moment: refused, it tries again."""
+    for _ in range(100):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=30)
+        if head.startswith(b"HTTP/1.1 200"):
+            await reader.readuntil(b"}")  # the body, so that nothing of this answer is left unread
+            return reader, writer
+        writer.close()
+        await asyncio.sleep(0.1)
+    raise AssertionError("the daemon refused every connection")
 
 
 async def test_connections_past_max_connections_are_refused_with_a_503(
@@ -205,8 +211,7 @@ async def test_connections_past_max_connections_are_refused_with_a_503(
     served again, and the process still stops cleanly on SIGTERM (serving.py replaces run_app)."""
     daemon = DaemonProcess(backend_env | {"MAX_CONNECTIONS": "3"}, tmp_path / "daemon.log")
     async with processes(daemon):
-        held = [await asyncio.open_connection("127.0.0.1", daemon.port) for _ in range(3)]
-        await asyncio.sleep(0.2)  # accepted by the server, each with a handler
+        held = [await _held(daemon.port) for _ in range(3)]
         reader, writer = await asyncio.open_connection("127.0.0.1", daemon.port)
         writer.write(b"GET /v1/sessions/s-cap HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         refused = await asyncio.wait_for(reader.read(), timeout=5)  # the whole answer, then closed

@@ -31,6 +31,7 @@ import structlog
 from tiered_memory.errors import Conflict, HotUnavailable, NotFound, Overloaded, SqlUnavailable
 from tiered_memory.metrics import Metrics
 from tiered_memory.model import JobState, RebuildJob
+from tiered_memory.summarize.scheduler import drain
 from tiered_memory.summary_job import Rebuilt, SummaryJob
 from tiered_memory.tiers.jobs import JobStore
 from tiered_memory.tiers.sql_store import SqlStore
@@ -290,16 +291,7 @@ class Rebuilds:
     async def drain(self, timeout_s: float) -> int:
         """Wait up to timeout_s for the jobs going here, then cancel the rest (each ends
         `cancelled`); returns how many were cancelled."""
-        tasks = set(self._tasks)
-        if not tasks:
-            return 0
-        _done, still = await asyncio.wait(tasks, timeout=timeout_s)
-        for task in still:
-            task.cancel()
-        for task in still:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        return len(still)
+        return await drain(set(self._tasks), timeout_s)
 
 
 async def _stop(task: asyncio.Task[RebuildJob]) -> None:

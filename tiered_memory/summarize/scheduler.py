@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
@@ -70,16 +71,21 @@ class SingleFlight:
 
     async def drain(self, timeout_s: float) -> int:
         """Wait up to timeout_s for running jobs, then cancel the rest; returns how many were cancelled."""
-        tasks = [f.task for f in self._flights.values()]
-        if not tasks:
-            return 0
-        _done, still = await asyncio.wait(tasks, timeout=timeout_s)
-        for t in still:
-            t.cancel()
-        for t in still:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
-        return len(still)
+        return await drain([f.task for f in self._flights.values()], timeout_s)
+
+
+async def drain(tasks: Collection[asyncio.Task[Any]], timeout_s: float) -> int:
+    """Wait up to timeout_s for `tasks`, then cancel the rest and wait for them to end; returns
+    how many were cancelled (the shutdown's drain of background work)."""
+    if not tasks:
+        return 0
+    _done, still = await asyncio.wait(tasks, timeout=timeout_s)
+    for t in still:
+        t.cancel()
+    for t in still:
+        with contextlib.suppress(asyncio.CancelledError):
+            await t
+    return len(still)
 
 
 class Periodic:

@@ -515,7 +515,7 @@ def _snippet_lines(c: Candidates, *, first_raw: int | None) -> list[tuple[int, s
                 continue
             hits = [cl for cl in clauses(remembered(m)) if _holds_term(cl, terms)]
             if hits:
-                out.append((m.seq, m.role.value, condense(" ".join(hits)) or " ".join(hits)))
+                out.append((m.seq, m.role.value, quoted(condense(" ".join(hits)) or " ".join(hits))))
     return out
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from tiered_memory.condense import condensed_clauses, keys, words
 from tiered_memory.lru import Lru
+from tiered_memory.quoting import quoted
 
 
 def features(text: str, terms: frozenset[str] = frozenset(), names: frozenset[str] = frozenset()) -> frozenset[str]:
@@ -71,9 +72,11 @@ def view_of(n: Notes, terms: frozenset[str], names: frozenset[str]) -> View:
     chosen = [c for c in n.clauses if c.key or any(name in c.text.casefold() for name in present)]
     salient = " ".join(c.text for c in chosen)
     folded = salient.casefold()
+    # Quoted again once condensed: dropping punctuation and small words may rebuild a label
+    # (`SYSTEM, PROMPT: x` → `SYSTEM PROMPT: x`) from text quoted whole (quoting.py).
     return View(
-        condensed=" ".join(c.text for c in n.clauses),
-        salient=salient,
+        condensed=quoted(" ".join(c.text for c in n.clauses)),
+        salient=quoted(salient),
         features=n.features | tagged,
         condensed_features=frozenset().union(*(c.features for c in n.clauses)) | tagged,
         salient_features=frozenset().union(*(c.features for c in chosen))

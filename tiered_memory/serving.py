@@ -89,14 +89,23 @@ class CappedSite(web.TCPSite):
         await web.BaseSite.start(self)
         server = self._runner.server
         assert server is not None
+        loop = asyncio.get_running_loop()
+        # Handlers made this loop turn: asyncio registers a connection with the server one turn
+        # after making its handler, and accepts a whole backlog in one turn (uvloop at once).
+        fresh: list[asyncio.BaseProtocol] = []
 
         def protocol() -> asyncio.BaseProtocol:
-            if self._limit and len(server.connections) >= self._limit:
+            known = set(server.connections)
+            if self._limit and len(known) + sum(h not in known for h in fresh) >= self._limit:
                 self._on_refused()
                 return _Refusal()
-            return server()
+            handler = server()
+            if not fresh:
+                loop.call_soon(fresh.clear)
+            fresh.append(handler)
+            return handler
 
-        self._server = await asyncio.get_running_loop().create_server(
+        self._server = await loop.create_server(
             protocol, self._host, self._port, backlog=self._backlog, reuse_port=self._reuse_port
         )
 

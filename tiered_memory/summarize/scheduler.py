@@ -82,9 +82,8 @@ async def drain(tasks: Collection[asyncio.Task[Any]], timeout_s: float) -> int:
     _done, still = await asyncio.wait(tasks, timeout=timeout_s)
     for t in still:
         t.cancel()
-    for t in still:
-        with contextlib.suppress(asyncio.CancelledError):
-            await t
+    # Every cancelled task is waited for, whatever one of them ends with.
+    await asyncio.gather(*still, return_exceptions=True)
     return len(still)
 
 

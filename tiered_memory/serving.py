@@ -106,8 +106,15 @@ class CappedSite(web.TCPSite):
             return handler
 
         self._server = await loop.create_server(
-            protocol, self._host, self._port, backlog=self._backlog, reuse_port=self._reuse_port
+            protocol,
+            self._host,
+            self._port,
+            backlog=self._backlog,
+            reuse_address=self._reuse_address,
+            reuse_port=self._reuse_port,
         )
+        # The port bound (PORT=0 asks the system for one), for `name` and the startup line.
+        self._bound_port = self._server.sockets[0].getsockname()[1] if self._server.sockets else self._port
 
 
 def run(
@@ -161,14 +168,28 @@ def run(
     except (web.GracefulExit, KeyboardInterrupt):
         pass
     finally:
-        # As run_app: the serving task's cleanup (the graceful shutdown) first, then what is left.
-        if not main.done():
-            main.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                loop.run_until_complete(main)
-        rest = asyncio.all_tasks(loop)
-        for task in rest:
-            task.cancel()
-        loop.run_until_complete(asyncio.gather(*rest, return_exceptions=True))
-        loop.run_until_complete(loop.shutdown_asyncgens())
-        loop.close()
+        # As run_app: the serving task's cleanup (the graceful shutdown) first, then what is left,
+        # and the loop closed even when that cleanup failed.
+        try:
+            if not main.done():
+                main.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    loop.run_until_complete(main)
+        finally:
+            _cancel_rest(loop)
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+
+def _cancel_rest(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel the tasks still on `loop` and wait for them; a failure is reported to the loop's
+    exception handler (logged), not dropped."""
+    rest = asyncio.all_tasks(loop)
+    for task in rest:
+        task.cancel()
+    loop.run_until_complete(asyncio.gather(*rest, return_exceptions=True))
+    for task in rest:
+        if not task.cancelled() and task.exception() is not None:
+            loop.call_exception_handler(
+                {"message": "a task failed at shutdown", "exception": task.exception(), "task": task}
+            )

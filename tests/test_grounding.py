@@ -4,9 +4,10 @@ writes it; what grounding cannot judge passes."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from tests.test_properties import _bounded
 from tiered_memory.summarize.grounding import Dropped, Source, grounded_payload, payload_texts, sentences, ungrounded
 
 # A support call in English: what the user said, what the tool looked up, what the assistant answered.
@@ -218,17 +219,6 @@ def test_a_one_word_item_is_a_keyword(item: str, reason: str | None) -> None:
 def test_sentences_keep_decimals_whole() -> None:
     parts = ["It costs 3.5 USD.", " The user paid！", "然后呢？", "好"]
     assert sentences("".join(parts)) == parts
-
-
-def _bounded(max_examples: int) -> settings:
-    """Derandomized, no example database, no deadline (CI machines are shared and slow)."""
-    return settings(
-        derandomize=True,
-        database=None,
-        deadline=None,
-        max_examples=max_examples,
-        suppress_health_check=[HealthCheck.too_slow],
-    )
 
 
 # Text made of what grounding reads: digits (full-width too), separators, Chinese and English

@@ -14,6 +14,7 @@ from tests.conftest import Daemon, new_sid, play, tag_chars
 from tests.conversations import ZH_12_TURNS
 from tests.test_api import sql_statements
 from tiered_memory.app import HOT_KEY
+from tiered_memory.summarize.extractive import Extractor
 from tiered_memory.tiers.postings import STALE, pack
 
 # Chit-chat that pushes the facts of ZH_12_TURNS far out of the raw window.
@@ -208,8 +209,7 @@ async def test_postings_left_by_a_deleted_session_are_dropped(daemon: Daemon) ->
     assert (await daemon.http.delete(f"/v1/sessions/{sid}")).status == 204
     assert daemon.app is not None
     postings = daemon.app[HOT_KEY].postings
-    tokenize = daemon.service._history._tokenize
-    terms = [tokenize(m.content) for m in old]
+    terms = Extractor().search_terms_of([m.content for m in old])
     assert await postings.add(sid, pack(old, terms, read_at=read_at)) == STALE
     await play(daemon, sid, [("新的会话，问问天气。", "今天晴。"), ("明天呢？", "明天有雨。")])
     await postings.forget(sid)

@@ -28,8 +28,8 @@ from tiered_memory.model import Message, SessionInfo, Slice, Summary
 from tiered_memory.progress import Progress
 from tiered_memory.retention import DAY_S, purge
 from tiered_memory.settings import Settings
-from tiered_memory.summarize.extractive import Extractor
 from tiered_memory.summary_job import SummaryJob
+from tiered_memory.text_lane import TextLane
 from tiered_memory.tiers.hot import HotTier
 from tiered_memory.tiers.sql_maintenance import SqlMaintenance
 from tiered_memory.tiers.sql_schema import SCHEMA_VERSION
@@ -77,9 +77,11 @@ async def open_tools(settings: Settings) -> AsyncIterator[Tools]:
 @contextlib.asynccontextmanager
 async def summary_job(tools: Tools) -> AsyncIterator[SummaryJob]:
     """The daemon's summary job (its LLM, prompt, batches and lock), run in this process."""
-    extractor = Extractor()
-    extractor.warm_up()
+    # One-shot: this process's threads do the text work, with no worker process to start.
+    text = TextLane(0, tenant_queue_bytes=tools.settings.text_queue_bytes)
+    await text.start()
     async with contextlib.AsyncExitStack() as stack:
+        stack.push_async_callback(text.aclose)
         llm = None
         if tools.settings.llm_base_url:
             session = await stack.enter_async_context(aiohttp.ClientSession())
@@ -88,7 +90,7 @@ async def summary_job(tools: Tools) -> AsyncIterator[SummaryJob]:
             tools.settings,
             store=tools.store,
             hot=tools.hot,
-            extractor=extractor,
+            text=text,
             tagger=build_tagger(tools.settings),
             llm=llm,
             metrics=tools.metrics,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from concurrent.futures import ProcessPoolExecutor
 
 import aiohttp
 import structlog
@@ -33,6 +34,7 @@ from tiered_memory.summarize.llm import LlmSummarizer, load_prompts
 from tiered_memory.summarize.scheduler import Periodic
 from tiered_memory.summarize.topics import TopicTagger, load_keyword_groups
 from tiered_memory.summary_job import SummaryJob
+from tiered_memory.text_lane import TextLane
 from tiered_memory.tiers.hot import HotTier
 from tiered_memory.tiers.keys import Keys
 from tiered_memory.tiers.memory_hot import MemoryHot
@@ -49,6 +51,8 @@ STORE_KEY = web.AppKey("store", SqlStore)
 HOT_KEY = web.AppKey("hot", HotTier)
 LLM_KEY = web.AppKey("llm", LlmSummarizer)
 EXTRACTOR_KEY = web.AppKey("extractor", Extractor)
+TEXT_POOL_KEY = web.AppKey("text_pool", ProcessPoolExecutor)
+TEXT_KEY = web.AppKey("text", TextLane)
 
 
 def build_hot(settings: Settings, metrics: Metrics) -> HotTier:
@@ -119,7 +123,7 @@ def build_job(
     *,
     store: SqlStore,
     hot: HotTier,
-    extractor: Extractor,
+    text: TextLane,
     tagger: TopicTagger,
     llm: LlmSummarizer | None,
     metrics: Metrics,
@@ -128,7 +132,7 @@ def build_job(
     return SummaryJob(
         store=store,
         hot=hot,
-        extractor=extractor,
+        text=text,
         tagger=tagger,
         llm=llm,
         metrics=metrics,
@@ -192,18 +196,34 @@ async def _llm_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
 
 
+async def _text_ctx(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS_KEY]
+    metrics = app[METRICS_KEY]
+    text = TextLane(
+        settings.text_workers,
+        tenant_queue_bytes=settings.text_queue_bytes,
+        extractor=app[EXTRACTOR_KEY],
+        pool=app.get(TEXT_POOL_KEY),
+        on_refused=metrics.text_work_refused.inc,
+    )
+    # jieba's dictionary takes about a second to load. Loaded here, before the app serves, the
+    # first cold read or summary does not wait for it.
+    await text.start()
+    metrics.text_queue_bytes.set_function(lambda: text.queued_bytes)
+    app[TEXT_KEY] = text
+    yield
+    await text.aclose()
+
+
 async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS_KEY]
-    extractor = app[EXTRACTOR_KEY]
-    # jieba's dictionary takes about a second to load. Loaded here, before the app serves, the
-    # first cold read or summary does not stall every request behind it (the load holds the GIL).
-    await asyncio.to_thread(extractor.warm_up)
+    text = app[TEXT_KEY]
     tagger = build_tagger(settings)
     job = build_job(
         settings,
         store=app[STORE_KEY],
         hot=app[HOT_KEY],
-        extractor=extractor,
+        text=text,
         tagger=tagger,
         llm=app.get(LLM_KEY),
         metrics=app[METRICS_KEY],
@@ -213,7 +233,7 @@ async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
         store=app[STORE_KEY],
         hot=app[HOT_KEY],
         job=job,
-        extractor=extractor,
+        text=text,
         tagger=tagger,
         metrics=app[METRICS_KEY],
     )
@@ -245,11 +265,16 @@ async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 def create_app(
-    settings: Settings, *, registry: CollectorRegistry | None = None, extractor: Extractor | None = None
+    settings: Settings,
+    *,
+    registry: CollectorRegistry | None = None,
+    extractor: Extractor | None = None,
+    text_pool: ProcessPoolExecutor | None = None,
 ) -> web.Application:
     """The daemon as an aiohttp application; nothing connects until the app starts. With
     API_TOKENS or API_TOKENS_FILE set, every route but the probes and /metrics needs a token. An
-    extractor may be handed in to share its loaded dictionary (tests start many apps in one process)."""
+    extractor and a text pool (`text_lane.new_pool`) may be handed in to share their loaded
+    dictionaries: tests start many apps in one process, and a worker's start costs a second."""
     metrics = Metrics(registry if registry is not None else CollectorRegistry())
     # observe is outermost, so that a refused token or an overload is logged, timed and answered
     # like any error; admission comes before authentication, which is work too.
@@ -272,7 +297,9 @@ def create_app(
     app[SETTINGS_KEY] = settings
     app[METRICS_KEY] = metrics
     app[EXTRACTOR_KEY] = extractor if extractor is not None else Extractor()
+    if text_pool is not None:
+        app[TEXT_POOL_KEY] = text_pool
     app[OPENAPI_KEY] = load_document()
-    app.cleanup_ctx.extend([_sql_ctx, _hot_ctx, _llm_ctx, _service_ctx])
+    app.cleanup_ctx.extend([_sql_ctx, _hot_ctx, _llm_ctx, _text_ctx, _service_ctx])
     add_routes(app)
     return app

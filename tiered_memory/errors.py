@@ -88,8 +88,9 @@ class Conflict(TieredMemoryError):
 
 
 class Overloaded(TieredMemoryError):
-    """The process is at its limit of requests in progress: refused at once, before any work, so
-    that a gateway retries (or goes to another replica) instead of queueing behind the others."""
+    """The process is at its limit of requests in progress (or a tenant at its bound of queued
+    text work, text_lane.py): refused at once, so that a gateway retries (or goes to another
+    replica) instead of queueing behind the others."""
 
 
 class RateLimited(TieredMemoryError):

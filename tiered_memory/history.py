@@ -3,7 +3,7 @@ that match a question (BM25 over the session's recall postings, recall.py).
 
 Older turns come from the hot list, or SQL in one read sized by the room and the session's mean
 message length. The postings live in the hot tier, shared by every replica (tiers/postings.py):
-each append is tokenized in a worker thread and added in the background; postings that lack
+each append is tokenized by a text worker (text_lane.py) and added in the background; postings that lack
 messages (lost with the hot tier, or never added because the appending process died) catch up
 from SQL with only what they lack, in the background: a question waits for that QUESTION_WAIT_S
 at most. While the hot tier is down, a process keeps postings of its own, caught up the same way.
@@ -24,13 +24,18 @@ import structlog
 
 from tiered_memory.context import OLDER_MAX_MESSAGES
 from tiered_memory.errors import HotUnavailable, SqlUnavailable
-from tiered_memory.model import Message
+from tiered_memory.model import Message, key_tenant
 from tiered_memory.recall import RecallMatch, around, best_turns, search
+from tiered_memory.summarize.extractive import Extractor
+from tiered_memory.text_lane import TextLane, TextQueueFull, Ticket, text_bytes
 from tiered_memory.tiers.postings import STALE, MemoryPostings, PostingsRead, PostingsStore, pack
 from tiered_memory.tiers.sql_store import SqlStore
 
 log = structlog.get_logger("tiered_memory.history")
 
+# Text of appended messages tokenized in one call of a text worker (at least one message): what
+# other tenants' work may wait behind, about 40 ms of jieba.
+_CALL_BYTES = 32 * 1024
 # Messages read from SQL and added per step when postings catch up.
 _INDEX_BATCH = 500
 # How long a question waits for its session's postings to catch up. A session of thousands of
@@ -55,44 +60,68 @@ class History:
         self,
         store: SqlStore,
         postings: PostingsStore,
-        tokenize: Callable[[str], list[str]],
+        text: TextLane,
         *,
         sql_error: Callable[[str], None],
         hot_error: Callable[[str], None] = lambda op: None,
         question_unindexed: Callable[[], None] = lambda: None,
         question_wait_s: float = QUESTION_WAIT_S,
         session_max_bytes: int = _LOCAL_BYTES,
+        pending_max_bytes: int = _LOCAL_BYTES,
+        index_dropped: Callable[[], None] = lambda: None,
     ) -> None:
-        """`tokenize` turns text into search terms (called in worker threads).
+        """`text` turns messages and questions into search terms, off the event loop.
         `question_unindexed` is called for each question answered without its earlier turns
-        because the session's postings were still catching up."""
+        because the session's postings were still catching up. A tenant's appends waiting to be
+        tokenized are bounded by `pending_max_bytes`: past it, `index_dropped` is called and the
+        message waits for the catch-up at the next question."""
         self._store = store
         self._postings = postings
         self._local = MemoryPostings(max_bytes=_LOCAL_BYTES, session_max_bytes=min(session_max_bytes, _LOCAL_BYTES))
-        self._tokenize = tokenize
+        self._text = text
+        self._pending_max_bytes = pending_max_bytes
+        self._index_dropped = index_dropped
         self._sql_error = sql_error
         self._hot_error = hot_error
         self._question_unindexed = question_unindexed
         self._question_wait_s = question_wait_s
-        self._pending: list[Message] = []
-        self._indexer: asyncio.Task[None] | None = None
+        # By tenant, each with its own indexer: the text lane serves tenants in turn.
+        self._pending: dict[str, list[Message]] = {}
+        self._pending_bytes: dict[str, int] = {}
+        self._indexers: dict[str, asyncio.Task[None]] = {}
         # The catch-ups in progress, by store and session: a question and the recall endpoint
         # join the one under way rather than start another.
         self._builds: dict[tuple[int, str], asyncio.Task[None]] = {}
 
     def appended(self, message: Message) -> None:
-        """Add an appended message to its session's postings, off the event loop (jieba takes a
-        fraction of a millisecond per message, and holds the loop meanwhile): queued, tokenized
-        in a worker thread in arrival order, then added. Postings that do not end just before it
-        (lost, or behind) are left as they are: the next question catches them up from SQL."""
-        self._pending.append(message)
-        if self._indexer is None or self._indexer.done():
-            self._indexer = asyncio.create_task(self._index_pending(), name="recall-indexer")
+        """Add an appended message to its session's postings, off the event loop (jieba takes
+        40 ms for a 32 KB message): queued by tenant, tokenized by a text worker in arrival order,
+        then added. Postings that do not end just before it (lost, behind, or a message dropped
+        past the tenant's bound) are left as they are: the next question catches them up from SQL."""
+        tenant = key_tenant(message.session_id)
+        size = len(message.content.encode("utf-8"))
+        held = self._pending_bytes.get(tenant, 0)
+        if held and held + size > self._pending_max_bytes:
+            self._index_dropped()
+            return
+        self._pending.setdefault(tenant, []).append(message)
+        self._pending_bytes[tenant] = held + size
+        indexer = self._indexers.get(tenant)
+        if indexer is None or indexer.done():
+            self._indexers[tenant] = asyncio.create_task(self._index_pending(tenant), name="recall-indexer")
 
-    async def _index_pending(self) -> None:
-        while self._pending:
-            batch, self._pending = self._pending, []
-            terms = await asyncio.to_thread(_tokenize_all, self._tokenize, batch)
+    async def _index_pending(self, tenant: str) -> None:
+        while batch := self._pending.pop(tenant, None):
+            del self._pending_bytes[tenant]
+            try:
+                terms = await self._terms(batch, tenant)
+            except TextQueueFull:
+                self._index_dropped()
+                continue
+            except Exception:
+                # A text worker that failed twice (text_lane.py): the next question catches up.
+                log.exception("recall_tokenize_failed", tenant=tenant, messages=len(batch))
+                continue
             runs: dict[str, list[tuple[Message, list[str]]]] = {}
             for m, t in sorted(zip(batch, terms, strict=True), key=lambda mt: (mt[0].session_id, mt[0].seq)):
                 runs.setdefault(m.session_id, []).append((m, t))
@@ -122,8 +151,9 @@ class History:
     async def aclose(self) -> None:
         """Stop adding appends and catching up (what is left is caught up from SQL by the next
         question)."""
-        self._pending = []
-        tasks = [t for t in (self._indexer, *self._builds.values()) if t is not None]
+        self._pending.clear()
+        self._pending_bytes.clear()
+        tasks = [*self._indexers.values(), *self._builds.values()]
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -135,7 +165,11 @@ class History:
         back) and drop this process's own postings of it; the hot tier's go with its entry."""
         for key in [k for k in self._builds if k[1] == session_id]:
             self._builds.pop(key).cancel()
-        self._pending = [m for m in self._pending if m.session_id != session_id]
+        tenant = key_tenant(session_id)
+        if tenant in self._pending:
+            kept = [m for m in self._pending[tenant] if m.session_id != session_id]
+            self._pending[tenant] = kept
+            self._pending_bytes[tenant] = text_bytes(kept)
         self._local.drop(session_id)
 
     async def older(
@@ -181,7 +215,7 @@ class History:
         """The question's search terms and the turns before `before_seq` that best match it, best
         first (no turns when the postings are not caught up in time or cannot be read: a question
         never fails a context)."""
-        terms = await asyncio.to_thread(self._tokenize, question)
+        terms = await self._question_terms(question, session_id)
         if not terms:
             return terms, []
         # The newest answered message seen is read with the postings: postings that hold another
@@ -212,7 +246,7 @@ class History:
     async def matches(self, session_id: str, query: str, message_count: int, k: int) -> list[RecallMatch]:
         """The k messages that best match `query` (BM25), best first, each with the raw messages
         of its turn and the slice that covers it. Raises SqlUnavailable."""
-        terms = await asyncio.to_thread(self._tokenize, query)
+        terms = await self._question_terms(query, session_id)
         if not terms:
             return []
         found = await self._searchable(session_id, terms, message_count, wait_s=None)
@@ -285,6 +319,24 @@ class History:
                 self._hot_error("recall_read")
         return None
 
+    async def _question_terms(self, question: str, session_id: str) -> list[str]:
+        # Urgent: a request waits on it alone (a trip to a worker costs about 0.3 ms; the serving
+        # process keeps no dictionary of its own).
+        ticket = Ticket(key_tenant(session_id), len(question.encode("utf-8")), urgent=True)
+        return await self._text.call(ticket, Extractor.search_terms, question)
+
+    async def _terms(self, messages: Sequence[Message], tenant: str, *, waited: bool = False) -> list[list[str]]:
+        """The search terms of `messages`, a text worker's call per _CALL_BYTES of them (so
+        that another tenant's call waits behind one such at most), queued together: the tenant's
+        other work comes between two batches, not between two calls. Raises TextQueueFull."""
+        calls = [
+            self._text.call(
+                Ticket(tenant, text_bytes(part), waited=waited), Extractor.search_terms_of, [m.content for m in part]
+            )
+            for part in _parts(messages, _CALL_BYTES)
+        ]
+        return [terms for part in await asyncio.gather(*calls) for terms in part]
+
     async def _drop(self, store: PostingsStore, session_id: str) -> None:
         with contextlib.suppress(HotUnavailable):
             await store.forget(session_id)
@@ -309,6 +361,8 @@ class History:
             self._sql_error("recall_index")
         elif isinstance(error, HotUnavailable):
             self._hot_error("recall_add")
+        elif isinstance(error, TextQueueFull):
+            pass  # counted by the text lane; the next question tries again
         elif error is not None:
             log.error("recall_index_failed", session_id=key[1], exc_info=error)
 
@@ -327,7 +381,8 @@ class History:
             rows = _holding_bytes(rows, _INDEX_BATCH_BYTES)
             if not rows or rows[0].seq != last + 1:
                 break  # deleted meanwhile, or a gap in seq (not expected): what is there is right
-            terms = await asyncio.to_thread(_tokenize_all, self._tokenize, rows)
+            # A question may wait on it: first in the tenant's turn, ahead of its appends.
+            terms = await self._terms(rows, key_tenant(session_id), waited=True)
             added = await store.add(session_id, pack(rows, terms, read_at=read_at))
             if added == STALE:
                 break  # forgotten (deleted, or changed) after the read: the next question reads again
@@ -366,5 +421,12 @@ def _newest_holding(messages: Sequence[Message], chars: int) -> list[Message]:
     return list(messages)
 
 
-def _tokenize_all(tokenize: Callable[[str], list[str]], rows: Sequence[Message]) -> list[list[str]]:
-    return [tokenize(m.content) for m in rows]
+def _parts(messages: Sequence[Message], max_bytes: int) -> list[list[Message]]:
+    """`messages` in runs of at most `max_bytes` of content (a longer message alone)."""
+    parts: list[list[Message]] = []
+    rest = list(messages)
+    while rest:
+        part = _holding_bytes(rest, max_bytes)
+        parts.append(part)
+        rest = rest[len(part) :]
+    return parts

@@ -111,7 +111,8 @@ class Metrics:
         """Summaries: how they were made, how long that took, their lag; the rate limits; the hot cache."""
         self.summarizations = Counter(
             "tiered_memory_summarizations_total",
-            "Summarizations by source (llm, deterministic) and outcome (ok, stale, failed).",
+            "Summarizations by source (llm, deterministic) and outcome (ok, stale, failed, deferred: the"
+            " tenant's text work was at TEXT_QUEUE_BYTES).",
             ["source", "outcome"],
             registry=registry,
         )
@@ -154,6 +155,17 @@ class Metrics:
         self.hot_cache_bytes = Gauge(
             "tiered_memory_hot_cache_bytes",
             "The in-process hot cache's estimate of what its sessions hold (embedded default; HOT_MAX_BYTES).",
+            registry=registry,
+        )
+        self.text_queue_bytes = Gauge(
+            "tiered_memory_text_queue_bytes",
+            "Bytes of text waiting for the text workers (TEXT_WORKERS), every tenant's background work.",
+            registry=registry,
+        )
+        self.text_work_refused = Counter(
+            "tiered_memory_text_work_refused_total",
+            "Background text work (recall indexing, summaries) dropped for now because its tenant had"
+            " TEXT_QUEUE_BYTES queued; it is done again later.",
             registry=registry,
         )
 

@@ -50,10 +50,10 @@ from tiered_memory.notes import NoteCache, View
 from tiered_memory.quoting import quoted, remembered
 from tiered_memory.settings import Settings
 from tiered_memory.summarize.cold import cold_summary
-from tiered_memory.summarize.extractive import Extractor
 from tiered_memory.summarize.facts import FactBook, lead
 from tiered_memory.summarize.payload import planning, planning_history
 from tiered_memory.summarize.topics import TopicTagger
+from tiered_memory.text_lane import TextLane, Ticket, text_bytes
 from tiered_memory.tiers.hot import HotTier
 from tiered_memory.tiers.sql_store import SqlStore
 
@@ -105,7 +105,7 @@ class SessionReads:
         store: SqlStore,
         hot: HotTier,
         history: History,
-        extractor: Extractor,
+        text: TextLane,
         tagger: TopicTagger,
         metrics: Metrics,
         clock: Callable[[], float],
@@ -114,7 +114,7 @@ class SessionReads:
         self._store = store
         self._hot = hot
         self._history = history
-        self._extractor = extractor
+        self._text = text
         self._tagger = tagger
         self._metrics = metrics
         self._clock = clock
@@ -232,11 +232,13 @@ class SessionReads:
         except SqlUnavailable:
             self._metrics.tier_errors.labels("sql", "read_messages").inc()
             return None
-        return await asyncio.to_thread(
+        # A request waits on it: urgent, ahead of every tenant's background work.
+        ticket = Ticket(key_tenant(info.session_id), text_bytes(messages), urgent=True)
+        return await self._text.call(
+            ticket,
             cold_summary,
             info,
             messages,
-            extractor=self._extractor,
             tagger=self._tagger,
             max_chars=self._s.summary_max_chars,
         )

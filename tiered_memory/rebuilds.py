@@ -58,6 +58,7 @@ FAILURES: dict[str, str] = {
     "lost": "the process running the rebuild stopped renewing it (it stopped, or lost the hot tier); try again",
     "cancelled": "the daemon shut down before the rebuild ended; try again",
     "superseded": "another rebuild of the session took its place",
+    "overloaded": "the tenant had too much text work queued (TEXT_QUEUE_BYTES); try again",
     "internal": "internal error",
 }
 
@@ -262,6 +263,8 @@ class Rebuilds:
             return run.failed("not_found" if await self._deleted(session_id) else "conflict")
         except SqlUnavailable:
             return run.failed("sql_unavailable")
+        except Overloaded:
+            return run.failed("overloaded")
         except Exception:
             log.exception("rebuild_failed", session_id=session_id, job_id=run.job.job_id)
             return run.failed("internal")

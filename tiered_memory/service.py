@@ -39,10 +39,10 @@ from tiered_memory.reads import ContextAnswer, SessionReads, authorize
 from tiered_memory.rebuilds import Rebuilds, Started
 from tiered_memory.recall import RecallMatch
 from tiered_memory.settings import Settings
-from tiered_memory.summarize.extractive import Extractor
 from tiered_memory.summarize.scheduler import SingleFlight
 from tiered_memory.summarize.topics import TopicTagger
 from tiered_memory.summary_job import JobResult, Outcome, SummaryJob
+from tiered_memory.text_lane import TextLane
 from tiered_memory.tiers.hot import HotTier
 from tiered_memory.tiers.sql_schema import SCHEMA_VERSION
 from tiered_memory.tiers.sql_store import SqlStore
@@ -72,7 +72,7 @@ class MemoryService:
         store: SqlStore,
         hot: HotTier,
         job: SummaryJob,
-        extractor: Extractor,
+        text: TextLane,
         tagger: TopicTagger,
         metrics: Metrics,
         clock: Callable[[], float] = time.time,
@@ -81,16 +81,17 @@ class MemoryService:
         self._history = History(
             store,
             hot.postings,
-            extractor.search_terms,
+            text,
             sql_error=lambda op: metrics.tier_errors.labels("sql", op).inc(),
             hot_error=lambda op: metrics.tier_errors.labels("hot", op).inc(),
             question_unindexed=metrics.questions_unindexed.inc,
             session_max_bytes=settings.recall_max_bytes,
+            pending_max_bytes=settings.text_queue_bytes,
+            index_dropped=metrics.text_work_refused.inc,
         )
         self._store = store
         self._hot = hot
         self._job = job
-        self._extractor = extractor
         self._tagger = tagger
         self._metrics = metrics
         self._clock = clock
@@ -99,7 +100,7 @@ class MemoryService:
             store=store,
             hot=hot,
             history=self._history,
-            extractor=extractor,
+            text=text,
             tagger=tagger,
             metrics=metrics,
             clock=clock,

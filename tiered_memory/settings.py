@@ -119,6 +119,13 @@ class Settings(BaseSettings):
     port: int = Field(8080, alias="PORT", ge=0, le=65535)
     # Serving processes on the one port (SO_REUSEPORT); more than one needs Redis and a SQL server.
     workers: int = Field(1, alias="WORKERS", ge=1, le=64)
+    # Processes of each serving process's own for its text work (jieba's words, the extractor;
+    # text_lane.py), so that it never holds the event loop's GIL; 0 runs it in threads instead.
+    # Background work takes all but one: the other is kept for what a request waits on.
+    text_workers: int = Field(2, alias="TEXT_WORKERS", ge=0, le=64)
+    # Bytes of text a tenant's queued background text work may reach; past it that work is
+    # dropped for now (postings catch up at the next question, a summary at the next sweep).
+    text_queue_bytes: int = Field(4 * 1024 * 1024, alias="TEXT_QUEUE_BYTES", ge=65_536, le=2**34)
     # The serving event loop: uvloop costs less per request than asyncio's own loop (the hot
     # read's socket writes and wake-ups); asyncio is there to rule the loop out when debugging.
     event_loop: Literal["uvloop", "asyncio"] = Field("uvloop", alias="EVENT_LOOP")

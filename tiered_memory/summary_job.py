@@ -24,11 +24,12 @@ from tiered_memory.dialogue import for_summary
 from tiered_memory.errors import Conflict, HotUnavailable, LlmFailed, SqlUnavailable
 from tiered_memory.language import as_spoken
 from tiered_memory.metrics import Metrics
-from tiered_memory.model import Message, Slice, Summary, SummarySource
+from tiered_memory.model import Message, Slice, Summary, SummarySource, key_tenant
 from tiered_memory.summarize.extractive import Extractor
 from tiered_memory.summarize.llm import LlmSummarizer
 from tiered_memory.summarize.payload import rule_payload
 from tiered_memory.summarize.topics import TopicTagger
+from tiered_memory.text_lane import TextLane, TextQueueFull, Ticket, text_bytes
 from tiered_memory.tiers.hot import HotTier
 from tiered_memory.tiers.sql_store import SqlStore
 
@@ -83,7 +84,7 @@ class SummaryJob:
         *,
         store: SqlStore,
         hot: HotTier,
-        extractor: Extractor,
+        text: TextLane,
         tagger: TopicTagger,
         llm: LlmSummarizer | None,
         metrics: Metrics,
@@ -95,7 +96,7 @@ class SummaryJob:
     ) -> None:
         self._store = store
         self._hot = hot
-        self._extractor = extractor
+        self._text = text
         self._tagger = tagger
         self._llm = llm
         self._metrics = metrics
@@ -130,6 +131,11 @@ class SummaryJob:
             self._metrics.tier_errors.labels("sql", "summarize").inc()
             self._metrics.summarizations.labels(source.value, "failed").inc()
             log.warning("summary_failed", session_id=session_id, error=str(exc))
+            return JobResult(Outcome.FAILED)
+        except TextQueueFull:
+            # The tenant's text work is at its bound: this pass waits for the next sweep.
+            self._metrics.summarizations.labels(SummarySource.DETERMINISTIC.value, "deferred").inc()
+            log.info("summary_deferred", session_id=session_id)
             return JobResult(Outcome.FAILED)
         finally:
             await self._unlock(session_id, token)
@@ -241,8 +247,10 @@ class SummaryJob:
         turns covered+1..target, with the slice recording that step."""
         # A reply that was stopped, failed or never finished streaming is not an answer.
         new = for_summary(as_spoken([m for m in rows if m.answered]))
-        extraction = await asyncio.to_thread(
-            self._extractor.extract,
+        ticket = Ticket(key_tenant(session_id), text_bytes(new))
+        extraction = await self._text.call(
+            ticket,
+            Extractor.extract,
             new,
             previous_structured=prev.structured if prev else None,
             # The LLM's text is carried into the rule-based merge; a deterministic text is already
@@ -287,7 +295,7 @@ class SummaryJob:
         if not rows:
             return summary, None
         # The slice's own digest covers just this range, so it reads on its own.
-        digest = await asyncio.to_thread(self._extractor.extract, new, max_chars=min(_SLICE_CHARS, self._max_chars))
+        digest = await self._text.call(ticket, Extractor.extract, new, max_chars=min(_SLICE_CHARS, self._max_chars))
         piece = Slice(
             from_turn=covered + 1,
             to_turn=target,

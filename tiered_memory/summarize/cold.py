@@ -18,10 +18,10 @@ from tiered_memory.summarize.topics import TopicTagger
 
 
 def cold_summary(
-    info: SessionInfo, messages: Sequence[Message], *, extractor: Extractor, tagger: TopicTagger, max_chars: int
+    extractor: Extractor, info: SessionInfo, messages: Sequence[Message], *, tagger: TopicTagger, max_chars: int
 ) -> Summary | None:
     """A summary of the session's completed turns in `messages`; None when nothing was answered.
-    Blocking (the extractor is CPU work): callers run it in a thread."""
+    Blocking (the extractor is CPU work): callers run it in a text worker (text_lane.py)."""
     answered = for_summary(as_spoken([m for m in messages if m.answered]))
     if not answered:
         return None

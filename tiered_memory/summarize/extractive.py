@@ -219,6 +219,10 @@ class Extractor:
                 out.append(word)
         return out
 
+    def search_terms_of(self, texts: Sequence[str]) -> list[list[str]]:
+        """`search_terms` of each of `texts`, in one call (one trip to a text worker)."""
+        return [self.search_terms(text) for text in texts]
+
     def topics_of(self, text: str, limit: int = 10) -> tuple[str, ...]:
         """Entity and keyword tags of any text (e.g. an LLM summary), most salient first."""
         jb = self._loaded()

@@ -1,0 +1,331 @@
+#!/usr/bin/env python3
+"""One tenant cannot starve the others: the normal tenants' per-utterance latency, first alone and
+then beside a hostile tenant, in one run on one daemon.
+
+Starts the daemon as a child process with two tenants' tokens (on real Redis + MariaDB, a
+database and key prefix of its own, or on the embedded default with --embedded). The normal
+tenant plays --sessions gateways, each turn a `POST …/turns` (the context with the question,
+then the message) and a `POST …/messages` with the reply, paced. The hostile tenant, within its
+RATE_LIMITS, appends 32 KB messages from several connections at once, asks recall questions of
+32 KB, and makes a first recall of a 3.2 MB session (its postings dropped) over and over. A
+separate process asks `/healthz` every 5 ms throughout.
+
+Phases: `calm` (normal tenant alone), then `hostile` (both), each --seconds long. The report is
+the normal tenant's p50/p99 per phase and their ratio (the ceiling is the calm phase of the same
+run: these machines are noisy), the `/healthz` p99 per phase, and what the hostile tenant was
+answered. Exits 1 when a normal request failed, the hostile tenant got a 5xx other than 503, or
+the p99 ratio passes --max-ratio.
+
+    .venv/bin/python scripts/tenant_soak.py --json docs/tenant_soak.json
+    .venv/bin/python scripts/tenant_soak.py --embedded --seconds 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import http.client
+import json
+import multiprocessing
+import random
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from multiprocessing.queues import Queue
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from child import ChildDaemon, free_port  # scripts/ is sys.path[0] when this file runs
+
+from tests.conversations import ZH_12_TURNS
+
+# This run's own tokens, made at start (a token is 16 characters at least).
+NORMAL_TOKEN = secrets.token_hex(12)
+HOSTILE_TOKEN = secrets.token_hex(12)
+# The review's big session: 100 messages of 32 KB.
+BIG_MESSAGES = 100
+MESSAGE_BYTES = 32_000
+
+
+def probe_healthz(port: int, seconds: float, out: Queue[list[float]]) -> None:
+    """GET /healthz every 5 ms on one keep-alive connection, in a process of its own (the load
+    generator's own loop must not delay the probe)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    latencies = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        start = time.perf_counter()
+        conn.request("GET", "/healthz")
+        conn.getresponse().read()
+        latencies.append(time.perf_counter() - start)
+        time.sleep(0.005)
+    out.put(latencies)
+
+
+def percentiles(latencies: list[float]) -> dict[str, float]:
+    ordered = sorted(latencies)
+    n = len(ordered)
+    if not n:
+        return {"n": 0}
+    return {
+        "n": n,
+        "p50_ms": round(ordered[n // 2] * 1e3, 2),
+        "p99_ms": round(ordered[min(n - 1, int(n * 0.99))] * 1e3, 2),
+        "max_ms": round(ordered[-1] * 1e3, 2),
+    }
+
+
+def long_text(rng: random.Random, nbytes: int) -> str:
+    """About `nbytes` of UTF-8: Chinese and English sentences, the slowest mix for jieba."""
+    pieces = [*(text for _, text in ZH_12_TURNS), "The order 4471 for Maria ships to Lisbon on May 5th at 9:30."]
+    out: list[str] = []
+    size = 0
+    while size < nbytes - 200:
+        piece = rng.choice(pieces)
+        out.append(piece)
+        size += len(piece.encode())
+    return " ".join(out)
+
+
+class Normal:
+    """The normal tenant: `sessions` gateways, each turn a `POST …/turns` and the reply."""
+
+    def __init__(self, base: str, sessions: int, pace_s: float) -> None:
+        self.base = base
+        self.sessions = sessions
+        self.pace_s = pace_s
+        self.latencies: list[float] = []
+        self.failures: collections.Counter[str] = collections.Counter()
+
+    async def run(self, http: aiohttp.ClientSession, phase: str, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        await asyncio.gather(*(self._session(http, f"{phase}-{i}", end) for i in range(self.sessions)))
+
+    async def _session(self, http: aiohttp.ClientSession, sid: str, end: float) -> None:
+        headers = {"Authorization": f"Bearer {NORMAL_TOKEN}"}
+        turn = 0
+        await asyncio.sleep(random.random() * self.pace_s)
+        while time.monotonic() < end:
+            user, reply = ZH_12_TURNS[turn % len(ZH_12_TURNS)]
+            for path, body in (
+                (f"/v1/sessions/{sid}/turns", {"content": user, "message_id": f"u{turn}"}),
+                (f"/v1/sessions/{sid}/messages", {"role": "assistant", "content": reply, "message_id": f"a{turn}"}),
+            ):
+                start = time.perf_counter()
+                try:
+                    async with http.post(self.base + path, json=body, headers=headers) as r:
+                        await r.read()
+                        status = r.status
+                except aiohttp.ClientError as exc:
+                    status = type(exc).__name__
+                self.latencies.append(time.perf_counter() - start)
+                if status not in (200, 201):
+                    self.failures[str(status)] += 1
+            turn += 1
+            await asyncio.sleep(self.pace_s)
+
+
+class Hostile:
+    """The hostile tenant: 32 KB appends from `writers` connections, 32 KB recall questions, and
+    first recalls of a 3.2 MB session."""
+
+    def __init__(self, base: str, writers: int, drop_postings: Any) -> None:
+        self.base = base
+        self.writers = writers
+        self.drop_postings = drop_postings
+        self.answers: collections.Counter[str] = collections.Counter()
+        self.first_recalls: list[float] = []
+        self.rng = random.Random(7)
+        self.bodies = [long_text(self.rng, MESSAGE_BYTES) for _ in range(8)]
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {HOSTILE_TOKEN}"}
+
+    async def seed(self, http: aiohttp.ClientSession) -> None:
+        """The big session, 100 messages of 32 KB (within the tenant's rate: retried on 429)."""
+        n = 0
+        while n < BIG_MESSAGES:
+            role = "user" if n % 2 == 0 else "assistant"
+            body = {"role": role, "content": self.bodies[n % 8], "message_id": f"big{n}"}
+            async with http.post(f"{self.base}/v1/sessions/big/messages", json=body, headers=self.headers) as r:
+                await r.read()
+                if r.status in (200, 201):
+                    n += 1
+                elif r.status == 429:
+                    await asyncio.sleep(float(r.headers.get("Retry-After", "1")))
+                else:
+                    raise RuntimeError(f"seeding the big session: {r.status}")
+
+    async def run(self, http: aiohttp.ClientSession, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        await asyncio.gather(
+            *(self._writer(http, i, end) for i in range(self.writers)),
+            self._questions(http, end),
+            self._first_recalls(http, end),
+        )
+
+    async def _request(self, http: aiohttp.ClientSession, method: str, path: str, **kw: Any) -> int:
+        try:
+            async with http.request(method, self.base + path, headers=self.headers, **kw) as r:
+                await r.read()
+                self.answers[str(r.status)] += 1
+                if r.status == 429:
+                    await asyncio.sleep(float(r.headers.get("Retry-After", "1")))
+                return r.status
+        except aiohttp.ClientError as exc:
+            self.answers[type(exc).__name__] += 1
+            return 0
+
+    async def _writer(self, http: aiohttp.ClientSession, i: int, end: float) -> None:
+        n = 0
+        while time.monotonic() < end:
+            body = {"role": "user" if n % 2 == 0 else "assistant", "content": self.bodies[n % 8]}
+            await self._request(http, "POST", f"/v1/sessions/flood-{i}-{n // 200}/messages", json=body)
+            n += 1
+
+    async def _questions(self, http: aiohttp.ClientSession, end: float) -> None:
+        while time.monotonic() < end:
+            q = self.bodies[self.rng.randrange(8)][:3_000]
+            await self._request(http, "GET", "/v1/sessions/big/recall", params={"q": q})
+
+    async def _first_recalls(self, http: aiohttp.ClientSession, end: float) -> None:
+        while time.monotonic() < end:
+            self.drop_postings()
+            start = time.perf_counter()
+            if await self._request(http, "GET", "/v1/sessions/big/recall", params={"q": "订单 Lisbon"}) == 200:
+                self.first_recalls.append(time.perf_counter() - start)
+
+
+async def settle(http: aiohttp.ClientSession, base: str, most_s: float = 180) -> float:
+    """Wait until the seeding's background work (its postings, its summaries) is done, so that the
+    calm phase is calm: how long that took."""
+    start = time.monotonic()
+    quiet = 0
+    while time.monotonic() - start < most_s and quiet < 3:
+        async with http.get(base + "/metrics") as r:
+            lines = (await r.text()).splitlines()
+        idle = {"tiered_memory_text_queue_bytes 0.0", "tiered_memory_pending_summarizations 0.0"}
+        quiet = quiet + 1 if idle <= set(lines) else 0
+        await asyncio.sleep(1)
+    return round(time.monotonic() - start, 1)
+
+
+async def soak(args: argparse.Namespace) -> dict[str, Any]:
+    run_id = uuid.uuid4().hex[:8]
+    port = free_port()
+    env = {
+        "PORT": str(port),
+        "LOG_LEVEL": "warning",
+        "API_TOKENS": f"normal:{NORMAL_TOKEN},hostile:{HOSTILE_TOKEN}",
+        "RATE_LIMITS": f"hostile={args.hostile_rate}/s",
+        "SWEEP_INTERVAL_SECONDS": "5",
+    }
+    scratch = Path(tempfile.mkdtemp(prefix="tm-tenant-soak-"))
+    database = f"tm_soak_{run_id}"
+    prefix = f"tmsoak{run_id}"
+    if args.embedded:
+        env["DATA_DIR"] = str(scratch / "data")
+    else:
+        await asyncio.to_thread(subprocess.run, ["mysql", "-uroot", "-e", f"CREATE DATABASE {database}"], check=True)
+        env |= {
+            "REDIS_URL": "redis://127.0.0.1:6379/0",
+            "REDIS_KEY_PREFIX": prefix,
+            "DATABASE_URL": f"mysql+aiomysql://root@127.0.0.1:3306/{database}?charset=utf8mb4",
+            "AUTO_MIGRATE": "true",
+        }
+    daemon = ChildDaemon(env, scratch / "daemon.log")
+    rc = redis.Redis() if not args.embedded else None
+
+    def drop_postings() -> None:
+        # The review's "first recall": the session's postings lost (with the embedded default they
+        # live in the daemon's memory and go only with a restart, so every recall there after the
+        # first is a warm one; the real run is the one that repeats the cold case).
+        if rc is not None:
+            rc.delete(f"{prefix}:{{hostile/big}}:recall")
+
+    report: dict[str, Any] = {"backend": "embedded" if args.embedded else "redis+mariadb", "phases": {}}
+    probes: Queue[list[float]] = multiprocessing.Queue()
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
+            await daemon.start(http)
+            hostile = Hostile(daemon.base, args.writers, drop_postings)
+            await hostile.seed(http)
+            report["settled_s"] = await settle(http, daemon.base)
+            for phase in ("calm", "hostile"):
+                normal = Normal(daemon.base, args.sessions, args.pace)
+                prober = multiprocessing.Process(target=probe_healthz, args=(port, args.seconds, probes))
+                prober.start()
+                work = [normal.run(http, phase, args.seconds)]
+                if phase == "hostile":
+                    work.append(hostile.run(http, args.seconds))
+                await asyncio.gather(*work)
+                prober.join()
+                report["phases"][phase] = {
+                    "normal": percentiles(normal.latencies),
+                    "normal_failures": dict(normal.failures),
+                    "healthz": percentiles(probes.get()),
+                }
+            report["hostile"] = {
+                "answers": dict(hostile.answers),
+                "first_recall": percentiles(hostile.first_recalls),
+            }
+            async with http.get(daemon.base + "/metrics") as r:
+                wanted = ("tiered_memory_text_work_refused_total", "tiered_memory_rate_limited_total")
+                report["metrics"] = [line for line in (await r.text()).splitlines() if line.startswith(wanted)]
+    finally:
+        if daemon.proc is not None:
+            report["exit_code"] = daemon.stop()
+        if not args.embedded:
+            drop = ["mysql", "-uroot", "-e", f"DROP DATABASE IF EXISTS {database}"]
+            await asyncio.to_thread(subprocess.run, drop, check=False)
+            assert rc is not None
+            keys = list(rc.scan_iter(f"{prefix}*"))
+            if keys:
+                rc.delete(*keys)
+    calm, loud = report["phases"]["calm"], report["phases"]["hostile"]
+    report["normal_p99_ratio"] = round(loud["normal"]["p99_ms"] / calm["normal"]["p99_ms"], 2)
+    report["max_ratio"] = args.max_ratio
+    return report
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--embedded", action="store_true", help="the embedded default instead of Redis + MariaDB")
+    parser.add_argument("--seconds", type=float, default=30.0, help="length of each phase")
+    parser.add_argument("--sessions", type=int, default=8, help="the normal tenant's concurrent sessions")
+    parser.add_argument("--pace", type=float, default=0.5, help="seconds between a normal session's turns")
+    parser.add_argument("--writers", type=int, default=4, help="the hostile tenant's concurrent 32 KB writers")
+    parser.add_argument("--hostile-rate", type=int, default=50, help="the hostile tenant's RATE_LIMITS, per second")
+    parser.add_argument("--max-ratio", type=float, default=1.5, help="the normal p99 ratio that fails the run")
+    parser.add_argument("--json", type=Path, help="write the report here")
+    args = parser.parse_args()
+    report = asyncio.run(soak(args))
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.json:
+        args.json.write_text(text + "\n")
+    normal_failed = any(p["normal_failures"] for p in report["phases"].values())
+    hostile_5xx = [code for code in report["hostile"]["answers"] if code.startswith("5") and code != "503"]
+    over = report["normal_p99_ratio"] > args.max_ratio
+    for failed, why in (
+        (normal_failed, "a normal request failed"),
+        (bool(hostile_5xx), f"the hostile tenant got {hostile_5xx}"),
+        (over, f"normal p99 ratio {report['normal_p99_ratio']} > {args.max_ratio}"),
+        (report.get("exit_code") != 0, "the daemon did not stop cleanly"),
+    ):
+        if failed:
+            print(f"FAIL: {why}", file=sys.stderr)
+    return 1 if normal_failed or hostile_5xx or over or report.get("exit_code") != 0 else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

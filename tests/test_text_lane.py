@@ -1,0 +1,125 @@
+"""The text lane (text_lane.py): its work runs in worker processes, a tenant's backlog does not
+delay another tenant's work by more than a call, a request's call never waits behind background
+work, a tenant's queue is bounded, and a worker that dies is replaced."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tiered_memory.errors import Overloaded
+from tiered_memory.model import Message, Role
+from tiered_memory.summarize.extractive import Extractor
+from tiered_memory.text_lane import TextLane, TextQueueFull, Ticket, text_bytes
+
+# Long enough that the order of calls is the lane's, not the machine's.
+_CALL_S = 0.3
+
+
+def _slow(extractor: Extractor, tag: str, seconds: float) -> tuple[str, int]:
+    """A call that takes `seconds`, and says which process ran it."""
+    time.sleep(seconds)
+    return tag, os.getpid()
+
+
+def _die(extractor: Extractor) -> None:
+    os._exit(3)
+
+
+@pytest.fixture
+async def lane() -> AsyncIterator[TextLane]:
+    refused: list[int] = []
+    text = TextLane(2, tenant_queue_bytes=100, on_refused=lambda: refused.append(1))
+    await text.start()
+    yield text
+    await text.aclose()
+
+
+async def test_the_work_runs_in_other_processes_with_the_extractors_words(lane: TextLane) -> None:
+    _, pid = await lane.call(Ticket("acme", 1), _slow, "a", 0)
+    assert pid != os.getpid()
+    terms = await lane.call(Ticket("acme", 10), Extractor.search_terms_of, ["王小明订了活力健", "Order 4471 ships"])
+    assert terms == Extractor().search_terms_of(["王小明订了活力健", "Order 4471 ships"])
+
+
+async def test_a_tenants_backlog_delays_another_tenant_by_one_call_at_most(lane: TextLane) -> None:
+    done: list[str] = []
+
+    async def run(ticket: Ticket, tag: str) -> None:
+        done.append((await lane.call(ticket, _slow, tag, _CALL_S))[0])
+
+    flood = [asyncio.create_task(run(Ticket("hostile", 1), f"h{i}")) for i in range(5)]
+    await asyncio.sleep(0.05)
+    await asyncio.gather(run(Ticket("normal", 1), "n0"), *flood)
+    # h0 was running when n0 came, and h1 was already next in turn: n0 is third, not sixth.
+    assert done.index("n0") <= 2, done
+
+
+async def test_a_requests_call_does_not_wait_behind_background_work(lane: TextLane) -> None:
+    flood = [asyncio.create_task(lane.call(Ticket("hostile", 1), _slow, f"h{i}", _CALL_S)) for i in range(4)]
+    await asyncio.sleep(0.05)
+    start = time.monotonic()
+    await lane.call(Ticket("normal", 1, urgent=True), _slow, "q", 0)
+    waited = time.monotonic() - start
+    # Background work takes one worker of the two: the request's call has the other.
+    assert waited < _CALL_S, waited
+    assert not all(t.done() for t in flood)
+    await asyncio.gather(*flood)
+
+
+async def test_a_tenants_queue_is_bounded_in_bytes_and_refused_past_it(lane: TextLane) -> None:
+    running = asyncio.create_task(lane.call(Ticket("hostile", 60), _slow, "h0", _CALL_S))
+    await asyncio.sleep(0.05)
+    queued = asyncio.create_task(lane.call(Ticket("hostile", 60), _slow, "h1", 0))
+    await asyncio.sleep(0)
+    assert lane.queued_bytes == 60
+    with pytest.raises(TextQueueFull):
+        await lane.call(Ticket("hostile", 60), _slow, "h2", 0)
+    # It is an overload, answered 503 `overloaded` to whoever waited on it.
+    assert issubclass(TextQueueFull, Overloaded)
+    # Another tenant's work is queued whatever the first's queue holds.
+    assert (await lane.call(Ticket("normal", 60), _slow, "n0", 0))[0] == "n0"
+    await asyncio.gather(running, queued)
+    assert lane.queued_bytes == 0
+
+
+async def test_a_call_whose_caller_left_is_not_run(lane: TextLane) -> None:
+    first = asyncio.create_task(lane.call(Ticket("acme", 1), _slow, "a", _CALL_S))
+    await asyncio.sleep(0.05)
+    left = asyncio.create_task(lane.call(Ticket("acme", 40), _slow, "b", _CALL_S))
+    await asyncio.sleep(0)
+    left.cancel()
+    start = time.monotonic()
+    await first
+    assert (await lane.call(Ticket("acme", 1), _slow, "c", 0))[0] == "c"
+    # "b" was skipped, not run: "c" followed "a" at once.
+    assert time.monotonic() - start < 2 * _CALL_S
+    assert lane.queued_bytes == 0
+
+
+async def test_a_worker_that_dies_is_replaced(lane: TextLane) -> None:
+    _, before = await lane.call(Ticket("acme", 1), _slow, "a", 0)
+    # A call that kills its worker breaks the pool; it is taken once more to a new pool, where
+    # it kills a worker again: it fails, and the lane goes on with the new pool.
+    with pytest.raises(Exception, match="terminated abruptly"):
+        await lane.call(Ticket("acme", 1), _die)
+    _, after = await lane.call(Ticket("acme", 1), _slow, "b", 0)
+    assert after != before
+
+
+async def test_summaries_and_indexing_run_through_the_lane_in_threads_too() -> None:
+    """TEXT_WORKERS=0: the same calls on this process's threads (the CLI's one-shot commands)."""
+    text = TextLane(0, tenant_queue_bytes=1 << 20)
+    await text.start()
+    try:
+        messages = [Message("s", 1, 1, Role.USER, "我叫王小明，订单4471明天到", "m1", 0.0)]
+        extraction = await text.call(Ticket("", text_bytes(messages)), Extractor.extract, messages, max_chars=200)
+        assert "4471" in extraction.text
+        _, pid = await text.call(Ticket("", 1), _slow, "a", 0)
+        assert pid == os.getpid()
+    finally:
+        await text.aclose()

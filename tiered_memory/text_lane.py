@@ -1,0 +1,256 @@
+"""The text work (jieba's words for recall, the deterministic extractor) run off the serving process.
+
+Why processes: a worker thread running jieba holds the GIL in 5 ms slices, and the event loop
+waits for it at every wake-up. Measured before this lane, 32 KB appends to an indexed session
+took `/healthz` from 1 ms to 75 ms p99, and a first recall on a 3.2 MB session to 94 ms, for
+every tenant. In TEXT_WORKERS processes of its own the loop keeps its core; a call costs a pickle
+of its text each way. TEXT_WORKERS=0 runs the work in this process's threads instead (the CLI's
+one-shot commands, and a machine where a process more is the worse trade).
+
+Why a queue of our own in front of the pool: the pool's queue is first come, first served, so a
+tenant that appends 32 KB messages as fast as its rate allows would put every other tenant's
+work behind its own. Here each worker takes one call at a time; the next is the oldest urgent one
+(a request waits on it: a question's words, a cold read's extraction), else the next tenant's in
+turn: its oldest call a request waits on behind the work itself (a recall's catch-up, a long
+job), else its oldest background one. Background work takes one worker fewer than there are (with two
+or more), so a request's call never waits behind a backlog, only behind another request's. A
+tenant's queued background work is bounded in bytes of text (TEXT_QUEUE_BYTES): past it a call
+is refused with `TextQueueFull`, and its caller drops work that is done again later anyway
+(recall postings catch up from SQL at the next question; a summary is retried by the sweeper).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import multiprocessing
+import signal
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+import structlog
+
+from tiered_memory.errors import Overloaded
+from tiered_memory.model import Message
+from tiered_memory.summarize.extractive import Extractor
+
+log = structlog.get_logger("tiered_memory.text_lane")
+
+# Calls at a time with TEXT_WORKERS=0: they share this process's GIL, so more buy nothing.
+_THREADS = 2
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class TextQueueFull(Overloaded):
+    """A tenant's queued background text work is at its bound: the call was not queued (a
+    request that waited on it is answered 503 `overloaded`, to retry)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ticket:
+    """Whose a call is, how much text it carries (what the tenant's bound counts), whether a
+    request waits on it alone (`urgent`: served first, whoever's it is), and whether a request
+    waits on it among others of a long job (`waited`: first in its tenant's turn)."""
+
+    tenant: str
+    size: int
+    urgent: bool = False
+    waited: bool = False
+
+
+@dataclass(slots=True)
+class _Call:
+    ticket: Ticket
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    done: asyncio.Future[Any] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class TextLane:
+    def __init__(
+        self,
+        workers: int,
+        *,
+        tenant_queue_bytes: int,
+        extractor: Extractor | None = None,
+        pool: concurrent.futures.ProcessPoolExecutor | None = None,
+        on_refused: Callable[[], None] = lambda: None,
+    ) -> None:
+        """`workers` processes (0: threads of this process, on `extractor`, with two calls at a
+        time), a pool of its own, or `pool` when one is handed in (made by `new_pool`; tests share
+        one across the daemons they start, and it is theirs to shut down). Nothing starts until
+        `start`."""
+        self._workers = workers
+        self._shared = pool
+        self._extractor = extractor if extractor is not None else Extractor()
+        self._tenant_queue_bytes = tenant_queue_bytes
+        self._on_refused = on_refused
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        slots = workers or _THREADS
+        self._free = slots
+        self._background_slots = max(1, slots - 1)
+        self._background_running = 0
+        self._urgent: deque[_Call] = deque()
+        # By tenant, in the order they are served (a tenant served goes to the back): the calls
+        # a request waits on, then the others.
+        self._background: dict[str, tuple[deque[_Call], deque[_Call]]] = {}
+        self._queued: dict[str, int] = {}
+
+    @property
+    def queued_bytes(self) -> int:
+        return sum(self._queued.values())
+
+    async def start(self) -> None:
+        """Start the worker processes, each with jieba's dictionary loaded (about a second and
+        200 MB each; the serving process loads none): the first request does not wait for it."""
+        if self._workers == 0:
+            await asyncio.to_thread(self._extractor.warm_up)
+            return
+        self._pool = self._shared or new_pool(self._workers)
+        loop = asyncio.get_running_loop()
+        # The pool starts a process for each call that finds no idle one: as many calls at once
+        # start them all.
+        await asyncio.gather(*(loop.run_in_executor(self._pool, _ready) for _ in range(self._workers)))
+
+    async def aclose(self) -> None:
+        pool, self._pool = self._pool, None
+        for call in [*self._urgent, *(c for qs in self._background.values() for q in qs for c in q)]:
+            call.done.cancel()
+        self._urgent.clear()
+        self._background.clear()
+        self._queued.clear()
+        if pool is not None and pool is not self._shared:
+            await asyncio.to_thread(pool.shutdown, wait=True, cancel_futures=True)
+
+    async def call(
+        self, ticket: Ticket, fn: Callable[Concatenate[Extractor, P], R], /, *args: P.args, **kwargs: P.kwargs
+    ) -> R:
+        """`fn(extractor, *args, **kwargs)` in a worker, when the queue comes to it. `fn` must be a
+        module-level function or a method of Extractor (it is pickled by name), its arguments and
+        result picklable. Raises TextQueueFull (nothing queued) for background work past the
+        tenant's bound."""
+        call = _Call(ticket, fn, args, kwargs)
+        if ticket.urgent:
+            self._urgent.append(call)
+        else:
+            queued = self._queued.get(ticket.tenant, 0)
+            if queued and queued + ticket.size > self._tenant_queue_bytes:
+                self._on_refused()
+                raise TextQueueFull(f"tenant {ticket.tenant!r} has {queued} bytes of text work queued")
+            self._queued[ticket.tenant] = queued + ticket.size
+            waited, rest = self._background.setdefault(ticket.tenant, (deque(), deque()))
+            (waited if ticket.waited else rest).append(call)
+        self._pump()
+        # A caller that stops waiting leaves its call queued but cancelled: it is skipped.
+        result: R = await call.done
+        return result
+
+    def _next(self) -> _Call | None:
+        while self._urgent:
+            call = self._urgent.popleft()
+            if not call.done.done():
+                return call
+        while self._background and self._background_running < self._background_slots:
+            tenant = next(iter(self._background))
+            waited, rest = queues = self._background.pop(tenant)
+            call = (waited or rest).popleft()
+            self._queued[tenant] -= call.ticket.size
+            if waited or rest:
+                self._background[tenant] = queues
+            else:
+                del self._queued[tenant]
+            if not call.done.done():
+                return call
+        return None
+
+    def _pump(self) -> None:
+        while self._free > 0:
+            call = self._next()
+            if call is None:
+                return
+            self._free -= 1
+            if not call.ticket.urgent:
+                self._background_running += 1
+            self._run(call, retried=False)
+
+    def _run(self, call: _Call, *, retried: bool) -> None:
+        loop = asyncio.get_running_loop()
+        pool = self._pool
+        if pool is None:
+            running = loop.run_in_executor(None, functools.partial(call.fn, self._extractor, *call.args, **call.kwargs))
+        else:
+            running = loop.run_in_executor(pool, _in_worker, call.fn, call.args, call.kwargs)
+        running.add_done_callback(lambda ran: self._ran(call, ran, pool, retried=retried))
+
+    def _ran(
+        self,
+        call: _Call,
+        ran: asyncio.Future[Any],
+        pool: concurrent.futures.ProcessPoolExecutor | None,
+        *,
+        retried: bool,
+    ) -> None:
+        error = None if ran.cancelled() else ran.exception()
+        if isinstance(error, BrokenProcessPool) and pool is not None and self._pool is not None:
+            # A worker died (killed, out of memory): every call the pool had fails with this. The
+            # first to tell replaces the pool, and each takes its call once more to the new one;
+            # a call that breaks the new one too fails (and that one is replaced in turn).
+            if pool is self._pool:
+                log.warning("text_worker_died", error=str(error))
+                self._pool = new_pool(self._workers)
+                if pool is not self._shared:
+                    pool.shutdown(wait=False, cancel_futures=True)
+            if not retried:
+                self._run(call, retried=True)
+                return
+        self._free += 1
+        if not call.ticket.urgent:
+            self._background_running -= 1
+        if not call.done.done():
+            if ran.cancelled():
+                call.done.cancel()
+            elif error is not None:
+                call.done.set_exception(error)
+            else:
+                call.done.set_result(ran.result())
+        self._pump()
+
+
+def text_bytes(messages: Sequence[Message]) -> int:
+    """What a call over `messages` carries, as a tenant's bound counts it."""
+    return sum(len(m.content.encode("utf-8")) for m in messages)
+
+
+def new_pool(workers: int) -> concurrent.futures.ProcessPoolExecutor:
+    # spawn, not fork: the serving process has threads and an event loop that a fork would copy.
+    context = multiprocessing.get_context("spawn")
+    return concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_ignore_signals)
+
+
+def _ignore_signals() -> None:
+    # A terminal's Ctrl-C reaches the whole process group: the serving process decides when its
+    # workers stop (the pool's shutdown), so they do not die mid-call first.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@functools.cache
+def _worker_extractor() -> Extractor:
+    """This worker process's extractor, made once per process with its dictionary loaded."""
+    extractor = Extractor()
+    extractor.warm_up()
+    return extractor
+
+
+def _ready() -> None:
+    _worker_extractor()
+
+
+def _in_worker(fn: Callable[..., R], args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
+    return fn(_worker_extractor(), *args, **kwargs)

@@ -234,14 +234,8 @@ class SessionReads:
             return None
         # A request waits on it: urgent, ahead of every tenant's background work.
         ticket = Ticket(key_tenant(info.session_id), text_bytes(messages), urgent=True)
-        return await self._text.call(
-            ticket,
-            cold_summary,
-            info,
-            messages,
-            tagger=self._tagger,
-            max_chars=self._s.summary_max_chars,
-        )
+        limit = self._s.summary_max_chars
+        return await self._text.call(ticket, cold_summary, info, messages, tagger=self._tagger, max_chars=limit)
 
     async def _cold_messages(self, info: SessionInfo) -> list[Message]:
         """What a cold extraction reads: the whole session when it is short, else its opening and

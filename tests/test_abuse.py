@@ -6,6 +6,7 @@ real Redis + MariaDB."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 
 import aiohttp
@@ -243,3 +244,44 @@ async def test_connections_past_max_connections_are_refused_with_a_503(
         assert "tiered_memory_connections_open 1.0" in metrics  # this request's own
         code, _ = await daemon.terminate()
         assert code == 0, daemon.log_path.read_text()
+
+
+async def test_concurrent_first_recalls_of_a_big_session_share_one_catch_up(daemon: Daemon) -> None:
+    """The review's 3.2 MB session (100 messages of 32 KB), its postings lost, asked by a recall
+    its client abandons after 0.3 s and by three at once: one catch-up, tokenized by the text
+    workers, answers the three alike (the review saw a copy built per request, and the abandoned
+    one ran to its end on its own)."""
+    sid = new_sid()
+    filler = "".join(text for pair in ZH_12_TURNS[3:] for text in pair)
+    bodies = [
+        {
+            "role": "user" if i % 2 == 0 else "assistant",
+            "content": (f"订单号ZX{4400 + i}已登记。" + filler * 200)[:10_900],
+            "message_id": f"m{i}",
+        }
+        for i in range(100)
+    ]
+    assert all(len(b["content"].encode()) > 32_000 for b in bodies)
+    for start in range(0, 100, 6):
+        resp = await daemon.http.post(
+            f"/v1/sessions/{sid}/messages/batch", json={"messages": bodies[start : start + 6]}
+        )
+        assert resp.status == 201, await resp.text()
+    assert daemon.app is not None
+    postings = daemon.app[HOT_KEY].postings
+    history = daemon.service._history
+    # Lost: what the appends' indexing adds after this is refused (it read the messages before).
+    await postings.forget(sid)
+
+    url = f"/v1/sessions/{sid}/recall?q=ZX4403&k=1"
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(daemon.http.get(url), 0.3)
+    # The abandoned request is gone; the catch-up it started goes on (a session's postings are
+    # caught up once, whoever asks: bounded by the session's text, not by the askers).
+    builds = len(history._builds)
+    answers = await asyncio.gather(*(daemon.get(url) for _ in range(3)))
+    assert builds == 1
+    assert all(a["matches"] == answers[0]["matches"] for a in answers)
+    assert answers[0]["matches"][0]["seq"] == 4
+    assert "ZX4403" in answers[0]["matches"][0]["messages"][-1]["content"]
+    assert not history._builds

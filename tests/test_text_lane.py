@@ -8,6 +8,7 @@ import asyncio
 import os
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +25,10 @@ def _slow(extractor: Extractor, tag: str, seconds: float) -> tuple[str, int]:
     """A call that takes `seconds`, and says which process ran it."""
     time.sleep(seconds)
     return tag, os.getpid()
+
+
+def _touch(extractor: Extractor, path: str) -> None:
+    Path(path).touch()
 
 
 def _die(extractor: Extractor) -> None:
@@ -60,14 +65,12 @@ async def test_a_tenants_backlog_delays_another_tenant_by_one_call_at_most(lane:
 
 
 async def test_a_requests_call_does_not_wait_behind_background_work(lane: TextLane) -> None:
-    flood = [asyncio.create_task(lane.call(Ticket("hostile", 1), _slow, f"h{i}", _CALL_S)) for i in range(4)]
+    flood = [asyncio.create_task(lane.call(Ticket("hostile", 1), _slow, f"h{i}", 5 * _CALL_S)) for i in range(2)]
     await asyncio.sleep(0.05)
-    start = time.monotonic()
     await lane.call(Ticket("normal", 1, urgent=True), _slow, "q", 0)
-    waited = time.monotonic() - start
-    # Background work takes one worker of the two: the request's call has the other.
-    assert waited < _CALL_S, waited
-    assert not all(t.done() for t in flood)
+    # Background work takes one worker of the two: the request's call had the other, and was
+    # answered while the first background call still ran.
+    assert not any(t.done() for t in flood)
     await asyncio.gather(*flood)
 
 
@@ -81,23 +84,25 @@ async def test_a_tenants_queue_is_bounded_in_bytes_and_refused_past_it(lane: Tex
         await lane.call(Ticket("hostile", 60), _slow, "h2", 0)
     # It is an overload, answered 503 `overloaded` to whoever waited on it.
     assert issubclass(TextQueueFull, Overloaded)
-    # Another tenant's work is queued whatever the first's queue holds.
+    # Another tenant's work is queued whatever the first's queue holds, and so is the tenant's
+    # own call that a request waits on (a recall's catch-up): its backlog does not refuse it.
     assert (await lane.call(Ticket("normal", 60), _slow, "n0", 0))[0] == "n0"
+    assert (await lane.call(Ticket("hostile", 60, waited=True), _slow, "w0", 0))[0] == "w0"
     await asyncio.gather(running, queued)
     assert lane.queued_bytes == 0
 
 
-async def test_a_call_whose_caller_left_is_not_run(lane: TextLane) -> None:
+async def test_a_call_whose_caller_left_is_not_run(lane: TextLane, tmp_path: Path) -> None:
     first = asyncio.create_task(lane.call(Ticket("acme", 1), _slow, "a", _CALL_S))
     await asyncio.sleep(0.05)
-    left = asyncio.create_task(lane.call(Ticket("acme", 40), _slow, "b", _CALL_S))
+    marker = tmp_path / "ran"
+    left = asyncio.create_task(lane.call(Ticket("acme", 40), _touch, str(marker)))
     await asyncio.sleep(0)
     left.cancel()
-    start = time.monotonic()
     await first
+    # One background call at a time, in order: had the left call run, it would have before this.
     assert (await lane.call(Ticket("acme", 1), _slow, "c", 0))[0] == "c"
-    # "b" was skipped, not run: "c" followed "a" at once.
-    assert time.monotonic() - start < 2 * _CALL_S
+    assert not marker.exists()
     assert lane.queued_bytes == 0
 
 

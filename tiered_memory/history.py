@@ -18,7 +18,7 @@ import contextlib
 import itertools
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import structlog
 
@@ -327,15 +327,21 @@ class History:
 
     async def _terms(self, messages: Sequence[Message], tenant: str, *, waited: bool = False) -> list[list[str]]:
         """The search terms of `messages`, a text worker's call per _CALL_BYTES of them (so
-        that another tenant's call waits behind one such at most), queued together: the tenant's
-        other work comes between two batches, not between two calls. Raises TextQueueFull."""
-        calls = [
-            self._text.call(
-                Ticket(tenant, text_bytes(part), waited=waited), Extractor.search_terms_of, [m.content for m in part]
-            )
-            for part in _parts(messages, _CALL_BYTES)
-        ]
-        return [terms for part in await asyncio.gather(*calls) for terms in part]
+        that another tenant's call waits behind one such at most). Raises TextQueueFull. Calls a
+        request waits on (a catch-up's) are queued together, so that the tenant's other work
+        comes between two batches, not between two calls; the others one after the other."""
+
+        def call(part: list[Message]) -> Awaitable[list[list[str]]]:
+            ticket = Ticket(tenant, text_bytes(part), waited=waited)
+            return self._text.call(ticket, Extractor.search_terms_of, [m.content for m in part])
+
+        parts = _parts(messages, _CALL_BYTES)
+        if waited:
+            return [terms for part in await asyncio.gather(*map(call, parts)) for terms in part]
+        out: list[list[str]] = []
+        for part in parts:
+            out += await call(part)
+        return out
 
     async def _drop(self, store: PostingsStore, session_id: str) -> None:
         with contextlib.suppress(HotUnavailable):

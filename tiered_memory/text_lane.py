@@ -101,7 +101,10 @@ class TextLane:
         # By tenant, in the order they are served (a tenant served goes to the back): the calls
         # a request waits on, then the others.
         self._background: dict[str, tuple[deque[_Call], deque[_Call]]] = {}
-        self._queued: dict[str, int] = {}
+        # Bytes queued by tenant and whether a request waits on them: each bounded on its own, so
+        # that a tenant's own backlog of appends and summaries never refuses the catch-up its
+        # question waits on.
+        self._queued: dict[tuple[str, bool], int] = {}
 
     @property
     def queued_bytes(self) -> int:
@@ -135,16 +138,18 @@ class TextLane:
         """`fn(extractor, *args, **kwargs)` in a worker, when the queue comes to it. `fn` must be a
         module-level function or a method of Extractor (it is pickled by name), its arguments and
         result picklable. Raises TextQueueFull (nothing queued) for background work past the
-        tenant's bound."""
+        tenant's bound (TEXT_QUEUE_BYTES for the calls a request waits on, as much again for the
+        others)."""
         call = _Call(ticket, fn, args, kwargs)
         if ticket.urgent:
             self._urgent.append(call)
         else:
-            queued = self._queued.get(ticket.tenant, 0)
+            key = (ticket.tenant, ticket.waited)
+            queued = self._queued.get(key, 0)
             if queued and queued + ticket.size > self._tenant_queue_bytes:
                 self._on_refused()
                 raise TextQueueFull(f"tenant {ticket.tenant!r} has {queued} bytes of text work queued")
-            self._queued[ticket.tenant] = queued + ticket.size
+            self._queued[key] = queued + ticket.size
             waited, rest = self._background.setdefault(ticket.tenant, (deque(), deque()))
             (waited if ticket.waited else rest).append(call)
         self._pump()
@@ -161,11 +166,12 @@ class TextLane:
             tenant = next(iter(self._background))
             waited, rest = queues = self._background.pop(tenant)
             call = (waited or rest).popleft()
-            self._queued[tenant] -= call.ticket.size
             if waited or rest:
                 self._background[tenant] = queues
-            else:
-                del self._queued[tenant]
+            key = (tenant, call.ticket.waited)
+            self._queued[key] -= call.ticket.size
+            if not self._queued[key]:
+                del self._queued[key]
             if not call.done.done():
                 return call
         return None

@@ -29,7 +29,7 @@ from tests.fake_llm import Behaviour, FakeLlm
 from tests.faults import RedisProcess
 from tests.topologies import RedisClusterProcesses
 from tiered_memory.api import SERVICE_KEY
-from tiered_memory.app import HOT_KEY, STORE_KEY, create_app
+from tiered_memory.app import HOT_KEY, STORE_KEY, TEXT_KEY, create_app
 from tiered_memory.service import MemoryService
 from tiered_memory.settings import Settings
 from tiered_memory.summarize.extractive import Extractor
@@ -266,9 +266,12 @@ class Daemon:
         llm.behaviour = behaviour
 
     async def settle(self) -> None:
-        """Wait until no summary is scheduled or running (bounded)."""
+        """Wait until no summary is scheduled or running and the text workers have nothing of
+        this daemon's to do (appends indexed): bounded."""
+        assert self.app is not None
+        text = self.app[TEXT_KEY]
         for _ in range(3000):
-            if self.service.summaries.pending == 0:
+            if self.service.summaries.pending == 0 and not text.busy:
                 return
             await asyncio.sleep(0.01)
         raise AssertionError("summaries did not settle within 30 s")

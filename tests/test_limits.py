@@ -69,7 +69,10 @@ async def test_pages_are_bounded_in_bytes_and_lead_on(daemon: Daemon) -> None:
     assert (len(few["messages"]), few["next_from_seq"]) == (5, 6)
 
     talk = new_sid()
-    await play(daemon, talk, ZH_12_TURNS)
+    # Settled at each cadence point: one slice each (a pass that lags covers two, as it should).
+    for start in range(0, len(ZH_12_TURNS), 3):
+        await play(daemon, talk, ZH_12_TURNS[start : start + 3])
+        await daemon.settle()
     await daemon.settle()
     page = await daemon.get(f"/v1/sessions/{talk}/slices?limit=2")
     assert [s["to_turn"] for s in page["slices"]] == [3, 6]

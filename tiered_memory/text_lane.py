@@ -93,9 +93,9 @@ class TextLane:
         self._tenant_queue_bytes = tenant_queue_bytes
         self._on_refused = on_refused
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
-        slots = workers or _THREADS
-        self._free = slots
-        self._background_slots = max(1, slots - 1)
+        self._slots = workers or _THREADS
+        self._free = self._slots
+        self._background_slots = max(1, self._slots - 1)
         self._background_running = 0
         self._urgent: deque[_Call] = deque()
         # By tenant, in the order they are served (a tenant served goes to the back): the calls
@@ -105,6 +105,11 @@ class TextLane:
         # that a tenant's own backlog of appends and summaries never refuses the catch-up its
         # question waits on.
         self._queued: dict[tuple[str, bool], int] = {}
+
+    @property
+    def busy(self) -> bool:
+        """Whether a call is queued or running."""
+        return bool(self._urgent or self._background) or self._free < self._slots
 
     @property
     def queued_bytes(self) -> int:

@@ -114,7 +114,9 @@ class History:
         while batch := self._pending.pop(tenant, None):
             del self._pending_bytes[tenant]
             try:
-                terms = await self._terms(batch, tenant)
+                # The next question waits on it (its postings caught up), a summary does not:
+                # first in the tenant's turn, with the catch-ups.
+                terms = await self._terms(batch, tenant, waited=True)
             except TextQueueFull:
                 self._index_dropped()
                 continue

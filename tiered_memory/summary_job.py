@@ -24,7 +24,7 @@ from tiered_memory.dialogue import for_summary
 from tiered_memory.errors import Conflict, HotUnavailable, LlmFailed, SqlUnavailable
 from tiered_memory.language import as_spoken
 from tiered_memory.metrics import Metrics
-from tiered_memory.model import Message, Slice, Summary, SummarySource, key_tenant
+from tiered_memory.model import Message, SessionInfo, Slice, Summary, SummarySource, key_tenant
 from tiered_memory.summarize.extractive import Extractor
 from tiered_memory.summarize.llm import LlmSummarizer
 from tiered_memory.summarize.payload import rule_payload
@@ -36,6 +36,16 @@ from tiered_memory.tiers.sql_store import SqlStore
 log = structlog.get_logger("tiered_memory.summary_job")
 # The turns of a backlog read from SQL at once (rounded to whole batches).
 _PAGE_TURNS = 120
+# ... and at most about this much text: the SQL driver parses the rows on the event loop, where a
+# page of 32 KB messages (7.7 MB at 120 turns) held every tenant's requests while it was read.
+_PAGE_CHARS = 256 * 1024
+
+
+def _page_turns(info: SessionInfo) -> int:
+    """Turns read from SQL at a time for a summary backlog: _PAGE_TURNS, fewer when the
+    session's turns are long (its mean), one batch at least (the caller rounds to batches)."""
+    mean = info.content_chars / max(1, info.turn_count)
+    return max(1, min(_PAGE_TURNS, int(_PAGE_CHARS / max(1.0, mean))))
 
 
 class Outcome(enum.StrEnum):
@@ -158,7 +168,7 @@ class SummaryJob:
         # A backlog (hours of LLM outage, a bulk import) is read a page of turns at a time, not
         # all at once; each page is merged in batches as before, and one summary is written.
         summary, pieces = prev, []
-        page = self._batch * max(1, _PAGE_TURNS // self._batch)
+        page = self._batch * max(1, _page_turns(info) // self._batch)
         start = covered
         while start < target:
             if start > covered:

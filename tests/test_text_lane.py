@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -128,3 +129,22 @@ async def test_summaries_and_indexing_run_through_the_lane_in_threads_too() -> N
         assert pid == os.getpid()
     finally:
         await text.aclose()
+
+
+async def test_a_worker_killed_while_idle_is_replaced_at_the_next_call(lane: TextLane) -> None:
+    _, pid = await lane.call(Ticket("acme", 1), _slow, "a", 0)
+    os.kill(pid, signal.SIGKILL)
+    await asyncio.sleep(0.5)
+    # The pool refuses the submission itself; the call goes to a new pool.
+    assert (await lane.call(Ticket("acme", 1), _slow, "b", 0))[0] == "b"
+    assert (await lane.call(Ticket("acme", 1, urgent=True), _slow, "c", 0))[0] == "c"
+
+
+async def test_calls_that_carry_no_text_are_served_like_the_others(lane: TextLane) -> None:
+    """A tool call's message has no content: its call is 0 bytes, and is served all the same."""
+    busy = asyncio.create_task(lane.call(Ticket("acme", 1), _slow, "a", _CALL_S))
+    await asyncio.sleep(0.05)
+    calls = [lane.call(Ticket("acme", size, waited=True), _slow, f"w{size}", 0) for size in (5, 0, 0)]
+    assert [tag for tag, _ in await asyncio.wait_for(asyncio.gather(*calls), 30)] == ["w5", "w0", "w0"]
+    await busy
+    assert lane.queued_bytes == 0

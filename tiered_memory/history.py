@@ -19,11 +19,12 @@ import itertools
 import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures.process import BrokenProcessPool
 
 import structlog
 
 from tiered_memory.context import OLDER_MAX_MESSAGES
-from tiered_memory.errors import HotUnavailable, SqlUnavailable
+from tiered_memory.errors import HotUnavailable, Overloaded, SqlUnavailable
 from tiered_memory.model import Message, key_tenant
 from tiered_memory.recall import RecallMatch, around, best_turns, search
 from tiered_memory.summarize.extractive import Extractor
@@ -99,7 +100,7 @@ class History:
         then added. Postings that do not end just before it (lost, behind, or a message dropped
         past the tenant's bound) are left as they are: the next question catches them up from SQL."""
         tenant = key_tenant(message.session_id)
-        size = len(message.content.encode("utf-8"))
+        size = text_bytes((message,))
         held = self._pending_bytes.get(tenant, 0)
         if held and held + size > self._pending_max_bytes:
             self._index_dropped()
@@ -115,19 +116,18 @@ class History:
             del self._pending_bytes[tenant]
             try:
                 # The next question waits on it (its postings caught up), a summary does not:
-                # first in the tenant's turn, with the catch-ups.
-                terms = await self._terms(batch, tenant, waited=True)
+                # first in the tenant's turn, but bounded with its background work.
+                terms = await self._terms(batch, tenant, first=True)
+                runs: dict[str, list[tuple[Message, list[str]]]] = {}
+                for m, t in sorted(zip(batch, terms, strict=True), key=lambda mt: (mt[0].session_id, mt[0].seq)):
+                    runs.setdefault(m.session_id, []).append((m, t))
+                await asyncio.gather(*(self._add_run(sid, run) for sid, run in runs.items()))
             except TextQueueFull:
-                self._index_dropped()
-                continue
+                continue  # counted by the lane; the next question catches up
             except Exception:
-                # A text worker that failed twice (text_lane.py): the next question catches up.
-                log.exception("recall_tokenize_failed", tenant=tenant, messages=len(batch))
-                continue
-            runs: dict[str, list[tuple[Message, list[str]]]] = {}
-            for m, t in sorted(zip(batch, terms, strict=True), key=lambda mt: (mt[0].session_id, mt[0].seq)):
-                runs.setdefault(m.session_id, []).append((m, t))
-            await asyncio.gather(*(self._add_run(sid, run) for sid, run in runs.items()))
+                # A text worker that failed twice (text_lane.py), or a store's surprise: the
+                # indexer goes on with the next appends, and the next question catches up.
+                log.exception("recall_index_failed", tenant=tenant, messages=len(batch))
 
     async def _add_run(self, session_id: str, run: list[tuple[Message, list[str]]]) -> None:
         """Add a session's appended messages, a batch per stretch of consecutive seqs."""
@@ -217,7 +217,11 @@ class History:
         """The question's search terms and the turns before `before_seq` that best match it, best
         first (no turns when the postings are not caught up in time or cannot be read: a question
         never fails a context)."""
-        terms = await self._question_terms(question, session_id)
+        try:
+            terms = await self._question_terms(question, session_id)
+        except (Overloaded, BrokenProcessPool) as exc:
+            log.warning("question_terms_failed", session_id=session_id, error=str(exc))
+            return [], []
         if not terms:
             return terms, []
         # The newest answered message seen is read with the postings: postings that hold another
@@ -227,6 +231,10 @@ class History:
             found = await self._searchable(session_id, terms, message_count, wait_s=self._question_wait_s, check=check)
         except SqlUnavailable:
             return terms, []  # counted by _built
+        except Overloaded:
+            # The tenant's catch-ups are at their bound (text_lane.py): this question goes without.
+            self._question_unindexed()
+            return terms, []
         if found is None:
             self._question_unindexed()
             return terms, []
@@ -327,14 +335,16 @@ class History:
         ticket = Ticket(key_tenant(session_id), len(question.encode("utf-8")), urgent=True)
         return await self._text.call(ticket, Extractor.search_terms, question)
 
-    async def _terms(self, messages: Sequence[Message], tenant: str, *, waited: bool = False) -> list[list[str]]:
+    async def _terms(
+        self, messages: Sequence[Message], tenant: str, *, waited: bool = False, first: bool = False
+    ) -> list[list[str]]:
         """The search terms of `messages`, a text worker's call per _CALL_BYTES of them (so
         that another tenant's call waits behind one such at most). Raises TextQueueFull. Calls a
         request waits on (a catch-up's) are queued together, so that the tenant's other work
         comes between two batches, not between two calls; the others one after the other."""
 
         def call(part: list[Message]) -> Awaitable[list[list[str]]]:
-            ticket = Ticket(tenant, text_bytes(part), waited=waited)
+            ticket = Ticket(tenant, text_bytes(part), waited=waited, first=first)
             return self._text.call(ticket, Extractor.search_terms_of, [m.content for m in part])
 
         parts = _parts(messages, _CALL_BYTES)

@@ -56,12 +56,15 @@ class TextQueueFull(Overloaded):
 class Ticket:
     """Whose a call is, how much text it carries (what the tenant's bound counts), whether a
     request waits on it alone (`urgent`: served first, whoever's it is), and whether a request
-    waits on it among others of a long job (`waited`: first in its tenant's turn)."""
+    waits on it among others of a long job (`waited`: first in its tenant's turn, bounded apart)."""
 
     tenant: str
     size: int
     urgent: bool = False
     waited: bool = False
+    # First in the tenant's turn like `waited`, but bounded with its background work (the appends
+    # to index, which the next question needs): a flood of them must not refuse a catch-up.
+    first: bool = False
 
 
 @dataclass(slots=True)
@@ -97,6 +100,7 @@ class TextLane:
         self._free = self._slots
         self._background_slots = max(1, self._slots - 1)
         self._background_running = 0
+        self._closed = False
         self._urgent: deque[_Call] = deque()
         # By tenant, in the order they are served (a tenant served goes to the back): the calls
         # a request waits on, then the others.
@@ -128,6 +132,7 @@ class TextLane:
         await asyncio.gather(*(loop.run_in_executor(self._pool, _ready) for _ in range(self._workers)))
 
     async def aclose(self) -> None:
+        self._closed = True
         pool, self._pool = self._pool, None
         for call in [*self._urgent, *(c for qs in self._background.values() for q in qs for c in q)]:
             call.done.cancel()
@@ -145,6 +150,8 @@ class TextLane:
         result picklable. Raises TextQueueFull (nothing queued) for background work past the
         tenant's bound (TEXT_QUEUE_BYTES for the calls a request waits on, as much again for the
         others)."""
+        if self._closed:
+            raise Overloaded("the text workers are stopped")
         call = _Call(ticket, fn, args, kwargs)
         if ticket.urgent:
             self._urgent.append(call)
@@ -156,7 +163,7 @@ class TextLane:
                 raise TextQueueFull(f"tenant {ticket.tenant!r} has {queued} bytes of text work queued")
             self._queued[key] = queued + ticket.size
             waited, rest = self._background.setdefault(ticket.tenant, (deque(), deque()))
-            (waited if ticket.waited else rest).append(call)
+            (waited if ticket.waited or ticket.first else rest).append(call)
         self._pump()
         # A caller that stops waiting leaves its call queued but cancelled: it is skipped.
         result: R = await call.done
@@ -174,9 +181,9 @@ class TextLane:
             if waited or rest:
                 self._background[tenant] = queues
             key = (tenant, call.ticket.waited)
-            self._queued[key] -= call.ticket.size
-            if not self._queued[key]:
-                del self._queued[key]
+            left = self._queued.pop(key, 0) - call.ticket.size
+            if left > 0:
+                self._queued[key] = left
             if not call.done.done():
                 return call
         return None
@@ -194,10 +201,16 @@ class TextLane:
     def _run(self, call: _Call, *, retried: bool) -> None:
         loop = asyncio.get_running_loop()
         pool = self._pool
-        if pool is None:
-            running = loop.run_in_executor(None, functools.partial(call.fn, self._extractor, *call.args, **call.kwargs))
-        else:
-            running = loop.run_in_executor(pool, _in_worker, call.fn, call.args, call.kwargs)
+        try:
+            if pool is None:
+                work = functools.partial(call.fn, self._extractor, *call.args, **call.kwargs)
+                running = loop.run_in_executor(None, work)
+            else:
+                running = loop.run_in_executor(pool, _in_worker, call.fn, call.args, call.kwargs)
+        except (BrokenProcessPool, RuntimeError) as exc:
+            # A pool whose worker died while idle refuses the submission itself.
+            running = loop.create_future()
+            running.set_exception(exc if isinstance(exc, BrokenProcessPool) else BrokenProcessPool(str(exc)))
         running.add_done_callback(lambda ran: self._ran(call, ran, pool, retried=retried))
 
     def _ran(

@@ -289,3 +289,6 @@ async def test_concurrent_first_recalls_of_a_big_session_share_one_catch_up(daem
     assert answers[0]["matches"][0]["seq"] == 4
     assert "ZX4403" in answers[0]["matches"][0]["messages"][-1]["content"]
     assert not history._builds
+    # Its summary backlog (50 turns of 32 KB) would be found by the next daemon's start-up sweep
+    # on the run's shared database, and take its text workers for half a minute.
+    assert (await daemon.http.delete(f"/v1/sessions/{sid}")).status == 204

@@ -103,7 +103,7 @@ class TextLane:
         self._closed = False
         self._urgent: deque[_Call] = deque()
         # By tenant, in the order they are served (a tenant served goes to the back): the calls
-        # a request waits on, then the others.
+        # a request waits on and the appends to index (`first`), then the others.
         self._background: dict[str, tuple[deque[_Call], deque[_Call]]] = {}
         # Bytes queued by tenant and whether a request waits on them: each bounded on its own, so
         # that a tenant's own backlog of appends and summaries never refuses the catch-up its

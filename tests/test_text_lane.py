@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -148,3 +150,31 @@ async def test_calls_that_carry_no_text_are_served_like_the_others(lane: TextLan
     assert [tag for tag, _ in await asyncio.wait_for(asyncio.gather(*calls), 30)] == ["w5", "w0", "w0"]
     await busy
     assert lane.queued_bytes == 0
+
+
+def test_workers_go_with_a_serving_process_that_was_killed(tmp_path: Path) -> None:
+    """A serving process killed outright never shuts its pool down: its idle workers (200 MB
+    each) must not outlive it."""
+    script = (
+        "import asyncio, sys\n"
+        "from tiered_memory.text_lane import TextLane, Ticket\n"
+        "from tiered_memory.summarize.extractive import Extractor\n"
+        "async def main():\n"
+        "    lane = TextLane(2, tenant_queue_bytes=100)\n"
+        "    await lane.start()\n"
+        "    await lane.call(Ticket('', 1), Extractor.search_terms, 'x')\n"
+        "    print(' '.join(str(p) for p in lane._pool._processes), flush=True)\n"
+        "    await asyncio.sleep(60)\n"
+        "asyncio.run(main())\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    workers = [int(p) for p in proc.stdout.readline().split()]
+    assert len(workers) == 2
+    proc.kill()
+    proc.wait()
+    proc.stdout.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in workers):
+        time.sleep(0.1)
+    assert not any(Path(f"/proc/{p}").exists() for p in workers)

@@ -25,7 +25,10 @@ import asyncio
 import concurrent.futures
 import functools
 import multiprocessing
+import os
 import signal
+import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures.process import BrokenProcessPool
@@ -40,6 +43,8 @@ from tiered_memory.summarize.extractive import Extractor
 
 log = structlog.get_logger("tiered_memory.text_lane")
 
+# How often a worker checks that the serving process that started it is still there.
+_WATCH_S = 1.0
 # Calls at a time with TEXT_WORKERS=0: they share this process's GIL, so more buy nothing.
 _THREADS = 2
 
@@ -255,13 +260,24 @@ def text_bytes(messages: Sequence[Message]) -> int:
 def new_pool(workers: int) -> concurrent.futures.ProcessPoolExecutor:
     # spawn, not fork: the serving process has threads and an event loop that a fork would copy.
     context = multiprocessing.get_context("spawn")
-    return concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_ignore_signals)
+    return concurrent.futures.ProcessPoolExecutor(
+        max_workers=workers, mp_context=context, initializer=_worker_start, initargs=(os.getpid(),)
+    )
 
 
-def _ignore_signals() -> None:
+def _worker_start(parent: int) -> None:
     # A terminal's Ctrl-C reaches the whole process group: the serving process decides when its
     # workers stop (the pool's shutdown), so they do not die mid-call first.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A serving process that is killed (SIGKILL, out of memory) never shuts its pool down, and an
+    # idle worker waits on its queue for ever: each would keep its 200 MB. It goes with its parent.
+    threading.Thread(target=_orphaned, args=(parent,), name="text-worker-watch", daemon=True).start()
+
+
+def _orphaned(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(_WATCH_S)
+    os._exit(0)
 
 
 @functools.cache

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
+import json
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tests.conftest import RealServers, new_sid
 from tiered_memory.errors import Conflict, Forbidden, SqlUnavailable
@@ -195,6 +199,56 @@ async def test_turn_queries(store: SqlStore) -> None:
     got = await store.messages_in_turns(sid, after_turn=1, through_turn=3)
     assert [m.content for m in got] == ["问题2", "回答2", "问题3", "回答3"]
     assert len(await store.messages_in_turns(sid, after_turn=0)) == 8
+
+
+async def test_a_read_by_seq_stops_past_its_bytes(store: SqlStore) -> None:
+    """messages_by_seq with max_bytes reads as far as the first message that takes the text past
+    it, and one more; bytes are UTF-8's (a Chinese character is 3), tool calls count; without a
+    bound, or within it, every message up to the limit."""
+    sid = new_sid()
+    # seq 1..6: 30 bytes each (10 Chinese characters), but seq 4 carries 60 bytes of tool calls.
+    for i in range(1, 7):
+        calls = [{"id": "c" * 10, "type": "function", "function": {"name": "x" * 8, "arguments": "{}"}}]
+        role = Role.ASSISTANT if i == 4 else Role.USER if i % 2 else Role.ASSISTANT
+        msg = new(sid, role, "字" * 10, f"m{i}")
+        if i == 4:
+            msg = dataclasses.replace(msg, tool_calls=json.dumps(calls, separators=(",", ":")))
+        await store.append(msg, now=float(i))
+    read = functools.partial(store.messages_by_seq, sid, first_seq=1, last_seq=99, limit=50)
+    assert [m.seq for m in await read()] == [1, 2, 3, 4, 5, 6]
+    assert [m.seq for m in await read(max_bytes=1000)] == [1, 2, 3, 4, 5, 6]
+    # 30 + 30 = 60 fits 60; the third takes it to 90: read, with one more.
+    assert [m.seq for m in await read(max_bytes=60)] == [1, 2, 3, 4]
+    # The first alone passes 10: it and the next.
+    assert [m.seq for m in await read(max_bytes=10)] == [1, 2]
+    # 90 after three; the fourth's tool calls take it past 100.
+    assert [m.seq for m in await read(max_bytes=100)] == [1, 2, 3, 4, 5]
+    # The limit still holds, and the range's end: the last message passing is the range's last.
+    assert [m.seq for m in await read(max_bytes=60, limit=2)] == [1, 2]
+    assert [m.seq for m in await store.messages_by_seq(sid, first_seq=5, last_seq=6, limit=9, max_bytes=1)] == [5, 6]
+
+
+async def test_closing_waits_for_a_statement_in_flight(store: SqlStore) -> None:
+    """A store closed while a read holds a connection lets the read finish, then closes the pool
+    with the connection back in it (one given back to a pool already closed would stay open
+    until the collector found it)."""
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def op(conn: AsyncConnection) -> int:
+        await conn.execute(sa.text("SELECT 1"))
+        started.set()
+        await release.wait()
+        return int((await conn.execute(sa.text("SELECT 2"))).scalar_one())
+
+    reading = asyncio.create_task(store.read(op))
+    await started.wait()
+    closing = asyncio.create_task(store.aclose())
+    await asyncio.sleep(0.2)
+    assert not closing.done()
+    release.set()
+    assert await reading == 2
+    await closing
+    assert store._engine.pool.checkedout() == 0  # type: ignore[attr-defined]
 
 
 async def test_turn_range_reads_across_pages(store: SqlStore) -> None:

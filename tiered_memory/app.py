@@ -154,7 +154,6 @@ async def _check_schema(store: SqlStore) -> None:
         log.warning("sql_unavailable_at_start", error=str(exc))
         return
     if version < SCHEMA_VERSION:
-        await store.aclose()
         raise ConfigError(
             f"DATABASE_URL: schema version {version}, expected {SCHEMA_VERSION}; "
             "run `tiered-memory migrate` or set AUTO_MIGRATE=true"
@@ -167,11 +166,16 @@ async def _sql_ctx(app: web.Application) -> AsyncIterator[None]:
     if settings.embedded_sql:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
     store = build_store(settings, app[METRICS_KEY])
-    if settings.migrate_on_start:
-        version = await store.migrate()
-        log.info("schema_ready", dialect=store.dialect, version=version)
-    else:
-        await _check_schema(store)
+    # A context that fails before its yield is never cleaned up: the pool is closed here.
+    try:
+        if settings.migrate_on_start:
+            version = await store.migrate()
+            log.info("schema_ready", dialect=store.dialect, version=version)
+        else:
+            await _check_schema(store)
+    except BaseException:
+        await store.aclose()
+        raise
     app[STORE_KEY] = store
     yield
     await store.aclose()
@@ -207,8 +211,12 @@ async def _text_ctx(app: web.Application) -> AsyncIterator[None]:
         on_refused=metrics.text_work_refused.inc,
     )
     # jieba's dictionary takes about a second to load. Loaded here, before the app serves, the
-    # first cold read or summary does not wait for it.
-    await text.start()
+    # first cold read or summary does not wait for it. A failed start stops what it started.
+    try:
+        await text.start()
+    except BaseException:
+        await text.aclose()
+        raise
     metrics.text_queue_bytes.set_function(lambda: text.queued_bytes)
     app[TEXT_KEY] = text
     yield

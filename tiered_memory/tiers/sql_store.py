@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
+import structlog
 from sqlalchemy.dialects.mysql import insert as mysql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -58,6 +59,8 @@ _COMMIT_BATCH = 32
 # Batches in flight at once, each on a connection of its own: one at a time leaves the server idle
 # while the daemon prepares the next; a few keep both busy (see docs/BENCHMARKS.md).
 _COMMIT_CONCURRENCY = 4
+
+log = structlog.get_logger("tiered_memory.sql")
 # The store's own callers (the summary job, the sweeper, tests) act for nobody in particular.
 _ANYONE = Caller()
 
@@ -109,6 +112,9 @@ class SqlStore(MessageReads):
             on_batch=on_commit_batch,
         )
         self._append_statements = AppendStatements()
+        # Set whenever a connection goes back to the pool: `aclose` waits for the last.
+        self._given_back = asyncio.Event()
+        sa.event.listen(engine.sync_engine, "checkin", lambda *_: self._given_back.set())
 
     @property
     def dialect(self) -> str:
@@ -123,7 +129,21 @@ class SqlStore(MessageReads):
         return await self._bounded(lambda: current_version(self._engine))
 
     async def aclose(self) -> None:
+        """Finish the queued writes, wait for statements still running to give their connections
+        back (bounded by the SQL timeout), then close the pool. The pool closes only the
+        connections it holds: one given back after that stays open, in a pool nobody references,
+        until the collector finds it unclosed."""
         await self._commits.aclose()
+        out = getattr(self._engine.pool, "checkedout", lambda: 0)
+        deadline = asyncio.get_running_loop().time() + self._timeout
+        while out():
+            self._given_back.clear()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await self._given_back.wait()
+            except TimeoutError:
+                log.warning("sql_connections_open_at_close", connections=out())
+                break
         await self._engine.dispose()
 
     # --- plumbing -------------------------------------------------------------------------

@@ -395,7 +395,12 @@ async def get_messages(request: web.Request) -> web.Response:
     limit = read.int_query(request, "limit", 1000, 1, 1000)
     caller = read.caller(request)
     rows = await request.app[SERVICE_KEY].messages(
-        caller.session_key(sid), caller=caller, first_seq=first, last_seq=last, limit=limit + 1
+        caller.session_key(sid),
+        caller=caller,
+        first_seq=first,
+        last_seq=last,
+        limit=limit + 1,
+        max_bytes=PAGE_MAX_BYTES,
     )
     kept, more = page(
         rows, limit=limit, max_bytes=PAGE_MAX_BYTES, size=lambda m: len(m.content.encode()) + len(m.tool_calls)

@@ -380,11 +380,14 @@ class MemoryService:
         return await self._store.slices(session_id, from_turn=from_turn, limit=limit)
 
     async def messages(
-        self, session_id: str, *, caller: Caller, first_seq: int, last_seq: int, limit: int
+        self, session_id: str, *, caller: Caller, first_seq: int, last_seq: int, limit: int, max_bytes: int
     ) -> list[Message]:
-        """Raw messages by seq range, from the cold tier (the source of truth)."""
+        """Raw messages by seq range, from the cold tier (the source of truth): read as far as the
+        first that takes their text past `max_bytes`, and one more."""
         await self._owned_session(session_id, caller)
-        return await self._store.messages_by_seq(session_id, first_seq=first_seq, last_seq=last_seq, limit=limit)
+        return await self._store.messages_by_seq(
+            session_id, first_seq=first_seq, last_seq=last_seq, limit=limit, max_bytes=max_bytes
+        )
 
     async def user_summaries(self, user_id: str, *, caller: Caller, limit: int) -> list[tuple[str, int, Summary]]:
         """The user's most recent session summaries (warm tier), newest first; for a caller

@@ -6,7 +6,7 @@ Mixed into SqlStore, so callers read messages from the store they write them wit
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 import sqlalchemy as sa
@@ -88,17 +88,29 @@ class MessageReads:
         return await self.read(op)
 
     async def messages_by_seq(
-        self: _Reader, session_id: str, *, first_seq: int, last_seq: int, limit: int
+        self: _Reader, session_id: str, *, first_seq: int, last_seq: int, limit: int, max_bytes: int | None = None
     ) -> list[Message]:
-        """Messages first_seq..last_seq (at most `limit`), oldest first: where a slice leads back to."""
+        """Messages first_seq..last_seq (at most `limit`), oldest first: where a slice leads back to.
 
-        async def op(conn: AsyncConnection) -> list[Message]:
-            q = (
-                sa.select(msgs)
-                .where(msgs.c.session_id == session_id, msgs.c.seq >= first_seq, msgs.c.seq <= last_seq)
+        With `max_bytes`, the read stops at the first message whose text (content and tool calls)
+        takes the messages read past it, and takes one message more, so that a caller cutting a
+        page there can tell whether more follow. The sizes are read first, without the text: a
+        page of a thousand 32 KiB messages would otherwise bring 32 MiB over the wire, parsed on
+        the event loop, to keep one MiB of it."""
+
+        def in_range(q: sa.Select[Any]) -> sa.Select[Any]:
+            return (
+                q.where(msgs.c.session_id == session_id, msgs.c.seq >= first_seq, msgs.c.seq <= last_seq)
                 .order_by(msgs.c.id)
                 .limit(limit)
             )
+
+        async def op(conn: AsyncConnection) -> list[Message]:
+            last = last_seq
+            if max_bytes is not None:
+                sizes = (await conn.execute(in_range(sa.select(msgs.c.seq, _text_bytes())))).all()
+                last = _last_within(sizes, max_bytes, last_seq)
+            q = in_range(sa.select(msgs)).where(msgs.c.seq <= last)
             return [row_to_message(r) for r in (await conn.execute(q)).all()]
 
         return await self.read(op)
@@ -109,3 +121,22 @@ class MessageReads:
             return int((await conn.execute(q)).scalar() or 0)
 
         return await self.read(op)
+
+
+def _text_bytes() -> sa.ColumnElement[Any]:
+    """A message's content and tool calls in bytes of UTF-8, computed by the database (LENGTH
+    of the binary string: MySQL's LENGTH counts bytes already, SQLite's counts characters)."""
+    return sa.func.length(sa.cast(msgs.c.content, sa.LargeBinary)) + sa.func.coalesce(
+        sa.func.length(sa.cast(msgs.c.tool_calls, sa.LargeBinary)), 0
+    )
+
+
+def _last_within(sizes: Sequence[Any], max_bytes: int, last_seq: int) -> int:
+    """The seq of the last of `sizes` ((seq, bytes) rows, in order) to read: the first that takes
+    the total past `max_bytes`, and one more; `last_seq` when the total stays within it."""
+    total = 0
+    for i, (_seq, size) in enumerate(sizes):
+        total += int(size)
+        if total > max_bytes:
+            return int(sizes[min(i + 1, len(sizes) - 1)][0])
+    return last_seq

@@ -15,7 +15,16 @@ from tiered_memory.recall import around, best_turns, search
 from tiered_memory.tiers.hot import RecentBound
 from tiered_memory.tiers.keys import Keys
 from tiered_memory.tiers.memory_hot import MemoryHot
-from tiered_memory.tiers.postings import STALE, MemoryPostings, PostingsBatch, PostingsRead, PostingsStore, pack
+from tiered_memory.tiers.postings import (
+    ENTRY,
+    STALE,
+    MemoryPostings,
+    PostingsBatch,
+    PostingsRead,
+    PostingsStore,
+    merged,
+    pack,
+)
 from tiered_memory.tiers.redis_hot import RedisHot
 from tiered_memory.tiers.redis_postings import RedisPostings
 
@@ -205,3 +214,20 @@ async def test_process_memory_keeps_no_entry_for_postings_that_do_not_start() ->
     store = MemoryPostings(max_bytes=10_000, session_max_bytes=10_000)
     assert await store.add("s", _batch("s", 5, ["late append"])) == 0
     assert len(store) == 0
+
+
+def test_batches_merged_are_the_batch_of_their_messages() -> None:
+    """A catch-up packs its batch in parts, a text worker's call each: the parts merged are the
+    batch packed whole (every term's entries in seq order, the messages, the counters), a stopped
+    reply left out of both."""
+    sid = new_sid()
+    texts = ["order 4471 lisbon", "lisbon ships may", "order again", "maria order lisbon", "may 5th order"]
+    messages = [_turn(sid, i + 1, t) for i, t in enumerate(texts)]
+    messages[3] = _turn(sid, 4, texts[3], MessageStatus.STOPPED)
+    whole = pack(messages, [t.split() for t in texts], read_at=2.0)
+    parts = [messages[:2], messages[2:3], messages[3:]]
+    at = [3.0, 2.0, 4.0]
+    merged_batch = merged([pack(p, [m.content.split() for m in p], read_at=r) for p, r in zip(parts, at, strict=True)])
+    assert merged_batch == whole
+    assert [seq for seq, _tf, _n in ENTRY.iter_unpack(merged_batch.postings["order"])] == [1, 3, 5]
+    assert sorted(merged_batch.messages) == [1, 2, 3, 5]

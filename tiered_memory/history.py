@@ -29,7 +29,15 @@ from tiered_memory.model import Message, key_tenant
 from tiered_memory.recall import RecallMatch, around, best_turns, search
 from tiered_memory.summarize.extractive import Extractor
 from tiered_memory.text_lane import TextLane, TextQueueFull, Ticket, text_bytes
-from tiered_memory.tiers.postings import STALE, MemoryPostings, PostingsRead, PostingsStore, pack
+from tiered_memory.tiers.postings import (
+    STALE,
+    MemoryPostings,
+    PostingsBatch,
+    PostingsRead,
+    PostingsStore,
+    merged,
+    pack,
+)
 from tiered_memory.tiers.sql_store import SqlStore
 
 log = structlog.get_logger("tiered_memory.history")
@@ -115,9 +123,7 @@ class History:
         while batch := self._pending.pop(tenant, None):
             del self._pending_bytes[tenant]
             try:
-                # The next question waits on it (its postings caught up), a summary does not:
-                # first in the tenant's turn, but bounded with its background work.
-                terms = await self._terms(batch, tenant, first=True)
+                terms = await self._terms(batch, tenant)
                 runs: dict[str, list[tuple[Message, list[str]]]] = {}
                 for m, t in sorted(zip(batch, terms, strict=True), key=lambda mt: (mt[0].session_id, mt[0].seq)):
                     runs.setdefault(m.session_id, []).append((m, t))
@@ -335,25 +341,28 @@ class History:
         ticket = Ticket(key_tenant(session_id), len(question.encode("utf-8")), urgent=True)
         return await self._text.call(ticket, Extractor.search_terms, question)
 
-    async def _terms(
-        self, messages: Sequence[Message], tenant: str, *, waited: bool = False, first: bool = False
-    ) -> list[list[str]]:
-        """The search terms of `messages`, a text worker's call per _CALL_BYTES of them (so
-        that another tenant's call waits behind one such at most). Raises TextQueueFull. Calls a
-        request waits on (a catch-up's) are queued together, so that the tenant's other work
-        comes between two batches, not between two calls; the others one after the other."""
-
-        def call(part: list[Message]) -> Awaitable[list[list[str]]]:
-            ticket = Ticket(tenant, text_bytes(part), waited=waited, first=first)
-            return self._text.call(ticket, Extractor.search_terms_of, [m.content for m in part])
-
-        parts = _parts(messages, _CALL_BYTES)
-        if waited:
-            return [terms for part in await asyncio.gather(*map(call, parts)) for terms in part]
+    async def _terms(self, messages: Sequence[Message], tenant: str) -> list[list[str]]:
+        """The search terms of appended `messages`, a text worker's call per _CALL_BYTES of them
+        (so that another tenant's call waits behind one such at most), one after the other. The
+        next question waits on them (its postings caught up), a summary does not: first in the
+        tenant's turn, but bounded with its background work. Raises TextQueueFull."""
         out: list[list[str]] = []
-        for part in parts:
-            out += await call(part)
+        for part in _parts(messages, _CALL_BYTES):
+            ticket = Ticket(tenant, text_bytes(part), first=True)
+            out += await self._text.call(ticket, Extractor.search_terms_of, [m.content for m in part])
         return out
+
+    async def _packed(self, rows: list[Message], tenant: str, *, read_at: float) -> PostingsBatch:
+        """A catch-up's batch of `rows` (consecutive), tokenized and packed by text workers, a call
+        per _CALL_BYTES of them. A question may wait on it: the calls are queued together, first
+        in the tenant's turn, so that the tenant's other work comes between two batches, not
+        between two calls. Raises TextQueueFull."""
+
+        def call(part: list[Message]) -> Awaitable[PostingsBatch]:
+            ticket = Ticket(tenant, text_bytes(part), waited=True)
+            return self._text.call(ticket, _packed_part, part, read_at)
+
+        return merged(await asyncio.gather(*map(call, _parts(rows, _CALL_BYTES))))
 
     async def _drop(self, store: PostingsStore, session_id: str) -> None:
         with contextlib.suppress(HotUnavailable):
@@ -394,14 +403,16 @@ class History:
         while last < message_count and not read.full:
             read_at = time.time()
             rows = await self._store.messages_by_seq(
-                session_id, first_seq=last + 1, last_seq=message_count, limit=_INDEX_BATCH
+                session_id,
+                first_seq=last + 1,
+                last_seq=message_count,
+                limit=_INDEX_BATCH,
+                max_bytes=_INDEX_BATCH_BYTES,
             )
             rows = _holding_bytes(rows, _INDEX_BATCH_BYTES)
             if not rows or rows[0].seq != last + 1:
                 break  # deleted meanwhile, or a gap in seq (not expected): what is there is right
-            # A question may wait on it: first in the tenant's turn, ahead of its appends.
-            terms = await self._terms(rows, key_tenant(session_id), waited=True)
-            added = await store.add(session_id, pack(rows, terms, read_at=read_at))
+            added = await store.add(session_id, await self._packed(rows, key_tenant(session_id), read_at=read_at))
             if added == STALE:
                 break  # forgotten (deleted, or changed) after the read: the next question reads again
             if added == rows[-1].seq:
@@ -411,6 +422,14 @@ class History:
             if read.last_seq <= last and not read.full:
                 break  # the store took nothing, and nobody else moved it on
             last = read.last_seq
+
+
+def _packed_part(extractor: Extractor, rows: list[Message], read_at: float) -> PostingsBatch:
+    """In a text worker: the rows' search terms, packed. Packing there too keeps the catch-up's
+    words off the event loop both ways: 512 KB of text is some 170,000 terms, which the serving
+    process would unpickle and walk for tens of milliseconds, against a few thousand packed
+    postings."""
+    return pack(rows, extractor.search_terms_of([m.content for m in rows]), read_at=read_at)
 
 
 def _holding_bytes(rows: list[Message], max_bytes: int) -> list[Message]:

@@ -115,6 +115,25 @@ def pack(messages: Sequence[Message], terms: Sequence[Sequence[str]], *, read_at
     )
 
 
+def merged(batches: Sequence[PostingsBatch]) -> PostingsBatch:
+    """Batches of consecutive messages, in seq order, as one batch."""
+    if len(batches) == 1:
+        return batches[0]
+    postings: dict[str, bytearray] = {}
+    for b in batches:
+        for term, entries in b.postings.items():
+            postings.setdefault(term, bytearray()).extend(entries)
+    return PostingsBatch(
+        first_seq=batches[0].first_seq,
+        last_seq=batches[-1].last_seq,
+        docs=sum(b.docs for b in batches),
+        terms=sum(b.terms for b in batches),
+        postings={t: bytes(v) for t, v in postings.items()},
+        messages={seq: doc for b in batches for seq, doc in b.messages.items()},
+        read_at=min(b.read_at for b in batches),
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class PostingsRead:
     """What a search reads: the counters BM25 needs and the postings of the asked terms (a term

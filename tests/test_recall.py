@@ -13,8 +13,10 @@ import pytest
 from tests.conftest import Daemon, new_sid, play, tag_chars
 from tests.conversations import ZH_12_TURNS
 from tests.test_api import sql_statements
-from tiered_memory.app import HOT_KEY
+from tests.test_text_lane import _slow
+from tiered_memory.app import HOT_KEY, TEXT_KEY
 from tiered_memory.summarize.extractive import Extractor
+from tiered_memory.text_lane import Ticket
 from tiered_memory.tiers.postings import STALE, pack
 
 # Chit-chat that pushes the facts of ZH_12_TURNS far out of the raw window.
@@ -135,6 +137,32 @@ async def test_a_question_does_not_wait_for_postings_to_catch_up(daemon: Daemon)
     assert _LABEL in _text(second)
     assert "398元" in _text(second)
     assert daemon.registry.get_sample_value("tiered_memory_questions_unindexed_total") == 1
+
+
+async def test_a_question_does_not_wait_for_the_indexing_of_its_window(daemon: Daemon) -> None:
+    """The postings that lack only messages inside the context's window (appended just now, their
+    words still queued behind every tenant's background text work) answer at once: the turns a
+    context searches are those before its window, and the window's are in it raw."""
+    sid = await _long_session(daemon)
+    await _indexed(daemon, sid)
+    history = daemon.service._history
+    history._question_wait_s = 0.0
+    assert daemon.app is not None
+    text = daemon.app[TEXT_KEY]
+    # The indexer's calls for the next appends queue behind another tenant's background call
+    # that lasts while this test asks (background work has one worker of the two).
+    held = asyncio.create_task(text.call(Ticket("other", 1), _slow, "held", 3.0))
+    await asyncio.sleep(0.3)
+    try:
+        await play(daemon, sid, [("再来一个问题。", "好的，请说。")])
+        postings = daemon.app[HOT_KEY].postings
+        assert (await postings.read(sid, ())).last_seq < await daemon.store.count_messages(sid)
+        question = "刚才那个活力健一盒多少钱？"
+        asked = await daemon.get(f"/v1/sessions/{sid}/context?max_chars=600&question={question}")
+        assert "398元" in _text(asked)
+        assert daemon.registry.get_sample_value("tiered_memory_questions_unindexed_total") in (None, 0)
+    finally:
+        await held
 
 
 async def test_context_fills_its_budget_with_older_raw_turns(daemon: Daemon) -> None:

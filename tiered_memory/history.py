@@ -234,7 +234,9 @@ class History:
         # message under its seq are a deleted session's, left by a catch-up that raced the delete.
         check = next((m for m in reversed(seen) if m.answered), None)
         try:
-            found = await self._searchable(session_id, terms, message_count, wait_s=self._question_wait_s, check=check)
+            found = await self._searchable(
+                session_id, terms, message_count, wait_s=self._question_wait_s, check=check, enough=before_seq - 1
+            )
         except SqlUnavailable:
             return terms, []  # counted by _built
         except Overloaded:
@@ -303,12 +305,17 @@ class History:
         *,
         wait_s: float | None,
         check: Message | None = None,
+        enough: int | None = None,
     ) -> tuple[PostingsStore, PostingsRead] | None:
         """The store that answers and its read of `terms`, caught up to `message_count` (waiting
-        `wait_s` at most for that; None: for ever). None when the wait ran out, or the session
-        was deleted meanwhile. The hot tier's postings first, this process's own while it is
-        down. Postings that keep another message than `check` under its seq are dropped and
-        caught up anew. Raises SqlUnavailable when a catch-up needed SQL."""
+        `wait_s` at most for that; None: for ever), or as they are when they hold every message
+        up to `enough`: a context searches the turns before its window only, and the window's
+        newest messages are being indexed as they were appended (a question that waited for
+        them waited behind every tenant's background text work). None when the wait ran out, or
+        the session was deleted meanwhile. The hot tier's postings first, this process's own
+        while it is down. Postings that keep another message than `check` under its seq are
+        dropped and caught up anew. Raises SqlUnavailable when a catch-up needed SQL."""
+        needed = message_count if enough is None else min(enough, message_count)
         for store in (self._postings, self._local):
             try:
                 read = await store.read(session_id, terms, doc=check.seq if check is not None else None)
@@ -319,7 +326,11 @@ class History:
                 if check is not None and read.doc is not None and read.doc.message_id != check.message_id:
                     await self._drop(store, session_id)
                     read = PostingsRead(0, 0, 0, False)
-                if read.last_seq >= message_count or read.full:
+                if read.last_seq >= needed or read.full:
+                    if not read.last_seq and message_count:
+                        # None at all (lost, or dropped just now): appends are added only to
+                        # postings that end just before them, so they are caught up meanwhile.
+                        self._build(store, session_id, message_count)
                     return store, read
                 build = asyncio.shield(self._build(store, session_id, message_count))
                 try:

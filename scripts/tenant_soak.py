@@ -103,6 +103,7 @@ class Normal:
         self.sessions = sessions
         self.pace_s = pace_s
         self.latencies: list[float] = []
+        self.by_route: dict[str, list[float]] = {"turns": [], "messages": []}
         self.failures: collections.Counter[str] = collections.Counter()
 
     async def run(self, http: aiohttp.ClientSession, phase: str, seconds: float) -> None:
@@ -127,6 +128,7 @@ class Normal:
                 except aiohttp.ClientError as exc:
                     status = type(exc).__name__
                 self.latencies.append(time.perf_counter() - start)
+                self.by_route[path.rsplit("/", 1)[1]].append(self.latencies[-1])
                 if status not in (200, 201):
                     self.failures[str(status)] += 1
             turn += 1
@@ -137,9 +139,10 @@ class Hostile:
     """The hostile tenant: 32 KB appends from `writers` connections, 32 KB recall questions, and
     first recalls of a 3.2 MB session."""
 
-    def __init__(self, base: str, writers: int, drop_postings: Any) -> None:
+    def __init__(self, base: str, writers: int, recalls: bool, drop_postings: Any) -> None:
         self.base = base
         self.writers = writers
+        self.recalls = recalls
         self.drop_postings = drop_postings
         self.answers: collections.Counter[str] = collections.Counter()
         self.first_recalls: list[float] = []
@@ -167,11 +170,10 @@ class Hostile:
 
     async def run(self, http: aiohttp.ClientSession, seconds: float) -> None:
         end = time.monotonic() + seconds
-        await asyncio.gather(
-            *(self._writer(http, i, end) for i in range(self.writers)),
-            self._questions(http, end),
-            self._first_recalls(http, end),
-        )
+        work = [self._writer(http, i, end) for i in range(self.writers)]
+        if self.recalls:
+            work += [self._questions(http, end), self._first_recalls(http, end)]
+        await asyncio.gather(*work)
 
     async def _request(self, http: aiohttp.ClientSession, method: str, path: str, **kw: Any) -> int:
         try:
@@ -194,7 +196,9 @@ class Hostile:
 
     async def _questions(self, http: aiohttp.ClientSession, end: float) -> None:
         while time.monotonic() < end:
-            q = self.bodies[self.rng.randrange(8)][:3_000]
+            # As long as a request line takes (aiohttp's is 8 KB, a Chinese character 9 bytes
+            # URL-encoded): a longer one is refused by the HTTP parser before any tenant is known.
+            q = self.bodies[self.rng.randrange(8)][:700]
             await self._request(http, "GET", "/v1/sessions/big/recall", params={"q": q})
 
     async def _first_recalls(self, http: aiohttp.ClientSession, end: float) -> None:
@@ -257,10 +261,13 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
             await daemon.start(http)
-            hostile = Hostile(daemon.base, args.writers, drop_postings)
+            hostile = Hostile(daemon.base, args.writers, not args.no_recalls, drop_postings)
             await hostile.seed(http)
             report["settled_s"] = await settle(http, daemon.base)
             for phase in ("calm", "hostile"):
+                # For a profiler to attach to the phase.
+                pid = daemon.proc.pid if daemon.proc is not None else None
+                print(f"phase {phase}: {args.seconds:g} s, daemon pid {pid}", file=sys.stderr, flush=True)
                 normal = Normal(daemon.base, args.sessions, args.pace)
                 prober = multiprocessing.Process(target=probe_healthz, args=(port, args.seconds, probes))
                 prober.start()
@@ -271,6 +278,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
                 prober.join()
                 report["phases"][phase] = {
                     "normal": percentiles(normal.latencies),
+                    "normal_by_route": {route: percentiles(ls) for route, ls in normal.by_route.items()},
                     "normal_failures": dict(normal.failures),
                     "healthz": percentiles(probes.get()),
                 }
@@ -304,6 +312,7 @@ def main() -> int:
     parser.add_argument("--sessions", type=int, default=8, help="the normal tenant's concurrent sessions")
     parser.add_argument("--pace", type=float, default=0.5, help="seconds between a normal session's turns")
     parser.add_argument("--writers", type=int, default=4, help="the hostile tenant's concurrent 32 KB writers")
+    parser.add_argument("--no-recalls", action="store_true", help="the hostile tenant only appends")
     parser.add_argument("--hostile-rate", type=int, default=50, help="the hostile tenant's RATE_LIMITS, per second")
     parser.add_argument("--max-ratio", type=float, default=1.5, help="the normal p99 ratio that fails the run")
     parser.add_argument("--json", type=Path, help="write the report here")

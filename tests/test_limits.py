@@ -125,6 +125,7 @@ async def test_a_summary_at_its_tenants_text_bound_is_deferred_before_it_reads(b
         assert not any("FROM messages" in s for s in statements)
         deferred = {"source": "deterministic", "outcome": "deferred"}
         assert d.registry.get_sample_value("tiered_memory_summarizations_total", deferred) == 1
+        assert d.registry.get_sample_value("tiered_memory_text_work_refused_total") == 1
         await asyncio.gather(held, queued)
         assert (await d.service._job.run(sid)).outcome is Outcome.WRITTEN
     finally:

@@ -403,7 +403,11 @@ async def get_messages(request: web.Request) -> web.Response:
         max_bytes=PAGE_MAX_BYTES,
     )
     kept, more = page(
-        rows, limit=limit, max_bytes=PAGE_MAX_BYTES, size=lambda m: len(m.content.encode()) + len(m.tool_calls)
+        rows,
+        limit=limit,
+        max_bytes=PAGE_MAX_BYTES,
+        # Bytes, as the read measured them (tool calls hold UTF-8 text too).
+        size=lambda m: len(m.content.encode()) + len(m.tool_calls.encode()),
     )
     following = kept[-1].seq + 1 if more and kept else None
     return reply({"session_id": sid, "messages": [_message_json(m) for m in kept], "next_from_seq": following})

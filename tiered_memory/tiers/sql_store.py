@@ -129,7 +129,7 @@ class SqlStore(MessageReads):
         return await self._bounded(lambda: current_version(self._engine))
 
     async def aclose(self) -> None:
-        """Finish the queued writes, wait for statements still running to give their connections
+        """Fail the writes still queued, wait for statements still running to give their connections
         back (bounded by the SQL timeout), then close the pool. The pool closes only the
         connections it holds: one given back after that stays open, in a pool nobody references,
         until the collector finds it unclosed."""

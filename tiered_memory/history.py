@@ -37,6 +37,7 @@ from tiered_memory.tiers.postings import (
     PostingsStore,
     merged,
     pack,
+    packed,
 )
 from tiered_memory.tiers.sql_store import SqlStore
 
@@ -371,7 +372,7 @@ class History:
 
         def call(part: list[Message]) -> Awaitable[PostingsBatch]:
             ticket = Ticket(tenant, text_bytes(part), waited=True)
-            return self._text.call(ticket, _packed_part, part, read_at)
+            return self._text.call(ticket, packed, part, read_at)
 
         return merged(await asyncio.gather(*map(call, _parts(rows, _CALL_BYTES))))
 
@@ -433,14 +434,6 @@ class History:
             if read.last_seq <= last and not read.full:
                 break  # the store took nothing, and nobody else moved it on
             last = read.last_seq
-
-
-def _packed_part(extractor: Extractor, rows: list[Message], read_at: float) -> PostingsBatch:
-    """In a text worker: the rows' search terms, packed. Packing there too keeps the catch-up's
-    words off the event loop both ways: 512 KB of text is some 170,000 terms, which the serving
-    process would unpickle and walk for tens of milliseconds, against a few thousand packed
-    postings."""
-    return pack(rows, extractor.search_terms_of([m.content for m in rows]), read_at=read_at)
 
 
 def _holding_bytes(rows: list[Message], max_bytes: int) -> list[Message]:

@@ -10,12 +10,7 @@ import pytest
 
 from tests.conftest import Daemon, new_sid, play
 from tests.conversations import ZH_12_TURNS
-from tests.test_api import sql_statements
-from tests.test_text_lane import _slow
-from tiered_memory.app import TEXT_KEY
 from tiered_memory.client import AsyncClient, Client
-from tiered_memory.summary_job import Outcome
-from tiered_memory.text_lane import Ticket
 
 
 async def _status(daemon: Daemon, sid: str, body: dict[str, object]) -> tuple[int, dict[str, object]]:
@@ -95,38 +90,3 @@ async def test_pages_are_bounded_in_bytes_and_lead_on(daemon: Daemon) -> None:
             return [m.seq for m in client.iter_messages(sid)]
 
     assert await asyncio.to_thread(blocking) == list(range(1, 41))
-
-
-async def test_a_summary_at_its_tenants_text_bound_is_deferred_before_it_reads(backend_env: dict[str, str]) -> None:
-    """A summary pass of a tenant whose background text work is at its bound (TEXT_QUEUE_BYTES)
-    is deferred before it reads its turns from SQL (a tenant flooding 32 KB messages had a page
-    read at every cadence point, only for the text workers to refuse it), and made once the
-    work has drained."""
-    d = Daemon(
-        backend_env | {"TEXT_QUEUE_BYTES": "65536", "SUMMARY_EVERY_N_TURNS": "1000", "COMPRESSION_BATCH_TURNS": "1000"}
-    )
-    await d.start()
-    try:
-        sid = new_sid()
-        await play(d, sid, ZH_12_TURNS[:4])
-        await d.settle()
-        assert d.app is not None
-        text = d.app[TEXT_KEY]
-        # Another tenant's call holds the one worker background work has; the session's tenant
-        # ('' without tokens) has its bound's worth queued behind it.
-        held = asyncio.create_task(text.call(Ticket("other", 1), _slow, "held", 2.0))
-        await asyncio.sleep(0.3)
-        queued = asyncio.create_task(text.call(Ticket("", 65_536), _slow, "queued", 0))
-        await asyncio.sleep(0)
-        with sql_statements(d) as statements:
-            result = await d.service._job.run(sid)
-        assert result.outcome is Outcome.FAILED
-        assert statements  # the session and its summary were read
-        assert not any("FROM messages" in s for s in statements)
-        deferred = {"source": "deterministic", "outcome": "deferred"}
-        assert d.registry.get_sample_value("tiered_memory_summarizations_total", deferred) == 1
-        assert d.registry.get_sample_value("tiered_memory_text_work_refused_total") == 1
-        await asyncio.gather(held, queued)
-        assert (await d.service._job.run(sid)).outcome is Outcome.WRITTEN
-    finally:
-        await d.stop()

@@ -174,16 +174,6 @@ class SummaryJob:
             if start > covered:
                 await self._keep_lock(session_id, token)
             end = min(start + page, target)
-            # A tenant whose text work is at its bound would have the page's first batch refused
-            # after the page was read: at every cadence point of a tenant flooding 32 KB messages,
-            # a page read from SQL for nothing. The batch's size is guessed from the session's
-            # mean turn (in characters, fewer than its bytes: a guess that lets a read through
-            # rather than defer one).
-            turns = min(end - start, self._batch)
-            guess = Ticket(key_tenant(session_id), info.content_chars * turns // max(1, info.turn_count))
-            if self._text.would_refuse(guess):
-                self._metrics.text_work_refused.inc()
-                raise TextQueueFull(f"tenant {guess.tenant!r}: text work at its bound")
             rows = await self._store.messages_in_turns(session_id, after_turn=start, through_turn=end)
             summary, more = await self._merge_batches(
                 session_id, token, summary, rows, covered=start, target=end, llm=llm, stored=prev

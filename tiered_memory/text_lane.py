@@ -147,14 +147,6 @@ class TextLane:
         if pool is not None and pool is not self._shared:
             await asyncio.to_thread(pool.shutdown, wait=True, cancel_futures=True)
 
-    def would_refuse(self, ticket: Ticket) -> bool:
-        """Whether `call` would refuse a call of this ticket now (TextQueueFull): for a caller that
-        would read its text from SQL first, only to be refused."""
-        if ticket.urgent:
-            return False
-        queued = self._queued.get((ticket.tenant, ticket.waited), 0)
-        return bool(queued) and queued + ticket.size > self._tenant_queue_bytes
-
     async def call(
         self, ticket: Ticket, fn: Callable[Concatenate[Extractor, P], R], /, *args: P.args, **kwargs: P.kwargs
     ) -> R:
@@ -171,7 +163,7 @@ class TextLane:
         else:
             key = (ticket.tenant, ticket.waited)
             queued = self._queued.get(key, 0)
-            if self.would_refuse(ticket):
+            if queued and queued + ticket.size > self._tenant_queue_bytes:
                 self._on_refused()
                 raise TextQueueFull(f"tenant {ticket.tenant!r} has {queued} bytes of text work queued")
             self._queued[key] = queued + ticket.size

@@ -33,7 +33,7 @@ from tiered_memory.app import HOT_KEY, STORE_KEY, TEXT_KEY, create_app
 from tiered_memory.service import MemoryService
 from tiered_memory.settings import Settings
 from tiered_memory.summarize.extractive import Extractor
-from tiered_memory.text_lane import new_pool
+from tiered_memory.text_lane import new_pools
 from tiered_memory.tiers.sql_store import SqlStore
 
 
@@ -173,13 +173,13 @@ def backend_env(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str
 # would otherwise load its own, a second apiece), and one pool of text workers (each would start
 # its own processes). The pool starts its processes at the first call.
 _EXTRACTOR = Extractor()
-_TEXT_POOL = new_pool(Settings.from_env({}).text_workers)
+_TEXT_POOLS = new_pools(Settings.from_env({}).text_workers)
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _text_pool() -> Iterator[None]:
     yield
-    _TEXT_POOL.shutdown(wait=True, cancel_futures=True)
+    _TEXT_POOLS.shutdown(wait=True, cancel_futures=True)
 
 
 class Daemon:
@@ -196,7 +196,7 @@ class Daemon:
 
     async def start(self) -> None:
         self.registry = CollectorRegistry()
-        self.app = create_app(self.settings, registry=self.registry, extractor=_EXTRACTOR, text_pool=_TEXT_POOL)
+        self.app = create_app(self.settings, registry=self.registry, extractor=_EXTRACTOR, text_pools=_TEXT_POOLS)
         self.client = TestClient(TestServer(self.app), headers=self.headers)
         try:
             await self.client.start_server()

@@ -1,6 +1,7 @@
 """The text lane (text_lane.py): its work runs in worker processes, a tenant's backlog does not
 delay another tenant's work by more than a call, a request's call never waits behind background
-work, a tenant's queue is bounded, and a worker that dies is replaced."""
+work, background work yields the CPU, a tenant's queue is bounded, and a worker that dies is
+replaced."""
 
 from __future__ import annotations
 
@@ -75,6 +76,18 @@ async def test_a_requests_call_does_not_wait_behind_background_work(lane: TextLa
     # answered while the first background call still ran.
     assert not any(t.done() for t in flood)
     await asyncio.gather(*flood)
+
+
+def _scheduling(extractor: Extractor) -> int:
+    return os.sched_getscheduler(0)
+
+
+async def test_background_work_runs_at_the_lowest_cpu_priority(lane: TextLane) -> None:
+    """Background work runs only in the CPU time other processes leave (SCHED_IDLE); the worker
+    a request's call has runs at the serving process's priority."""
+    assert await lane.call(Ticket("acme", 1), _scheduling) == os.SCHED_IDLE
+    assert await lane.call(Ticket("acme", 1, waited=True), _scheduling) == os.SCHED_IDLE
+    assert await lane.call(Ticket("acme", 1, urgent=True), _scheduling) == os.sched_getscheduler(0)
 
 
 async def test_a_tenants_queue_is_bounded_in_bytes_and_refused_past_it(lane: TextLane) -> None:
@@ -163,7 +176,8 @@ def test_workers_go_with_a_serving_process_that_was_killed(tmp_path: Path) -> No
         "    lane = TextLane(2, tenant_queue_bytes=100)\n"
         "    await lane.start()\n"
         "    await lane.call(Ticket('', 1), Extractor.search_terms, 'x')\n"
-        "    print(' '.join(str(p) for p in lane._pool._processes), flush=True)\n"
+        "    pools = lane._pools\n"
+        "    print(' '.join(str(p) for pool in (pools.urgent, pools.background) for p in pool._processes), flush=True)\n"
         "    await asyncio.sleep(60)\n"
         "asyncio.run(main())\n"
     )

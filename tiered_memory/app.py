@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from concurrent.futures import ProcessPoolExecutor
 
 import aiohttp
 import structlog
@@ -34,7 +33,7 @@ from tiered_memory.summarize.llm import LlmSummarizer, load_prompts
 from tiered_memory.summarize.scheduler import Periodic
 from tiered_memory.summarize.topics import TopicTagger, load_keyword_groups
 from tiered_memory.summary_job import SummaryJob
-from tiered_memory.text_lane import TextLane
+from tiered_memory.text_lane import Pools, TextLane
 from tiered_memory.tiers.hot import HotTier
 from tiered_memory.tiers.keys import Keys
 from tiered_memory.tiers.memory_hot import MemoryHot
@@ -51,7 +50,7 @@ STORE_KEY = web.AppKey("store", SqlStore)
 HOT_KEY = web.AppKey("hot", HotTier)
 LLM_KEY = web.AppKey("llm", LlmSummarizer)
 EXTRACTOR_KEY = web.AppKey("extractor", Extractor)
-TEXT_POOL_KEY = web.AppKey("text_pool", ProcessPoolExecutor)
+TEXT_POOLS_KEY = web.AppKey("text_pools", Pools)
 TEXT_KEY = web.AppKey("text", TextLane)
 
 
@@ -207,7 +206,7 @@ async def _text_ctx(app: web.Application) -> AsyncIterator[None]:
         settings.text_workers,
         tenant_queue_bytes=settings.text_queue_bytes,
         extractor=app[EXTRACTOR_KEY],
-        pool=app.get(TEXT_POOL_KEY),
+        pools=app.get(TEXT_POOLS_KEY),
         on_refused=metrics.text_work_refused.inc,
     )
     # jieba's dictionary takes about a second to load. Loaded here, before the app serves, the
@@ -277,11 +276,11 @@ def create_app(
     *,
     registry: CollectorRegistry | None = None,
     extractor: Extractor | None = None,
-    text_pool: ProcessPoolExecutor | None = None,
+    text_pools: Pools | None = None,
 ) -> web.Application:
     """The daemon as an aiohttp application; nothing connects until the app starts. With
     API_TOKENS or API_TOKENS_FILE set, every route but the probes and /metrics needs a token. An
-    extractor and a text pool (`text_lane.new_pool`) may be handed in to share their loaded
+    extractor and text pools (`text_lane.new_pools`) may be handed in to share their loaded
     dictionaries: tests start many apps in one process, and a worker's start costs a second."""
     metrics = Metrics(registry if registry is not None else CollectorRegistry())
     # observe is outermost, so that a refused token or an overload is logged, timed and answered
@@ -305,8 +304,8 @@ def create_app(
     app[SETTINGS_KEY] = settings
     app[METRICS_KEY] = metrics
     app[EXTRACTOR_KEY] = extractor if extractor is not None else Extractor()
-    if text_pool is not None:
-        app[TEXT_POOL_KEY] = text_pool
+    if text_pools is not None:
+        app[TEXT_POOLS_KEY] = text_pools
     app[OPENAPI_KEY] = load_document()
     app.cleanup_ctx.extend([_sql_ctx, _hot_ctx, _llm_ctx, _text_ctx, _service_ctx])
     add_routes(app)

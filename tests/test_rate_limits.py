@@ -4,7 +4,9 @@ the same buckets. Each daemon test runs on the embedded backends and on real Red
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -33,6 +35,20 @@ def test_a_bucket_refills_at_its_rate_up_to_its_burst() -> None:
     assert (tokens, wait) == (1.0, 0.0)  # a long pause refills only to the burst
     assert parse_rate("600/m") == Rate(10.0)
     assert parse_rate_limits("acme=200/s, *=0.5/s") == {"acme": Rate(200.0), "*": Rate(0.5)}
+
+
+def test_a_request_counts_by_its_body_and_one_past_the_burst_goes_into_debt() -> None:
+    """A request of cost 3 takes 3 tokens; one costing more than the burst goes when the bucket is
+    full and leaves it in debt, which the next request waits out."""
+    rate = parse_rate("5/s")
+    tokens, wait = take(rate.burst, 0.0, 0.0, rate, 3)
+    assert (tokens, wait) == (2.0, 0.0)
+    tokens, wait = take(tokens, 0.0, 0.0, rate, 3)
+    assert (tokens, wait) == (2.0, pytest.approx(0.2))  # nothing taken, 1 token to wait for
+    tokens, wait = take(rate.burst, 0.0, 0.0, rate, 8)
+    assert (tokens, wait) == (-3.0, 0.0)
+    tokens, wait = take(tokens, 0.0, 0.0, rate, 1)
+    assert wait == pytest.approx(0.8)  # from -3 to 1
 
 
 @pytest.mark.parametrize("bad", ["acme=fast", "acme", "a/b=1/s", "acme=1/s,acme=2/s", "x=0/s"])
@@ -67,6 +83,76 @@ async def test_a_tenant_past_its_rate_waits_and_the_others_do_not(backend_env: d
         assert [s for s, _ in await _statuses(daemon, BETA, 12)] == [404] * 12
         metrics = await (await daemon.http.get("/metrics")).text()
         assert 'tiered_memory_rate_limited_total{scope="tenant"}' in metrics
+    finally:
+        await daemon.stop()
+
+
+async def test_a_tenants_rate_counts_its_bodies_by_their_size(backend_env: dict[str, str]) -> None:
+    """acme=10/s: a 16 KB body counts 4 (one per started 4 KiB), so of 5 such appends in a row 2
+    go (10 → 6 → 2 tokens; the third needs 4: 429), 3 if the bucket refilled meanwhile; a body sent
+    without a length counts as the largest allowed, and goes only on a full bucket; beta's small
+    requests are not slowed by acme's."""
+    env = backend_env | {"API_TOKENS": f"acme:{ACME},beta:{BETA}", "RATE_LIMITS": "acme=10/s,beta=10/s"}
+    daemon = Daemon(env)
+    await daemon.start()
+    try:
+        headers = {"Authorization": f"Bearer {ACME}"}
+        sid = new_sid()
+        statuses = []
+        for i in range(5):
+            body = {"role": "user", "content": "x" * 16_000, "message_id": f"m{i}"}
+            resp = await daemon.http.post(f"/v1/sessions/{sid}/messages", json=body, headers=headers)
+            statuses.append(resp.status)
+        assert 2 <= statuses.count(201) <= 3, statuses
+        assert statuses.count(429) == 5 - statuses.count(201)
+        stored = await (await daemon.http.get(f"/v1/sessions/{sid}/messages", headers=headers)).json()
+        assert len(stored["messages"]) == statuses.count(201)
+
+        async def chunks() -> AsyncIterator[bytes]:
+            yield b'{"role": "user", '
+            yield b'"content": "hi"}'
+
+        await asyncio.sleep(1.2)  # the bucket full again
+        chunked = [
+            (await daemon.http.post(f"/v1/sessions/{sid}/messages", data=chunks(), headers=headers)).status
+            for _ in range(2)
+        ]
+        assert chunked == [201, 429]
+        assert [s for s, _ in await _statuses(daemon, BETA, 8)] == [404] * 8
+    finally:
+        await daemon.stop()
+
+
+async def test_a_catch_up_a_request_caused_is_charged_to_its_tenant(backend_env: dict[str, str]) -> None:
+    """A patched message drops the session's postings, and the next question reads the session
+    back from SQL: 80 KB read for two small requests. acme=30/s pays 20 for it, so that of 30
+    requests right after, about 10 go (without the charge, all but a few would)."""
+    env = backend_env | {"API_TOKENS": f"acme:{ACME}", "RATE_LIMITS": "acme=30/s"}
+    daemon = Daemon(env)
+    await daemon.start()
+    try:
+        headers = {"Authorization": f"Bearer {ACME}"}
+        sid = new_sid()
+        for i in range(5):
+            body = {
+                "role": "user" if i % 2 == 0 else "assistant",
+                "content": f"order{i:<9}" * 1100,
+                "message_id": f"m{i}",
+            }
+            resp = await daemon.http.post(f"/v1/sessions/{sid}/messages", json=body, headers=headers)
+            assert resp.status == 201, await resp.text()
+        reply = {"role": "assistant", "content": "好的", "status": "streaming", "message_id": "r"}
+        resp = await daemon.http.post(f"/v1/sessions/{sid}/messages", json=reply, headers=headers)
+        assert resp.status == 201, await resp.text()
+        await asyncio.sleep(1.2)  # the bucket full again
+        patch = {"content": "好的，订单3明天到。", "status": "completed"}
+        resp = await daemon.http.patch(f"/v1/sessions/{sid}/messages/r", json=patch, headers=headers)
+        assert resp.status == 200, await resp.text()
+        resp = await daemon.http.get(f"/v1/sessions/{sid}/recall", params={"q": "order3"}, headers=headers)
+        assert resp.status == 200, await resp.text()
+        assert (await resp.json())["matches"]
+        served = [s for s, _ in await _statuses(daemon, ACME, 30)].count(404)
+        assert 3 <= served <= 15, served
     finally:
         await daemon.stop()
 

@@ -294,7 +294,11 @@ def create_app(
         # After authentication: the token says whose bucket a request draws on.
         middlewares.append(
             rate_limit_middleware(
-                settings.rate_limits, settings.token_rate_limit, lambda request: request.app[HOT_KEY].buckets, metrics
+                settings.rate_limits,
+                settings.token_rate_limit,
+                lambda request: request.app[HOT_KEY].buckets,
+                metrics,
+                max_body_bytes=settings.max_body_bytes,
             )
         )
     if settings.request_timeout_ms:

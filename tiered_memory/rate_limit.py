@@ -1,6 +1,16 @@
 """Request rates per tenant and per token (RATE_LIMITS, TOKEN_RATE_LIMIT), so that one tenant's
 burst, a runaway loop or a leaked token, cannot take the others' share of the replicas.
 
+A request counts one for each started TEXT_UNIT (4 KiB) of its body, one at least, and the
+messages a request makes the daemon read back (a recall's catch-up) are charged to its tenant the
+same way (service.py). Why: a request's cost grows with its text (parsed, escaped for SQL, written
+to both tiers, tokenized, summarized), and a rate counted in requests alone let a tenant at 50
+appends a second of 32 KB each push 1.6 MB/s through the serving process, taking the other
+tenants' p99 to 2.8 times its calm value (scripts/tenant_soak.py), and let one small request (a
+patched message, then a question) rebuild a 3.2 MB session's postings. Counted by size, an
+utterance is one request, and a tenant's rate bounds its bytes as well: 50/s is 50 appends of up
+to 4 KiB, or 6 of 32 KB.
+
 Each request draws on its tenant's bucket and, with a token, on its token's: the buckets live in
 the hot tier (tiers/buckets.py), so every replica draws on the same ones. A request past its rate
 is refused with 429 and `Retry-After` before any work. A hot tier that fails lets requests through
@@ -18,12 +28,19 @@ from aiohttp.typedefs import Handler, Middleware
 from tiered_memory.auth import OPEN_PATHS, PRINCIPAL_KEY, valid_tenant
 from tiered_memory.errors import HotUnavailable, RateLimited
 from tiered_memory.metrics import Metrics
-from tiered_memory.tiers.buckets import Buckets, Rate, parse_rate
+from tiered_memory.tiers.buckets import ANY_TENANT, Buckets, Rate, parse_rate, tenant_bucket, tenant_rate, units
 
 log = structlog.get_logger("tiered_memory.rate_limit")
 
-# The RATE_LIMITS entry of every tenant not named.
-ANY_TENANT = "*"
+
+def request_cost(request: web.BaseRequest, max_body_bytes: int) -> int:
+    """What a request counts against its rates: its body's `units`, by its Content-Length. A body
+    sent without a length (chunked) counts as the largest a request may send: its size is not
+    known before it is read, and must not go uncounted."""
+    size = request.content_length
+    if size is None:
+        size = max_body_bytes if request.body_exists else 0
+    return units(size)
 
 
 def parse_rate_limits(text: str) -> dict[str, Rate]:
@@ -48,11 +65,13 @@ def rate_limit_middleware(
     token_rate: Rate | None,
     buckets_of: Callable[[web.Request], Buckets],
     metrics: Metrics,
+    *,
+    max_body_bytes: int,
 ) -> Middleware:
     """Draw each request but the probes' on its tenant's bucket (the token's tenant, or the one an
     unrestricted token or a daemon without tokens states with X-Tenant; '' for none) and on its
-    token's, in the buckets `buckets_of` the request's app keeps; RateLimited past either."""
-    default = tenant_rates.get(ANY_TENANT)
+    token's, in the buckets `buckets_of` the request's app keeps, by its `request_cost`;
+    RateLimited past either."""
 
     @web.middleware
     async def limit(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -68,12 +87,13 @@ def rate_limit_middleware(
         draws = []
         if token_rate is not None and principal is not None:
             draws.append(("token", f"token:{principal.token_id}", token_rate))
-        rate = tenant_rates.get(tenant, default)
+        rate = tenant_rate(tenant_rates, tenant)
         if rate is not None:
-            draws.append(("tenant", f"tenant:{tenant}", rate))
+            draws.append(("tenant", tenant_bucket(tenant), rate))
+        cost = request_cost(request, max_body_bytes)
         for scope, key, rate in draws:
             try:
-                wait = await buckets_of(request).take(key, rate)
+                wait = await buckets_of(request).take(key, rate, cost)
             except HotUnavailable:
                 metrics.rate_limit_skipped.inc()
                 continue

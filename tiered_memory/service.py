@@ -43,6 +43,7 @@ from tiered_memory.summarize.scheduler import SingleFlight
 from tiered_memory.summarize.topics import TopicTagger
 from tiered_memory.summary_job import JobResult, Outcome, SummaryJob
 from tiered_memory.text_lane import TextLane
+from tiered_memory.tiers.buckets import tenant_bucket, tenant_rate, units
 from tiered_memory.tiers.hot import HotTier
 from tiered_memory.tiers.sql_schema import SCHEMA_VERSION
 from tiered_memory.tiers.sql_store import SqlStore
@@ -78,6 +79,9 @@ class MemoryService:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._s = settings
+        self._hot = hot
+        self._metrics = metrics
+        self._rates = settings.rate_limits
         self._history = History(
             store,
             hot.postings,
@@ -88,12 +92,11 @@ class MemoryService:
             session_max_bytes=settings.recall_max_bytes,
             pending_max_bytes=settings.text_queue_bytes,
             index_dropped=metrics.text_work_refused.inc,
+            charge=self._charge if self._rates else None,
         )
         self._store = store
-        self._hot = hot
         self._job = job
         self._tagger = tagger
-        self._metrics = metrics
         self._clock = clock
         self._reads = SessionReads(
             settings=settings,
@@ -140,6 +143,17 @@ class MemoryService:
         task.add_done_callback(self._writes.discard)
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
         return await asyncio.shield(task)
+
+    async def _charge(self, tenant: str, nbytes: int) -> None:
+        """Take `nbytes` of text the daemon read back for the tenant (a recall's catch-up) from
+        its rate's bucket, into debt if need be: its next requests wait it out (rate_limit.py)."""
+        rate = tenant_rate(self._rates, tenant)
+        if rate is None:
+            return
+        try:
+            await self._hot.buckets.take(tenant_bucket(tenant), rate, units(nbytes), owed=True)
+        except HotUnavailable:
+            self._metrics.rate_limit_skipped.inc()
 
     async def append(self, new: NewMessage, *, caller: Caller) -> AppendOutcome:
         """`_append`, run whole (`_whole`)."""

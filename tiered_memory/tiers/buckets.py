@@ -6,15 +6,20 @@ draws on the same one (Redis: redis_buckets.py), or in process memory on the emb
 
 from __future__ import annotations
 
+import math
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 from tiered_memory.lru import Lru
 
 _RATE = re.compile(r"(\d+(?:\.\d+)?)/(s|m)")
+# The RATE_LIMITS entry of every tenant not named.
+ANY_TENANT = "*"
+# The text that counts one against a rate: far more than an utterance (a few hundred bytes).
+TEXT_UNIT = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,20 +41,48 @@ def parse_rate(text: str) -> Rate:
     return Rate(float(found[1]) / (60.0 if found[2] == "m" else 1.0))
 
 
-def take(tokens: float, at: float, now: float, rate: Rate) -> tuple[float, float]:
-    """A bucket of `tokens` last drawn on at `at`, drawn on at `now`: (tokens left, seconds to
-    wait). The bucket refills at the rate up to its burst; a request takes one token, or, when
-    there is none, nothing (it waits the time one takes to come)."""
+def units(nbytes: int) -> int:
+    """What `nbytes` of text count against a rate: one per started TEXT_UNIT, one at least."""
+    return max(1, math.ceil(nbytes / TEXT_UNIT))
+
+
+def tenant_bucket(tenant: str) -> str:
+    """The key of a tenant's bucket ('' for the requests of none)."""
+    return f"tenant:{tenant}"
+
+
+def tenant_rate(rates: Mapping[str, Rate], tenant: str) -> Rate | None:
+    """The tenant's RATE_LIMITS entry, else the `*` one, else none."""
+    return rates.get(tenant, rates.get(ANY_TENANT))
+
+
+def take(
+    tokens: float, at: float, now: float, rate: Rate, cost: float = 1.0, *, owed: bool = False
+) -> tuple[float, float]:
+    """A bucket of `tokens` last drawn on at `at`, drawn on at `now` by a request that costs
+    `cost` tokens: (tokens left, seconds to wait). The bucket refills at the rate up to its burst.
+    A request goes when the bucket holds its cost, or is full when its cost is more than the burst
+    (it would never go otherwise): it takes its whole cost, the bucket going into debt that the
+    next requests wait out. A request that does not go takes nothing, and waits the time its cost
+    (up to the burst) takes to come. `owed`: work already done, taken whatever the bucket holds."""
     tokens = min(rate.burst, tokens + max(0.0, now - at) * rate.per_second)
-    if tokens >= 1.0:
-        return tokens - 1.0, 0.0
-    return tokens, (1.0 - tokens) / rate.per_second
+    need = min(cost, rate.burst)
+    if tokens >= need or owed:
+        return tokens - cost, 0.0
+    return tokens, (need - tokens) / rate.per_second
+
+
+def kept_s(rate: Rate, cost: float) -> int:
+    """How long a bucket left alone is kept: until it is full again after a draw of `cost` (a
+    bucket forgotten is full again, and would forgive a debt)."""
+    return max(2, int((rate.burst + cost) / rate.per_second) + 2)
 
 
 class Buckets(Protocol):
-    async def take(self, key: str, rate: Rate) -> float:
-        """Draw a request from the bucket `key` (full at first): 0.0 when it may go, else the
-        seconds until it may. A backend that fails raises HotUnavailable."""
+    async def take(self, key: str, rate: Rate, cost: float = 1.0, *, owed: bool = False) -> float:
+        """Draw a request of `cost` tokens from the bucket `key` (full at first): 0.0 when it may
+        go, else the seconds until it may; `owed` takes the cost whatever the bucket holds (work
+        done already). A backend that fails raises HotUnavailable."""
         ...
 
 
@@ -61,9 +94,9 @@ class MemoryBuckets:
         self._buckets: Lru[str, tuple[float, float]] = Lru(max_buckets)
         self._clock = clock
 
-    async def take(self, key: str, rate: Rate) -> float:
+    async def take(self, key: str, rate: Rate, cost: float = 1.0, *, owed: bool = False) -> float:
         now = self._clock()
         tokens, at = self._buckets.get(key) or (rate.burst, now)
-        left, wait = take(tokens, at, now, rate)
+        left, wait = take(tokens, at, now, rate, cost, owed=owed)
         self._buckets.put(key, (left, now))
         return wait

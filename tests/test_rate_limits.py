@@ -9,10 +9,14 @@ import uuid
 from collections.abc import AsyncIterator
 
 import pytest
+import redis
+from aiohttp.base_protocol import BaseProtocol
+from aiohttp.streams import StreamReader
+from aiohttp.test_utils import make_mocked_request
 
 from tests.conftest import Daemon, RealServers, new_sid, redis_flush_prefix
 from tiered_memory.errors import ConfigError
-from tiered_memory.rate_limit import parse_rate_limits
+from tiered_memory.rate_limit import parse_rate_limits, request_cost
 from tiered_memory.settings import Settings
 from tiered_memory.tiers.buckets import Rate, parse_rate, take
 
@@ -44,11 +48,35 @@ def test_a_request_counts_by_its_body_and_one_past_the_burst_goes_into_debt() ->
     tokens, wait = take(rate.burst, 0.0, 0.0, rate, 3)
     assert (tokens, wait) == (2.0, 0.0)
     tokens, wait = take(tokens, 0.0, 0.0, rate, 3)
-    assert (tokens, wait) == (2.0, pytest.approx(0.2))  # nothing taken, 1 token to wait for
+    assert tokens == 2.0  # nothing taken
+    assert wait == pytest.approx(0.2)  # 1 token to wait for
     tokens, wait = take(rate.burst, 0.0, 0.0, rate, 8)
     assert (tokens, wait) == (-3.0, 0.0)
     tokens, wait = take(tokens, 0.0, 0.0, rate, 1)
     assert wait == pytest.approx(0.8)  # from -3 to 1
+
+
+@pytest.mark.parametrize(
+    ("headers", "cost"),
+    [
+        ({}, 1),
+        ({"Content-Length": "100"}, 1),
+        ({"Content-Length": "9000"}, 3),
+        # A claimed length past the largest body counts as the largest: it is refused when read,
+        # and must not put its tenant in debt for hours.
+        ({"Content-Length": "10000000000"}, 16),
+        # Compressed: its size on the wire does not bound its text.
+        ({"Content-Length": "900", "Content-Encoding": "gzip"}, 16),
+    ],
+)
+async def test_a_requests_cost_is_its_body_bounded_by_the_largest_allowed(headers: dict[str, str], cost: int) -> None:
+    if headers:
+        loop = asyncio.get_running_loop()
+        body = StreamReader(BaseProtocol(loop), 2**16, loop=loop)
+        request = make_mocked_request("POST", "/v1/sessions/s/messages", headers=headers, payload=body)
+    else:
+        request = make_mocked_request("GET", "/v1/sessions/s")
+    assert request_cost(request, 65536) == cost
 
 
 @pytest.mark.parametrize("bad", ["acme=fast", "acme", "a/b=1/s", "acme=1/s,acme=2/s", "x=0/s"])
@@ -65,6 +93,13 @@ async def _statuses(daemon: Daemon, token: str, n: int) -> list[tuple[int, str |
         resp = await daemon.http.get(f"/v1/sessions/{new_sid()}", headers={"Authorization": f"Bearer {token}"})
         out.append((resp.status, resp.headers.get("Retry-After")))
     return out
+
+
+async def _append(daemon: Daemon, token: str, sid: str, body: dict[str, str]) -> int:
+    resp = await daemon.http.post(
+        f"/v1/sessions/{sid}/messages", json=body, headers={"Authorization": f"Bearer {token}"}
+    )
+    return resp.status
 
 
 async def test_a_tenant_past_its_rate_waits_and_the_others_do_not(backend_env: dict[str, str]) -> None:
@@ -98,11 +133,10 @@ async def test_a_tenants_rate_counts_its_bodies_by_their_size(backend_env: dict[
     try:
         headers = {"Authorization": f"Bearer {ACME}"}
         sid = new_sid()
-        statuses = []
-        for i in range(5):
-            body = {"role": "user", "content": "x" * 16_000, "message_id": f"m{i}"}
-            resp = await daemon.http.post(f"/v1/sessions/{sid}/messages", json=body, headers=headers)
-            statuses.append(resp.status)
+        statuses = [
+            await _append(daemon, ACME, sid, {"role": "user", "content": "x" * 16_000, "message_id": f"m{i}"})
+            for i in range(5)
+        ]
         assert 2 <= statuses.count(201) <= 3, statuses
         assert statuses.count(429) == 5 - statuses.count(201)
         stored = await (await daemon.http.get(f"/v1/sessions/{sid}/messages", headers=headers)).json()
@@ -123,10 +157,10 @@ async def test_a_tenants_rate_counts_its_bodies_by_their_size(backend_env: dict[
         await daemon.stop()
 
 
-async def test_a_catch_up_a_request_caused_is_charged_to_its_tenant(backend_env: dict[str, str]) -> None:
+async def test_a_patch_is_charged_the_text_its_session_reads_back(backend_env: dict[str, str]) -> None:
     """A patched message drops the session's postings, and the next question reads the session
-    back from SQL: 80 KB read for two small requests. acme=30/s pays 20 for it, so that of 30
-    requests right after, about 10 go (without the charge, all but a few would)."""
+    back from SQL: 77 KB read for two small requests. The patch is charged it (19 of acme's 30/s),
+    so that of 30 requests right after, about 10 go (without the charge, all but a few would)."""
     env = backend_env | {"API_TOKENS": f"acme:{ACME}", "RATE_LIMITS": "acme=30/s"}
     daemon = Daemon(env)
     await daemon.start()
@@ -134,16 +168,11 @@ async def test_a_catch_up_a_request_caused_is_charged_to_its_tenant(backend_env:
         headers = {"Authorization": f"Bearer {ACME}"}
         sid = new_sid()
         for i in range(5):
-            body = {
-                "role": "user" if i % 2 == 0 else "assistant",
-                "content": f"order{i:<9}" * 1100,
-                "message_id": f"m{i}",
-            }
-            resp = await daemon.http.post(f"/v1/sessions/{sid}/messages", json=body, headers=headers)
-            assert resp.status == 201, await resp.text()
+            role = "user" if i % 2 == 0 else "assistant"
+            body = {"role": role, "content": f"order{i:<9}" * 1100, "message_id": f"m{i}"}
+            assert await _append(daemon, ACME, sid, body) == 201
         reply = {"role": "assistant", "content": "好的", "status": "streaming", "message_id": "r"}
-        resp = await daemon.http.post(f"/v1/sessions/{sid}/messages", json=reply, headers=headers)
-        assert resp.status == 201, await resp.text()
+        assert await _append(daemon, ACME, sid, reply) == 201
         await asyncio.sleep(1.2)  # the bucket full again
         patch = {"content": "好的，订单3明天到。", "status": "completed"}
         resp = await daemon.http.patch(f"/v1/sessions/{sid}/messages/r", json=patch, headers=headers)
@@ -153,6 +182,14 @@ async def test_a_catch_up_a_request_caused_is_charged_to_its_tenant(backend_env:
         assert (await resp.json())["matches"]
         served = [s for s, _ in await _statuses(daemon, ACME, 30)].count(404)
         assert 3 <= served <= 15, served
+        if "REDIS_URL" in env:
+            # Kept until it would be full again, refused requests or not: a bucket forgotten is
+            # full, and would forgive the rest of the debt.
+            client = redis.Redis.from_url(env["REDIS_URL"])
+            key = f"{env['REDIS_KEY_PREFIX']}:rate:{{tenant:acme}}"
+            tokens = float(client.hget(key, "tokens") or 0)
+            assert client.ttl(key) >= (30 - tokens) / 30 + 1
+            client.close()
     finally:
         await daemon.stop()
 
@@ -167,6 +204,28 @@ async def test_a_runaway_token_does_not_starve_its_tenant(backend_env: dict[str,
     try:
         assert [s for s, _ in await _statuses(daemon, ACME, 6)] == [404] + [429] * 5
         assert [s for s, _ in await _statuses(daemon, other.partition(":")[2], 1)] == [404]
+    finally:
+        await daemon.stop()
+
+
+async def test_a_request_its_tenant_refuses_costs_its_token_nothing(backend_env: dict[str, str]) -> None:
+    """Token 8/s, tenant 4/s, appends of 16 KB (4 each): after the first, the tenant refuses them,
+    and each gives its token back what it took, so the token never refuses one itself (without
+    the refund it would be empty from the third on)."""
+    env = backend_env | {"API_TOKENS": f"acme:{ACME}", "RATE_LIMITS": "acme=4/s", "TOKEN_RATE_LIMIT": "8/s"}
+    daemon = Daemon(env)
+    await daemon.start()
+    try:
+        sid = new_sid()
+        statuses = [
+            await _append(daemon, ACME, sid, {"role": "user", "content": "x" * 15_000, "message_id": f"m{i}"})
+            for i in range(5)
+        ]
+        assert statuses[0] == 201, statuses
+        assert 429 in statuses, statuses
+        metrics = await (await daemon.http.get("/metrics")).text()
+        assert 'tiered_memory_rate_limited_total{scope="tenant"}' in metrics
+        assert 'tiered_memory_rate_limited_total{scope="token"}' not in metrics
     finally:
         await daemon.stop()
 

@@ -88,6 +88,23 @@ async def test_background_work_runs_at_the_lowest_cpu_priority(lane: TextLane) -
     assert await lane.call(Ticket("acme", 1), _scheduling) == os.SCHED_IDLE
     assert await lane.call(Ticket("acme", 1, waited=True), _scheduling) == os.SCHED_IDLE
     assert await lane.call(Ticket("acme", 1, urgent=True), _scheduling) == os.sched_getscheduler(0)
+    # Two at once: the second waits for the urgent worker rather than run at the lowest priority.
+    both = [lane.call(Ticket("acme", 1, urgent=True), _scheduling) for _ in range(2)]
+    assert await asyncio.gather(*both) == [os.sched_getscheduler(0)] * 2
+
+
+async def test_a_tenants_questions_delay_another_tenants_by_one_call_at_most(lane: TextLane) -> None:
+    """Urgent calls are served tenants in turn too: a tenant asking many questions at once does
+    not put another tenant's question behind all of them."""
+    done: list[str] = []
+
+    async def run(ticket: Ticket, tag: str) -> None:
+        done.append((await lane.call(ticket, _slow, tag, _CALL_S / 3))[0])
+
+    flood = [asyncio.create_task(run(Ticket("hostile", 1, urgent=True), f"h{i}")) for i in range(5)]
+    await asyncio.sleep(0.05)
+    await asyncio.gather(run(Ticket("normal", 1, urgent=True), "n0"), *flood)
+    assert done.index("n0") <= 2, done
 
 
 async def test_a_tenants_queue_is_bounded_in_bytes_and_refused_past_it(lane: TextLane) -> None:
@@ -177,7 +194,8 @@ def test_workers_go_with_a_serving_process_that_was_killed(tmp_path: Path) -> No
         "    await lane.start()\n"
         "    await lane.call(Ticket('', 1), Extractor.search_terms, 'x')\n"
         "    pools = lane._pools\n"
-        "    print(' '.join(str(p) for pool in (pools.urgent, pools.background) for p in pool._processes), flush=True)\n"
+        "    workers = [*pools.urgent._processes, *pools.background._processes]\n"
+        "    print(' '.join(str(p) for p in workers), flush=True)\n"
         "    await asyncio.sleep(60)\n"
         "asyncio.run(main())\n"
     )

@@ -80,14 +80,12 @@ class History:
         session_max_bytes: int = _LOCAL_BYTES,
         pending_max_bytes: int = _LOCAL_BYTES,
         index_dropped: Callable[[], None] = lambda: None,
-        charge: Callable[[str, int], Awaitable[None]] | None = None,
     ) -> None:
         """`text` turns messages and questions into search terms, off the event loop.
         `question_unindexed` is called for each question answered without its earlier turns
         because the session's postings were still catching up. A tenant's appends waiting to be
         tokenized are bounded by `pending_max_bytes`: past it, `index_dropped` is called and the
-        message waits for the catch-up at the next question. `charge(tenant, nbytes)` is awaited
-        for each batch of text a catch-up reads back from SQL: the tenant's rate pays for it."""
+        message waits for the catch-up at the next question."""
         self._store = store
         self._postings = postings
         self._local = MemoryPostings(max_bytes=_LOCAL_BYTES, session_max_bytes=min(session_max_bytes, _LOCAL_BYTES))
@@ -98,7 +96,6 @@ class History:
         self._hot_error = hot_error
         self._question_unindexed = question_unindexed
         self._question_wait_s = question_wait_s
-        self._charge = charge
         # By tenant, each with its own indexer: the text lane serves tenants in turn.
         self._pending: dict[str, list[Message]] = {}
         self._pending_bytes: dict[str, int] = {}
@@ -428,10 +425,6 @@ class History:
             rows = _holding_bytes(rows, _INDEX_BATCH_BYTES)
             if not rows or rows[0].seq != last + 1:
                 break  # deleted meanwhile, or a gap in seq (not expected): what is there is right
-            if self._charge is not None:
-                # A patched message drops a session's postings, and the next question reads the
-                # whole session back: one small request, megabytes of work, paid for here.
-                await self._charge(key_tenant(session_id), text_bytes(rows))
             added = await store.add(session_id, await self._packed(rows, key_tenant(session_id), read_at=read_at))
             if added == STALE:
                 break  # forgotten (deleted, or changed) after the read: the next question reads again

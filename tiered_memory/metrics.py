@@ -149,7 +149,7 @@ class Metrics:
         )
         self.rate_limit_skipped = Counter(
             "tiered_memory_rate_limit_skipped_total",
-            "Requests let through unchecked because the hot tier holding the rate buckets failed.",
+            "Requests let through unchecked (or patches left uncharged): the hot tier with the rate buckets failed.",
             registry=registry,
         )
         self.hot_cache_bytes = Gauge(

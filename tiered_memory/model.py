@@ -302,6 +302,9 @@ class PatchResult:
     """False when the message already was as the patch asks (a repeated patch)."""
     completed_turn: bool
     """Whether this patch completed the message's turn (a streaming reply finalized)."""
+    session_bytes: int = 0
+    """The session's text after the patch, in bytes: what the recall postings it drops will read
+    back from SQL at the next question."""
 
 
 @dataclass(frozen=True, slots=True)

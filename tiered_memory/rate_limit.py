@@ -1,15 +1,15 @@
 """Request rates per tenant and per token (RATE_LIMITS, TOKEN_RATE_LIMIT), so that one tenant's
 burst, a runaway loop or a leaked token, cannot take the others' share of the replicas.
 
-A request counts one for each started TEXT_UNIT (4 KiB) of its body, one at least, and the
-messages a request makes the daemon read back (a recall's catch-up) are charged to its tenant the
-same way (service.py). Why: a request's cost grows with its text (parsed, escaped for SQL, written
-to both tiers, tokenized, summarized), and a rate counted in requests alone let a tenant at 50
-appends a second of 32 KB each push 1.6 MB/s through the serving process, taking the other
-tenants' p99 to 2.8 times its calm value (scripts/tenant_soak.py), and let one small request (a
-patched message, then a question) rebuild a 3.2 MB session's postings. Counted by size, an
-utterance is one request, and a tenant's rate bounds its bytes as well: 50/s is 50 appends of up
-to 4 KiB, or 6 of 32 KB.
+A request counts one for each started TEXT_UNIT (4 KiB) of its body, one at least, and a patch,
+which drops its session's recall postings, is charged the session's text that the next question
+reads back from SQL (service.py). Why: a request's cost grows with its text (parsed, escaped for
+SQL, written to both tiers, tokenized, summarized), and a rate counted in requests alone let a
+tenant at 50 appends a second of 32 KB each push 1.6 MB/s through the serving process, taking
+the other tenants' p99 to 2.8 times its calm value (scripts/tenant_soak.py), and let one small
+request (a patched message, then a question) rebuild a 3.2 MB session's postings. Counted by
+size, an utterance is one request, and a tenant's rate bounds its bytes as well: 50/s is 50
+appends of up to 4 KiB, or 6 of 32 KB.
 
 Each request draws on its tenant's bucket and, with a token, on its token's: the buckets live in
 the hot tier (tiers/buckets.py), so every replica draws on the same ones. A request past its rate
@@ -19,6 +19,7 @@ is refused with 429 and `Retry-After` before any work. A hot tier that fails let
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import structlog
@@ -34,13 +35,17 @@ log = structlog.get_logger("tiered_memory.rate_limit")
 
 
 def request_cost(request: web.BaseRequest, max_body_bytes: int) -> int:
-    """What a request counts against its rates: its body's `units`, by its Content-Length. A body
-    sent without a length (chunked) counts as the largest a request may send: its size is not
-    known before it is read, and must not go uncounted."""
+    """What a request counts against its rates: its body's `units`, by its Content-Length, never
+    more than the largest body a request may send (a larger one is refused when it is read: a
+    claimed length must not put the tenant in debt). A body whose size on the wire does not bound
+    its text, sent without a length (chunked) or compressed (`Content-Encoding`), counts as the
+    largest: what it holds is not known before it is read, and must not go uncounted."""
+    if not request.body_exists:
+        return 1
     size = request.content_length
-    if size is None:
-        size = max_body_bytes if request.body_exists else 0
-    return units(size)
+    if size is None or request.headers.get("Content-Encoding", "identity").strip().lower() != "identity":
+        size = max_body_bytes
+    return units(min(size, max_body_bytes))
 
 
 def parse_rate_limits(text: str) -> dict[str, Rate]:
@@ -91,15 +96,23 @@ def rate_limit_middleware(
         if rate is not None:
             draws.append(("tenant", tenant_bucket(tenant), rate))
         cost = request_cost(request, max_body_bytes)
+        buckets = buckets_of(request)
+        taken: list[tuple[str, Rate]] = []
         for scope, key, rate in draws:
             try:
-                wait = await buckets_of(request).take(key, rate, cost)
+                wait = await buckets.take(key, rate, cost)
             except HotUnavailable:
                 metrics.rate_limit_skipped.inc()
                 continue
             if wait > 0:
                 metrics.rate_limited.labels(scope).inc()
+                # A request its tenant refuses gives its token back what it took: a gateway that
+                # retries while its tenant is at its rate must not run its token into debt.
+                for key_taken, rate_taken in taken:
+                    with contextlib.suppress(HotUnavailable):
+                        await buckets.take(key_taken, rate_taken, -cost, owed=True)
                 raise RateLimited(f"the {scope}'s request rate is past its limit; retry", retry_after_s=wait)
+            taken.append((key, rate))
         return await handler(request)
 
     return limit

@@ -34,6 +34,7 @@ from tiered_memory.model import (
     Slice,
     Summary,
     SummaryAnswer,
+    key_tenant,
 )
 from tiered_memory.reads import ContextAnswer, SessionReads, authorize
 from tiered_memory.rebuilds import Rebuilds, Started
@@ -92,7 +93,6 @@ class MemoryService:
             session_max_bytes=settings.recall_max_bytes,
             pending_max_bytes=settings.text_queue_bytes,
             index_dropped=metrics.text_work_refused.inc,
-            charge=self._charge if self._rates else None,
         )
         self._store = store
         self._job = job
@@ -145,8 +145,8 @@ class MemoryService:
         return await asyncio.shield(task)
 
     async def _charge(self, tenant: str, nbytes: int) -> None:
-        """Take `nbytes` of text the daemon read back for the tenant (a recall's catch-up) from
-        its rate's bucket, into debt if need be: its next requests wait it out (rate_limit.py)."""
+        """Take `nbytes` of text a request makes the daemon read back for the tenant from its
+        rate's bucket, into debt if need be: its next requests wait it out (rate_limit.py)."""
         rate = tenant_rate(self._rates, tenant)
         if rate is None:
             return
@@ -327,6 +327,12 @@ class MemoryService:
         except HotUnavailable:
             self._metrics.tier_errors.labels("hot", "invalidate").inc()
             raise
+        if result.changed:
+            # The postings dropped are caught up from SQL at the next question, the whole
+            # session: one small request, up to megabytes of work, paid for by the tenant's rate.
+            # (A repeated patch is not charged again, and a catch-up after postings expired or
+            # Redis was lost is the daemon's own.)
+            await self._charge(key_tenant(session_id), result.session_bytes)
         due = (
             self._s.summaries_enabled
             and result.completed_turn

@@ -9,14 +9,15 @@ one-shot commands, and a machine where a process more is the worse trade).
 
 Why a queue of our own in front of the pool: the pool's queue is first come, first served, so a
 tenant that appends 32 KB messages as fast as its rate allows would put every other tenant's
-work behind its own. Here each worker takes one call at a time; the next is the oldest urgent one
-(a request waits on it: a question's words, a cold read's extraction), else the next tenant's in
-turn: its oldest call a request waits on behind the work itself (a recall's catch-up, a long
-job), else its oldest background one. Background work takes one worker fewer than there are (with two
-or more), so a request's call never waits behind a backlog, only behind another request's. A
-tenant's queued background work is bounded in bytes of text (TEXT_QUEUE_BYTES): past it a call
-is refused with `TextQueueFull`, and its caller drops work that is done again later anyway
-(recall postings catch up from SQL at the next question; a summary is retried by the sweeper).
+work behind its own. Here each worker takes one call at a time; the next is an urgent one (a
+request waits on it alone: a question's words, a cold read's extraction), tenants in turn, else
+the next tenant's in turn: its oldest call a request waits on behind the work itself (a recall's
+catch-up, a long job), else its oldest background one. Background work takes one worker fewer
+than there are (with two or more), so a request's call never waits behind a backlog, only behind
+another request's (another tenant's, one at most). A tenant's queued background work is bounded
+in bytes of text (TEXT_QUEUE_BYTES): past it a call is refused with `TextQueueFull`, and its
+caller drops work that is done again later anyway (recall postings catch up from SQL at the next
+question; a summary is retried by the sweeper).
 
 Why two pools (with two workers or more): the worker kept for urgent calls runs at the serving
 process's priority, the others at the lowest the system has (SCHED_IDLE on Linux). Background
@@ -25,7 +26,9 @@ the serving process's core: measured on 2 cores with a tenant appending 32 KB me
 (summaries of 400 KB of text a call), the other tenants' `/turns` p99 went from 16 to 43 ms and
 their appends' from 10 to 17 ms with the workers at normal priority; with background work idle,
 from 15 to 23 ms and from 8 to 10 ms. Background work then runs in the CPU time the serving
-process and the databases leave; its queue's bound (above) holds while it waits.
+process and the databases leave; its queue's bound (above) holds while it waits. An urgent call
+waits for its own worker rather than run on a free background one at the lowest priority, where
+a busy machine would leave it no CPU.
 """
 
 from __future__ import annotations
@@ -94,8 +97,8 @@ class _Call:
 @dataclass(frozen=True, slots=True)
 class Pools:
     """The worker processes: `urgent` at the serving process's priority, for the calls a request
-    waits on alone; `background`, yielding the CPU to every other process, for the rest (and for
-    an urgent call when the urgent one is busy). One pool for both with a single worker."""
+    waits on alone; `background`, yielding the CPU to every other process, for the rest. One pool
+    for both with a single worker."""
 
     urgent: concurrent.futures.ProcessPoolExecutor
     background: concurrent.futures.ProcessPoolExecutor
@@ -134,11 +137,14 @@ class TextLane:
         self._on_refused = on_refused
         self._pools: Pools | None = None
         slots = workers or _THREADS
-        # The slot only urgent calls take (the urgent pool's worker), and the others.
-        self._urgent_free = 1 if slots >= 2 else 0
-        self._background_free = slots - self._urgent_free
+        # The slot only urgent calls take (the urgent pool's worker), and the others (which urgent
+        # calls take too when there is no urgent slot).
+        self._urgent_slots = 1 if slots >= 2 else 0
+        self._urgent_free = self._urgent_slots
+        self._background_free = slots - self._urgent_slots
         self._closed = False
-        self._urgent: deque[_Call] = deque()
+        # By tenant, in the order they are served, like the background work below.
+        self._urgent: dict[str, deque[_Call]] = {}
         # By tenant, in the order they are served (a tenant served goes to the back): the calls
         # a request waits on and the appends to index (`first`), then the others.
         self._background: dict[str, tuple[deque[_Call], deque[_Call]]] = {}
@@ -173,7 +179,8 @@ class TextLane:
     async def aclose(self) -> None:
         self._closed = True
         pools, self._pools = self._pools, None
-        for call in [*self._urgent, *(c for qs in self._background.values() for q in qs for c in q)]:
+        urgent = (c for q in self._urgent.values() for c in q)
+        for call in [*urgent, *(c for qs in self._background.values() for q in qs for c in q)]:
             call.done.cancel()
         self._urgent.clear()
         self._background.clear()
@@ -195,7 +202,7 @@ class TextLane:
             raise Overloaded("the text workers are stopped")
         call = _Call(ticket, fn, args, kwargs)
         if ticket.urgent:
-            self._urgent.append(call)
+            self._urgent.setdefault(ticket.tenant, deque()).append(call)
         else:
             key = (ticket.tenant, ticket.waited)
             queued = self._queued.get(key, 0)
@@ -211,8 +218,13 @@ class TextLane:
         return result
 
     def _next(self) -> _Call | None:
-        while self._urgent and self._urgent_free + self._background_free > 0:
-            call = self._urgent.popleft()
+        free = self._urgent_free if self._urgent_slots else self._background_free
+        while self._urgent and free > 0:
+            tenant = next(iter(self._urgent))
+            calls = self._urgent.pop(tenant)
+            call = calls.popleft()
+            if calls:
+                self._urgent[tenant] = calls
             if not call.done.done():
                 return call
         while self._background and self._background_free > 0:
@@ -231,8 +243,8 @@ class TextLane:
 
     def _pump(self) -> None:
         while (call := self._next()) is not None:
-            # An urgent call takes the urgent slot when it is free, else a background one.
-            urgent_slot = call.ticket.urgent and self._urgent_free > 0
+            # An urgent call takes the urgent slot (a background one only when there is none).
+            urgent_slot = call.ticket.urgent and self._urgent_slots > 0
             if urgent_slot:
                 self._urgent_free -= 1
             else:

@@ -64,18 +64,13 @@ def take(
     A request goes when the bucket holds its cost, or is full when its cost is more than the burst
     (it would never go otherwise): it takes its whole cost, the bucket going into debt that the
     next requests wait out. A request that does not go takes nothing, and waits the time its cost
-    (up to the burst) takes to come. `owed`: work already done, taken whatever the bucket holds."""
+    (up to the burst) takes to come. `owed`: work already done, taken whatever the bucket holds
+    (a negative cost, owed, gives back what a request took)."""
     tokens = min(rate.burst, tokens + max(0.0, now - at) * rate.per_second)
     need = min(cost, rate.burst)
     if tokens >= need or owed:
         return tokens - cost, 0.0
     return tokens, (need - tokens) / rate.per_second
-
-
-def kept_s(rate: Rate, cost: float) -> int:
-    """How long a bucket left alone is kept: until it is full again after a draw of `cost` (a
-    bucket forgotten is full again, and would forgive a debt)."""
-    return max(2, int((rate.burst + cost) / rate.per_second) + 2)
 
 
 class Buckets(Protocol):

@@ -3,13 +3,14 @@ refills and draws the bucket with Redis's clock, so that the replicas' clocks ne
 
 from __future__ import annotations
 
-from tiered_memory.tiers.buckets import Rate, kept_s
+from tiered_memory.tiers.buckets import Rate
 from tiered_memory.tiers.keys import Keys
 from tiered_memory.tiers.redis_link import RedisLink
 from tiered_memory.tiers.resp import Script
 
-# KEYS: the bucket. ARGV: tokens a second, burst, TTL, the request's cost, '1' when it is owed
-# (taken whatever the bucket holds). Answers the seconds to wait ('0': go),
+# KEYS: the bucket. ARGV: tokens a second, burst, the request's cost, '1' when it is owed (taken
+# whatever the bucket holds). The bucket is kept until it would be full again (a bucket forgotten
+# is full: kept for less, a debt would be forgiven). Answers the seconds to wait ('0': go),
 # as text (a Lua number would come back truncated to an integer). The arithmetic is buckets.take's.
 _TAKE_LUA = """
 local t = redis.call('TIME')
@@ -19,12 +20,12 @@ local state = redis.call('HMGET', KEYS[1], 'tokens', 'at')
 local tokens = tonumber(state[1] or ARGV[2])
 local at = tonumber(state[2] or now)
 tokens = math.min(burst, tokens + math.max(0, now - at) * rate)
-local cost = tonumber(ARGV[4])
+local cost = tonumber(ARGV[3])
 local need = math.min(cost, burst)
 local wait = 0
-if tokens >= need or ARGV[5] == '1' then tokens = tokens - cost else wait = (need - tokens) / rate end
+if tokens >= need or ARGV[4] == '1' then tokens = tokens - cost else wait = (need - tokens) / rate end
 redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'at', tostring(now))
-redis.call('EXPIRE', KEYS[1], ARGV[3])
+redis.call('EXPIRE', KEYS[1], math.max(2, math.ceil((burst - tokens) / rate) + 2))
 return tostring(wait)
 """
 
@@ -38,10 +39,8 @@ class RedisBuckets:
         self._take = Script.of(_TAKE_LUA)
 
     async def take(self, key: str, rate: Rate, cost: float = 1.0, *, owed: bool = False) -> float:
-        ttl = kept_s(rate, cost)
-
         async def op() -> float:
-            args = [rate.per_second, rate.burst, ttl, cost, "1" if owed else "0"]
+            args = [rate.per_second, rate.burst, cost, "1" if owed else "0"]
             answer = await self._link.script(self._take, [self._keys.rate(key)], args)
             return float(answer.decode() if isinstance(answer, bytes) else str(answer))
 

@@ -73,6 +73,7 @@ async def patch_message(
                 sessions.c.turn_count,
                 sessions.c.message_count,
                 sessions.c.pending_user,
+                sessions.c.content_bytes,
             )
             .where(sessions.c.session_id == session_id)
             .with_for_update()
@@ -100,7 +101,9 @@ async def patch_message(
         covered_turns=int(covered or 0),
     )
     if patched == stored:
-        return PatchResult(stored, int(s.turn_count), changed=False, completed_turn=False)
+        return PatchResult(
+            stored, int(s.turn_count), changed=False, completed_turn=False, session_bytes=int(s.content_bytes)
+        )
     await conn.execute(
         msgs.update()
         .where(msgs.c.id == row.id)
@@ -115,4 +118,5 @@ async def patch_message(
     if finished:
         values |= {"turn_count": turn_count, "pending_user": 0}
     await conn.execute(sessions.update().where(sessions.c.session_id == session_id).values(**values))
-    return PatchResult(patched, turn_count, changed=True, completed_turn=finished)
+    size = int(s.content_bytes) + len(patched.content.encode()) - len(stored.content.encode())
+    return PatchResult(patched, turn_count, changed=True, completed_turn=finished, session_bytes=size)

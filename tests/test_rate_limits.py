@@ -159,51 +159,39 @@ async def test_a_tenants_rate_counts_its_bodies_by_their_size(backend_env: dict[
 
 async def test_a_patch_is_charged_the_text_its_session_reads_back(backend_env: dict[str, str]) -> None:
     """A patched message drops the session's postings, and the next question reads the session
-    back from SQL: 77 KB read for two small requests. The patch is charged it (19 of acme's 30/s),
-    so that of 30 requests right after, about 10 go (without the charge, all but a few would)."""
-    env = backend_env | {"API_TOKENS": f"acme:{ACME}", "RATE_LIMITS": "acme=30/s"}
+    back from SQL: 77 KB for two small requests. The patch is charged it (19 units against acme's
+    5/s, into debt), so that none of the requests right after goes (without the charge, 4 would);
+    on Redis the bucket is kept until it would be full again, refused requests or not."""
+    env = backend_env | {"API_TOKENS": f"acme:{ACME}", "RATE_LIMITS": "acme=5/s"}
     daemon = Daemon(env)
     await daemon.start()
     try:
-        headers = {"Authorization": f"Bearer {ACME}"}
         sid = new_sid()
-        for i in range(5):
-            role = "user" if i % 2 == 0 else "assistant"
-            body = {"role": role, "content": f"order{i:<9}" * 1100, "message_id": f"m{i}"}
-            assert await _append(daemon, ACME, sid, body) == 201
-        reply = {"role": "assistant", "content": "好的", "status": "streaming", "message_id": "r"}
-        assert await _append(daemon, ACME, sid, reply) == 201
+        bodies = [
+            {"role": "user" if i % 2 == 0 else "assistant", "content": f"order{i:<9}" * 1100, "message_id": f"m{i}"}
+            for i in range(5)
+        ]
+        for body in [*bodies, {"role": "assistant", "content": "好的", "status": "streaming", "message_id": "r"}]:
+            for _ in range(20):  # within acme's rate: each waits its turn
+                status = await _append(daemon, ACME, sid, body)
+                if status != 429:
+                    break
+                await asyncio.sleep(0.3)
+            assert status == 201
         await asyncio.sleep(1.2)  # the bucket full again
         patch = {"content": "好的，订单3明天到。", "status": "completed"}
-        resp = await daemon.http.patch(f"/v1/sessions/{sid}/messages/r", json=patch, headers=headers)
+        resp = await daemon.http.patch(
+            f"/v1/sessions/{sid}/messages/r", json=patch, headers={"Authorization": f"Bearer {ACME}"}
+        )
         assert resp.status == 200, await resp.text()
-        resp = await daemon.http.get(f"/v1/sessions/{sid}/recall", params={"q": "order3"}, headers=headers)
-        assert resp.status == 200, await resp.text()
-        assert (await resp.json())["matches"]
-        served = [s for s, _ in await _statuses(daemon, ACME, 30)].count(404)
-        assert 3 <= served <= 15, served
+        assert [s for s, _ in await _statuses(daemon, ACME, 10)].count(404) == 0
         if "REDIS_URL" in env:
-            # Kept until it would be full again, refused requests or not: a bucket forgotten is
-            # full, and would forgive the rest of the debt.
             client = redis.Redis.from_url(env["REDIS_URL"])
             key = f"{env['REDIS_KEY_PREFIX']}:rate:{{tenant:acme}}"
             tokens = float(client.hget(key, "tokens") or 0)
-            assert client.ttl(key) >= (30 - tokens) / 30 + 1
+            assert tokens < -10
+            assert client.ttl(key) >= (5 - tokens) / 5
             client.close()
-    finally:
-        await daemon.stop()
-
-
-async def test_a_runaway_token_does_not_starve_its_tenant(backend_env: dict[str, str]) -> None:
-    """Each token may make 1 request a second, the tenant 5: a token past its own rate is refused
-    without spending the tenant's, so another token of the tenant is still served."""
-    other = "acme:acme-token-other-0123"
-    env = backend_env | {"API_TOKENS": f"acme:{ACME},{other}", "RATE_LIMITS": "acme=5/s", "TOKEN_RATE_LIMIT": "1/s"}
-    daemon = Daemon(env)
-    await daemon.start()
-    try:
-        assert [s for s, _ in await _statuses(daemon, ACME, 6)] == [404] + [429] * 5
-        assert [s for s, _ in await _statuses(daemon, other.partition(":")[2], 1)] == [404]
     finally:
         await daemon.stop()
 

@@ -327,12 +327,11 @@ class MemoryService:
         except HotUnavailable:
             self._metrics.tier_errors.labels("hot", "invalidate").inc()
             raise
-        if result.changed:
-            # The postings dropped are caught up from SQL at the next question, the whole
-            # session: one small request, up to megabytes of work, paid for by the tenant's rate.
-            # (A repeated patch is not charged again, and a catch-up after postings expired or
-            # Redis was lost is the daemon's own.)
-            await self._charge(key_tenant(session_id), result.session_bytes)
+        # The postings dropped, even by a repeated patch, are caught up from SQL at the next
+        # question, up to RECALL_MAX_BYTES of the session: one small request, up to megabytes of
+        # work, paid for by the tenant's rate. (A catch-up after postings expired or Redis was
+        # lost is the daemon's own.)
+        await self._charge(key_tenant(session_id), min(result.session_bytes, self._s.recall_max_bytes))
         due = (
             self._s.summaries_enabled
             and result.completed_turn

@@ -14,10 +14,10 @@ request waits on it alone: a question's words, a cold read's extraction), tenant
 the next tenant's in turn: its oldest call a request waits on behind the work itself (a recall's
 catch-up, a long job), else its oldest background one. Background work takes one worker fewer
 than there are (with two or more), so a request's call never waits behind a backlog, only behind
-another request's (one of each other tenant asking at the same time, at most). A tenant's queued background work is bounded
-in bytes of text (TEXT_QUEUE_BYTES): past it a call is refused with `TextQueueFull`, and its
-caller drops work that is done again later anyway (recall postings catch up from SQL at the next
-question; a summary is retried by the sweeper).
+another request's (one of each other tenant asking at the same time, at most). A tenant's queued
+background work is bounded in bytes of text (TEXT_QUEUE_BYTES): past it a call is refused with
+`TextQueueFull`, and its caller drops work that is done again later anyway (recall postings catch
+up from SQL at the next question; a summary is retried by the sweeper).
 
 Why two pools (with two workers or more): the worker kept for urgent calls runs at the serving
 process's priority, the others at the lowest the system has (SCHED_IDLE on Linux). Background

@@ -14,7 +14,7 @@ import aiohttp
 from tests.conftest import Daemon, await_job, new_sid, play
 from tests.conversations import ZH_12_TURNS
 from tests.fake_llm import Behaviour, FakeLlm
-from tests.test_crash import DaemonProcess, processes
+from tests.processes import DaemonProcess, processes
 from tiered_memory.app import HOT_KEY
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -179,6 +180,34 @@ async def test_close_persists_to_both_tiers_once(daemon: Daemon) -> None:
     info = await daemon.get(f"/v1/sessions/{sid}")
     assert info["closed"] is True
     assert info["turn_count"] == 4
+
+
+async def test_a_close_locked_out_by_another_writer_caches_what_it_wrote(daemon: Daemon) -> None:
+    """Another process holds the summary lock and has written SQL, not yet Redis, when close
+    gives up waiting for it: close still answers `cached` like every later close, because it
+    copies SQL's summary into the hot tier (which keeps whatever newer version that writer
+    caches after)."""
+    sid = new_sid()
+    await play(daemon, sid, ZH_12_TURNS[:4])
+    await daemon.settle()
+    assert daemon.app is not None
+    hot = daemon.app[HOT_KEY]
+    token = await hot.try_lock(sid, 30)
+    assert token
+    try:
+        prev, info = await daemon.store.get_summary(sid)
+        assert prev is not None
+        assert info is not None
+        theirs = dataclasses.replace(prev, version=prev.version + 1, covered_turns=info.turn_count)
+        assert await daemon.store.put_summary(sid, theirs, user_id=None, turn_count=info.turn_count)
+        first = await (await daemon.http.post(f"/v1/sessions/{sid}/close")).json()
+    finally:
+        await hot.unlock(sid, token)
+    assert first == {"session_id": sid, "persisted": True, "cached": True, "turn_count": 4}
+    cached = await daemon.get(f"/v1/sessions/{sid}/summary")
+    assert (cached["tier"], cached["version"]) == ("hot", theirs.version)
+    again = await (await daemon.http.post(f"/v1/sessions/{sid}/close")).json()
+    assert again == first
 
 
 async def test_close_of_a_short_session_persists_nothing(daemon: Daemon) -> None:

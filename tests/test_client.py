@@ -121,6 +121,11 @@ async def test_every_route_through_the_async_client(authed: Daemon) -> None:
             sid + "-old", [{"role": "user", "content": "旧的问题"}, {"role": "assistant", "content": "旧的回答"}]
         )
         assert (imported.created, imported.turn_count, [m.seq for m in imported.messages]) == (True, 1, [1, 2])
+        # The newest message taken back (no summary covers its turn): its turn is open again; a repeat is safe.
+        assert await mem.delete_message(sid + "-old", imported.messages[-1].message_id) is True
+        assert await mem.delete_message(sid + "-old", imported.messages[-1].message_id) is False
+        taken_back = await mem.session(sid + "-old")
+        assert (taken_back.turn_count, taken_back.message_count) == (0, 1)
         # With no summary covering it, the first message can be corrected.
         first = everything[0]
         patched = await mem.patch_message(sid, first.message_id, content=first.content + "（更正）")
@@ -135,11 +140,27 @@ async def test_every_route_through_the_async_client(authed: Daemon) -> None:
         closed = await mem.close(sid, attempt_timeout=60)
         assert (closed.persisted, closed.turn_count) == (True, 6)
         assert (await mem.session(sid)).closed
+        # The user's next session, carrying this one over; the user's profile and sessions.
+        later = await mem.turn(sid + "-2", "上次说的剂量是多少？", user_id="u-1", user_memory="last_session")
+        assert later.context.user_memory is not None
+        assert (later.context.user_memory.mode, later.context.user_memory.session_id) == ("last_session", sid)
+        assert (await mem.context(sid + "-2", user_memory="off")).user_memory is None
+        profile = await mem.profile("u-1")
+        assert profile.sessions >= 1
+        assert "活力健" in profile.text["zh"]
+        assert profile.topics
+        assert all(t.topic and t.count >= 1 and t.text is None for t in profile.topics)
+        assert [s.session_id async for s in mem.user_sessions("u-1")][:2] == [sid + "-2", sid]
         assert "tiered_memory_summary_loads_total" in await mem.metrics_text()
         document = await mem.openapi()
         await mem.delete(sid)
         with pytest.raises(NotFound):
             await mem.session(sid)
+        erased = await mem.erase_user("u-1")
+        assert (erased.state, erased.sessions >= 1) == ("finished", True)
+        assert (await mem.erasure("u-1")).state == "finished"
+        with pytest.raises(NotFound):
+            await mem.profile("u-1")
     documented = {(m.upper(), p) for p, ops in document["paths"].items() for m in ops}
     assert documented <= routes_seen(authed), documented - routes_seen(authed)
 

@@ -16,7 +16,8 @@ import pytest
 from tests.conftest import RealServers, new_sid
 from tests.fake_llm import FakeLlm
 from tests.faults import RedisProcess
-from tests.test_crash import DaemonProcess, _env, processes
+from tests.processes import DaemonProcess, processes
+from tests.test_crash import _env
 from tiered_memory.model import Message, Owner, Role
 from tiered_memory.tiers.hot import RecentBound
 from tiered_memory.tiers.hot_cache import HotCache

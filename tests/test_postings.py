@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import pytest
 
@@ -24,6 +25,7 @@ from tiered_memory.tiers.postings import (
     PostingsStore,
     merged,
     pack,
+    packed_each,
 )
 from tiered_memory.tiers.redis_hot import RedisHot
 from tiered_memory.tiers.redis_postings import RedisPostings
@@ -231,3 +233,21 @@ def test_batches_merged_are_the_batch_of_their_messages() -> None:
     assert merged_batch == whole
     assert [seq for seq, _tf, _n in ENTRY.iter_unpack(merged_batch.postings["order"])] == [1, 3, 5]
     assert sorted(merged_batch.messages) == [1, 2, 3, 5]
+
+
+class _Words:
+    """A tokenizer that splits on spaces, as a text worker's extractor is called."""
+
+    def search_terms_of(self, texts: Sequence[str]) -> list[list[str]]:
+        return [t.split() for t in texts]
+
+
+def test_appends_packed_one_by_one_merge_into_the_batch_of_their_messages() -> None:
+    """Appends are packed by a text worker a message each, read when each was committed, and
+    merged on the event loop: the batch is the one packed whole, read when the first was."""
+    sid = new_sid()
+    texts = ["order 4471 lisbon", "lisbon ships may", "order again"]
+    messages = [dataclasses.replace(_turn(sid, i + 1, t), created_at=5.0 + i) for i, t in enumerate(texts)]
+    each = packed_each(_Words(), messages)
+    assert [(b.first_seq, b.last_seq, b.read_at) for b in each] == [(1, 1, 5.0), (2, 2, 6.0), (3, 3, 7.0)]
+    assert merged(each) == pack(messages, [t.split() for t in texts], read_at=5.0)

@@ -26,7 +26,8 @@ from tests.conftest import RealServers, _unreachable, new_sid, sql_rows
 from tests.fake_llm import FakeLlm
 from tests.faults import free_port
 from tests.nginx import Nginx
-from tests.test_crash import DaemonProcess, Gateway, _covered, _stored, _turns
+from tests.processes import DaemonProcess
+from tests.test_crash import Gateway, _covered, _stored, _turns
 from tests.topologies import RedisClusterProcesses
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]

@@ -63,6 +63,16 @@ def test_defaults_are_those_of_the_replaced_system() -> None:
         ({"LLM_PRICES": '{"m": {"input": 1}}'}, 'LLM_PRICES: m: expected {"input": N, "output": N}'),
         ({"LLM_PRICES": '{"m": {"input": -1, "output": 1}}'}, 'LLM_PRICES: m: expected {"input": N, "output": N}'),
         ({"LLM_PRICES": '{"m": {"input": NaN, "output": 1}}'}, 'LLM_PRICES: m: expected {"input": N, "output": N}'),
+        ({"USER_MEMORY": "always"}, "USER_MEMORY: input should be 'off', 'profile', 'last_session' or 'topic'"),
+        (
+            {"WEBHOOK_URLS": "https://crm.example/hook, ftp://user:pw@files.example/in", "WEBHOOK_SECRET": "s"},
+            "WEBHOOK_URLS: expected http(s) URLs separated by commas, got a ftp URL",
+        ),
+        ({"WEBHOOK_URLS": "crm.example/hook", "WEBHOOK_SECRET": "s"}, "WEBHOOK_URLS: expected http(s) URLs"),
+        ({"WEBHOOK_URLS": "https://crm.example/hook"}, "WEBHOOK_SECRET: expected a secret when WEBHOOK_URLS is set"),
+        ({"WEBHOOK_URLS": "http://[::1/x", "WEBHOOK_SECRET": "s"}, "WEBHOOK_URLS: expected http(s) URLs"),
+        ({"EVENTS_STREAM": "tm:events"}, "EVENTS_STREAM: expected REDIS_URL to be set"),
+        ({"WEBHOOK_MAX_AGE_SECONDS": "0"}, "WEBHOOK_MAX_AGE_SECONDS: input should be greater than or equal to 1"),
     ],
 )
 def test_bad_values_name_the_variable(env: dict[str, str], expected: str) -> None:
@@ -240,3 +250,16 @@ def test_the_summary_model_falls_back_to_the_knowledge_base_model() -> None:
     assert Settings.from_env({"LLM_EXTRA_BODY": '{"thinking": {"type": "enabled"}}'}).llm_extra_body == {
         "thinking": {"type": "enabled"}
     }
+
+
+def test_webhook_urls_and_secret_are_masked() -> None:
+    """Each of WEBHOOK_URLS shows without its password, and WEBHOOK_SECRET not at all."""
+    s = Settings.from_env(
+        {"WEBHOOK_URLS": "https://crm:hunter2@crm.example/hook,http://127.0.0.1:9/in", "WEBHOOK_SECRET": "topsecret"}
+    )
+    shown = s.masked()
+    assert "hunter2" not in shown["WEBHOOK_URLS"]
+    assert "crm.example/hook" in shown["WEBHOOK_URLS"]
+    assert shown["WEBHOOK_URLS"].endswith(",http://127.0.0.1:9/in")
+    assert shown["WEBHOOK_SECRET"] == "****"
+    assert [sink.kind for sink in s.event_sinks] == ["webhook", "webhook"]

@@ -250,6 +250,21 @@ async def test_closing_waits_for_a_statement_in_flight(store: SqlStore) -> None:
     await closing
 
 
+async def test_a_closed_store_refuses_statements_and_opens_no_connection(store: SqlStore) -> None:
+    """A statement asked of a closed store (a task that outlived the daemon's shutdown) is refused
+    with SqlUnavailable: the disposed engine would open a connection in a new pool, which
+    nothing would close."""
+    sid = new_sid()
+    await turns(store, sid, 1)
+    await store.aclose()
+    with pytest.raises(SqlUnavailable, match="closed"):
+        await store.get_session(sid)
+    with pytest.raises(SqlUnavailable, match="closed"):
+        await store.transaction(lambda conn: conn.execute(sa.text("SELECT 1")))
+    pool = store._engine.pool  # the pool a statement would have opened
+    assert (pool.checkedin(), pool.checkedout()) == (0, 0)  # type: ignore[attr-defined]
+
+
 async def test_turn_range_reads_across_pages(store: SqlStore) -> None:
     """messages_in_turns reads the tail backwards in growing pages: every range, near the end or
     deep into a long session, holds exactly its turns in order."""

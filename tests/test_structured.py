@@ -3,6 +3,7 @@ replies counted with the rule-based merge standing in, planning fields, and batc
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -120,6 +121,15 @@ async def test_a_backlog_is_merged_in_batches(backend_env: dict[str, str], fake_
     fake_llm.behaviour = Behaviour(text=_payload())
     d = await _daemon(backend_env, fake_llm, COMPRESSION_BATCH_TURNS="4", SUMMARY_EVERY_N_TURNS="3")
     try:
+        # The start-up sweep finds the backlog and summarizes it in the background, LLM first.
+        # Waited for before the close: a close's own pass never calls the LLM, and one that took
+        # the lock first would merge the backlog with the extractor.
+        for _ in range(300):
+            summary, _info = await d.store.get_summary(sid)
+            if summary is not None:
+                break
+            await asyncio.sleep(0.1)
+        await d.settle()
         await d.http.post(f"/v1/sessions/{sid}/close")
         await d.settle()
         slices = (await d.get(f"/v1/sessions/{sid}/slices"))["slices"]

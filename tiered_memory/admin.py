@@ -302,33 +302,42 @@ async def export(settings: Settings, session_id: str, *, out: TextIO = sys.stdou
             summary, info = await tools.store.get_summary(session_id)
             if info is None:
                 return fail(err, f"session {session_id!r} does not exist")
-            slices = await tools.store.slices(session_id)
-            out.write(
-                f'{{"session_id":{compact_json(session_id)},"exported_at":{time.time()},'
-                f'"session":{compact_json(_session_json(info))},'
-                f'"summary":{compact_json(_summary_json(summary) if summary else None)},'
-                f'"slices":{compact_json([_slice_json(s) for s in slices])},"messages":['
-            )
             progress = progress_bar("export", info.message_count, err)
-            after, separator = 0, "\n"
-            while True:
-                page = await tools.store.messages_by_seq(
-                    session_id, first_seq=after + 1, last_seq=_LAST_SEQ, limit=_EXPORT_PAGE
-                )
-                for m in page:
-                    out.write(separator + compact_json(_message_json(m)))
-                    separator = ",\n"
-                progress.advance(len(page))
-                if len(page) < _EXPORT_PAGE:
-                    break
-                after = page[-1].seq
-            out.write("\n]}\n")
+            await write_session(tools.store, info, summary, out=out, progress=progress)
+            out.write("\n")
             out.flush()
             progress.finish()
         except SqlUnavailable as exc:
             # The document is cut short and says so by not parsing; the status says why.
             return fail(err, f"export failed: {exc}")
     return 0
+
+
+async def write_session(
+    store: SqlStore, info: SessionInfo, summary: Summary | None, *, out: TextIO, progress: Progress
+) -> None:
+    """A session as one JSON object (its bookkeeping, summary, slices and every message), written
+    as it is read, a page of messages at a time. Raises SqlUnavailable part-way: the document is
+    then cut short."""
+    session_id = info.session_id
+    slices = await store.slices(session_id)
+    out.write(
+        f'{{"session_id":{compact_json(session_id)},"exported_at":{time.time()},'
+        f'"session":{compact_json(_session_json(info))},'
+        f'"summary":{compact_json(_summary_json(summary) if summary else None)},'
+        f'"slices":{compact_json([_slice_json(s) for s in slices])},"messages":['
+    )
+    after, separator = 0, "\n"
+    while True:
+        page = await store.messages_by_seq(session_id, first_seq=after + 1, last_seq=_LAST_SEQ, limit=_EXPORT_PAGE)
+        for m in page:
+            out.write(separator + compact_json(_message_json(m)))
+            separator = ",\n"
+        progress.advance(len(page))
+        if len(page) < _EXPORT_PAGE:
+            break
+        after = page[-1].seq
+    out.write("\n]}")
 
 
 # --- purge ------------------------------------------------------------------------------------

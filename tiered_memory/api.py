@@ -22,7 +22,7 @@ from tiered_memory import api_input as read
 from tiered_memory.dialogue import tool_fields
 from tiered_memory.edge import METRICS_KEY, SETTINGS_KEY, TIER_KEY, reply
 from tiered_memory.errors import InvalidInput
-from tiered_memory.model import JobState, Message, RebuildJob, SessionState, Slice, SummaryAnswer
+from tiered_memory.model import Caller, JobState, Message, RebuildJob, SessionState, Slice, SummaryAnswer
 from tiered_memory.reads import ContextAnswer
 from tiered_memory.rebuilds import FAILURES
 from tiered_memory.service import MemoryService
@@ -128,6 +128,16 @@ async def patch_message(request: web.Request) -> web.Response:
     )
 
 
+async def delete_message(request: web.Request) -> web.Response:
+    """Remove the session's newest message while no summary covers its turn (an agent framework
+    taking back its last item); 404 once it is gone, so a repeat is told so."""
+    read.check_query(request)
+    sid, mid = read.session_id(request), read.message_id(request)
+    caller = read.caller(request)
+    await request.app[SERVICE_KEY].delete_message(caller.session_key(sid), mid, caller=caller)
+    return web.Response(status=204)
+
+
 def _state_reply(sid: str, state: SessionState) -> web.Response:
     response = reply({"session_id": sid, "state": state.value, "version": state.version})
     response.headers["ETag"] = f'"{state.version}"'
@@ -164,7 +174,8 @@ def _max_chars(request: web.Request) -> int:
     return read.int_query(request, "max_chars", request.app[SETTINGS_KEY].context_max_chars, 1, 1_000_000)
 
 
-def _context_json(sid: str, ctx: ContextAnswer) -> dict[str, Any]:
+def _context_json(sid: str, ctx: ContextAnswer, caller: Caller) -> dict[str, Any]:
+    carried = ctx.carried
     return {
         "session_id": sid,
         "summary_tier": ctx.summary_tier.value,
@@ -188,11 +199,19 @@ def _context_json(sid: str, ctx: ContextAnswer) -> dict[str, Any]:
         "planning_history": ctx.planning_history,
         # The gateway's own state (PUT …/state) and its version (left out when unknown: SQL down).
         **({"state": ctx.state.value, "state_version": ctx.state.version} if ctx.state is not None else {}),
+        # What the memory carried over from the user's earlier sessions (USER_MEMORY); null for nothing.
+        "user_memory": {
+            "mode": carried.mode,
+            "session_id": caller.session_id(carried.earlier.session_key) if carried.earlier else None,
+            "profile": carried.profile is not None,
+        }
+        if carried is not None
+        else None,
     }
 
 
 async def get_context(request: web.Request) -> web.Response:
-    read.check_query(request, "max_chars", "system_prompt", "question")
+    read.check_query(request, "max_chars", "system_prompt", "question", "user_memory")
     limit = request.app[SETTINGS_KEY].max_message_bytes
     sid, caller = read.session_id(request), read.caller(request)
     ctx = await request.app[SERVICE_KEY].context(
@@ -201,15 +220,18 @@ async def get_context(request: web.Request) -> web.Response:
         max_chars=_max_chars(request),
         system_prompt=read.framing_text(request.query.get("system_prompt"), "system_prompt", limit),
         question=read.framing_text(request.query.get("question"), "question", limit),
+        user_memory=read.user_memory(request),
+        user_id=caller.user_id,
     )
     request[TIER_KEY] = ctx.summary_tier.value
-    return reply(_context_json(sid, ctx))
+    return reply(_context_json(sid, ctx, caller))
 
 
 async def post_turn(request: web.Request) -> web.Response:
     """Load-then-append: the context as it was before the user's new message (with that message
     as the closing question), then the message recorded. One round trip per utterance."""
-    read.check_query(request, "max_chars")
+    read.check_query(request, "max_chars", "user_memory")
+    user_memory = read.user_memory(request)
     settings = request.app[SETTINGS_KEY]
     sid = read.session_id(request)
     body = await _body(request)
@@ -228,13 +250,15 @@ async def post_turn(request: web.Request) -> web.Response:
         system_prompt=system_prompt,
         question=new.content,
         exclude_message_id=new.message_id if "message_id" in body else None,
+        user_memory=user_memory,
+        user_id=new.user_id,
     )
     outcome = await service.append(new, caller=caller)
     r = outcome.result
     request[TIER_KEY] = ctx.summary_tier.value
     return reply(
         {
-            **_context_json(sid, ctx),
+            **_context_json(sid, ctx, caller),
             "message_id": r.message.message_id,
             "turn_count": r.turn_count,
             "summary_scheduled": outcome.summary_scheduled,
@@ -288,33 +312,6 @@ async def delete_summary(request: web.Request) -> web.Response:
     sid, caller = read.session_id(request), read.caller(request)
     await request.app[SERVICE_KEY].reset_summary(caller.session_key(sid), caller=caller)
     return web.Response(status=204)
-
-
-async def get_user_summaries(request: web.Request) -> web.Response:
-    read.check_query(request, "limit")
-    user_id = read.path_user_id(request)
-    limit = read.int_query(request, "limit", 10, 1, 100)
-    caller = read.caller(request)
-    rows = await request.app[SERVICE_KEY].user_summaries(user_id, caller=caller, limit=limit)
-    now = time.time()
-    return reply(
-        {
-            "user_id": user_id,
-            "summaries": [
-                {
-                    "session_id": caller.session_id(key),
-                    "summary": s.text,
-                    "turn_count": turns,
-                    "covered_turns": s.covered_turns,
-                    "topics": list(s.topics),
-                    "source": s.source.value,
-                    "updated_at": s.updated_at,
-                    "age_seconds": round(max(0.0, now - s.updated_at), 3),
-                }
-                for key, turns, s in rows
-            ],
-        }
-    )
 
 
 def _slice_json(sid: str, s: Slice) -> dict[str, Any]:
@@ -519,7 +516,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/sessions/{session_id:[^/]+}/slices", get_slices)
     app.router.add_get("/v1/sessions/{session_id:[^/]+}/messages", get_messages)
     app.router.add_patch("/v1/sessions/{session_id:[^/]+}/messages/{message_id:[^/]+}", patch_message)
-    app.router.add_get("/v1/users/{user_id:[^/]+}/summaries", get_user_summaries)
+    app.router.add_delete("/v1/sessions/{session_id:[^/]+}/messages/{message_id:[^/]+}", delete_message)
     app.router.add_get("/v1/sessions/{session_id:[^/]+}/context", get_context)
     app.router.add_get("/v1/sessions/{session_id:[^/]+}/state", get_state)
     app.router.add_put("/v1/sessions/{session_id:[^/]+}/state", put_state)

@@ -17,7 +17,7 @@ from aiohttp import web
 
 from tiered_memory.auth import PRINCIPAL_KEY, valid_tenant
 from tiered_memory.errors import BodyTimeout, Forbidden, InvalidInput
-from tiered_memory.model import Caller, Channel, MessageStatus, NewMessage, Patch, Role
+from tiered_memory.model import USER_MEMORY_MODES, Caller, Channel, MessageStatus, NewMessage, Patch, Role, UserMemory
 
 # `{` and `}` are excluded so a session id can never break the Redis hash tag it is wrapped in.
 # Both are used with fullmatch: `$` also matches before a trailing newline, which let "a\n" in.
@@ -283,6 +283,18 @@ def framing_text(value: object, name: str, max_bytes: int) -> str | None:
     if not isinstance(value, str) or not _encodable(value) or len(value.encode("utf-8")) > max_bytes:
         raise InvalidInput(f"{name}: expected a string of at most {max_bytes} bytes of UTF-8 (MAX_MESSAGE_BYTES)")
     return value or None
+
+
+def user_memory(request: web.Request) -> UserMemory | None:
+    """`?user_memory=`: what the session carries over from its user's earlier sessions (None: not
+    given, USER_MEMORY applies)."""
+    value = request.query.get("user_memory")
+    if value is None:
+        return None
+    for mode in USER_MEMORY_MODES:
+        if value == mode:
+            return mode
+    raise InvalidInput(f"user_memory: expected one of {', '.join(USER_MEMORY_MODES)}")
 
 
 def int_query(request: web.Request, name: str, default: int, low: int, high: int) -> int:

@@ -8,7 +8,8 @@ SHUTDOWN_GRACE_SECONDS to finish.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncIterator, Mapping
 
 import aiohttp
 import structlog
@@ -17,7 +18,9 @@ from prometheus_client import CollectorRegistry
 
 from tiered_memory.admission import admission_middleware
 from tiered_memory.api import OPENAPI_KEY, SERVICE_KEY, add_routes
+from tiered_memory.api_users import add_user_routes
 from tiered_memory.auth import auth_middleware
+from tiered_memory.delivery import Delivery, DeliverySettings
 from tiered_memory.edge import METRICS_KEY, SETTINGS_KEY, deadline_middleware, observe
 from tiered_memory.errors import ConfigError, SqlUnavailable
 from tiered_memory.local_guard import local_guard_middleware
@@ -41,6 +44,7 @@ from tiered_memory.tiers.redis_hot import RedisHot
 from tiered_memory.tiers.sql_append import SessionLimits
 from tiered_memory.tiers.sql_engine import create_engine
 from tiered_memory.tiers.sql_maintenance import SqlMaintenance
+from tiered_memory.tiers.sql_outbox import SqlOutbox
 from tiered_memory.tiers.sql_schema import SCHEMA_VERSION
 from tiered_memory.tiers.sql_store import SqlStore
 
@@ -89,6 +93,7 @@ def build_store(settings: Settings, metrics: Metrics, *, timeout_s: float | None
         breaker=breaker,
         on_commit_batch=metrics.commit_batch.observe,
         limits=SessionLimits(messages=settings.max_session_messages, bytes=settings.max_session_bytes),
+        sinks=[sink.id for sink in settings.event_sinks],
     )
 
 
@@ -250,11 +255,16 @@ async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
     sweeper = Periodic(service.sweep, interval_s=settings.sweep_interval_seconds, name="sweeper")
     sweeper.start()
     retention = None
+    delivery = asyncio.create_task(_deliver(app), name="delivery") if settings.event_sinks else None
     if settings.retention_days is not None:
         purger = RetentionJob(SqlMaintenance(app[STORE_KEY]), app[HOT_KEY], days=settings.retention_days)
         retention = Periodic(purger.run, interval_s=RETENTION_INTERVAL_S, name="retention")
         retention.start()
     yield
+    if delivery is not None:
+        delivery.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await delivery
     if retention is not None:
         await retention.stop()
     await sweeper.stop()
@@ -269,6 +279,30 @@ async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
     if rebuilds:
         # Each ended `cancelled` (recorded while the hot tier is still open): its caller starts it again.
         log.warning("rebuilds_cancelled_at_shutdown", count=rebuilds)
+
+
+async def _deliver(app: web.Application) -> None:
+    """Deliver the outbox's events (delivery.py) until cancelled, on an HTTP session of its own."""
+    settings = app[SETTINGS_KEY]
+    hot = app[HOT_KEY]
+    secret = settings.webhook_secret.get_secret_value().encode() if settings.webhook_secret else b""
+    max_len = settings.events_stream_max_len
+
+    async def publish(stream: str, fields: Mapping[str, str]) -> None:
+        assert isinstance(hot, RedisHot)
+        await hot.add_to_stream(stream, fields, max_len=max_len)
+
+    async with aiohttp.ClientSession() as http:
+        delivery = Delivery(
+            SqlOutbox(app[STORE_KEY]),
+            hot,
+            settings.event_sinks,
+            DeliverySettings(secret, settings.webhook_timeout_seconds, settings.webhook_max_age_seconds),
+            http=http,
+            publish=publish if isinstance(hot, RedisHot) else None,
+            metrics=app[METRICS_KEY],
+        )
+        await delivery.run()
 
 
 def create_app(
@@ -313,4 +347,5 @@ def create_app(
     app[OPENAPI_KEY] = load_document()
     app.cleanup_ctx.extend([_sql_ctx, _hot_ctx, _llm_ctx, _text_ctx, _service_ctx])
     add_routes(app)
+    add_user_routes(app)
     return app

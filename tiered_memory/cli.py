@@ -1,5 +1,6 @@
 """The `tiered-memory` command: serve, config, migrate, check, the operator's inspect, rebuild,
-export and purge (their logic is in admin.py), and eval (the memory-quality evaluation).
+export and purge (their logic is in admin.py), eval (the memory-quality evaluation), and mcp (the
+memory as MCP tools, integrations/mcp.py).
 
 Reads the process environment exactly once, here, and hands the frozen Settings down.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -129,25 +131,81 @@ def _parser() -> argparse.ArgumentParser:
     which = rebuild.add_mutually_exclusive_group(required=True)
     which.add_argument("session_id", nargs="?", help="the session to rebuild from the cold tier; " + _KEY_HELP)
     which.add_argument("--all-stale", action="store_true", help="bring every session whose summary lags up to date")
-    export = sub.add_parser("export", help="write a session's messages, summary and slices as one JSON document")
-    export.add_argument("session_id", help=_KEY_HELP)
+    export = sub.add_parser(
+        "export",
+        help="write a session's (or with --user, a user's) messages, summaries and slices as one JSON document",
+    )
+    subject = export.add_mutually_exclusive_group(required=True)
+    subject.add_argument("session_id", nargs="?", help=_KEY_HELP)
+    subject.add_argument("--user", metavar="UID", help="every session of this user, and the user's profile")
+    export.add_argument("--tenant", default="", help="with --user: the user's tenant (default: none)")
     export.add_argument("--output", "-o", help="write to this file instead of stdout")
-    purge = sub.add_parser("purge", help="delete sessions inactive for more than DAYS, in small transactions")
-    purge.add_argument("--older-than", type=_positive, required=True, metavar="DAYS", help="days of inactivity")
+    purge = sub.add_parser(
+        "purge", help="delete sessions inactive for more than DAYS, or erase a user, in small transactions"
+    )
+    what = purge.add_mutually_exclusive_group(required=True)
+    what.add_argument("--older-than", type=_positive, metavar="DAYS", help="days of inactivity")
+    what.add_argument("--user", metavar="UID", help="erase this user: every session, message, summary and the profile")
+    purge.add_argument("--tenant", default="", help="with --user: the user's tenant (default: none)")
     purge.add_argument("--batch", type=int, default=500, help="rows per transaction (default 500)")
-    purge.add_argument("--dry-run", action="store_true", help="only count what would be deleted")
+    purge.add_argument("--dry-run", action="store_true", help="with --older-than: only count what would be deleted")
     load = sub.add_parser(
         "import", help="store a JSON Lines file of messages (each with its session_id); run again to resume"
     )
     load.add_argument(
         "file", help="one message a line, as POST …/messages takes it, plus session_id (" + _KEY_HELP + ")"
     )
+    events = sub.add_parser("events", help="list the lifecycle events waiting for delivery, or replay one")
+    which_events = events.add_mutually_exclusive_group()
+    which_events.add_argument("--failed", action="store_true", help="the events parked after WEBHOOK_MAX_AGE_SECONDS")
+    which_events.add_argument("--replay", metavar="ID", help="queue this failed or delivered event again")
     sub.add_parser("eval", help="measure memory quality (see `tiered-memory eval --help`)", add_help=False)
+    mcp = sub.add_parser(
+        "mcp", help="serve the memory to agents as MCP tools, over stdio or streamable HTTP (needs tiered-memory[mcp])"
+    )
+    mcp.add_argument("--url", help="the daemon's URL (default: $TIERED_MEMORY_URL, else http://127.0.0.1:8080)")
+    mcp.add_argument("--token", help="the daemon's bearer token (default: $TIERED_MEMORY_TOKEN, which ps cannot show)")
+    mcp.add_argument("--tenant", help="sent as X-Tenant: the tenant an unrestricted token acts for")
+    mcp.add_argument("--user-id", help="the user every call acts for (X-User-ID), and get_profile's default")
+    mcp.add_argument("--transport", choices=("stdio", "http"), default="stdio", help="default stdio")
+    mcp.add_argument("--host", default="127.0.0.1", help="with --transport http: the address (default 127.0.0.1)")
+    mcp.add_argument("--port", type=int, help="with --transport http: the port (default 8090)")
+    mcp.add_argument(
+        "--allow-unauthenticated", action="store_true", help="serve HTTP on a non-loopback --host (no auth of its own)"
+    )
+    mcp.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"), default="INFO")
     return parser
 
 
+def _mcp(args: argparse.Namespace) -> int:
+    # Imported here: the mcp package is an optional extra, needed only by this command.
+    try:
+        from tiered_memory.integrations.mcp import Options, run
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.partition(".")[0] != "mcp":
+            raise
+        print("tiered-memory: mcp needs the mcp extra: pip install 'tiered-memory[mcp]'", file=sys.stderr)
+        return 2
+    from tiered_memory.logging import configure_logging
+
+    # Logs go to stderr: on stdio, stdout is the protocol.
+    configure_logging(args.log_level, "auto")
+    options = Options(
+        url=args.url or os.environ.get("TIERED_MEMORY_URL") or "http://127.0.0.1:8080",
+        token=args.token or os.environ.get("TIERED_MEMORY_TOKEN") or None,
+        tenant=args.tenant,
+        user_id=args.user_id,
+        transport=args.transport,
+        host=args.host,
+        # Options holds the default port: the mcp package is not imported before this command runs.
+        **({} if args.port is None else {"port": args.port}),
+        allow_unauthenticated=args.allow_unauthenticated,
+    )
+    return run(options)
+
+
 def _admin(settings: Settings, args: argparse.Namespace) -> int:
-    from tiered_memory import admin
+    from tiered_memory import admin, admin_users
     from tiered_memory.logging import configure_logging
 
     configure_logging(settings.log_level, settings.log_format)
@@ -165,11 +223,18 @@ def _admin(settings: Settings, args: argparse.Namespace) -> int:
         from tiered_memory.importer import import_file
 
         return asyncio.run(import_file(settings, Path(args.file)))
+    if args.command == "events":
+        from tiered_memory.admin_events import events
+
+        return asyncio.run(events(settings, failed=args.failed, replay=args.replay))
     if args.command == "export":
-        if args.output is None:
-            return asyncio.run(admin.export(settings, args.session_id))
-        with open(args.output, "w", encoding="utf-8") as out:
+        with contextlib.ExitStack() as stack:
+            out = stack.enter_context(open(args.output, "w", encoding="utf-8")) if args.output else sys.stdout
+            if args.user is not None:
+                return asyncio.run(admin_users.export_user(settings, args.tenant, args.user, out=out))
             return asyncio.run(admin.export(settings, args.session_id, out=out))
+    if args.user is not None:
+        return asyncio.run(admin_users.purge_user(settings, args.tenant, args.user, batch=max(1, args.batch)))
     return asyncio.run(
         admin.purge_inactive(settings, older_than_days=args.older_than, batch=max(1, args.batch), dry_run=args.dry_run)
     )
@@ -184,6 +249,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return eval_main(args_list[1:])
     args = parser.parse_args(args_list)
+    if args.command in ("export", "purge"):
+        # An option that would be ignored is refused: a purge --user --dry-run must not erase.
+        if args.tenant and args.user is None:
+            parser.error(f"{args.command}: --tenant goes with --user")
+        if args.command == "purge" and args.user is not None and args.dry_run:
+            parser.error("purge: --dry-run goes with --older-than (an erasure has no dry run)")
+    if args.command == "mcp":
+        # A client of a daemon: it needs none of the daemon's settings.
+        return _mcp(args)
     settings = _settings()
     if args.command == "serve":
         return _serve(settings)

@@ -104,6 +104,9 @@ class Candidates:
     views: Callable[[Message], View] | None = None  # a cache of view_of; worked out here without one
     # A cache of `features` for the summary's rendered text (with the session's terms and names).
     text_features: Callable[[str], frozenset[str]] | None = None
+    # What the session carries over from its user's earlier sessions (users.carried_text), in the
+    # room given; None when it carries nothing.
+    carried: Callable[[int], str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,12 +160,32 @@ class _Filled:
 
 # The gateway's notes may take up to this share of the budget (newest kept first).
 EVENTS_SHARE = 0.25
+# What a session carries over from its user's earlier sessions takes this share of the budget at
+# least, and what the session's own memory leaves when it is short (a new session's first turns).
+CARRIED_SHARE = 0.2
 
 
 def choose(c: Candidates, max_chars: int) -> Selection:
-    """The memory that fits `max_chars` characters of content (system text and raw messages):
-    the gateway's notes first (they are what happened on the call, and short), in the system
-    text's lead, then the rest (`_choose`)."""
+    """The memory that fits `max_chars` characters of content: what the session carries over from
+    its user's earlier sessions first (it is older than anything the session says), then the
+    session's own (`_own`)."""
+    if c.carried is None:
+        return _own(c, max_chars)
+    own = _joined([m for m in c.messages if m.answered]) + sum(len(m.content) + 1 for m in c.events)
+    # A session with nothing stored yet is whole too: its first question has all the room it needs.
+    whole = c.whole or not c.messages
+    room = max(int(max_chars * CARRIED_SHARE), max_chars - own) if whole else int(max_chars * CARRIED_SHARE)
+    carried = c.carried(room)
+    if not carried:
+        return _own(c, max_chars)
+    sel = _own(c, max_chars - len(carried) - 1)
+    system = carried + (f"\n{sel.system}" if sel.system else "")
+    return dataclasses.replace(sel, system=system, chars={**sel.chars, "carried": len(carried)})
+
+
+def _own(c: Candidates, max_chars: int) -> Selection:
+    """The session's own memory in `max_chars`: the gateway's notes first (they are what happened
+    on the call, and short), in the system text's lead, then the rest (`_choose`)."""
     label = LABELS[c.lang]["events"]
     kept = _fit_lines([(m.seq, m.turn, quoted(m.content)) for m in c.events], int(max_chars * EVENTS_SHARE), label)
     if not kept:

@@ -36,8 +36,8 @@ from tiered_memory.tiers.postings import (
     PostingsRead,
     PostingsStore,
     merged,
-    pack,
     packed,
+    packed_each,
 )
 from tiered_memory.tiers.sql_store import SqlStore
 
@@ -57,8 +57,9 @@ QUESTION_WAIT_S = 0.1
 _REORDERED = 8
 # Message text read from SQL per batch of a catch-up, in bytes (the postings take two to three
 # times that): a batch never passes a session's bound alone, and the event loop takes each batch's
-# rows and postings in steps short enough for the other tenants' requests to come between.
-_INDEX_BATCH_BYTES = 128 * 1024
+# rows and postings in steps short enough for the other tenants' requests to come between (at
+# 128 KB a 3.2 MB catch-up still moved the others' p99 in the tenant soak; docs/SECURITY.md).
+_INDEX_BATCH_BYTES = 32 * 1024
 # Earlier turns considered for a question's snippets.
 _SNIPPET_TURNS = 8
 # The postings a process keeps of its own while the hot tier is down, in bytes (as the bound
@@ -125,10 +126,10 @@ class History:
         while batch := self._pending.pop(tenant, None):
             del self._pending_bytes[tenant]
             try:
-                terms = await self._terms(batch, tenant)
-                runs: dict[str, list[tuple[Message, list[str]]]] = {}
-                for m, t in sorted(zip(batch, terms, strict=True), key=lambda mt: (mt[0].session_id, mt[0].seq)):
-                    runs.setdefault(m.session_id, []).append((m, t))
+                packs = await self._packs(batch, tenant)
+                runs: dict[str, list[PostingsBatch]] = {}
+                for m, b in sorted(zip(batch, packs, strict=True), key=lambda mb: (mb[0].session_id, mb[0].seq)):
+                    runs.setdefault(m.session_id, []).append(b)
                 await asyncio.gather(*(self._add_run(sid, run) for sid, run in runs.items()))
             except TextQueueFull:
                 continue  # counted by the lane; the next question catches up
@@ -137,17 +138,16 @@ class History:
                 # indexer goes on with the next appends, and the next question catches up.
                 log.exception("recall_index_failed", tenant=tenant, messages=len(batch))
 
-    async def _add_run(self, session_id: str, run: list[tuple[Message, list[str]]]) -> None:
-        """Add a session's appended messages, a batch per stretch of consecutive seqs."""
+    async def _add_run(self, session_id: str, run: list[PostingsBatch]) -> None:
+        """Add a session's appended messages (a batch each, in seq order), a batch per stretch
+        of consecutive seqs. Each was read when committed: a delete or a patch after that makes
+        the batch stale."""
         start = 0
         for i in range(1, len(run) + 1):
-            if i < len(run) and run[i][0].seq == run[i - 1][0].seq + 1:
+            if i < len(run) and run[i].first_seq == run[i - 1].last_seq + 1:
                 continue
-            part = run[start:i]
+            batch = merged(run[start:i])
             start = i
-            messages = [m for m, _ in part]
-            # Read when committed: a delete or a patch after that makes the batch stale.
-            batch = pack(messages, [t for _, t in part], read_at=min(m.created_at for m in messages))
             try:
                 last = await self._postings.add(session_id, batch)
             except HotUnavailable:
@@ -354,15 +354,15 @@ class History:
         ticket = Ticket(key_tenant(session_id), len(question.encode("utf-8")), urgent=True)
         return await self._text.call(ticket, Extractor.search_terms, question)
 
-    async def _terms(self, messages: Sequence[Message], tenant: str) -> list[list[str]]:
-        """The search terms of appended `messages`, a text worker's call per _CALL_BYTES of them
-        (so that another tenant's call waits behind one such at most), one after the other. The
-        next question waits on them (its postings caught up), a summary does not: first in the
-        tenant's turn, but bounded with its background work. Raises TextQueueFull."""
-        out: list[list[str]] = []
+    async def _packs(self, messages: Sequence[Message], tenant: str) -> list[PostingsBatch]:
+        """Appended `messages` packed, a batch each, by a text worker: a call per _CALL_BYTES of
+        them (so that another tenant's call waits behind one such at most), one after the other.
+        The next question waits on them (its postings caught up), a summary does not: first in
+        the tenant's turn, but bounded with its background work. Raises TextQueueFull."""
+        out: list[PostingsBatch] = []
         for part in _parts(messages, _CALL_BYTES):
             ticket = Ticket(tenant, text_bytes(part), first=True)
-            out += await self._text.call(ticket, Extractor.search_terms_of, [m.content for m in part])
+            out += await self._text.call(ticket, packed_each, part)
         return out
 
     async def _packed(self, rows: list[Message], tenant: str, *, read_at: float) -> PostingsBatch:

@@ -13,6 +13,8 @@ _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 
 _SUMMARY_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32)
 _LAG_BUCKETS = (0, 1, 2, 3, 5, 10, 20, 50, 100, 1000)
+# From an event's queueing to its delivery: a moment when the receiver is up, hours across an outage.
+_DELIVERY_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0, 3600.0, 21600.0, 86400.0)
 
 
 class Metrics:
@@ -24,6 +26,7 @@ class Metrics:
         self._store_metrics(registry)
         self._summary_metrics(registry)
         self._llm_metrics(registry)
+        self._event_metrics(registry)
 
     def _request_metrics(self, registry: CollectorRegistry) -> None:
         """The HTTP edge: latency by route, and the load shedding of admission.py."""
@@ -197,6 +200,42 @@ class Metrics:
             ["field", "reason"],
             registry=registry,
         )
+
+    def _event_metrics(self, registry: CollectorRegistry) -> None:
+        """Lifecycle events on their way out (delivery.py), as the delivering replica sees them."""
+        self.outbox_rows = Gauge(
+            "tiered_memory_outbox_events",
+            "Outbox rows not delivered, by state (pending, held: a final summary waiting for its last pass,"
+            " failed: parked), one per event and sink; counted by the replica that delivers.",
+            ["state"],
+            registry=registry,
+        )
+        self.event_attempts = Counter(
+            "tiered_memory_event_delivery_attempts_total",
+            "Deliveries tried, by sink kind (webhook, stream) and outcome (delivered, failed).",
+            ["sink", "outcome"],
+            registry=registry,
+        )
+        self.event_delivery_seconds = Histogram(
+            "tiered_memory_event_delivery_latency_seconds",
+            "From an event's queueing (its change committed, or its replay) to its delivery, by sink kind.",
+            ["sink"],
+            buckets=_DELIVERY_BUCKETS,
+            registry=registry,
+        )
+        self.events_parked = Counter(
+            "tiered_memory_events_parked_total",
+            "Events given up on after WEBHOOK_MAX_AGE_SECONDS of failed deliveries (or whose sink was"
+            " removed), by sink kind: `tiered-memory events --failed` lists them.",
+            ["sink"],
+            registry=registry,
+        )
+        # Every series from the start, at 0: the alerts on them see a daemon without sinks, or one
+        # that never parked, as quiet rather than absent.
+        for state in ("pending", "held", "failed"):
+            self.outbox_rows.labels(state).set(0)
+        for kind in ("webhook", "stream"):
+            self.events_parked.labels(kind)
 
     def llm_usage(self, model: str, prices: Mapping[str, Mapping[str, float]]) -> Callable[[int, int], None]:
         """What counts one reply's tokens of `model`, and their cost when `prices` has the model."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 
 class Role(enum.StrEnum):
@@ -57,6 +57,12 @@ class SummarySource(enum.StrEnum):
     LLM = "llm"
     DETERMINISTIC = "deterministic"
 
+
+# What a session carries over from its user's earlier sessions (USER_MEMORY, ?user_memory=; users.py):
+# nothing, the user's profile, the most recent earlier session's summary, or the earlier session
+# whose topics the new one names.
+UserMemory = Literal["off", "profile", "last_session", "topic"]
+USER_MEMORY_MODES: tuple[UserMemory, ...] = ("off", "profile", "last_session", "topic")
 
 # Between a tenant and a session id in a stored session key (Caller.session_key).
 TENANT_SEPARATOR = "/"

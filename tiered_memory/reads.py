@@ -5,6 +5,7 @@ is skipped, counted and logged; what SQL gave is written back to the hot tier.""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +45,7 @@ from tiered_memory.model import (
     SummaryAnswer,
     SummarySource,
     Tier,
+    UserMemory,
     key_tenant,
 )
 from tiered_memory.notes import NoteCache, View
@@ -56,12 +58,16 @@ from tiered_memory.summarize.topics import TopicTagger
 from tiered_memory.text_lane import TextLane, Ticket, text_bytes
 from tiered_memory.tiers.hot import HotTier
 from tiered_memory.tiers.sql_store import SqlStore
+from tiered_memory.tiers.sql_users import SqlUsers
+from tiered_memory.users import TOPIC_CANDIDATES, CarriedText, Earlier, Profile, best_by_topic, carried_text
 
 # A cold extraction reads at most this many messages from the start of a session and from its end.
 _COLD_HEAD_MESSAGES = 200
 _COLD_TAIL_MESSAGES = 400
 # A context read puts at most this many turns between a lagging summary and the window.
 _GAP_MAX_TURNS = 100
+# The user messages of a session's first turns say what it is about: a `topic` carry-over matches them.
+_OPENING_TURNS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +97,19 @@ class ContextAnswer:
     planning: dict[str, Any] | None
     planning_history: str
     state: SessionState | None = None  # the gateway's, as the hot tier knows it (None: unknown)
+    carried: Carried | None = None  # what the session carried over from its user's earlier ones
+
+
+@dataclass(frozen=True, slots=True)
+class Carried:
+    """What a context carried over from its user's earlier sessions (USER_MEMORY): the mode, the
+    earlier session whose summary it shows (None: none) and the profile it shows (None: none)."""
+
+    mode: UserMemory
+    earlier: Earlier | None
+    profile: Profile | None
+    # What the policy had rendered, last: the context's answer says what made it in.
+    shown: list[CarriedText] = dataclasses.field(default_factory=list)
 
 
 class SessionReads:
@@ -103,6 +122,7 @@ class SessionReads:
         *,
         settings: Settings,
         store: SqlStore,
+        users: SqlUsers,
         hot: HotTier,
         history: History,
         text: TextLane,
@@ -112,6 +132,7 @@ class SessionReads:
     ) -> None:
         self._s = settings
         self._store = store
+        self._users = users
         self._hot = hot
         self._history = history
         self._text = text
@@ -276,8 +297,12 @@ class SessionReads:
         system_prompt: str | None = None,
         question: str | None = None,
         exclude_message_id: str | None = None,
+        user_memory: UserMemory = "off",
+        user_id: str | None = None,
     ) -> ContextAnswer:
-        """Summary plus recent turns, prompt-ordered, within max_chars of memory.
+        """Summary plus recent turns, prompt-ordered, within max_chars of memory; with
+        `user_memory`, led by what the session carries over from its user's earlier sessions (the
+        session's user, or `user_id` for a session not stored yet).
 
         One hot round trip answers both when Redis has them; otherwise the summary walk and the
         SQL read of the recent turns run concurrently, each with its own fallback, and what SQL
@@ -326,11 +351,62 @@ class SessionReads:
         shown, recent, terms, snippets = await self._material(
             session_id, walked, recent, max_chars=max_chars, question=question, exclude_message_id=exclude_message_id
         )
-        candidates = self._candidates(session_id, walked, shown, terms, snippets)
+        carried = await self._carried(session_id, walked, shown, user_memory, user_id, question)
+        candidates = self._candidates(session_id, walked, shown, terms, snippets, carried, question)
         chosen = choose(candidates, max_chars)
         memory_text = self._with_digest(walked, candidates, chosen, max_chars=max_chars)
         messages = compose(memory_text, alternate(chosen.raw), max_chars=max_chars, lang=candidates.lang)
-        return self._shaped(session_id, walked, recent, messages, system_prompt=system_prompt, question=question)
+        shaped = self._shaped(session_id, walked, recent, messages, system_prompt=system_prompt, question=question)
+        if carried is not None and carried.shown and carried.shown[-1].text and "carried" in chosen.chars:
+            made = carried.shown[-1]
+            carried = Carried(
+                carried.mode, carried.earlier if made.earlier else None, carried.profile if made.profile else None
+            )
+            return dataclasses.replace(shaped, carried=carried)
+        return shaped
+
+    async def _carried(
+        self,
+        session_id: str,
+        walked: _Walked,
+        shown: list[Message],
+        mode: UserMemory,
+        user_id: str | None,
+        question: str | None,
+    ) -> Carried | None:
+        """What the session may carry over from its user's earlier sessions in the tenant of its
+        key: the profile, and the most recent earlier summary (`last_session`) or the one whose
+        topics the session's first user messages name (`topic`). None when it carries nothing
+        (mode off, no user, nothing stored, or SQL down: a context never fails for it)."""
+        if mode == "off" or self._s.memory_mode == "none":
+            return None
+        owner = walked.hot.owner or (walked.info.owner if walked.info else None)
+        # A stored session's own user, never a stated one: a session carries its owner's memory.
+        user = owner.user_id if owner is not None else user_id
+        if user is None:
+            return None
+        wanted = {"profile": 0, "last_session": 1, "topic": TOPIC_CANDIDATES}[mode]
+        try:
+            profile, others = await self._users.carried(
+                key_tenant(session_id), user, exclude=session_id, profile=True, earlier=wanted
+            )
+        except SqlUnavailable:
+            self._metrics.tier_errors.labels("sql", "read_user_memory").inc()
+            return None
+        earlier = [Earlier(key, summary, summary.updated_at) for key, summary in others]
+        chosen: Earlier | None = None
+        if mode == "last_session" and earlier:
+            chosen = earlier[0]
+        elif mode == "topic" and earlier:
+            summary = walked.answer.summary
+            opening = [m.content for m in shown if m.role is Role.USER and m.turn <= _OPENING_TURNS]
+            said = [str(summary.structured.get("subject", "")) if summary else "", *opening]
+            if len(opening) < _OPENING_TURNS and question:
+                said.append(question)  # a new session's first question says what it is about
+            chosen = best_by_topic(earlier, "\n".join(said))
+        if chosen is None and (profile is None or not profile.items):
+            return None
+        return Carried(mode, chosen, profile if profile is not None and profile.items else None)
 
     async def _context_summary(
         self, session_id: str, caller: Caller, hot: HotSession, max_chars: int
@@ -432,6 +508,8 @@ class SessionReads:
         shown: list[Message],
         terms: list[str],
         snippets: list[list[Message]],
+        carried: Carried | None = None,
+        question: str | None = None,
     ) -> Candidates:
         """The policy's input: the messages, the summary as a renderer of its facts, the subject,
         the session's terms, and this process's cache of what each message reads as."""
@@ -440,7 +518,9 @@ class SessionReads:
         shown, events = shown_and_events(spoken, summary.covered_turns if summary else 0)
         # The user's language labels the memory (a mixed conversation follows the user).
         said = "".join(m.content for m in shown[-6:] if m.role is Role.USER)
-        lang = language_of(said or (summary.text if summary else ""))
+        earlier = carried.earlier.summary.text if carried is not None and carried.earlier else ""
+        # A new session's first question (or the memory it carries) speaks when nothing else has.
+        lang = language_of(said or (summary.text if summary else "") or question or earlier)
         # A summary's version and write time tell it apart, even from one of a deleted session
         # that had the same id.
         stamp = (summary.version, summary.updated_at) if summary is not None else (0, 0.0)
@@ -467,7 +547,23 @@ class SessionReads:
             events=events,
             views=views,
             text_features=text_features,
+            carried=self._carried_renderer(carried, lang) if carried is not None else None,
         )
+
+    def _carried_renderer(self, carried: Carried, lang: str) -> Callable[[int], str]:
+        def render(room: int) -> str:
+            made = carried_text(
+                carried.earlier,
+                carried.profile,
+                room=room,
+                now=self._clock(),
+                lang=lang,
+                templates=self._s.reconnect_templates,
+            )
+            carried.shown.append(made)
+            return made.text
+
+        return render
 
     def _book(self, session_id: str, stamp: tuple[int, float], summary: Summary | None) -> FactBook | None:
         """The extractor's facts of `summary`, loaded once per summary; None for an LLM's summary

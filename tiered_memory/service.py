@@ -15,7 +15,9 @@ from typing import Any, TypeVar
 
 import structlog
 
+from tiered_memory.erasure import Erased, Erasures
 from tiered_memory.errors import Forbidden, HotUnavailable, NotFound, SqlUnavailable
+from tiered_memory.events import HELD_MAX_S
 from tiered_memory.history import History
 from tiered_memory.metrics import Metrics
 from tiered_memory.model import (
@@ -34,6 +36,7 @@ from tiered_memory.model import (
     Slice,
     Summary,
     SummaryAnswer,
+    UserMemory,
     key_tenant,
 )
 from tiered_memory.reads import ContextAnswer, SessionReads, authorize
@@ -46,8 +49,11 @@ from tiered_memory.summary_job import JobResult, Outcome, SummaryJob
 from tiered_memory.text_lane import TextLane
 from tiered_memory.tiers.buckets import tenant_bucket, tenant_rate, units
 from tiered_memory.tiers.hot import HotTier
+from tiered_memory.tiers.sql_outbox import SqlOutbox
 from tiered_memory.tiers.sql_schema import SCHEMA_VERSION
 from tiered_memory.tiers.sql_store import SqlStore
+from tiered_memory.tiers.sql_users import ErasureStatus, SqlUsers, UserSessionsPage
+from tiered_memory.users import Profile
 
 log = structlog.get_logger("tiered_memory.service")
 T = TypeVar("T")
@@ -98,9 +104,14 @@ class MemoryService:
         self._job = job
         self._tagger = tagger
         self._clock = clock
+        self._users = SqlUsers(store)
+        self._erasures = Erasures(
+            self._users, hot, forget=self._history.forget, stream=settings.events_stream, clock=clock
+        )
         self._reads = SessionReads(
             settings=settings,
             store=store,
+            users=self._users,
             hot=hot,
             history=self._history,
             text=text,
@@ -112,6 +123,9 @@ class MemoryService:
         # Sessions a client closed whose next background pass makes their summary again with the
         # LLM (a close answers with the deterministic merge, never waiting for the LLM).
         self._refine: set[str] = set()
+        # Closed sessions whose final-summary event waits for their last pass (`_released`).
+        self._final_pending: set[str] = set()
+        self._outbox = SqlOutbox(store)
         # Bounds background summaries and rebuild jobs: a start-up sweep that finds hundreds of due
         # sessions, or a burst of rebuilds, must not open hundreds of transactions and LLM calls
         # at once. close() does not queue.
@@ -247,9 +261,25 @@ class MemoryService:
             async with self._slots:
                 result = await self._job.run(session_id, refine=refine)
             if result.outcome is not Outcome.LOCKED:
+                await self._released(session_id)
                 return
             await asyncio.sleep(_LOCKED_RETRY_S)
         log.info("summary_locked_elsewhere", session_id=session_id)
+
+    async def _released(self, session_id: str) -> None:
+        """After a closed session's last pass: its held final-summary event goes out with the
+        summary SQL holds (a pass that wrote released it already, in its transaction; one that
+        wrote nothing, the LLM having failed, leaves it to this). A release lost to an outage
+        or a crash is the sweeper's (`release_stale`)."""
+        if session_id not in self._final_pending or session_id in self._refine:
+            # A refine is still to run (asked for while this pass was waiting for the lock): the
+            # final summary is its.
+            return
+        self._final_pending.discard(session_id)
+        try:
+            await self._store.release_final(session_id, now=self._clock())
+        except SqlUnavailable as exc:
+            log.warning("final_event_not_released", session_id=session_id, error=str(exc))
 
     async def _close_pass(self, session_id: str, *, answering: bool) -> JobResult:
         """The summary pass of a close. One that a caller waits for (`answering`) never waits on
@@ -275,7 +305,11 @@ class MemoryService:
             await asyncio.sleep(_LOCKED_RETRY_S)
 
     async def aclose(self) -> None:
-        """Stop this process's background indexing of appends (the summaries drain separately)."""
+        """Let the writes still running whole (`_whole`: their requests cancelled) finish, within
+        SHUTDOWN_GRACE_SECONDS, then stop this process's background indexing of appends (the
+        summaries drain separately). A write left running would reach a closed store."""
+        if self._writes:
+            await asyncio.wait(set(self._writes), timeout=self._s.shutdown_grace_seconds)
         await self._history.aclose()
 
     async def close(self, session_id: str, *, caller: Caller, reason: str = "client") -> CloseResult:
@@ -290,21 +324,32 @@ class MemoryService:
         Raises NotFound, or Forbidden when the session is not the caller's.
         """
         info = await self._owned_session(session_id, caller)
-        persisted = cached = False
+        persisted = cached = refine = left = False
         if self._s.summaries_enabled and info.turn_count >= max(1, self._s.summary_min_turns_to_persist):
             result = await self._close_pass(session_id, answering=reason == "client")
+            left = result.outcome is Outcome.LOCKED  # a pass runs on after close
             after = await self._store.get_session(session_id)
             persisted = after is not None and after.covered_turns >= info.turn_count
-            cached = persisted and result.hot_written
-            if persisted and reason == "client" and self._s.llm_enabled:
-                # A short call may never have reached a cadence point: its summary is the
-                # extractor's. The LLM makes it again in the background (the job decides whether
-                # it is short enough and not the LLM's already).
-                self._refine.add(session_id)
-                self.summaries.schedule(session_id)
-        if await self._store.close_session(session_id, reason=reason, now=self._clock()):
+            # A pass locked out by another process's may still see SQL cover every turn (that
+            # pass wrote meanwhile); the hot copy is then made sure of here, so every close of
+            # the session answers alike.
+            cached = persisted and (result.hot_written or (left and await self._job.cache_stored(session_id)))
+            # A short call may never have reached a cadence point: its summary is the extractor's.
+            # The LLM makes it again in the background (the job decides whether it is short
+            # enough and not the LLM's already).
+            refine = persisted and reason == "client" and self._s.llm_enabled
+        # With a pass still to come, the final summary's event is held until it ends.
+        last_pass = refine or left
+        if await self._store.close_session(session_id, reason=reason, now=self._clock(), final=not last_pass):
             self._metrics.sessions_closed.labels(reason).inc()
             log.info("session_closed", session_id=session_id, reason=reason, persisted=persisted, cached=cached)
+            if last_pass:
+                # Scheduled only now: a pass that ended before the close committed would find no
+                # held event to release.
+                self._final_pending.add(session_id)
+                if refine:
+                    self._refine.add(session_id)
+                self.summaries.schedule(session_id)
         return CloseResult(session_id, persisted, cached, info.turn_count)
 
     async def patch_message(self, session_id: str, message_id: str, patch: Patch, *, caller: Caller) -> PatchOutcome:
@@ -321,17 +366,9 @@ class MemoryService:
         patch is in SQL: a retry, which changes nothing more, clears it)."""
         async with self._job.holding(session_id):
             result = await self._store.patch_message(session_id, message_id, patch, caller=caller)
-        self._history.forget(session_id)
-        try:
-            await self._hot.invalidate(session_id)
-        except HotUnavailable:
-            self._metrics.tier_errors.labels("hot", "invalidate").inc()
-            raise
-        # The postings dropped, even by a repeated patch, are caught up from SQL at the next
-        # question, up to RECALL_MAX_BYTES of the session: one small request, up to megabytes of
-        # work, paid for by the tenant's rate. (A catch-up after postings expired or Redis was
-        # lost is the daemon's own.)
-        await self._charge(key_tenant(session_id), min(result.session_bytes, self._s.recall_max_bytes))
+        # Even a repeated patch: its first may have answered 503 with the hot tier still holding
+        # the old text.
+        await self._forget_cached(session_id, result.session_bytes)
         due = (
             self._s.summaries_enabled
             and result.completed_turn
@@ -341,6 +378,41 @@ class MemoryService:
             self.summaries.schedule(session_id)
         log.info("message_patched", session_id=session_id, message_id=message_id, changed=result.changed)
         return PatchOutcome(result, due)
+
+    async def delete_message(self, session_id: str, message_id: str, *, caller: Caller) -> None:
+        """`_delete_message`, run whole (`_whole`)."""
+        return await self._whole(self._delete_message(session_id, message_id, caller=caller))
+
+    async def _delete_message(self, session_id: str, message_id: str, *, caller: Caller) -> None:
+        """Remove the session's newest message while no summary covers its turn (sql_patch.py),
+        holding the session's summary lock as a patch does; then the hot tier forgets what it
+        cached of the session (its recent list, counters and recall postings held the message).
+        Raises NotFound (the session, or the message: gone already), Forbidden, Conflict,
+        SqlUnavailable, and HotUnavailable when the hot tier could not forget. The hot tier forgets
+        on a NotFound for the message too: a delete that answered 503 after SQL removed the
+        message is completed by its retry."""
+        async with self._job.holding(session_id):
+            deleted = await self._store.delete_newest(session_id, message_id, caller=caller)
+        await self._forget_cached(session_id, deleted.session_bytes)
+        if deleted.message is None:
+            raise NotFound(f"the session has no message {message_id!r}")
+        log.info("message_deleted", session_id=session_id, message_id=message_id, seq=deleted.message.seq)
+
+    async def _forget_cached(self, session_id: str, session_bytes: int) -> None:
+        """After a message changed in SQL (patched, taken back): the hot tier forgets what it
+        cached of the session (its recent list, summary and recall postings held the message), and
+        the tenant pays for the postings' catch-up from SQL at the next question, up to
+        RECALL_MAX_BYTES of its `session_bytes`: one small request, up to megabytes of work. (A
+        catch-up after postings expired or Redis was lost is the daemon's own.) Raises
+        HotUnavailable when the hot tier could not forget: the change is in SQL, and a retry of
+        the request forgets again."""
+        self._history.forget(session_id)
+        try:
+            await self._hot.invalidate(session_id)
+        except HotUnavailable:
+            self._metrics.tier_errors.labels("hot", "invalidate").inc()
+            raise
+        await self._charge(key_tenant(session_id), min(session_bytes, self._s.recall_max_bytes))
 
     async def delete(self, session_id: str, *, caller: Caller) -> None:
         """`_delete`, run whole (`_whole`)."""
@@ -416,6 +488,43 @@ class MemoryService:
             raise Forbidden
         return await self._store.user_summaries(user_id, limit=limit, tenant=caller.tenant)
 
+    # --- users ----------------------------------------------------------------------------
+
+    async def profile(self, user_id: str, *, caller: Caller) -> tuple[Profile, float]:
+        """The user's profile (users.py) and when it last changed. Raises NotFound while no
+        summary of the user's sessions was written, Forbidden when the caller speaks for another user."""
+        found = await self._users.profile(_user_tenant(user_id, caller), user_id)
+        if found is None:
+            raise NotFound("the user has no profile: no summary of the user's sessions was written yet")
+        return found
+
+    async def user_sessions(
+        self, user_id: str, *, caller: Caller, before: tuple[float, str] | None, limit: int
+    ) -> UserSessionsPage:
+        """A page of the user's sessions in the caller's tenant, newest first, from `before` (the
+        creation time and stored key the last page ended at). Raises Forbidden as `profile`."""
+        return await self._users.sessions(_user_tenant(user_id, caller), user_id, before=before, limit=limit)
+
+    async def erase_user(self, user_id: str, *, caller: Caller, wait_s: float) -> Erased | None:
+        """Erase the user in the caller's tenant (erasure.py): recorded first, then run to its end
+        even when the request goes away; what it removed when it finished within `wait_s`, None
+        while it runs on. Raises Forbidden as `profile`, SqlUnavailable (nothing recorded), and
+        what the run raises (HotUnavailable, SqlUnavailable, Conflict: the sweeper resumes it)."""
+        tenant = _user_tenant(user_id, caller)
+        await self._users.request_erasure(tenant, user_id, now=self._clock())
+        run = asyncio.ensure_future(self._whole(self._erasures.run(tenant, user_id)))
+        done, _ = await asyncio.wait([run], timeout=wait_s)
+        if not done:
+            return None
+        return run.result()
+
+    async def erasure(self, user_id: str, *, caller: Caller) -> ErasureStatus:
+        """The state of the user's erasure. Raises NotFound when none was asked for, Forbidden as `profile`."""
+        found = await self._users.erasure(_user_tenant(user_id, caller), user_id)
+        if found is None:
+            raise NotFound("no erasure of this user was asked for")
+        return found
+
     async def session(self, session_id: str, *, caller: Caller) -> SessionInfo:
         """The session's bookkeeping. Raises NotFound, or Forbidden when it is not the caller's."""
         return await self._owned_session(session_id, caller)
@@ -440,10 +549,14 @@ class MemoryService:
         system_prompt: str | None = None,
         question: str | None = None,
         exclude_message_id: str | None = None,
+        user_memory: UserMemory | None = None,
+        user_id: str | None = None,
     ) -> ContextAnswer:
-        """Summary plus recent and older turns within max_chars (see reads.py), and the
-        gateway's state: from the hot tier, or SQL when the hot tier lost it (then cached again);
-        left out (None) when neither answers."""
+        """Summary plus recent and older turns within max_chars (see reads.py), led by what the
+        session carries over from its user's earlier sessions (`user_memory`, USER_MEMORY by
+        default; `user_id`: the user of a session not stored yet), and the gateway's state: from
+        the hot tier, or SQL when the hot tier lost it (then cached again); left out (None) when
+        neither answers."""
         answer = await self._reads.context(
             session_id,
             caller=caller,
@@ -451,6 +564,8 @@ class MemoryService:
             system_prompt=system_prompt,
             question=question,
             exclude_message_id=exclude_message_id,
+            user_memory=user_memory or self._s.user_memory,
+            user_id=user_id,
         )
         if answer.state is None and answer.turn_count + len(answer.messages) > 0:
             try:
@@ -533,6 +648,15 @@ class MemoryService:
             log.warning("sweep_skipped", error=str(exc))
 
     async def _sweep(self) -> None:
+        if await self._erasures.resume():
+            log.info("sweep_finished_erasures")
+        if self._store.sinks:
+            now = self._clock()
+            stale = await self._outbox.release_stale(
+                created_before=now - HELD_MAX_S, now=now, skip=self._final_pending | self._refine
+            )
+            if released := stale:
+                log.info("sweep_released_final_events", count=released)
         if self._s.summaries_enabled:
             due = await self._store.sessions_due(
                 every_n=self._s.summary_every_n_turns,
@@ -552,3 +676,11 @@ class MemoryService:
                 await self.close(sid, caller=Caller(), reason="idle")
             except NotFound:
                 continue
+
+
+def _user_tenant(user_id: str, caller: Caller) -> str:
+    """The tenant whose user a caller asks about: its own ('' for a caller of none, whose sessions
+    are the tenant-less namespace's). Raises Forbidden when the caller speaks for another user."""
+    if caller.user_id is not None and caller.user_id != user_id:
+        raise Forbidden
+    return caller.tenant or ""

@@ -11,6 +11,7 @@ import json
 import math
 import re
 import string
+import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -21,6 +22,8 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from tiered_memory.auth import ApiToken, merge_tokens, parse_token_list, read_token_file
 from tiered_memory.context import OLDER_MAX_MESSAGES, hot_list_chars
 from tiered_memory.errors import ConfigError
+from tiered_memory.events import Sink, sinks_of
+from tiered_memory.model import UserMemory
 from tiered_memory.rate_limit import parse_rate_limits
 from tiered_memory.summarize.llm import SUMMARY_TOKENS
 from tiered_memory.summarize.topics import load_keyword_groups
@@ -178,6 +181,20 @@ class Settings(BaseSettings):
     reconnect_template_en: str = Field(
         "Summary of the user's previous conversation ({ago}): {summary}", alias="RECONNECT_TEMPLATE_EN"
     )
+    # What a session carries over from its user's earlier sessions (users.py). Off by default: a new
+    # session_id is a new conversation unless the operator (or the request) asks for more.
+    user_memory: UserMemory = Field("off", alias="USER_MEMORY")
+
+    # --- lifecycle events (events.py, delivery.py) ---
+    # Comma-separated http(s) URLs; each gets every event, POSTed and signed with WEBHOOK_SECRET.
+    webhook_urls_setting: str = Field("", alias="WEBHOOK_URLS")
+    webhook_secret: SecretStr | None = Field(None, alias="WEBHOOK_SECRET")
+    # A delivery failing for this long is given up on (parked as failed, counted, replayable).
+    webhook_max_age_seconds: int = Field(86_400, alias="WEBHOOK_MAX_AGE_SECONDS", ge=1)
+    webhook_timeout_seconds: float = Field(10.0, alias="WEBHOOK_TIMEOUT_SECONDS", gt=0, le=300)
+    # A Redis stream that gets every event too (XADD, trimmed to about EVENTS_STREAM_MAX_LEN).
+    events_stream: str | None = Field(None, alias="EVENTS_STREAM", min_length=1, max_length=200)
+    events_stream_max_len: int = Field(100_000, alias="EVENTS_STREAM_MAX_LEN", ge=1)
 
     # --- logs ---
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", alias="LOG_LEVEL")
@@ -320,6 +337,7 @@ class Settings(BaseSettings):
                 raise ValueError(
                     f"{name}: expected a template using {{ago}} and {{summary}} once each, and nothing else"
                 )
+        self._check_events()
         if self.topic_keywords_file is not None:
             if not self.topic_keywords_file.is_file():
                 raise ValueError(f"TOPIC_KEYWORDS_FILE: expected a readable file, got {self.topic_keywords_file}")
@@ -433,6 +451,36 @@ class Settings(BaseSettings):
             return RecentBound(least=least, most=least)
         return RecentBound(least=least, most=least + OLDER_MAX_MESSAGES, chars=hot_list_chars(self.context_max_chars))
 
+    def _check_events(self) -> None:
+        for url in self.webhook_urls:
+            try:
+                parsed = urllib.parse.urlsplit(url)
+                host = parsed.hostname
+            except ValueError:
+                raise ValueError(
+                    "WEBHOOK_URLS: expected http(s) URLs separated by commas, got one that does not parse"
+                ) from None
+            if parsed.scheme not in ("http", "https") or not host:
+                # The message never repeats the URL: it may carry a password.
+                raise ValueError(
+                    f"WEBHOOK_URLS: expected http(s) URLs separated by commas, got a {parsed.scheme or 'relative'} URL"
+                )
+        if self.webhook_urls and not (self.webhook_secret and self.webhook_secret.get_secret_value()):
+            raise ValueError(
+                "WEBHOOK_SECRET: expected a secret when WEBHOOK_URLS is set (receivers verify each event with it)"
+            )
+        if self.events_stream and not self.redis_url:
+            raise ValueError("EVENTS_STREAM: expected REDIS_URL to be set (the stream is a Redis stream)")
+
+    @property
+    def webhook_urls(self) -> tuple[str, ...]:
+        return tuple(u.strip() for u in self.webhook_urls_setting.split(",") if u.strip())
+
+    @property
+    def event_sinks(self) -> tuple[Sink, ...]:
+        """Where lifecycle events go (none: no events are written)."""
+        return sinks_of(self.webhook_urls, self.events_stream)
+
     @property
     def allowed_hosts(self) -> frozenset[str]:
         # Written as a Host header is (a port, brackets) or bare: the name is what is compared.
@@ -449,7 +497,8 @@ class Settings(BaseSettings):
             elif isinstance(value, SecretStr):
                 shown = "****" if value.get_secret_value() else ""
             elif isinstance(value, str) and "://" in value:
-                shown = mask_url(value)  # REDIS_URL, DATABASE_URL, LLM_BASE_URL, a sentinel's
+                # REDIS_URL, DATABASE_URL, LLM_BASE_URL, a sentinel's, each of WEBHOOK_URLS
+                shown = ",".join(mask_url(part.strip()) for part in value.split(","))
             elif isinstance(value, bool):
                 shown = str(value).lower()
             else:

@@ -442,6 +442,22 @@ class SummaryJob:
             await asyncio.sleep(_HOT_RETRY_S)
         raise Conflict("a summary of this session is being made; try again")
 
+    async def cache_stored(self, session_id: str) -> bool:
+        """Copy the summary SQL holds into the hot tier, without the summary lock: the hot
+        write keeps a newer cached version, so a writer holding the lock loses nothing. True
+        when the hot tier holds it (or a newer one). For a close whose pass found another
+        writer's lock: its answer says whether Redis holds the summary, whichever process
+        wrote it and whenever that process's own hot write lands."""
+        prev, info = await self._store.get_summary(session_id)
+        if prev is None or info is None:
+            return False
+        cached = await self._cache(session_id, prev)
+        if cached and await self._store.get_session(session_id) is None:
+            # Deleted meanwhile (as in _run_locked).
+            await self._forget(session_id)
+            return False
+        return cached
+
     async def _cache(self, session_id: str, summary: Summary) -> bool:
         for attempt in range(2):
             try:

@@ -29,6 +29,7 @@ from tiered_memory.client.models import (
     BatchResult,
     CloseResult,
     Context,
+    Erasure,
     GatewayState,
     PatchResult,
     Readiness,
@@ -40,10 +41,13 @@ from tiered_memory.client.models import (
     StoredMessage,
     SummaryResult,
     TurnResult,
+    UserProfile,
+    UserSession,
     UserSummary,
     build,
     context_of,
     matches_of,
+    profile_of,
     rebuild_job_of,
     slices_of,
 )
@@ -185,6 +189,20 @@ class AsyncClient:
         _, data = await self._call("PATCH", path, body=body, user_id=user_id)
         return build(PatchResult, data, message=build(StoredMessage, data["message"]))
 
+    async def delete_message(self, session_id: str, message_id: str, *, user_id: str | None = None) -> bool:
+        """Remove the session's newest message while no summary covers its turn (an agent
+        framework taking back its last item): the turn it completed is open again. True when this
+        call removed it; False when the session has no such message (any more: a retry whose first
+        attempt's answer was lost, or an unknown session), so repeating it is safe. Conflict with
+        code `already_summarized` once a summary covers its turn, `conflict` when it is not the
+        newest (or a summary of the session is being made: try again)."""
+        path = f"/v1/sessions/{_sid(session_id)}/messages/{quote(message_id, safe='')}"
+        try:
+            await self._call("DELETE", path, user_id=user_id)
+        except NotFound:
+            return False
+        return True
+
     async def state(self, session_id: str, *, user_id: str | None = None) -> GatewayState:
         """The gateway's own state of the session (what it needs back after a reconnect)."""
         _, data = await self._call("GET", f"/v1/sessions/{_sid(session_id)}/state", user_id=user_id)
@@ -211,9 +229,11 @@ class AsyncClient:
         channel: str | None = None,
         system_prompt: str | None = None,
         max_chars: int | None = None,
+        user_memory: str | None = None,
     ) -> TurnResult:
         """Load-then-append, the per-utterance call: the context to send the model (ending with
-        the user's `content` as the question, framed by `system_prompt`), and the message stored."""
+        the user's `content` as the question, framed by `system_prompt`, led by what `user_memory`
+        carries over from the user's earlier sessions), and the message stored."""
         body = _body(
             content=content,
             message_id=message_id or new_message_id(),
@@ -225,7 +245,7 @@ class AsyncClient:
             "POST",
             f"/v1/sessions/{_sid(session_id)}/turns",
             body=body,
-            params=_params(max_chars=max_chars),
+            params=_params(max_chars=max_chars, user_memory=user_memory),
             user_id=user_id,
         )
         return TurnResult(
@@ -325,9 +345,12 @@ class AsyncClient:
         max_chars: int | None = None,
         system_prompt: str | None = None,
         question: str | None = None,
+        user_memory: str | None = None,
     ) -> Context:
-        """The memory to send the model, within `max_chars` (CONTEXT_MAX_CHARS by default)."""
-        params = _params(max_chars=max_chars, system_prompt=system_prompt, question=question)
+        """The memory to send the model, within `max_chars` (CONTEXT_MAX_CHARS by default); with
+        `user_memory` (`profile`, `last_session`, `topic`, `off`; USER_MEMORY by default), led by
+        what the session carries over from its user's earlier sessions."""
+        params = _params(max_chars=max_chars, system_prompt=system_prompt, question=question, user_memory=user_memory)
         _, data = await self._call("GET", f"/v1/sessions/{_sid(session_id)}/context", params=params, user_id=user_id)
         return context_of(data)
 
@@ -405,6 +428,38 @@ class AsyncClient:
             "GET", f"/v1/users/{quote(user_id, safe='')}/summaries", params=_params(limit=limit), user_id=as_user
         )
         return [build(UserSummary, s) for s in data["summaries"]]
+
+    async def profile(self, user_id: str, *, as_user: str | None = None) -> UserProfile:
+        """What the user's sessions said, aggregated; NotFound before any summary of the user."""
+        _, data = await self._call("GET", f"/v1/users/{quote(user_id, safe='')}/profile", user_id=as_user)
+        return profile_of(data)
+
+    async def user_sessions(self, user_id: str, *, as_user: str | None = None) -> AsyncIterator[UserSession]:
+        """Every session of the user, newest first, read a page at a time."""
+        cursor: str | None = ""
+        while cursor is not None:
+            page, cursor = await self.user_sessions_page(user_id, cursor or None, as_user=as_user)
+            for s in page:
+                yield s
+
+    async def user_sessions_page(
+        self, user_id: str, cursor: str | None, *, as_user: str | None = None
+    ) -> tuple[list[UserSession], str | None]:
+        """One page of the user's sessions from `cursor` (None: the first), and the next page's cursor."""
+        path = f"/v1/users/{quote(user_id, safe='')}/sessions"
+        _, data = await self._call("GET", path, params=_params(cursor=cursor), user_id=as_user)
+        return [build(UserSession, s) for s in data["sessions"]], data.get("next_cursor")
+
+    async def erase_user(self, user_id: str, *, as_user: str | None = None) -> Erasure:
+        """Erase the user (every session, message, summary, the profile); `state` is `running`
+        while it goes on (ask `erasure`). Safe to repeat."""
+        _, data = await self._call("DELETE", f"/v1/users/{quote(user_id, safe='')}", ok=(200, 202), user_id=as_user)
+        return build(Erasure, data)
+
+    async def erasure(self, user_id: str, *, as_user: str | None = None) -> Erasure:
+        """The state of the user's erasure; NotFound when none was asked for."""
+        _, data = await self._call("GET", f"/v1/users/{quote(user_id, safe='')}/erasure", user_id=as_user)
+        return build(Erasure, data)
 
     # --- operations -----------------------------------------------------------------------
 

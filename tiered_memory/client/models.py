@@ -92,6 +92,18 @@ class Context:
     state: dict[str, Any] | None = None
     """The gateway's own state of the session (PUT …/state); None when it has none."""
     state_version: int | None = None
+    user_memory: CarriedMemory | None = None
+    """What the memory carried over from the user's earlier sessions (`user_memory=`); None for nothing."""
+
+
+@dataclass(frozen=True, slots=True)
+class CarriedMemory:
+    """The mode, the earlier session whose summary the memory shows (None: none), and whether it
+    shows the user's profile."""
+
+    mode: str
+    session_id: str | None
+    profile: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,6 +288,60 @@ class UserSummary:
 
 
 @dataclass(frozen=True, slots=True)
+class ProfileItem:
+    """A fact, preference (`text`) or topic (`topic`) of a user's profile: how many of the user's
+    sessions said it, first and last."""
+
+    count: int
+    first_seen: float
+    last_seen: float
+    text: str | None = None
+    topic: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class UserProfile:
+    """GET /v1/users/{uid}/profile: what the user's sessions said, aggregated; `text` is the
+    profile as a context shows it, by language (`en`, `zh`)."""
+
+    user_id: str
+    facts: list[ProfileItem]
+    preferences: list[ProfileItem]
+    topics: list[ProfileItem]
+    sessions: int
+    updated_at: float
+    text: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class UserSession:
+    """One session of a user (GET /v1/users/{uid}/sessions), summarized or not."""
+
+    session_id: str
+    turn_count: int
+    message_count: int
+    created_at: float
+    last_activity: float
+    closed_at: float | None
+    summarized: bool
+    covered_turns: int
+    topics: list[str]
+    summary_updated_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Erasure:
+    """DELETE /v1/users/{uid} or GET …/erasure: `running` or `finished`, and what it removed."""
+
+    user_id: str
+    state: str
+    sessions: int
+    messages: int
+    requested_at: float | None = None
+    finished_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Readiness:
     """GET /readyz. `ready` is False when the daemon answered 503 (SQL unreachable or its schema
     not migrated); `tiers` says which tier is `ok` or `degraded`."""
@@ -287,7 +353,15 @@ class Readiness:
 
 def context_of(data: dict[str, Any]) -> Context:
     messages = [build(ChatMessage, m) for m in data.get("messages") or []]
-    return build(Context, data, messages=messages)
+    carried = data.get("user_memory")
+    return build(Context, data, messages=messages, user_memory=build(CarriedMemory, carried) if carried else None)
+
+
+def profile_of(data: dict[str, Any]) -> UserProfile:
+    def items(name: str) -> list[ProfileItem]:
+        return [build(ProfileItem, i) for i in data[name]]
+
+    return build(UserProfile, data, facts=items("facts"), preferences=items("preferences"), topics=items("topics"))
 
 
 def slices_of(items: list[dict[str, Any]]) -> list[Slice]:

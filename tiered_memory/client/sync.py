@@ -20,6 +20,7 @@ from tiered_memory.client.models import (
     BatchResult,
     CloseResult,
     Context,
+    Erasure,
     GatewayState,
     PatchResult,
     Readiness,
@@ -31,6 +32,8 @@ from tiered_memory.client.models import (
     StoredMessage,
     SummaryResult,
     TurnResult,
+    UserProfile,
+    UserSession,
     UserSummary,
 )
 
@@ -141,6 +144,9 @@ class Client:
             self._async.patch_message(session_id, message_id, content=content, status=status, user_id=user_id)
         )
 
+    def delete_message(self, session_id: str, message_id: str, *, user_id: str | None = None) -> bool:
+        return self._run(self._async.delete_message(session_id, message_id, user_id=user_id))
+
     def state(self, session_id: str, *, user_id: str | None = None) -> GatewayState:
         return self._run(self._async.state(session_id, user_id=user_id))
 
@@ -159,6 +165,7 @@ class Client:
         channel: str | None = None,
         system_prompt: str | None = None,
         max_chars: int | None = None,
+        user_memory: str | None = None,
     ) -> TurnResult:
         return self._run(
             self._async.turn(
@@ -169,6 +176,7 @@ class Client:
                 channel=channel,
                 system_prompt=system_prompt,
                 max_chars=max_chars,
+                user_memory=user_memory,
             )
         )
 
@@ -221,10 +229,16 @@ class Client:
         max_chars: int | None = None,
         system_prompt: str | None = None,
         question: str | None = None,
+        user_memory: str | None = None,
     ) -> Context:
         return self._run(
             self._async.context(
-                session_id, user_id=user_id, max_chars=max_chars, system_prompt=system_prompt, question=question
+                session_id,
+                user_id=user_id,
+                max_chars=max_chars,
+                system_prompt=system_prompt,
+                question=question,
+                user_memory=user_memory,
             )
         )
 
@@ -266,6 +280,22 @@ class Client:
         self, user_id: str, *, limit: int | None = None, as_user: str | None = None
     ) -> list[UserSummary]:
         return self._run(self._async.user_summaries(user_id, limit=limit, as_user=as_user))
+
+    def profile(self, user_id: str, *, as_user: str | None = None) -> UserProfile:
+        return self._run(self._async.profile(user_id, as_user=as_user))
+
+    def user_sessions(self, user_id: str, *, as_user: str | None = None) -> Iterator[UserSession]:
+        """Every session of the user, newest first, a page at a time."""
+        cursor: str | None = ""
+        while cursor is not None:
+            page, cursor = self._run(self._async.user_sessions_page(user_id, cursor or None, as_user=as_user))
+            yield from page
+
+    def erase_user(self, user_id: str, *, as_user: str | None = None) -> Erasure:
+        return self._run(self._async.erase_user(user_id, as_user=as_user))
+
+    def erasure(self, user_id: str, *, as_user: str | None = None) -> Erasure:
+        return self._run(self._async.erasure(user_id, as_user=as_user))
 
     def healthz(self) -> bool:
         return self._run(self._async.healthz())

@@ -6,7 +6,7 @@ Every method is one round trip; a backend that fails or misses its timeout raise
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -133,6 +133,11 @@ class HotTier(Protocol):
 
     async def delete(self, session_id: str) -> None:
         """Forget everything about a session."""
+        ...
+
+    async def remove_from_stream(self, stream: str, fields: Mapping[str, str]) -> int:
+        """Delete the entries of the events stream `stream` whose fields hold all of `fields` (a
+        user's erasure); the entries removed. 0 where the tier keeps no streams."""
         ...
 
     async def invalidate(self, session_id: str) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tiered_memory.model import HotSession, Message, Owner, SessionState, Summary
@@ -283,6 +283,9 @@ class MemoryHot:
     async def delete(self, session_id: str) -> None:
         self._drop(session_id)
         self._postings.drop(session_id)
+
+    async def remove_from_stream(self, stream: str, fields: Mapping[str, str]) -> int:
+        return 0  # EVENTS_STREAM needs Redis: there is none here
 
     async def invalidate(self, session_id: str) -> None:
         self._postings.drop(session_id)

@@ -7,8 +7,9 @@ event-loop tick); on any other URL (TLS, a socket, URL options) through redis-py
 from __future__ import annotations
 
 import contextlib
+import functools
 import secrets
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import TypeVar, cast
 
 from tiered_memory.breaker import CircuitBreaker
@@ -36,6 +37,8 @@ from tiered_memory.tiers.resp import Endpoint, RespMux, Script
 T = TypeVar("T")
 
 _DIRTY_MAX = 1_000_000
+# Entries of an events stream read at once when an erasure looks for a user's.
+_STREAM_PAGE = 1000
 
 # Whether the cached summary `cur` is one of ours (the fields codec.decode_summary needs) newer
 # than `version`. One that is not ours (damaged, or written by another release) is never newer:
@@ -507,8 +510,53 @@ class RedisHot:
             cached = [k.recent(session_id), k.summary(session_id), k.state(session_id)]
             await self._read(*forget_commands(k, session_id, self._history_ttl, also=cached))
 
-        with self._writing(session_id):
-            await self._call(op)
+        try:
+            with self._writing(session_id):
+                await self._call(op)
+        except HotUnavailable:
+            # What is cached may show a message SQL no longer holds (patched, or taken back and
+            # its seq reused): this process's next append refreshes the session from SQL.
+            if len(self._dirty) < _DIRTY_MAX:
+                self._dirty.add(session_id)
+            raise
+
+    async def add_to_stream(self, stream: str, fields: Mapping[str, str], *, max_len: int) -> None:
+        """XADD to `stream`, trimmed to about `max_len` entries: the EVENTS_STREAM sink."""
+        pairs = [part for item in fields.items() for part in item]
+
+        async def op() -> object:
+            return await self._command("XADD", stream, "MAXLEN", "~", max_len, "*", *pairs)
+
+        await self._call(op)
+
+    async def remove_from_stream(self, stream: str, fields: Mapping[str, str]) -> int:
+        """XDEL the entries of `stream` whose fields hold all of `fields`, read _STREAM_PAGE at a
+        time (XRANGE from after the last one read): a user's erasure, bounded by the stream's length."""
+        wanted = {k.encode(): v.encode() for k, v in fields.items()}
+        start, removed = "-", 0
+        while True:
+            entries = await self._call(functools.partial(self._stream_page, stream, start))
+            doomed = [entry_id for entry_id, got in entries if all(got.get(k) == v for k, v in wanted.items())]
+            if doomed:
+                removed += await self._call(functools.partial(self._stream_delete, stream, doomed))
+            if len(entries) < _STREAM_PAGE:
+                return removed
+            start = "(" + entries[-1][0].decode()
+
+    async def _stream_page(self, stream: str, start: str) -> list[tuple[bytes, dict[bytes, bytes]]]:
+        page = await self._command("XRANGE", stream, start, "+", "COUNT", _STREAM_PAGE)
+        out = []
+        for entry in page if isinstance(page, list) else []:
+            entry_id, fields = entry[0], entry[1]
+            # The multiplexed client answers RESP as it is (a flat list of fields and values);
+            # redis-py's parses an entry's fields into a dict.
+            got = fields if isinstance(fields, dict) else dict(zip(fields[::2], fields[1::2], strict=True))
+            out.append((bytes(entry_id), got))
+        return out
+
+    async def _stream_delete(self, stream: str, entry_ids: list[bytes]) -> int:
+        answer = await self._command("XDEL", stream, *entry_ids)
+        return answer if isinstance(answer, int) else 0
 
     async def try_lock(self, session_id: str, ttl_seconds: float) -> str | None:
         token = secrets.token_hex(8)

@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tiered_memory.tiers.sql_schema import conversation_summaries as cs
 from tiered_memory.tiers.sql_schema import messages as msgs
-from tiered_memory.tiers.sql_schema import session_state, sessions, summary_slices
+from tiered_memory.tiers.sql_schema import outbox_events, session_state, sessions, summary_slices
 from tiered_memory.tiers.sql_store import SqlStore, summary_due
 
 
@@ -90,6 +90,8 @@ class SqlMaintenance:
             await conn.execute(cs.delete().where(cs.c.session_id == session_id))
             await conn.execute(session_state.delete().where(session_state.c.session_id == session_id))
             await conn.execute(sessions.delete().where(sessions.c.session_id == session_id))
+            # Its events not delivered yet hold its summary: retention keeps none of it.
+            await conn.execute(outbox_events.delete().where(outbox_events.c.subject == session_id))
             return True
 
         done = await self._store.transaction(last)

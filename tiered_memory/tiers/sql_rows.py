@@ -17,6 +17,8 @@ from tiered_memory.model import (
     Summary,
     SummarySource,
 )
+from tiered_memory.tiers.sql_schema import conversation_summaries as cs
+from tiered_memory.tiers.sql_schema import sessions
 
 
 def row_to_message(r: sa.Row[*tuple[Any, ...]], prefix: str = "") -> Message:
@@ -110,3 +112,20 @@ def append_result_of(message: Message, *, completed_turn: bool, duplicate: bool)
         duplicate=duplicate,
         completed_turn=completed_turn,
     )
+
+
+def sessions_with_summaries() -> sa.Select[Any]:
+    """`sessions` outer-joined with their summary rows, the summary's columns named as
+    `row_to_summary` reads them beside the session's: a session and its summary in one query."""
+    return sa.select(
+        sessions,
+        cs.c.summary,
+        cs.c.covered_turns,
+        cs.c.version,
+        cs.c.source,
+        cs.c.updated_at,
+        cs.c.created_at.label("summary_created_at"),
+        cs.c.topics,
+        cs.c.structured,
+        cs.c.compressions,
+    ).select_from(sessions.outerjoin(cs, cs.c.session_id == sessions.c.session_id))

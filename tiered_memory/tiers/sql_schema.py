@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 
 # The Alembic head revision, as a number: the schema version this code needs.
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 10
 
 _MYSQL_TABLE: dict[str, Any] = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin"}
 
@@ -68,6 +68,8 @@ sessions = sa.Table(
     sa.Index("ix_sessions_open_activity", "closed_at", "last_activity"),
     # The retention purge finds sessions inactive since a cutoff. (Version 4.)
     sa.Index("ix_sessions_last_activity", "last_activity"),
+    # A user's sessions, newest first (GET /v1/users/{uid}/sessions, an erasure). (Version 9.)
+    sa.Index("ix_sessions_user_created", "tenant", "user_id", "created_at"),
     **_MYSQL_TABLE,
 )
 
@@ -155,5 +157,68 @@ session_state = sa.Table(
     sa.Column("state", sa.Text, nullable=False),
     sa.Column("version", sa.Integer, nullable=False),
     sa.Column("updated_at", _TIMESTAMP, nullable=False),
+    **_MYSQL_TABLE,
+)
+
+
+# What is known of a user across the user's sessions (users.py): one JSON document per user of a
+# tenant, merged from every summary written for one of the user's sessions. (Version 9.)
+user_profiles = sa.Table(
+    "user_profiles",
+    metadata,
+    # users.user_key: a digest of tenant and user_id. MySQL/MariaDB collations pad with spaces
+    # ('u1' = 'u1 '), so the two as a key could give two users one profile; a digest is exact.
+    sa.Column("user_key", sa.String(64), primary_key=True),
+    sa.Column("tenant", sa.String(64), nullable=False),
+    sa.Column("user_id", sa.String(128), nullable=False),
+    sa.Column("profile", sa.Text, nullable=False),
+    sa.Column("updated_at", _TIMESTAMP, nullable=False),
+    **_MYSQL_TABLE,
+)
+
+# A user's erasure (DELETE /v1/users/{uid}), from its request until it finished: one that a crash
+# or an outage stopped part-way is found here and resumed. (Version 9.)
+user_erasures = sa.Table(
+    "user_erasures",
+    metadata,
+    sa.Column("user_key", sa.String(64), primary_key=True),
+    sa.Column("tenant", sa.String(64), nullable=False),
+    sa.Column("user_id", sa.String(128), nullable=False),
+    sa.Column("requested_at", _TIMESTAMP, nullable=False),
+    sa.Column("finished_at", _TIMESTAMP, nullable=True),
+    sa.Column("sessions", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("messages", sa.BigInteger, nullable=False, server_default="0"),
+    **_MYSQL_TABLE,
+)
+
+# Lifecycle events on their way to receivers (events.py, delivery.py): written in the transaction
+# of the change that causes them, one row per sink, delivered in id order per sink and subject
+# (a session, or a user). `state`: held (a final summary waiting for the session's last pass),
+# pending, delivered, failed (parked after WEBHOOK_MAX_AGE_SECONDS). (Version 10.)
+outbox_events = sa.Table(
+    "outbox_events",
+    metadata,
+    sa.Column("id", _BIGID, primary_key=True, autoincrement=True),
+    sa.Column("event_id", sa.String(32), nullable=False),
+    sa.Column("sink", sa.String(20), nullable=False),
+    sa.Column("type", sa.String(32), nullable=False),
+    sa.Column("tenant", sa.String(64), nullable=False),
+    # The session's stored key, or `user:` and users.user_key for a user's event.
+    sa.Column("subject", sa.String(200), nullable=False),
+    sa.Column("session_id", _SID, nullable=True),
+    sa.Column("user_id", sa.String(128), nullable=True),
+    sa.Column("payload", sa.Text().with_variant(mysql.MEDIUMTEXT(), "mysql"), nullable=False),
+    sa.Column("state", sa.String(10), nullable=False),
+    sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("created_at", _TIMESTAMP, nullable=False),
+    # When it was queued: created, or replayed (`tiered-memory events --replay`); its age counts from here.
+    sa.Column("queued_at", _TIMESTAMP, nullable=False),
+    sa.Column("next_attempt_at", _TIMESTAMP, nullable=False),
+    sa.Column("delivered_at", _TIMESTAMP, nullable=True),
+    sa.Column("last_error", sa.String(200), nullable=True),
+    # The head of each sink's subject: the oldest row not delivered.
+    sa.Index("ix_outbox_state_sink_subject", "state", "sink", "subject", "id"),
+    # A session's or user's events, when it is erased.
+    sa.Index("ix_outbox_subject", "subject", "id"),
     **_MYSQL_TABLE,
 )

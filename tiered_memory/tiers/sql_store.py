@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from tiered_memory.breaker import CircuitBreaker
 from tiered_memory.errors import Conflict, Forbidden, NotFound, SqlUnavailable
+from tiered_memory.events import SESSION_CLOSED, SUMMARY_FINAL, SUMMARY_UPDATED, Event, summary_payload
 from tiered_memory.model import (
     AppendResult,
     Caller,
@@ -37,16 +38,19 @@ from tiered_memory.tiers.group_commit import GroupCommit, Outcome
 from tiered_memory.tiers.sql_append import Append, AppendStatements, SessionLimits, store_batch
 from tiered_memory.tiers.sql_messages import MessageReads
 from tiered_memory.tiers.sql_migrate import current_version, migrate
-from tiered_memory.tiers.sql_patch import patch_message
+from tiered_memory.tiers.sql_outbox import add_event, new_event_id, release_final
+from tiered_memory.tiers.sql_patch import Deleted, delete_newest, patch_message
 from tiered_memory.tiers.sql_rows import (
     row_to_session,
     row_to_slice,
     row_to_summary,
+    sessions_with_summaries,
     slice_values,
 )
 from tiered_memory.tiers.sql_schema import conversation_summaries as cs
 from tiered_memory.tiers.sql_schema import messages as msgs
-from tiered_memory.tiers.sql_schema import session_state, sessions, summary_slices
+from tiered_memory.tiers.sql_schema import outbox_events, session_state, sessions, summary_slices
+from tiered_memory.tiers.sql_users import merge_profile, user_summaries_query
 
 T = TypeVar("T")
 
@@ -91,10 +95,13 @@ class SqlStore(MessageReads):
         breaker: CircuitBreaker | None = None,
         on_commit_batch: Callable[[int], None] = lambda _: None,
         limits: SessionLimits | None = None,
+        sinks: Sequence[str] = (),
     ) -> None:
         """`on_commit_batch` is told the size of each group commit's batch (a metric); `limits`
-        bound what one session holds (MAX_SESSION_MESSAGES, MAX_SESSION_BYTES)."""
+        bound what one session holds (MAX_SESSION_MESSAGES, MAX_SESSION_BYTES); `sinks` are the ids
+        of the sinks each lifecycle event is written to the outbox for (none: no events)."""
         self._limits = limits or SessionLimits()
+        self.sinks = tuple(sinks)
         self._engine = engine
         self._breaker = breaker
         self._timeout = timeout_s
@@ -114,6 +121,9 @@ class SqlStore(MessageReads):
         self._append_statements = AppendStatements()
         # Set whenever a connection goes back to the pool: `aclose` waits for the last.
         self._given_back = asyncio.Event()
+        # Set by `aclose`: a disposed engine makes itself a new pool at its next use, whose
+        # connection nobody would close (the collector finds it, and warns, in some later test).
+        self._closed = False
         sa.event.listen(engine.sync_engine, "checkin", lambda *_: self._given_back.set())
 
     @property
@@ -132,7 +142,8 @@ class SqlStore(MessageReads):
         """Fail the writes still queued, wait for statements still running to give their connections
         back (bounded by the SQL timeout), then close the pool. The pool closes only the
         connections it holds: one given back after that stays open, in a pool nobody references,
-        until the collector finds it unclosed."""
+        until the collector finds it unclosed. A statement started after this begins is refused."""
+        self._closed = True
         await self._commits.aclose()
         out = getattr(self._engine.pool, "checkedout", lambda: 0)
         deadline = asyncio.get_running_loop().time() + self._timeout
@@ -151,7 +162,10 @@ class SqlStore(MessageReads):
     async def _bounded(self, op: Callable[[], Awaitable[T]], *, timeout_s: float | None = None) -> T:
         """Run op within the timeout; every driver or pool failure becomes SqlUnavailable, whose
         message names the driver error but never the statement's parameters (message content).
-        While the breaker is open it raises at once: a write answers 503 without waiting."""
+        While the breaker is open, or once the store is closing, it raises at once: a write
+        answers 503 without waiting."""
+        if self._closed:
+            raise SqlUnavailable("sql: the store is closed")
         breaker = self._breaker
         if breaker is not None and not breaker.allow():
             raise SqlUnavailable("sql: circuit open")
@@ -289,8 +303,11 @@ class SqlStore(MessageReads):
 
         return await self._bounded(op)
 
-    async def close_session(self, session_id: str, *, reason: str, now: float) -> bool:
-        """Mark a session closed; False when it was already closed or does not exist."""
+    async def close_session(self, session_id: str, *, reason: str, now: float, final: bool = True) -> bool:
+        """Mark a session closed; False when it was already closed or does not exist. With event
+        sinks, `session.closed` (with the summary at close) and `summary.final` go to the outbox in
+        the same transaction, the final one held unless `final` (a last pass still to run releases
+        it, sql_outbox.release_final)."""
 
         async def body(conn: AsyncConnection) -> bool:
             result = await conn.execute(
@@ -298,9 +315,25 @@ class SqlStore(MessageReads):
                 .where(sessions.c.session_id == session_id, sessions.c.closed_at.is_(None))
                 .values(closed_at=now, close_reason=reason)
             )
+            if result.rowcount and self.sinks:
+                await self._closed_events(conn, session_id, reason=reason, now=now, final=final)
             return bool(result.rowcount)
 
         return await self._transaction(body)
+
+    async def _closed_events(
+        self, conn: AsyncConnection, session_id: str, *, reason: str, now: float, final: bool
+    ) -> None:
+        q = sessions_with_summaries().where(sessions.c.session_id == session_id)
+        row = (await conn.execute(q)).one()
+        summary = row_to_summary(row) if row.summary is not None else None
+        payload = summary_payload(summary, turn_count=int(row.turn_count))
+
+        def event(kind: str, said: dict[str, Any]) -> Event:
+            return Event(new_event_id(), kind, row.tenant, session_id, row.user_id, said, now)
+
+        await add_event(conn, self.sinks, event(SESSION_CLOSED, {**payload, "reason": reason}))
+        await add_event(conn, self.sinks, event(SUMMARY_FINAL, payload), held=not final)
 
     async def _lock_accessible(self, conn: AsyncConnection, session_id: str, caller: Caller) -> bool:
         """Lock the session row; False when there is none, Forbidden when the caller may not touch it.
@@ -325,6 +358,11 @@ class SqlStore(MessageReads):
         Forbidden, Conflict, InvalidInput, changing nothing."""
         return await self._transaction(lambda conn: patch_message(conn, session_id, message_id, patch, caller))
 
+    async def delete_newest(self, session_id: str, message_id: str, *, caller: Caller = _ANYONE) -> Deleted:
+        """Take back the session's newest message while no summary covers its turn (sql_patch.py).
+        Raises NotFound (the session), Forbidden, Conflict, changing nothing."""
+        return await self._transaction(lambda conn: delete_newest(conn, session_id, message_id, caller))
+
     async def delete_session(self, session_id: str, *, caller: Caller = _ANYONE) -> None:
         """Remove a session's messages, summary and bookkeeping; nothing happens when it is absent.
         Raises Forbidden, deleting nothing, when the caller may not access the session."""
@@ -336,6 +374,8 @@ class SqlStore(MessageReads):
             await conn.execute(cs.delete().where(cs.c.session_id == session_id))
             await conn.execute(session_state.delete().where(session_state.c.session_id == session_id))
             await conn.execute(sessions.delete().where(sessions.c.session_id == session_id))
+            # Its events not delivered yet tell of what is deleted now: they go too.
+            await conn.execute(outbox_events.delete().where(outbox_events.c.subject == session_id))
 
         await self._transaction(body)
 
@@ -415,22 +455,7 @@ class SqlStore(MessageReads):
         """The stored summary and the session's current bookkeeping, in one query."""
 
         async def op() -> tuple[Summary | None, SessionInfo | None]:
-            q = (
-                sa.select(
-                    sessions,
-                    cs.c.summary,
-                    cs.c.covered_turns,
-                    cs.c.version,
-                    cs.c.source,
-                    cs.c.updated_at,
-                    cs.c.created_at.label("summary_created_at"),
-                    cs.c.topics,
-                    cs.c.structured,
-                    cs.c.compressions,
-                )
-                .select_from(sessions.outerjoin(cs, cs.c.session_id == sessions.c.session_id))
-                .where(sessions.c.session_id == session_id)
-            )
+            q = sessions_with_summaries().where(sessions.c.session_id == session_id)
             async with self._engine.connect() as conn:
                 row = (await conn.execute(q)).one_or_none()
             if row is None:
@@ -473,7 +498,9 @@ class SqlStore(MessageReads):
             # summary row back (and a reused session id does not inherit it).
             alive = (
                 await conn.execute(
-                    sa.select(sessions.c.session_id).where(sessions.c.session_id == session_id).with_for_update()
+                    sa.select(sessions.c.tenant, sessions.c.user_id, sessions.c.turn_count, sessions.c.closed_at)
+                    .where(sessions.c.session_id == session_id)
+                    .with_for_update()
                 )
             ).one_or_none()
             if alive is None:
@@ -499,9 +526,42 @@ class SqlStore(MessageReads):
                 await conn.execute(summary_slices.delete().where(summary_slices.c.session_id == session_id))
             if slices:
                 await conn.execute(summary_slices.insert(), [slice_values(session_id, s) for s in slices])
+            if alive.user_id is not None:
+                # The user's profile takes what this summary says, in the same transaction.
+                await merge_profile(
+                    conn,
+                    self._insert_if_absent,
+                    tenant=alive.tenant,
+                    user_id=alive.user_id,
+                    session_key=session_id,
+                    summary=summary,
+                    now=summary.updated_at,
+                )
+            if self.sinks:
+                await self._summary_events(conn, session_id, summary, alive)
             return True
 
         return await self._transaction(body)
+
+    async def _summary_events(
+        self, conn: AsyncConnection, session_id: str, summary: Summary, alive: sa.Row[*tuple[Any, ...]]
+    ) -> None:
+        """`summary.updated`, and for a closed session's last pass (it covers every turn) the
+        release of its held `summary.final`, in the transaction that writes the summary."""
+        payload = summary_payload(summary, turn_count=int(alive.turn_count))
+        event = Event(
+            new_event_id(), SUMMARY_UPDATED, alive.tenant, session_id, alive.user_id, payload, summary.updated_at
+        )
+        await add_event(conn, self.sinks, event)
+        if alive.closed_at is not None and summary.covered_turns >= int(alive.turn_count):
+            await release_final(conn, session_id, now=summary.updated_at)
+
+    async def release_final(self, session_id: str, *, now: float) -> int:
+        """Release the session's held `summary.final` with the summary stored now (its last pass
+        wrote nothing: the LLM failed, or there was nothing left to cover); the rows released."""
+        if not self.sinks:
+            return 0
+        return await self._transaction(lambda conn: release_final(conn, session_id, now=now))
 
     async def user_summaries(
         self, user_id: str, *, limit: int, tenant: str | None = None
@@ -511,19 +571,8 @@ class SqlStore(MessageReads):
         With `tenant`, only sessions of that tenant."""
 
         async def op() -> list[tuple[str, int, Summary]]:
-            q = (
-                sa.select(cs, cs.c.created_at.label("summary_created_at"))
-                # MySQL/MariaDB collations pad with spaces, so 'u1' = 'u1 ' there: equal lengths
-                # (measured by the same function on both sides) make the match exact, and the
-                # equality still uses the (user_id, updated_at) index.
-                .where(cs.c.user_id == user_id, sa.func.length(cs.c.user_id) == sa.func.length(sa.literal(user_id)))
-                .order_by(cs.c.updated_at.desc())
-                .limit(limit)
-            )
-            if tenant is not None:
-                q = q.join(sessions, sessions.c.session_id == cs.c.session_id).where(sessions.c.tenant == tenant)
             async with self._engine.connect() as conn:
-                rows = (await conn.execute(q)).all()
+                rows = (await conn.execute(user_summaries_query(user_id, tenant=tenant, limit=limit))).all()
             return [(r.session_id, int(r.turn_count), row_to_summary(r)) for r in rows]
 
         return await self._bounded(op)

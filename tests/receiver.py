@@ -1,0 +1,55 @@
+"""A webhook receiver as a process of its own, for the delivery tests: it records every POST it
+answers 2xx to (headers and raw body, one JSON line each) and misbehaves on request.
+
+    python -m tests.receiver PORT RECORD_FILE MODE_FILE
+
+MODE_FILE holds what it does with the next request, read on each one: `ok` (200), `500`, `hang`
+(never answers), `drop` (closes the connection without an answer), `ack-late` (records the event,
+then answers 200 only after 5 s: a sender that stops waiting sooner sends it again), or
+`hang:SESSION` (hangs on that session's events only, answers the others). A missing file is `ok`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+from aiohttp import web
+
+
+def _mode(mode_file: Path) -> str:
+    """What to do with the request (a file this small is read at once: no thread needed)."""
+    try:
+        return mode_file.read_text().strip() or "ok"
+    except FileNotFoundError:
+        return "ok"
+
+
+def main(port: int, record: Path, mode_file: Path) -> None:
+    async def receive(request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        mode = _mode(mode_file)
+        if mode == "500":
+            return web.Response(status=500, text="down for now")
+        if mode == "hang" or mode == f"hang:{json.loads(raw).get('session_id')}":
+            await asyncio.sleep(3600)
+        if mode == "drop":
+            assert request.transport is not None
+            request.transport.close()
+            return web.Response(status=200)
+        line = {"headers": dict(request.headers), "body": raw.decode()}
+        with record.open("a", encoding="utf-8") as out:
+            out.write(json.dumps(line) + "\n")
+        if mode == "ack-late":
+            await asyncio.sleep(5)
+        return web.Response(status=200, text="ok")
+
+    app = web.Application()
+    app.router.add_post("/hook", receive)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, handle_signals=True)
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]))

@@ -49,7 +49,10 @@ def _env(real_servers: RealServers, **extra: str) -> dict[str, str]:
         "AUTO_MIGRATE": "true",
         "SWEEP_INTERVAL_SECONDS": "3600",
         "REDIS_TIMEOUT_MS": "200",
-        "SQL_TIMEOUT_MS": "1000",
+        # A loaded CI machine's MariaDB has stalled a plain commit for 1.6 to 3.8 s, which a
+        # short bound turns into a 503 where no fault was injected. A proxy's cut fails at once
+        # whatever the bound; a test that times SQL out sets its own.
+        "SQL_TIMEOUT_MS": "15000",
     }
     return env | extra
 
@@ -266,6 +269,9 @@ async def test_sql_fault_refuses_writes_serves_hot_reads_and_loses_nothing(
             DATABASE_URL=_via(real_servers.mysql_url, sql_proxy.port),
             SQL_BREAKER_FAILURES="3",
             SQL_BREAKER_RESET_SECONDS=str(reset_s),
+            # Bounds the slow proxy's statements; long enough that a commit the machine's load
+            # stalls during the set-up is not yet a fault.
+            SQL_TIMEOUT_MS="3000",
         )
     )
     await d.start()
@@ -276,7 +282,7 @@ async def test_sql_fault_refuses_writes_serves_hot_reads_and_loses_nothing(
         if fault == "cut":
             sql_proxy.cut()
         else:
-            sql_proxy.delay_s = 1.5
+            sql_proxy.delay_s = 3.5
         for attempt in range(4):
             # A plain append and a load-then-append turn alike.
             route = "messages" if attempt % 2 == 0 else "turns"

@@ -35,6 +35,7 @@ from tiered_memory.settings import Settings
 from tiered_memory.summarize.extractive import Extractor
 from tiered_memory.text_lane import new_pools
 from tiered_memory.tiers.sql_store import SqlStore
+from tiered_memory.tracing import Tracing
 
 
 @dataclass(frozen=True)
@@ -189,9 +190,12 @@ class Daemon:
     """The daemon under test, served over real HTTP on loopback, restartable with the same settings.
     `headers` go with every request of `http` (a request's own headers take precedence)."""
 
-    def __init__(self, env: dict[str, str], headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, env: dict[str, str], headers: dict[str, str] | None = None, tracing: Tracing | None = None
+    ) -> None:
         self.env = env
         self.headers = headers or {}
+        self.tracing = tracing
         self.settings = Settings.from_env(env)
         self.client: TestClient[Any, Any] | None = None
         self.registry = CollectorRegistry()
@@ -199,7 +203,9 @@ class Daemon:
 
     async def start(self) -> None:
         self.registry = CollectorRegistry()
-        self.app = create_app(self.settings, registry=self.registry, extractor=_EXTRACTOR, text_pools=_TEXT_POOLS)
+        self.app = create_app(
+            self.settings, registry=self.registry, extractor=_EXTRACTOR, text_pools=_TEXT_POOLS, tracing=self.tracing
+        )
         self.client = TestClient(TestServer(self.app), headers=self.headers)
         try:
             await self.client.start_server()

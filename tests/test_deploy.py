@@ -172,7 +172,9 @@ def test_dockerfile_runs_readme_commands() -> None:
     runs = " ".join(a for _, i, a in instructions if i == "RUN")
     (venv,) = re.findall(r"python3 -m venv (\S+)", runs)
     install = f"{venv}/bin/pip install ."
-    assert re.search(rf"{re.escape(install)}(\s|$)", runs)
+    # The project, with the extras the EXTRAS build argument names (none by default).
+    assert re.search(rf'{re.escape(f"{venv}/bin/pip install")} "\.\$\{{EXTRAS\}}"(\s|$)', runs)
+    assert ("ARG", 'EXTRAS=""') in {(i, a) for _, i, a in instructions}
     assert f"python3 -m venv {venv}" in README
     assert install in README
     entrypoint = [_exec_form(a) for _, i, a in instructions if i == "ENTRYPOINT"][-1]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 
 import aiohttp
 import structlog
@@ -21,7 +21,7 @@ from tiered_memory.api import OPENAPI_KEY, SERVICE_KEY, add_routes
 from tiered_memory.api_users import add_user_routes
 from tiered_memory.auth import auth_middleware
 from tiered_memory.delivery import Delivery, DeliverySettings
-from tiered_memory.edge import METRICS_KEY, SETTINGS_KEY, deadline_middleware, observe
+from tiered_memory.edge import METRICS_KEY, SETTINGS_KEY, deadline_middleware, observe, tracing_middleware
 from tiered_memory.errors import ConfigError, SqlUnavailable
 from tiered_memory.local_guard import local_guard_middleware
 from tiered_memory.metrics import Metrics
@@ -47,6 +47,7 @@ from tiered_memory.tiers.sql_maintenance import SqlMaintenance
 from tiered_memory.tiers.sql_outbox import SqlOutbox
 from tiered_memory.tiers.sql_schema import SCHEMA_VERSION
 from tiered_memory.tiers.sql_store import SqlStore
+from tiered_memory.tracing import Tracing, exporting
 
 log = structlog.get_logger("tiered_memory.app")
 
@@ -56,9 +57,10 @@ LLM_KEY = web.AppKey("llm", LlmSummarizer)
 EXTRACTOR_KEY = web.AppKey("extractor", Extractor)
 TEXT_POOLS_KEY = web.AppKey("text_pools", Pools)
 TEXT_KEY = web.AppKey("text", TextLane)
+TRACING_KEY = web.AppKey("tracing", Tracing)
 
 
-def build_hot(settings: Settings, metrics: Metrics) -> HotTier:
+def build_hot(settings: Settings, metrics: Metrics, tracing: Tracing | None = None) -> HotTier:
     """Redis when REDIS_URL is set, the bounded in-process cache otherwise."""
     if settings.redis_url:
         return RedisHot.from_url(
@@ -73,6 +75,7 @@ def build_hot(settings: Settings, metrics: Metrics) -> HotTier:
                 "redis", failures=settings.redis_breaker_failures, reset_s=settings.redis_breaker_reset_seconds
             ),
             cache_sessions=settings.hot_read_cache_sessions,
+            tracing=tracing,
         )
     return MemoryHot(
         max_sessions=settings.hot_max_sessions,
@@ -84,7 +87,9 @@ def build_hot(settings: Settings, metrics: Metrics) -> HotTier:
     )
 
 
-def build_store(settings: Settings, metrics: Metrics, *, timeout_s: float | None = None) -> SqlStore:
+def build_store(
+    settings: Settings, metrics: Metrics, *, timeout_s: float | None = None, tracing: Tracing | None = None
+) -> SqlStore:
     """The SQL tiers on DATABASE_URL (or the embedded SQLite file), behind the SQL breaker."""
     breaker = metrics.breaker("sql", failures=settings.sql_breaker_failures, reset_s=settings.sql_breaker_reset_seconds)
     return SqlStore(
@@ -94,10 +99,13 @@ def build_store(settings: Settings, metrics: Metrics, *, timeout_s: float | None
         on_commit_batch=metrics.commit_batch.observe,
         limits=SessionLimits(messages=settings.max_session_messages, bytes=settings.max_session_bytes),
         sinks=[sink.id for sink in settings.event_sinks],
+        tracing=tracing,
     )
 
 
-def build_llm(settings: Settings, session: aiohttp.ClientSession, metrics: Metrics) -> LlmSummarizer:
+def build_llm(
+    settings: Settings, session: aiohttp.ClientSession, metrics: Metrics, tracing: Tracing | None = None
+) -> LlmSummarizer:
     """The LLM summarizer on LLM_BASE_URL, behind the LLM breaker; `session` is the caller's."""
     assert settings.llm_base_url
     return LlmSummarizer(
@@ -115,6 +123,7 @@ def build_llm(settings: Settings, session: aiohttp.ClientSession, metrics: Metri
         extra_body=settings.llm_extra_body,
         on_usage=metrics.llm_usage(settings.summary_model, settings.llm_prices),
         on_dropped=metrics.llm_item_dropped,
+        tracing=tracing,
     )
 
 
@@ -131,6 +140,7 @@ def build_job(
     tagger: TopicTagger,
     llm: LlmSummarizer | None,
     metrics: Metrics,
+    tracing: Tracing | None = None,
 ) -> SummaryJob:
     """The summary job the daemon runs in the background (and `tiered-memory rebuild` in the foreground)."""
     return SummaryJob(
@@ -146,6 +156,7 @@ def build_job(
         # Long enough for the slowest LLM call plus the writes; short enough that a crashed
         # holder does not block the session's summaries for long.
         lock_ttl_s=settings.llm_timeout_seconds + settings.sql_timeout_ms / 1000 * 2 + 5,
+        tracing=tracing,
     )
 
 
@@ -169,7 +180,7 @@ async def _sql_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS_KEY]
     if settings.embedded_sql:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-    store = build_store(settings, app[METRICS_KEY])
+    store = build_store(settings, app[METRICS_KEY], tracing=app[TRACING_KEY])
     # A context that fails before its yield is never cleaned up: the pool is closed here.
     try:
         if settings.migrate_on_start:
@@ -186,7 +197,7 @@ async def _sql_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _hot_ctx(app: web.Application) -> AsyncIterator[None]:
-    hot = build_hot(app[SETTINGS_KEY], app[METRICS_KEY])
+    hot = build_hot(app[SETTINGS_KEY], app[METRICS_KEY], app[TRACING_KEY])
     app[HOT_KEY] = hot
     if isinstance(hot, MemoryHot):
         app[METRICS_KEY].hot_cache_bytes.set_function(lambda: hot.bytes)
@@ -200,7 +211,7 @@ async def _llm_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
         return
     async with aiohttp.ClientSession() as session:
-        app[LLM_KEY] = build_llm(settings, session, app[METRICS_KEY])
+        app[LLM_KEY] = build_llm(settings, session, app[METRICS_KEY], app[TRACING_KEY])
         yield
 
 
@@ -239,6 +250,7 @@ async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
         tagger=tagger,
         llm=app.get(LLM_KEY),
         metrics=app[METRICS_KEY],
+        tracing=app[TRACING_KEY],
     )
     service = MemoryService(
         settings=settings,
@@ -305,21 +317,42 @@ async def _deliver(app: web.Application) -> None:
         await delivery.run()
 
 
+def _tracing(settings: Settings) -> tuple[Tracing, Callable[[], None] | None]:
+    """The OTLP export the OTEL_* settings ask for, and its shutdown; off without an endpoint."""
+    if not settings.tracing:
+        return Tracing.off(), None
+    return exporting(
+        settings.otel_service_name,
+        endpoint=settings.otel_exporter_otlp_endpoint,
+        traces_endpoint=settings.otel_exporter_otlp_traces_endpoint,
+        protocol=settings.otel_exporter_otlp_protocol,
+    )
+
+
 def create_app(
     settings: Settings,
     *,
     registry: CollectorRegistry | None = None,
     extractor: Extractor | None = None,
     text_pools: Pools | None = None,
+    tracing: Tracing | None = None,
 ) -> web.Application:
     """The daemon as an aiohttp application; nothing connects until the app starts. With
     API_TOKENS or API_TOKENS_FILE set, every route but the probes and /metrics needs a token. An
     extractor and text pools (`text_lane.new_pools`) may be handed in to share their loaded
-    dictionaries: tests start many apps in one process, and a worker's start costs a second."""
+    dictionaries: tests start many apps in one process, and a worker's start costs a second.
+    `tracing` (tests hand in an in-memory exporter's) replaces the OTLP export that an endpoint
+    in the OTEL_* settings turns on."""
     metrics = Metrics(registry if registry is not None else CollectorRegistry())
-    # observe is outermost, so that a refused token or an overload is logged, timed and answered
-    # like any error; admission comes before authentication, which is work too.
+    shutdown = None
+    if tracing is None:
+        tracing, shutdown = _tracing(settings)
+    # observe is outermost but for the request's span, so that a refused token or an overload is
+    # logged, timed and answered like any error; admission comes before authentication, which is
+    # work too.
     middlewares = [observe, admission_middleware(settings.max_inflight_requests, metrics)]
+    if tracing.enabled:
+        middlewares.insert(0, tracing_middleware(tracing))
     if settings.api_tokens:
         middlewares.append(auth_middleware(settings.api_tokens))
     else:
@@ -341,6 +374,10 @@ def create_app(
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
     app[SETTINGS_KEY] = settings
     app[METRICS_KEY] = metrics
+    app[TRACING_KEY] = tracing
+    if shutdown is not None:
+        # The spans still queued are sent when the app stops (after every other resource).
+        app.on_cleanup.append(lambda _app: asyncio.to_thread(shutdown))
     app[EXTRACTOR_KEY] = extractor if extractor is not None else Extractor()
     if text_pools is not None:
         app[TEXT_POOLS_KEY] = text_pools

@@ -33,6 +33,7 @@ from tiered_memory.errors import (
 from tiered_memory.metrics import Metrics
 from tiered_memory.settings import Settings
 from tiered_memory.tiers.codec import dumps
+from tiered_memory.tracing import Tracing, failed
 
 log = structlog.get_logger("tiered_memory.api")
 
@@ -202,3 +203,30 @@ def deadline_middleware(timeout_s: float) -> Middleware:
             ) from None
 
     return deadline
+
+
+def tracing_middleware(tracing: Tracing) -> Middleware:
+    """A span per request (outermost, so that it sees the status observe maps errors to), the
+    child of the caller's `traceparent`: route template, method, status, session id and the tier
+    that answered a read."""
+
+    @web.middleware
+    async def traced(request: web.Request, handler: Handler) -> web.StreamResponse:
+        resource = request.match_info.route.resource
+        route = resource.canonical if resource is not None else "unmatched"
+        attributes: dict[str, str | int] = {"http.request.method": request.method, "http.route": route}
+        session_id = request.match_info.get("session_id")
+        if session_id is not None:
+            attributes["tiered_memory.session_id"] = session_id
+        with tracing.server_span(f"{request.method} {route}", request.headers, attributes) as span:
+            response = await handler(request)
+            if span is not None:
+                span.set_attribute("http.response.status_code", response.status)
+                tier = request.get(TIER_KEY)
+                if tier is not None:
+                    span.set_attribute("tiered_memory.tier", str(tier))
+                if response.status >= 500:
+                    failed(span, f"status {response.status}")
+            return response
+
+    return traced

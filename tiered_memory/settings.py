@@ -196,6 +196,17 @@ class Settings(BaseSettings):
     events_stream: str | None = Field(None, alias="EVENTS_STREAM", min_length=1, max_length=200)
     events_stream_max_len: int = Field(100_000, alias="EVENTS_STREAM_MAX_LEN", ge=1)
 
+    # --- traces (tracing.py; the `otel` extra): on when an OTLP endpoint is set ---
+    otel_exporter_otlp_endpoint: str | None = Field(None, alias="OTEL_EXPORTER_OTLP_ENDPOINT", min_length=1)
+    otel_exporter_otlp_traces_endpoint: str | None = Field(
+        None, alias="OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", min_length=1
+    )
+    otel_exporter_otlp_protocol: Literal["http/protobuf", "grpc"] = Field(
+        "http/protobuf", alias="OTEL_EXPORTER_OTLP_PROTOCOL"
+    )
+    otel_service_name: str = Field("tiered-memory", alias="OTEL_SERVICE_NAME", min_length=1, max_length=200)
+    otel_sdk_disabled: bool = Field(False, alias="OTEL_SDK_DISABLED")
+
     # --- logs ---
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", alias="LOG_LEVEL")
     log_format: Literal["auto", "json", "console"] = Field("auto", alias="LOG_FORMAT")
@@ -386,6 +397,12 @@ class Settings(BaseSettings):
         """Largest request body: two texts of MAX_MESSAGE_BYTES (a turn's content and system
         prompt) even if every byte needs a six-character JSON escape, plus room for the rest."""
         return 12 * self.max_message_bytes + 64 * 1024
+
+    @property
+    def tracing(self) -> bool:
+        """Spans are exported: an OTLP endpoint is set and the SDK is not disabled."""
+        endpoint = self.otel_exporter_otlp_endpoint or self.otel_exporter_otlp_traces_endpoint
+        return endpoint is not None and not self.otel_sdk_disabled
 
     @property
     def sqlalchemy_url(self) -> str:

@@ -32,6 +32,7 @@ from tiered_memory.summarize.topics import TopicTagger
 from tiered_memory.text_lane import TextLane, TextQueueFull, Ticket, text_bytes
 from tiered_memory.tiers.hot import HotTier
 from tiered_memory.tiers.sql_store import SqlStore
+from tiered_memory.tracing import Tracing
 
 log = structlog.get_logger("tiered_memory.summary_job")
 # The turns of a backlog read from SQL at once (rounded to whole batches).
@@ -103,8 +104,10 @@ class SummaryJob:
         summary_format: str = "structured",
         batch_turns: int = 6,
         clock: Callable[[], float] = time.time,
+        tracing: Tracing | None = None,
     ) -> None:
         self._store = store
+        self._tracing = tracing or Tracing.off()
         self._hot = hot
         self._text = text
         self._tagger = tagger
@@ -124,7 +127,14 @@ class SummaryJob:
         With `refine`, a summary that is up to date but not the LLM's, of a session of at most
         COMPRESSION_BATCH_TURNS turns (one call: a short call that closed before its first
         cadence point, or one whose LLM failed), is made again by the LLM as the next version;
-        it stays as it is when the LLM fails again."""
+        it stays as it is when the LLM fails again.
+
+        Traced in a trace of its own, linked to the request that scheduled it (the pass outlives
+        the request)."""
+        with self._tracing.linked_root("summary job", {"tiered_memory.session_key": session_id}):
+            return await self._run(session_id, use_llm=use_llm, refine=refine)
+
+    async def _run(self, session_id: str, *, use_llm: bool, refine: bool) -> JobResult:
         try:
             token = await self._hot.try_lock(session_id, self._lock_ttl)
         except HotUnavailable:

@@ -11,10 +11,11 @@ may still be running and the caller owns the latency budget.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import random
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from types import TracebackType
 from typing import Any
 from urllib.parse import quote
@@ -548,6 +549,7 @@ class AsyncClient:
         headers = dict(self._headers) | (extra_headers or {})
         if user_id is not None:
             headers["X-User-ID"] = user_id
+        _propagate_trace(headers)
         url = self._base.with_path(self._base.path.rstrip("/") + path, encoded=True)
         try:
             async with self._http().request(
@@ -613,3 +615,22 @@ def _decode_error(raw: bytes) -> dict[str, str]:
 
 def _message(raw: bytes) -> str:
     return _decode_error(raw).get("message") or raw[:200].decode("utf-8", "replace")
+
+
+def _propagate_trace(headers: dict[str, str]) -> None:
+    """The caller's trace context (W3C `traceparent`, through the propagators its OpenTelemetry
+    set-up configured) into `headers`, so that the daemon's spans join the gateway's trace;
+    nothing without opentelemetry-api installed or without a current span."""
+    inject = _trace_injector()
+    if inject is not None:
+        inject(headers)
+
+
+@functools.cache
+def _trace_injector() -> Callable[[dict[str, str]], None] | None:
+    # Looked up once: a failed import searches sys.path again on every try.
+    try:
+        from opentelemetry import propagate
+    except ImportError:
+        return None
+    return propagate.inject

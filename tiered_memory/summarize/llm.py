@@ -31,6 +31,7 @@ from tiered_memory.language import LANGUAGES, Language, conversation_language
 from tiered_memory.model import Message, Role
 from tiered_memory.summarize.grounding import Dropped, Source, grounded_payload, grounded_text, payload_texts
 from tiered_memory.summarize.payload import bounded, check_text, read_llm_payload
+from tiered_memory.tracing import Tracing
 
 T = TypeVar("T")
 log = structlog.get_logger("tiered_memory.summarize.llm")
@@ -199,12 +200,14 @@ class LlmSummarizer:
         extra_body: Mapping[str, Any] | None = None,
         on_usage: Callable[[int, int], None] | None = None,
         on_dropped: Callable[[str, str], None] | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         """`extra_body` is merged into every request (LLM_EXTRA_BODY; it may set what the daemon
         sets but the model and the messages); `on_usage` gets the prompt and completion tokens a
         reply reports in `usage`; `on_dropped` gets the field and the reason of each part of a
         reply dropped as ungrounded."""
         self._session = session
+        self._tracing = tracing or Tracing.off()
         self._on_dropped = on_dropped
         self._extra_body = dict(extra_body or {})
         self._on_usage = on_usage
@@ -311,6 +314,11 @@ class LlmSummarizer:
                 {"role": "user", "content": user_content},
             ],
         } | self._extra_body
+        attributes = {"gen_ai.operation.name": "chat", "gen_ai.request.model": self._model}
+        with self._tracing.span(f"chat {self._model}", attributes):
+            return self._parse(await self._reply(body))
+
+    async def _reply(self, body: dict[str, Any]) -> bytes:
         try:
             async with asyncio.timeout(self._timeout):
                 async with self._session.post(self._url, json=body, headers=self._headers) as resp:
@@ -323,7 +331,7 @@ class LlmSummarizer:
             raise LlmFailed("timeout", f"no reply within {self._timeout}s") from exc
         except aiohttp.ClientError as exc:
             raise LlmFailed("transport", type(exc).__name__) from exc
-        return self._parse(raw)
+        return raw
 
     def _parse(self, raw: bytes) -> str:
         try:

@@ -33,6 +33,7 @@ from tiered_memory.tiers.redis_link import RedisLink
 from tiered_memory.tiers.redis_postings import RedisPostings, forget_commands
 from tiered_memory.tiers.redis_url import connect, parse_redis_url
 from tiered_memory.tiers.resp import Endpoint, RespMux, Script
+from tiered_memory.tracing import Tracing
 
 T = TypeVar("T")
 
@@ -276,6 +277,7 @@ class RedisHot:
         recall_max_bytes: int = SESSION_BYTES,
         breaker: CircuitBreaker | None = None,
         cache_sessions: int = 0,
+        tracing: Tracing | None = None,
     ) -> RedisHot:
         """One server, a Redis Cluster or a Sentinel-managed master, by the URL's scheme
         (see redis_url); a plain redis:// server's hot reads go through the multiplexed client,
@@ -291,7 +293,7 @@ class RedisHot:
             on_invalidate = cache_invalidator(cache) if cache is not None else None
             mux = RespMux(endpoint, connect_timeout_s=timeout_s, stale_after_s=timeout_s, on_invalidate=on_invalidate)
         return cls(
-            RedisLink(client, timeout_s=timeout_s, breaker=breaker, mux=mux, close=close),
+            RedisLink(client, timeout_s=timeout_s, breaker=breaker, mux=mux, close=close, tracing=tracing),
             cache=cache,
             keys=keys,
             summary_ttl_s=summary_ttl_s,

@@ -19,6 +19,7 @@ from tiered_memory.breaker import CircuitBreaker
 from tiered_memory.errors import HotUnavailable
 from tiered_memory.tiers.redis_url import HotClient
 from tiered_memory.tiers.resp import Arg, Command, RespMux, Script
+from tiered_memory.tracing import Tracing, operation
 
 T = TypeVar("T")
 
@@ -38,8 +39,10 @@ class RedisLink:
         breaker: CircuitBreaker | None = None,
         mux: RespMux | None = None,
         close: Callable[[], Awaitable[None]] | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.client = client
+        self._tracing = tracing or Tracing.off()
         self.mux = mux
         self._close = close if close is not None else client.aclose
         self._breaker = breaker
@@ -49,7 +52,14 @@ class RedisLink:
 
     async def call(self, op: Callable[[], Awaitable[T]]) -> T:
         """`op`'s answer; HotUnavailable when Redis fails, times out, is behind an open breaker or
-        answers a value `op` cannot decode."""
+        answers a value `op` cannot decode. Traced as one span (a call is one round trip, or a
+        few), named after the method `op` was written in."""
+        if not self._tracing.enabled:  # no name worked out: every hot read passes here
+            return await self._guarded(op)
+        with self._tracing.span(f"redis {operation(op)}", {"db.system": "redis"}):
+            return await self._guarded(op)
+
+    async def _guarded(self, op: Callable[[], Awaitable[T]]) -> T:
         breaker = self._breaker
         if breaker is not None and not breaker.allow():
             # Down a moment ago: the caller's fallback answers now instead of after a timeout.

@@ -51,6 +51,7 @@ from tiered_memory.tiers.sql_schema import conversation_summaries as cs
 from tiered_memory.tiers.sql_schema import messages as msgs
 from tiered_memory.tiers.sql_schema import outbox_events, session_state, sessions, summary_slices
 from tiered_memory.tiers.sql_users import merge_profile, user_summaries_query
+from tiered_memory.tracing import Tracing, operation
 
 T = TypeVar("T")
 
@@ -96,11 +97,13 @@ class SqlStore(MessageReads):
         on_commit_batch: Callable[[int], None] = lambda _: None,
         limits: SessionLimits | None = None,
         sinks: Sequence[str] = (),
+        tracing: Tracing | None = None,
     ) -> None:
         """`on_commit_batch` is told the size of each group commit's batch (a metric); `limits`
         bound what one session holds (MAX_SESSION_MESSAGES, MAX_SESSION_BYTES); `sinks` are the ids
         of the sinks each lifecycle event is written to the outbox for (none: no events)."""
         self._limits = limits or SessionLimits()
+        self._tracing = tracing or Tracing.off()
         self.sinks = tuple(sinks)
         self._engine = engine
         self._breaker = breaker
@@ -159,13 +162,26 @@ class SqlStore(MessageReads):
 
     # --- plumbing -------------------------------------------------------------------------
 
-    async def _bounded(self, op: Callable[[], Awaitable[T]], *, timeout_s: float | None = None) -> T:
+    async def _bounded(
+        self,
+        op: Callable[[], Awaitable[T]],
+        *,
+        timeout_s: float | None = None,
+        named_after: Callable[..., Any] | None = None,
+    ) -> T:
         """Run op within the timeout; every driver or pool failure becomes SqlUnavailable, whose
         message names the driver error but never the statement's parameters (message content).
         While the breaker is open, or once the store is closing, it raises at once: a write
-        answers 503 without waiting."""
+        answers 503 without waiting. Traced as one span, named after the method `op` (or
+        `named_after`) was written in."""
         if self._closed:
             raise SqlUnavailable("sql: the store is closed")
+        if not self._tracing.enabled:  # no name worked out, no attributes built: the hot path
+            return await self._guarded(op, timeout_s=timeout_s)
+        with self._tracing.span(f"sql {operation(named_after or op)}", {"db.system": self.dialect}):
+            return await self._guarded(op, timeout_s=timeout_s)
+
+    async def _guarded(self, op: Callable[[], Awaitable[T]], *, timeout_s: float | None) -> T:
         breaker = self._breaker
         if breaker is not None and not breaker.allow():
             raise SqlUnavailable("sql: circuit open")
@@ -227,7 +243,7 @@ class SqlStore(MessageReads):
                         raise
             raise AssertionError("unreachable")
 
-        return await self._bounded(attempt)
+        return await self._bounded(attempt, named_after=body)
 
     def _insert_if_absent(self, table: sa.Table, values: dict[str, Any]) -> sa.Executable:
         if self._dialect == "mysql":
@@ -249,12 +265,21 @@ class SqlStore(MessageReads):
         Concurrent appends share a transaction and its commit (group commit, `_append_batch`):
         each caller is answered after the commit that holds its message.
         """
-        return await self._commits.submit(Append(new, now, caller))
+        # The request's span covers its wait for the commit; the batch's transaction is traced
+        # in a trace of its own (it serves several requests), linked to the one that opened it.
+        if not self._tracing.enabled:
+            return await self._commits.submit(Append(new, now, caller))
+        with self._tracing.span("sql SqlStore.append", {"db.system": self.dialect}):
+            return await self._commits.submit(Append(new, now, caller))
 
     async def _append_batch(self, batch: Sequence[Append]) -> list[Outcome[AppendResult]]:
         """One transaction for the batch (sql_append.store_batch). A statement the server
         refuses aborts it; then each message is tried alone, so that only its own caller gets the
         error. A failure of the server or the connection fails the whole batch."""
+        with self._tracing.linked_root("sql append batch", {"db.system": self.dialect, "batch.size": len(batch)}):
+            return await self._commit_batch(batch)
+
+    async def _commit_batch(self, batch: Sequence[Append]) -> list[Outcome[AppendResult]]:
         try:
             return await self._transaction(self._storing(batch))
         except SqlUnavailable as exc:

@@ -7,7 +7,7 @@
  */
 
 import { Conflict, NotFound, Timeout, Unavailable, type ClientError } from "./errors.js";
-import { Transport, sleep, type CallSpec, type FetchLike } from "./http.js";
+import { Transport, sleep, type CallSpec, type FetchLike, type TraceContext } from "./http.js";
 import type {
   AppendResult,
   BatchResult,
@@ -61,6 +61,12 @@ export interface ClientOptions {
   deadlineMs?: number;
   /** The fetch to use (default `globalThis.fetch`, looked up at each call). */
   fetch?: FetchLike;
+  /**
+   * The caller's trace context as headers, read at each call, so that the daemon's spans join
+   * the gateway's trace. With `@opentelemetry/api`:
+   * `() => { const carrier = {}; propagation.inject(context.active(), carrier); return carrier; }`.
+   */
+  traceContext?: TraceContext;
 }
 
 /** What every call may say for itself. */
@@ -178,13 +184,13 @@ export class MemoryClient {
     // Looked up per call rather than captured: a test or polyfill may install fetch later, and a
     // browser's fetch must be called unbound from window, not as a method of this object.
     const fetchImpl: FetchLike = options.fetch ?? ((url, init) => globalThis.fetch(url, init));
-    this.#http = new Transport(options.baseUrl, headers, fetchImpl, {
-      timeoutMs,
-      retries,
-      backoffMs,
-      maxBackoffMs,
-      deadlineMs,
-    });
+    this.#http = new Transport(
+      options.baseUrl,
+      headers,
+      fetchImpl,
+      { timeoutMs, retries, backoffMs, maxBackoffMs, deadlineMs },
+      options.traceContext,
+    );
   }
 
   // --- writes ---------------------------------------------------------------------------

@@ -75,18 +75,29 @@ interface Reply {
 
 const DEFAULT_OK: readonly number[] = [200, 201, 204];
 
+/** The headers of the caller's trace context (W3C `traceparent`, `tracestate`), read at each call. */
+export type TraceContext = () => Record<string, string> | undefined;
+
 /** The HTTP plumbing of a MemoryClient: base URL, fixed headers, fetch and the retry policy. */
 export class Transport {
   readonly #base: string;
   readonly #headers: Record<string, string>;
   readonly #fetch: FetchLike;
   readonly #policy: RetryPolicy;
+  readonly #trace: TraceContext | undefined;
 
-  constructor(baseUrl: string, headers: Record<string, string>, fetchImpl: FetchLike, policy: RetryPolicy) {
+  constructor(
+    baseUrl: string,
+    headers: Record<string, string>,
+    fetchImpl: FetchLike,
+    policy: RetryPolicy,
+    trace?: TraceContext,
+  ) {
     this.#base = baseUrl.replace(/\/+$/, "");
     this.#headers = headers;
     this.#fetch = fetchImpl;
     this.#policy = policy;
+    this.#trace = trace;
   }
 
   /** The call with its retries: resolves with the answer, or rejects with a ClientError (or the caller's abort reason). */
@@ -207,7 +218,8 @@ export class Transport {
   }
 
   #init(spec: CallSpec): Omit<FetchRequest, "signal"> {
-    const headers: Record<string, string> = { ...this.#headers, ...spec.headers };
+    // Read once per call, in the caller's async context: every attempt belongs to the same span.
+    const headers: Record<string, string> = { ...this.#headers, ...this.#trace?.(), ...spec.headers };
     if (spec.userId !== undefined) {
       headers["X-User-ID"] = spec.userId;
     }

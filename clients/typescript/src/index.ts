@@ -15,5 +15,5 @@ export type {
   UserCallOptions,
 } from "./client.js";
 export { ApiError, ClientError, Conflict, Forbidden, InvalidRequest, NotFound, Timeout, Unauthorized, Unavailable } from "./errors.js";
-export type { FetchLike, FetchRequest, FetchResponse } from "./http.js";
+export type { FetchLike, FetchRequest, FetchResponse, TraceContext } from "./http.js";
 export type * from "./types.js";

@@ -615,6 +615,23 @@ describe("MemoryClient against a real daemon", () => {
       return new MemoryClient({ baseUrl: front.url, token: TENANT_TOKEN, backoffMs: 10, ...options });
     }
 
+    test("the caller's trace context goes with each attempt, read once per call", async () => {
+      const traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+      let reads = 0;
+      const mem = client({ traceContext: () => (reads++, { traceparent, tracestate: "gw=1" }) });
+      front.script({ answer: 503, retryAfter: "0" });
+      await mem.append(newSid(), "user", "Trace me");
+      assert.equal(front.seen.length, 2);
+      for (const seen of front.seen) {
+        assert.deepEqual([seen.headers["traceparent"], seen.headers["tracestate"]], [traceparent, "gw=1"]);
+      }
+      assert.equal(reads, 1);
+      // Nothing is sent without it.
+      front.seen.length = 0;
+      await client().append(newSid(), "user", "No trace");
+      assert.equal(front.seen[0]!.headers["traceparent"], undefined);
+    });
+
     test("a 503's Retry-After is waited for, and the retry sends the same message_id", async () => {
       const sid = newSid();
       const mem = client();

@@ -29,10 +29,19 @@ def free_port() -> int:
 
 class ChildDaemon:
     """`python -m tiered_memory serve` with `env` on top of this process's environment; its stderr
-    (the JSON log) goes to `log_path`, or nowhere."""
+    (the JSON log) goes to `log_path`, or nowhere. With `cwd`, the package is the one in that
+    folder (another checkout: `python -m` puts the working directory first on the path)."""
 
-    def __init__(self, env: dict[str, str], log_path: Path | None = None, *, ready_timeout_s: float = 60) -> None:
+    def __init__(
+        self,
+        env: dict[str, str],
+        log_path: Path | None = None,
+        *,
+        ready_timeout_s: float = 60,
+        cwd: Path | None = None,
+    ) -> None:
         self.env = env
+        self.cwd = cwd
         self.base = f"http://127.0.0.1:{env['PORT']}"
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
@@ -42,10 +51,10 @@ class ChildDaemon:
         """Start it and wait until /readyz answers 200."""
         cmd = [sys.executable, "-m", "tiered_memory", "serve"]
         if self.log_path is None:
-            self.proc = subprocess.Popen(cmd, env=os.environ | self.env, stderr=subprocess.DEVNULL)
+            self.proc = subprocess.Popen(cmd, env=os.environ | self.env, stderr=subprocess.DEVNULL, cwd=self.cwd)
         else:
             with self.log_path.open("ab") as log:
-                self.proc = subprocess.Popen(cmd, env=os.environ | self.env, stderr=log)
+                self.proc = subprocess.Popen(cmd, env=os.environ | self.env, stderr=log, cwd=self.cwd)
         deadline = time.monotonic() + self._ready_timeout
         while time.monotonic() < deadline:
             try:

@@ -64,3 +64,27 @@ def test_quick_embedded_run_reports_every_operation_and_ceiling(tmp_path: Path) 
     assert doc["targets"]
     assert all(isinstance(t["met"], bool) for t in doc["targets"])
     assert "| `summary_hot` |" in proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_trace_cost_script_measures_tracing_off_and_on(tmp_path: Path) -> None:
+    """`trace_cost.py` exits 0 with both daemons' figures, their ratio, and spans that reached its
+    collector from the daemon with tracing on."""
+    out = tmp_path / "trace_cost.json"
+    args = ["--rounds", "1", "--seconds", "1", "--concurrency", "2", "--json", str(out)]
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "trace_cost.py"), *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert set(report["modes"]) == {"off", "off_again", "on"}
+    assert all(report["modes"][m]["requests"] > 0 for m in ("off", "off_again", "on"))
+    assert set(report["off_again_vs_off"]) == {"per_s", "p50_ms", "p99_ms"}
+    assert set(report["on_vs_off"]) == {"per_s", "p50_ms", "p99_ms"}
+    assert report["collector"]["exports"] > 0

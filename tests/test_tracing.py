@@ -47,10 +47,12 @@ def children(spans: Sequence[ReadableSpan], parent: ReadableSpan) -> list[Readab
 
 
 def assert_no_content(spans: Sequence[ReadableSpan]) -> None:
+    """Nothing said is in a span's name, attributes, events or status."""
     for span in spans:
-        said = [span.name, *(str(v) for v in (span.attributes or {}).values())]
+        said = [span.name, *(str(v) for v in (span.attributes or {}).values()), str(span.status.description)]
+        said += [f"{e.name} {dict(e.attributes or {})}" for e in span.events]
         for words in ("A-77341", "Lisbon", "订单", "明天"):
-            assert not any(words in s for s in said), (span.name, span.attributes)
+            assert not any(words in s for s in said), (span.name, span.attributes, span.events)
 
 
 async def test_a_turn_is_traced_across_its_tiers_under_the_gateways_trace(
@@ -89,8 +91,17 @@ async def test_a_turn_is_traced_across_its_tiers_under_the_gateways_trace(
     if "REDIS_URL" in env:
         assert any(name.startswith("redis RedisHot.") for name in tiers), tiers
     sql = next(s for s in children(spans, first) if s.name == "sql SqlStore.append")
+    # Each group commit's batch is a trace of its own, linked to the appends it committed.
+    appends = {s.context.span_id for s in spans if s.name == "sql SqlStore.append" and s.context is not None}
+    batches = [s for s in spans if s.name == "sql append batch"]
+    linked = {link.context.span_id for b in batches for link in b.links}
+    assert batches
+    assert all(b.parent is None for b in batches)
+    assert sql.context is not None
+    assert sql.context.span_id in linked
+    assert linked <= appends
     assert sql.attributes is not None
-    assert sql.attributes["db.system"] in ("sqlite", "mysql")
+    assert sql.attributes["db.system.name"] in ("sqlite", "mysql")
 
     # The third turn scheduled the summary: its job is a trace of its own, linked to a request of
     # the gateway's trace, and the LLM call is its child.
@@ -106,9 +117,12 @@ async def test_a_turn_is_traced_across_its_tiers_under_the_gateways_trace(
     assert job.context is not None
     assert f"{job.context.trace_id:032x}" != TRACE_ID
     assert [f"{link.context.trace_id:032x}" for link in job.links] == [TRACE_ID]
-    llm = [s for s in spans if s.name == "chat fake"]
+    llm = [
+        s
+        for s in spans
+        if s.name == "chat fake" and s.context is not None and s.context.trace_id == job.context.trace_id
+    ]
     assert llm
-    assert all(s.context is not None and s.context.trace_id == job.context.trace_id for s in llm)
     assert llm[0].attributes is not None
     assert llm[0].attributes["gen_ai.request.model"] == "fake"
     assert any(s.name.startswith("sql SqlStore.") and s.context.trace_id == job.context.trace_id for s in spans)
@@ -116,7 +130,53 @@ async def test_a_turn_is_traced_across_its_tiers_under_the_gateways_trace(
     assert_no_content(spans)
 
 
-async def test_a_failed_request_span_says_so(backend_env: dict[str, str]) -> None:
+def test_an_exception_leaving_a_span_is_recorded_by_its_type_only() -> None:
+    """A driver's error can quote the value it refused: no message, no stack trace, in a span."""
+    tracing, exporter = in_memory()
+    with pytest.raises(ValueError, match="A-77341"), tracing.span("sql SqlStore.append", client=True):
+        raise ValueError(f"Incorrect string value: '{SECRET}'")
+    (span,) = exporter.get_finished_spans()
+    assert span.events == ()
+    assert span.status.status_code.name == "ERROR"
+    assert span.status.description == "ValueError"
+    assert span.attributes is not None
+    assert span.attributes["error.type"] == "ValueError"
+    assert span.kind.name == "CLIENT"
+    assert_no_content([span])
+
+
+async def test_a_5xx_marks_its_span_failed_and_probes_get_none(tmp_path_factory: pytest.TempPathFactory) -> None:
+    tracing, exporter = in_memory()
+    # SQL that refuses every connection: the daemon starts (reads may come from the hot tier),
+    # and an append answers 503.
+    env = {
+        "DATA_DIR": str(tmp_path_factory.mktemp("data")),
+        "DATABASE_URL": "mysql+aiomysql://root@127.0.0.1:1/test",
+        "SQL_TIMEOUT_MS": "1000",
+        "SWEEP_INTERVAL_SECONDS": "3600",
+    }
+    d = Daemon(env, tracing=tracing)
+    await d.start()
+    try:
+        resp = await d.http.post(f"/v1/sessions/{new_sid()}/messages", json={"role": "user", "content": SECRET})
+        assert resp.status == 503
+        for probe in ("/healthz", "/metrics"):
+            assert (await d.http.get(probe)).status == 200
+    finally:
+        await d.stop()
+    spans = exporter.get_finished_spans()
+    (request,) = [s for s in spans if s.name == "POST /v1/sessions/{session_id}/messages"]
+    assert request.status.status_code.name == "ERROR"
+    assert request.attributes is not None
+    assert request.attributes["http.response.status_code"] == 503
+    failed_sql = [s for s in spans if s.name.startswith("sql ") and s.status.status_code.name == "ERROR"]
+    assert failed_sql
+    assert all((s.attributes or {}).get("error.type") for s in failed_sql)
+    assert not [s for s in spans if s.name.startswith("GET /healthz") or s.name.startswith("GET /metrics")]
+    assert_no_content(spans)
+
+
+async def test_a_refused_request_without_a_traceparent_starts_a_trace(backend_env: dict[str, str]) -> None:
     tracing, exporter = in_memory()
     d = Daemon(backend_env, tracing=tracing)
     await d.start()
@@ -140,6 +200,7 @@ async def test_the_python_client_sends_its_callers_trace(tmp_path_factory: pytes
     try:
         async with AsyncClient(base_url(d)) as mem:
             with gateway.span("gateway turn") as caller:
+                assert caller is not None
                 await mem.append(new_sid(), "user", "你好")
             # Without a current span nothing is sent: a trace of the daemon's own.
             await mem.append(new_sid(), "user", "再见")

@@ -47,7 +47,7 @@ from tiered_memory.tiers.sql_maintenance import SqlMaintenance
 from tiered_memory.tiers.sql_outbox import SqlOutbox
 from tiered_memory.tiers.sql_schema import SCHEMA_VERSION
 from tiered_memory.tiers.sql_store import SqlStore
-from tiered_memory.tracing import Tracing, exporting
+from tiered_memory.tracing import Tracing, exporting, shut_down_within
 
 log = structlog.get_logger("tiered_memory.app")
 
@@ -58,6 +58,9 @@ EXTRACTOR_KEY = web.AppKey("extractor", Extractor)
 TEXT_POOLS_KEY = web.AppKey("text_pools", Pools)
 TEXT_KEY = web.AppKey("text", TextLane)
 TRACING_KEY = web.AppKey("tracing", Tracing)
+
+# How long a stopping daemon waits for its queued spans to reach the collector.
+_TRACES_FLUSH_S = 5.0
 
 
 def build_hot(settings: Settings, metrics: Metrics, tracing: Tracing | None = None) -> HotTier:
@@ -376,8 +379,9 @@ def create_app(
     app[METRICS_KEY] = metrics
     app[TRACING_KEY] = tracing
     if shutdown is not None:
-        # The spans still queued are sent when the app stops (after every other resource).
-        app.on_cleanup.append(lambda _app: asyncio.to_thread(shutdown))
+        # The spans still queued are sent when the app stops (after every other resource), for
+        # a few seconds at most: an unreachable collector must not hold up the exit.
+        app.on_cleanup.append(lambda _app: asyncio.to_thread(shut_down_within, shutdown, _TRACES_FLUSH_S))
     app[EXTRACTOR_KEY] = extractor if extractor is not None else Extractor()
     if text_pools is not None:
         app[TEXT_POOLS_KEY] = text_pools

@@ -33,7 +33,7 @@ from tiered_memory.errors import (
 from tiered_memory.metrics import Metrics
 from tiered_memory.settings import Settings
 from tiered_memory.tiers.codec import dumps
-from tiered_memory.tracing import Tracing, failed
+from tiered_memory.tracing import UNTRACED_PATHS, Tracing, failed
 
 log = structlog.get_logger("tiered_memory.api")
 
@@ -208,10 +208,12 @@ def deadline_middleware(timeout_s: float) -> Middleware:
 def tracing_middleware(tracing: Tracing) -> Middleware:
     """A span per request (outermost, so that it sees the status observe maps errors to), the
     child of the caller's `traceparent`: route template, method, status, session id and the tier
-    that answered a read."""
+    that answered a read. Probes and scrapes get none."""
 
     @web.middleware
     async def traced(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path in UNTRACED_PATHS:
+            return await handler(request)
         resource = request.match_info.route.resource
         route = resource.canonical if resource is not None else "unmatched"
         attributes: dict[str, str | int] = {"http.request.method": request.method, "http.route": route}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import itertools
 import math
 import time
@@ -120,7 +121,11 @@ class History:
         self._pending_bytes[tenant] = held + size
         indexer = self._indexers.get(tenant)
         if indexer is None or indexer.done():
-            self._indexers[tenant] = asyncio.create_task(self._index_pending(tenant), name="recall-indexer")
+            # In a context of its own: the indexer goes on past the request whose append started
+            # it, and must not log as that request or stretch its trace.
+            self._indexers[tenant] = asyncio.create_task(
+                self._index_pending(tenant), name="recall-indexer", context=contextvars.Context()
+            )
 
     async def _index_pending(self, tenant: str) -> None:
         while batch := self._pending.pop(tenant, None):

@@ -131,8 +131,13 @@ class SummaryJob:
 
         Traced in a trace of its own, linked to the request that scheduled it (the pass outlives
         the request)."""
-        with self._tracing.linked_root("summary job", {"tiered_memory.session_key": session_id}):
+        if not self._tracing.enabled:
             return await self._run(session_id, use_llm=use_llm, refine=refine)
+        with self._tracing.linked_root("summary job", {"tiered_memory.session_key": session_id}) as span:
+            result = await self._run(session_id, use_llm=use_llm, refine=refine)
+            if span is not None:
+                span.set_attribute("tiered_memory.outcome", result.outcome.value)
+            return result
 
     async def _run(self, session_id: str, *, use_llm: bool, refine: bool) -> JobResult:
         try:

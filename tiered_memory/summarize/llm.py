@@ -314,8 +314,10 @@ class LlmSummarizer:
                 {"role": "user", "content": user_content},
             ],
         } | self._extra_body
+        if not self._tracing.enabled:
+            return self._parse(await self._reply(body))
         attributes = {"gen_ai.operation.name": "chat", "gen_ai.request.model": self._model}
-        with self._tracing.span(f"chat {self._model}", attributes):
+        with self._tracing.span(f"chat {self._model}", attributes, client=True):
             return self._parse(await self._reply(body))
 
     async def _reply(self, body: dict[str, Any]) -> bytes:

@@ -56,7 +56,7 @@ class RedisLink:
         few), named after the method `op` was written in."""
         if not self._tracing.enabled:  # no name worked out: every hot read passes here
             return await self._guarded(op)
-        with self._tracing.span(f"redis {operation(op)}", {"db.system": "redis"}):
+        with self._tracing.span(f"redis {operation(op)}", {"db.system.name": "redis"}, client=True):
             return await self._guarded(op)
 
     async def _guarded(self, op: Callable[[], Awaitable[T]]) -> T:

@@ -44,6 +44,8 @@ class Append:
     new: NewMessage
     now: float
     caller: Caller
+    # The caller's span context (tracing.py), which the batch's span links to; None untraced.
+    trace: Any = None
 
 
 @dataclass(slots=True)

@@ -178,7 +178,7 @@ class SqlStore(MessageReads):
             raise SqlUnavailable("sql: the store is closed")
         if not self._tracing.enabled:  # no name worked out, no attributes built: the hot path
             return await self._guarded(op, timeout_s=timeout_s)
-        with self._tracing.span(f"sql {operation(named_after or op)}", {"db.system": self.dialect}):
+        with self._tracing.span(f"sql {operation(named_after or op)}", {"db.system.name": self.dialect}, client=True):
             return await self._guarded(op, timeout_s=timeout_s)
 
     async def _guarded(self, op: Callable[[], Awaitable[T]], *, timeout_s: float | None) -> T:
@@ -269,14 +269,17 @@ class SqlStore(MessageReads):
         # in a trace of its own (it serves several requests), linked to the one that opened it.
         if not self._tracing.enabled:
             return await self._commits.submit(Append(new, now, caller))
-        with self._tracing.span("sql SqlStore.append", {"db.system": self.dialect}):
-            return await self._commits.submit(Append(new, now, caller))
+        with self._tracing.span("sql SqlStore.append", {"db.system.name": self.dialect}, client=True):
+            return await self._commits.submit(Append(new, now, caller, trace=self._tracing.current()))
 
     async def _append_batch(self, batch: Sequence[Append]) -> list[Outcome[AppendResult]]:
         """One transaction for the batch (sql_append.store_batch). A statement the server
         refuses aborts it; then each message is tried alone, so that only its own caller gets the
         error. A failure of the server or the connection fails the whole batch."""
-        with self._tracing.linked_root("sql append batch", {"db.system": self.dialect, "batch.size": len(batch)}):
+        if not self._tracing.enabled:
+            return await self._commit_batch(batch)
+        attributes: dict[str, str | int] = {"db.system.name": self.dialect, "db.operation.batch.size": len(batch)}
+        with self._tracing.linked_root("sql append batch", attributes, links=[a.trace for a in batch]):
             return await self._commit_batch(batch)
 
     async def _commit_batch(self, batch: Sequence[Append]) -> list[Outcome[AppendResult]]:

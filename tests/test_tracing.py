@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -21,7 +22,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from tests.conftest import Daemon, new_sid
 from tests.fake_llm import FakeLlm
 from tests.test_client import base_url
+from tiered_memory.app import create_app
 from tiered_memory.client import AsyncClient
+from tiered_memory.errors import ConfigError
 from tiered_memory.settings import Settings
 from tiered_memory.tracing import Tracing, operation
 
@@ -306,3 +309,11 @@ def test_an_operation_is_named_after_the_method_it_was_written_in() -> None:
     # A partial (erasure's statements are) by its function, however deep.
     assert operation(functools.partial(functools.partial(_Store.append, _Store()))) == "_Store.append"
     assert operation(functools.partial(len)) == "len"
+
+
+def test_an_endpoint_without_the_otel_extra_stops_start_up_with_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    # As on a machine without the extra: the SDK's module cannot be imported.
+    monkeypatch.setitem(sys.modules, "opentelemetry.sdk.trace", None)
+    settings = Settings.from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"})
+    with pytest.raises(ConfigError, match=r"tiered-memory\[otel\]"):
+        create_app(settings)

@@ -324,12 +324,18 @@ def _tracing(settings: Settings) -> tuple[Tracing, Callable[[], None] | None]:
     """The OTLP export the OTEL_* settings ask for, and its shutdown; off without an endpoint."""
     if not settings.tracing:
         return Tracing.off(), None
-    return exporting(
-        settings.otel_service_name,
-        endpoint=settings.otel_exporter_otlp_endpoint,
-        traces_endpoint=settings.otel_exporter_otlp_traces_endpoint,
-        protocol=settings.otel_exporter_otlp_protocol,
-    )
+    try:
+        return exporting(
+            settings.otel_service_name,
+            endpoint=settings.otel_exporter_otlp_endpoint,
+            traces_endpoint=settings.otel_exporter_otlp_traces_endpoint,
+            protocol=settings.otel_exporter_otlp_protocol,
+        )
+    except ImportError as exc:
+        # One line at start-up, as for any other setting, instead of a traceback.
+        raise ConfigError(
+            f"OTEL_EXPORTER_OTLP_ENDPOINT: traces need the otel extra (pip install 'tiered-memory[otel]'): {exc}"
+        ) from None
 
 
 def create_app(

@@ -12,11 +12,15 @@ message each time, as a gateway's patch of a streaming reply drops them). A
 separate process asks `/healthz` every 5 ms throughout, and the normal tenant plays from a process
 of its own (the hostile tenant's load generator would otherwise delay its clock).
 
-Phases: `calm` (normal tenant alone), then `hostile` (both), each --seconds long. The report is
-the normal tenant's p50/p99 per phase and their ratio (the ceiling is the calm phase of the same
-run: these machines are noisy), the `/healthz` p99 per phase, and what the hostile tenant was
-answered. Exits 1 when a normal request failed, the hostile tenant got a 5xx other than 503, or
-the p99 ratio passes --max-ratio.
+Phases: `calm` (normal tenant alone) and `hostile` (both), each --seconds long, alternated for
+--rounds rounds (calm, hostile, calm, hostile, ...), the daemon's background work settled before
+each calm phase. The ceiling is the calm phases of the same run, interleaved with the hostile
+ones so that a machine whose load drifts over minutes (a shared VM) moves both alike. The report
+is the normal tenant's p50/p99 per phase, pooled per kind and their ratio (hostile over calm),
+the spread of the calm phases' own p99s (the run's noise floor: the ratio of the highest to the
+lowest), the `/healthz` p99 per phase, and what the hostile tenant was answered. Exits 1 when a
+normal request failed, the hostile tenant got a 5xx other than 503 and 504 (its requests' bounded
+answers), or the pooled p99 ratio passes --max-ratio.
 
     .venv/bin/python scripts/tenant_soak.py --json docs/tenant_soak.json
     .venv/bin/python scripts/tenant_soak.py --embedded --seconds 10
@@ -165,6 +169,9 @@ class Hostile:
         self.first_recalls: list[float] = []
         self.rng = random.Random(7)
         self.bodies = [long_text(self.rng, MESSAGE_BYTES) for _ in range(8)]
+        # Counted over the whole run: each round goes on where the last one stopped.
+        self.written = [0] * writers
+        self.patched = 0
 
     @property
     def headers(self) -> dict[str, str]:
@@ -205,11 +212,11 @@ class Hostile:
             return 0
 
     async def _writer(self, http: aiohttp.ClientSession, i: int, end: float) -> None:
-        n = 0
         while time.monotonic() < end:
+            n = self.written[i]
             body = {"role": "user" if n % 2 == 0 else "assistant", "content": self.bodies[n % 8]}
             await self._request(http, "POST", f"/v1/sessions/flood-{i}-{n // 200}/messages", json=body)
-            n += 1
+            self.written[i] += 1
 
     async def _questions(self, http: aiohttp.ClientSession, end: float) -> None:
         while time.monotonic() < end:
@@ -219,11 +226,11 @@ class Hostile:
             await self._request(http, "GET", "/v1/sessions/big/recall", params={"q": q})
 
     async def _first_recalls(self, http: aiohttp.ClientSession, end: float) -> None:
-        n = 0
         while time.monotonic() < end:
             # What a tenant can do to drop its postings: patch a message (a streaming reply
             # finalized, as gateways do every turn), then ask. The whole session is read back.
-            n += 1
+            self.patched += 1
+            n = self.patched
             question = {"role": "user", "content": "订单 Lisbon 什么时候到？", "message_id": f"fq{n}"}
             reply = {"role": "assistant", "content": "我查一下。", "status": "streaming", "message_id": f"fr{n}"}
             await self._request(http, "POST", "/v1/sessions/big/messages", json=question)
@@ -253,6 +260,43 @@ async def settle(http: aiohttp.ClientSession, base: str, most_s: float = 180) ->
         quiet = quiet + 1 if idle <= set(lines) else 0
         await asyncio.sleep(1)
     return round(time.monotonic() - start, 1)
+
+
+async def play_phase(
+    args: argparse.Namespace,
+    daemon: ChildDaemon,
+    hostile: Hostile | None,
+    http: aiohttp.ClientSession,
+    phase: str,
+    pooled: list[float],
+    played: Queue[Any],
+    probes: Queue[list[float]],
+) -> dict[str, Any]:
+    """One phase: the normal tenant and the probe, each from a process of its own, and the hostile
+    tenant from this one when it plays. The normal latencies are also added to `pooled`."""
+    # For a profiler to attach to the phase.
+    pid = daemon.proc.pid if daemon.proc is not None else None
+    print(f"phase {phase}: {args.seconds:g} s, daemon pid {pid}", file=sys.stderr, flush=True)
+    normal_args = (daemon.base, args.sessions, args.pace, phase, args.seconds, played)
+    player = multiprocessing.Process(target=play_normal, args=normal_args)
+    prober = multiprocessing.Process(target=probe_healthz, args=(int(daemon.env["PORT"]), args.seconds, probes))
+    player.start()
+    prober.start()
+    if hostile is not None:
+        await hostile.run(http, args.seconds)
+    # Read before the joins: a child whose queued result is unread does not exit (and a child
+    # that died leaves nothing to read: not waited for ever).
+    latencies, by_route, failures = await asyncio.to_thread(played.get, timeout=args.seconds + 120)
+    healthz = await asyncio.to_thread(probes.get, timeout=args.seconds + 120)
+    await asyncio.to_thread(player.join)
+    await asyncio.to_thread(prober.join)
+    pooled.extend(latencies)
+    return {
+        "normal": percentiles(latencies),
+        "normal_by_route": {route: percentiles(ls) for route, ls in by_route.items()},
+        "normal_failures": failures,
+        "healthz": percentiles(healthz),
+    }
 
 
 async def soak(args: argparse.Namespace) -> dict[str, Any]:
@@ -290,29 +334,19 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
             hostile = Hostile(daemon.base, args.writers, not args.no_recalls)
             await hostile.seed(http)
             report["settled_s"] = await settle(http, daemon.base)
-            for phase in ("calm", "hostile"):
-                # For a profiler to attach to the phase.
-                pid = daemon.proc.pid if daemon.proc is not None else None
-                print(f"phase {phase}: {args.seconds:g} s, daemon pid {pid}", file=sys.stderr, flush=True)
-                normal_args = (daemon.base, args.sessions, args.pace, phase, args.seconds, played)
-                player = multiprocessing.Process(target=play_normal, args=normal_args)
-                prober = multiprocessing.Process(target=probe_healthz, args=(port, args.seconds, probes))
-                player.start()
-                prober.start()
-                if phase == "hostile":
-                    await hostile.run(http, args.seconds)
-                # Read before the joins: a child whose queued result is unread does not exit
-                # (and a child that died leaves nothing to read: not waited for ever).
-                latencies, by_route, failures = await asyncio.to_thread(played.get, timeout=args.seconds + 120)
-                healthz = await asyncio.to_thread(probes.get, timeout=args.seconds + 120)
-                await asyncio.to_thread(player.join)
-                await asyncio.to_thread(prober.join)
-                report["phases"][phase] = {
-                    "normal": percentiles(latencies),
-                    "normal_by_route": {route: percentiles(ls) for route, ls in by_route.items()},
-                    "normal_failures": failures,
-                    "healthz": percentiles(healthz),
-                }
+            pooled: dict[str, list[float]] = {"calm": [], "hostile": []}
+            for round_ in range(1, args.rounds + 1):
+                for kind in ("calm", "hostile"):
+                    if kind == "calm" and round_ > 1:
+                        # The last hostile phase's indexing and summaries run on at idle priority:
+                        # a calm phase starts once they are done.
+                        report["settled_s"] += await settle(http, daemon.base)
+                    phase = f"{kind}{round_}"
+                    player = hostile if kind == "hostile" else None
+                    report["phases"][phase] = await play_phase(
+                        args, daemon, player, http, phase, pooled[kind], played, probes
+                    )
+            report["pooled"] = {kind: percentiles(latencies) for kind, latencies in pooled.items()}
             report["hostile"] = {
                 "answers": dict(hostile.answers),
                 "first_recall": percentiles(hostile.first_recalls),
@@ -330,8 +364,10 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
             keys = list(rc.scan_iter(f"{prefix}*"))
             if keys:
                 rc.delete(*keys)
-    calm, loud = report["phases"]["calm"], report["phases"]["hostile"]
-    report["normal_p99_ratio"] = round(loud["normal"]["p99_ms"] / calm["normal"]["p99_ms"], 2)
+    calm, loud = report["pooled"]["calm"], report["pooled"]["hostile"]
+    report["normal_p99_ratio"] = round(loud["p99_ms"] / calm["p99_ms"], 2)
+    calm_p99s = [p["normal"]["p99_ms"] for name, p in report["phases"].items() if name.startswith("calm")]
+    report["calm_p99_spread"] = round(max(calm_p99s) / min(calm_p99s), 2)
     report["max_ratio"] = args.max_ratio
     return report
 
@@ -339,8 +375,10 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--embedded", action="store_true", help="the embedded default instead of Redis + MariaDB")
-    # 60 s: a p99 of 30 s (about 900 requests, the 9th slowest) moved by half from run to run.
-    parser.add_argument("--seconds", type=float, default=60.0, help="length of each phase")
+    # 3 rounds of 30 s: each kind of phase pools 90 s (about 2,700 requests, its p99 the 27th
+    # slowest); one phase of 30 s (the 9th slowest) moved by half from run to run.
+    parser.add_argument("--seconds", type=float, default=30.0, help="length of each phase")
+    parser.add_argument("--rounds", type=int, default=3, help="calm and hostile phases, alternated")
     parser.add_argument("--sessions", type=int, default=8, help="the normal tenant's concurrent sessions")
     parser.add_argument("--pace", type=float, default=0.5, help="seconds between a normal session's turns")
     parser.add_argument("--writers", type=int, default=4, help="the hostile tenant's concurrent 32 KB writers")
@@ -355,7 +393,9 @@ def main() -> int:
     if args.json:
         args.json.write_text(text + "\n")
     normal_failed = any(p["normal_failures"] for p in report["phases"].values())
-    hostile_5xx = [code for code in report["hostile"]["answers"] if code.startswith("5") and code != "503"]
+    # 503 (a store unavailable) and 504 (REQUEST_TIMEOUT_MS passed: a first recall of the 3.2 MB
+    # session on a loaded machine) are the bounded answers; any other 5xx is a failure.
+    hostile_5xx = [code for code in report["hostile"]["answers"] if code.startswith("5") and code not in ("503", "504")]
     over = report["normal_p99_ratio"] > args.max_ratio
     for failed, why in (
         (normal_failed, "a normal request failed"),

@@ -46,7 +46,9 @@ def environment() -> dict[str, Any]:
     return {
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
-        "packages": {p: version(p) for p in ("aiohttp", "redis", "hiredis", "SQLAlchemy", "aiomysql", "aiosqlite")},
+        "packages": {
+            p: version(p) for p in ("aiohttp", "redis", "hiredis", "SQLAlchemy", "aiomysql", "asyncpg", "aiosqlite")
+        },
         "commit": commit,
         "load_average_start": os.getloadavg(),
     }
@@ -88,7 +90,7 @@ async def bench(args: argparse.Namespace, plan: Plan) -> dict[str, Any]:
             shutil.rmtree(tmp, ignore_errors=True)
     doc |= {
         "command": " ".join(["scripts/bench.py", *sys.argv[1:]]),
-        "backend": "embedded" if args.embedded else "redis+mariadb",
+        "backend": "embedded" if args.embedded else "redis+postgresql" if args.postgres_url else "redis+mariadb",
         "seconds": round(time.monotonic() - started, 1),
         "operations": b.figures["operations"],
         "ceilings": b.figures["ceilings"],
@@ -121,6 +123,11 @@ def main() -> int:
         "--mysql-url",
         default="mysql+aiomysql://root@127.0.0.1:3306/",
         help="MySQL/MariaDB server; the run creates and drops a database of its own (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--postgres-url",
+        help="PostgreSQL server instead of MySQL/MariaDB (postgresql://user@host:port/db to connect to);"
+        " the run creates and drops a database of its own",
     )
     parser.add_argument("--embedded", action="store_true", help="the in-process cache and SQLite instead")
     parser.add_argument("--duration", type=float, help="seconds per measurement (default 2; --quick 0.4)")

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Show the tier walk end to end over HTTP, on the embedded default or on real Redis + MySQL/MariaDB.
+"""Show the tier walk end to end over HTTP, on the embedded default or on real Redis + MySQL/MariaDB
+or PostgreSQL.
 
 Starts the daemon as a child process, plays a scripted 12-turn conversation, and then takes the
 hot tier away (a restart of the in-process cache, or deleting this run's Redis keys) and the warm
@@ -9,6 +10,8 @@ Exits 1 if any step does not behave as the design says.
     .venv/bin/python scripts/walkthrough.py
     .venv/bin/python scripts/walkthrough.py --redis-url redis://127.0.0.1:6379/0 \
         --database-url mysql+aiomysql://root@127.0.0.1:3306/test
+    .venv/bin/python scripts/walkthrough.py --redis-url redis://127.0.0.1:6379/0 \
+        --database-url postgresql+asyncpg://postgres@127.0.0.1:5432/test
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ async def walk(args: argparse.Namespace) -> None:
     if args.database_url:
         env |= {"DATABASE_URL": args.database_url, "AUTO_MIGRATE": "true"}
     settings = Settings.from_env(env)
-    backend = "redis+mysql" if args.redis_url else "embedded"
+    backend = f"redis+{settings.sqlalchemy_url.split('+', 1)[0]}" if args.redis_url else "embedded"
     sid = f"walk-{uuid.uuid4().hex[:10]}"
     daemon = ChildDaemon(env)
     store = SqlStore(create_engine(settings.sqlalchemy_url), timeout_s=10)
@@ -143,7 +146,9 @@ async def walk(args: argparse.Namespace) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--redis-url", help="hot tier on this Redis (default: in-process)")
-    parser.add_argument("--database-url", help="SQL tiers on this mysql+aiomysql:// URL (default: SQLite)")
+    parser.add_argument(
+        "--database-url", help="SQL tiers on this mysql+aiomysql:// or postgresql+asyncpg:// URL (default: SQLite)"
+    )
     args = parser.parse_args()
     try:
         asyncio.run(walk(args))

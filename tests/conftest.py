@@ -1,14 +1,17 @@
 """Shared fixtures: embedded and real backends, a daemon under test, and the fake LLM.
 
-Real backends are the servers on this machine (Redis on 6379, MariaDB on 3306 by default; override
-with TEST_REDIS_URL / TEST_MYSQL_URL). Each test run creates its own database and key prefix and
-removes only those. When they are unreachable, real-backend tests skip with the reason, unless
-REQUIRE_REAL_BACKENDS=1, which makes that a failure.
+Real backends are the servers on this machine (Redis on 6379, MariaDB on 3306, PostgreSQL on 5432
+by default; override with TEST_REDIS_URL / TEST_MYSQL_URL / TEST_POSTGRES_URL). Each test run
+creates its own databases and key prefix and removes only those. When they are unreachable,
+real-backend tests skip with the reason, unless REQUIRE_REAL_BACKENDS=1, which makes that a
+failure.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import os
 import shutil
 import uuid
@@ -18,6 +21,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+import asyncpg
 import pymysql
 import pytest
 import redis
@@ -117,6 +121,22 @@ def real_servers() -> Iterator[RealServers]:
 
 
 @pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """This run's own database on the real PostgreSQL (TEST_POSTGRES_URL, 127.0.0.1:5432 by
+    default), as a SQLAlchemy URL; dropped at the end."""
+    base = os.environ.get("TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+    db = f"tm_test_{uuid.uuid4().hex[:10]}"
+    try:
+        _postgres(base, lambda conn: conn.execute(f"CREATE DATABASE \"{db}\" ENCODING 'UTF8'"))
+    except (asyncpg.PostgresError, OSError) as exc:
+        _unreachable(f"PostgreSQL at {base}", exc)
+    try:
+        yield f"postgresql+asyncpg://{urlparse(base).netloc}/{db}"
+    finally:
+        _postgres(base, lambda conn: conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)'))
+
+
+@pytest.fixture(scope="session")
 def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterProcesses]:
     """A 3-master / 3-replica Redis Cluster of private redis-server processes, shared by every test
     of the run that needs one (forming it takes seconds); killed at the end, whatever happened."""
@@ -137,15 +157,26 @@ def redis_flush_prefix(redis_url: str, prefix: str) -> int:
         r.close()
 
 
-def sql_rows(mysql_url: str, query: str, *args: object) -> list[tuple[Any, ...]]:
-    """Rows of one query on the real database, read directly (not through the daemon)."""
-    url = urlparse(mysql_url)
+def sql_rows(url: str, query: str, *args: object) -> list[tuple[Any, ...]]:
+    """Rows of one query on a real database (MariaDB or PostgreSQL), read directly (not through
+    the daemon); `%s` marks each argument, whichever the server."""
+    parsed = urlparse(url)
+    if parsed.scheme.startswith("postgresql"):
+        numbered = query
+        for n in range(1, len(args) + 1):
+            numbered = numbered.replace("%s", f"${n}", 1)
+
+        async def fetch(conn: asyncpg.Connection) -> list[tuple[Any, ...]]:
+            return [tuple(row) for row in await conn.fetch(numbered, *args)]
+
+        rows: list[tuple[Any, ...]] = _postgres(url, fetch)
+        return rows
     conn = pymysql.connect(
-        host=url.hostname or "127.0.0.1",
-        port=url.port or 3306,
-        user=url.username or "root",
-        password=url.password or "",
-        database=url.path.lstrip("/"),
+        host=parsed.hostname or "127.0.0.1",
+        port=parsed.port or 3306,
+        user=parsed.username or "root",
+        password=parsed.password or "",
+        database=parsed.path.lstrip("/"),
     )
     try:
         with conn.cursor() as cur:
@@ -155,22 +186,75 @@ def sql_rows(mysql_url: str, query: str, *args: object) -> list[tuple[Any, ...]]
         conn.close()
 
 
-@pytest.fixture(params=["embedded", "real"])
-def backend_env(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
-    """Environment for the daemon on one backend: the embedded default, or real Redis + MariaDB."""
+def _postgres(url: str, work: Callable[[asyncpg.Connection], Any]) -> Any:
+    """`work` on a connection to `url` (a SQLAlchemy or a plain PostgreSQL URL), in a thread of
+    its own: tests and fixtures call this from inside a running event loop too."""
+    plain = urlparse(url)._replace(scheme="postgresql").geturl()
+
+    async def run() -> Any:
+        conn = await asyncpg.connect(plain, timeout=3)
+        try:
+            return await work(conn)
+        finally:
+            await conn.close()
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, run()).result()
+
+
+@contextlib.contextmanager
+def own_database(url: str) -> Iterator[str]:
+    """A database of its own on the server of `url` (MariaDB or PostgreSQL), as a URL like `url`;
+    dropped afterwards. For tests whose work spans a whole database (purge, sweeps)."""
+    base, _, name = url.rpartition("/")
+    own = f"{name.split('?')[0]}_{uuid.uuid4().hex[:6]}"
+    parsed = urlparse(url)
+    if parsed.scheme.startswith("postgresql"):
+        _postgres(url, lambda conn: conn.execute(f"CREATE DATABASE \"{own}\" ENCODING 'UTF8'"))
+        try:
+            yield f"{base}/{own}"
+        finally:
+            _postgres(url, lambda conn: conn.execute(f'DROP DATABASE IF EXISTS "{own}" WITH (FORCE)'))
+        return
+    conn = pymysql.connect(
+        host=parsed.hostname or "127.0.0.1",
+        port=parsed.port or 3306,
+        user=parsed.username or "root",
+        password=parsed.password or "",
+    )
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f"CREATE DATABASE `{own}` CHARACTER SET utf8mb4")
+        yield f"{base}/{own}"
+    finally:
+        with conn.cursor() as cur:
+            cur.execute(f"DROP DATABASE IF EXISTS `{own}`")
+        conn.close()
+
+
+def backend_environment(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
+    """Environment for the daemon on one backend: the embedded default (`embedded`), real Redis +
+    MariaDB (`real`) or real Redis + PostgreSQL (`postgres`)."""
     # A loaded CI machine has stalled a SQLite write (its fsync) and a MariaDB statement past the
     # 3 s default (an append answered 503). No test on these settings means to cut SQL: the tests
     # that do set their own, shorter timeout over these.
     env = {"DATA_DIR": str(tmp_path / "data"), "SWEEP_INTERVAL_SECONDS": "3600", "SQL_TIMEOUT_MS": "15000"}
-    if request.param == "real":
+    if kind in ("real", "postgres"):
         servers: RealServers = request.getfixturevalue("real_servers")
+        url = servers.mysql_url if kind == "real" else request.getfixturevalue("postgres_url")
         env |= {
             "REDIS_URL": servers.redis_url,
             "REDIS_KEY_PREFIX": f"tmt{servers.run_id}{uuid.uuid4().hex[:6]}",
-            "DATABASE_URL": servers.mysql_url,
+            "DATABASE_URL": url,
             "AUTO_MIGRATE": "true",
         }
     return env
+
+
+@pytest.fixture(params=["embedded", "real"])
+def backend_env(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
+    """Environment for the daemon on one backend: the embedded default, or real Redis + MariaDB."""
+    return backend_environment(request.param, request, tmp_path)
 
 
 # One loaded jieba dictionary for every daemon these tests start in this process (each app

@@ -11,18 +11,15 @@ import pty
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
-import pymysql
 import pytest
 import redis
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from tests.conftest import Daemon, new_sid, play
+from tests.conftest import Daemon, backend_environment, new_sid, own_database, play
 from tests.conversations import ZH_12_TURNS
 from tests.faults import free_port
 from tiered_memory.model import NewMessage, Role
@@ -32,32 +29,19 @@ from tiered_memory.tiers.sql_schema import sessions
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def backend_env(backend_env: dict[str, str]) -> Iterator[dict[str, str]]:
-    """conftest's backend_env with a database of this test's own: purge, its dry run and
-    `rebuild --all-stale` work on every session of a database, and other suites' sessions (some
-    written with timestamps decades old) must not be counted, whatever order the tests run in."""
-    url = backend_env.get("DATABASE_URL")
+@pytest.fixture(params=["embedded", "real", "postgres"])
+def backend_env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, str]]:
+    """The daemon's environment on the embedded default, Redis + MariaDB or Redis + PostgreSQL,
+    with a database of this test's own: purge, its dry run and `rebuild --all-stale` work on
+    every session of a database, and other suites' sessions (some written with timestamps decades
+    old) must not be counted, whatever order the tests run in."""
+    env = backend_environment(request.param, request, tmp_path)
+    url = env.get("DATABASE_URL")
     if not url:
-        yield backend_env
+        yield env
         return
-    base, _, name = url.rpartition("/")
-    own = f"{name}_{uuid.uuid4().hex[:6]}"
-    parsed = urlparse(url)
-    conn = pymysql.connect(
-        host=parsed.hostname or "127.0.0.1",
-        port=parsed.port or 3306,
-        user=parsed.username or "root",
-        password=parsed.password or "",
-    )
-    try:
-        with conn.cursor() as cur:
-            cur.execute(f"CREATE DATABASE `{own}` CHARACTER SET utf8mb4")
-        yield backend_env | {"DATABASE_URL": f"{base}/{own}"}
-    finally:
-        with conn.cursor() as cur:
-            cur.execute(f"DROP DATABASE IF EXISTS `{own}`")
-        conn.close()
+    with own_database(url) as own:
+        yield env | {"DATABASE_URL": own}
 
 
 def cli(*args: str, env: dict[str, str], stderr_tty: bool = False) -> tuple[int, str, str]:

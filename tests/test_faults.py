@@ -1,6 +1,7 @@
-"""Faults injected against real servers: Redis killed, hung, slow or flushed; SQL cut or slow;
-the LLM down, slow or answering garbage. Each test fails if an acknowledged message is lost or
-stored twice, if a read answers wrong, or if a breaker keeps paying a dead dependency's timeout.
+"""Faults injected against real servers: Redis killed, hung, slow or flushed; SQL (MariaDB, and
+PostgreSQL) cut or slow; the LLM down, slow or answering garbage. Each test fails if an
+acknowledged message is lost or stored twice, if a read answers wrong, or if a breaker keeps
+paying a dead dependency's timeout.
 """
 
 from __future__ import annotations
@@ -27,16 +28,25 @@ def redis_proxy(private_redis: RedisProcess) -> Iterator[TcpProxy]:
         yield proxy
 
 
+@pytest.fixture(params=["mariadb", "postgres"])
+def sql_url(request: pytest.FixtureRequest, real_servers: RealServers) -> str:
+    """The SQL server a fault is injected in front of: this run's MariaDB or PostgreSQL database."""
+    if request.param == "postgres":
+        url: str = request.getfixturevalue("postgres_url")
+        return url
+    return real_servers.mysql_url
+
+
 @pytest.fixture
-def sql_proxy(real_servers: RealServers) -> Iterator[TcpProxy]:
-    url = urlparse(real_servers.mysql_url)
+def sql_proxy(sql_url: str) -> Iterator[TcpProxy]:
+    url = urlparse(sql_url)
     with proxied(url.hostname or "127.0.0.1", url.port or 3306) as proxy:
         yield proxy
 
 
-def _via(mysql_url: str, port: int) -> str:
+def _via(sql_url: str, port: int) -> str:
     """The same database, reached through the proxy on `port`."""
-    url = urlparse(mysql_url)
+    url = urlparse(sql_url)
     userinfo = url.netloc.rpartition("@")[0]
     return url._replace(netloc=f"{userinfo}@127.0.0.1:{port}").geturl()
 
@@ -223,7 +233,7 @@ async def test_redis_flushed_answers_warm_then_hot_again(
 
 
 async def test_an_append_past_its_deadline_still_reaches_the_hot_tier(
-    real_servers: RealServers, sql_proxy: TcpProxy
+    real_servers: RealServers, sql_url: str, sql_proxy: TcpProxy
 ) -> None:
     """A commit slower than REQUEST_TIMEOUT_MS: the request is answered 504, but the write runs
     whole, its hot half too; the next hot context shows the message instead of a hot list that
@@ -231,7 +241,7 @@ async def test_an_append_past_its_deadline_still_reaches_the_hot_tier(
     d = Daemon(
         _env(
             real_servers,
-            DATABASE_URL=_via(real_servers.mysql_url, sql_proxy.port),
+            DATABASE_URL=_via(sql_url, sql_proxy.port),
             SQL_TIMEOUT_MS="5000",
             REQUEST_TIMEOUT_MS="300",
         )
@@ -257,7 +267,7 @@ async def test_an_append_past_its_deadline_still_reaches_the_hot_tier(
 
 @pytest.mark.parametrize("fault", ["cut", "slow"])
 async def test_sql_fault_refuses_writes_serves_hot_reads_and_loses_nothing(
-    real_servers: RealServers, sql_proxy: TcpProxy, fault: str
+    real_servers: RealServers, sql_url: str, sql_proxy: TcpProxy, fault: str
 ) -> None:
     """With SQL cut off or slower than SQL_TIMEOUT_MS: an append (or a turn) answers 503 with
     Retry-After and is not stored; reads answer from Redis (tier hot); /readyz says SQL is degraded. Afterwards
@@ -266,7 +276,7 @@ async def test_sql_fault_refuses_writes_serves_hot_reads_and_loses_nothing(
     d = Daemon(
         _env(
             real_servers,
-            DATABASE_URL=_via(real_servers.mysql_url, sql_proxy.port),
+            DATABASE_URL=_via(sql_url, sql_proxy.port),
             SQL_BREAKER_FAILURES="3",
             SQL_BREAKER_RESET_SECONDS=str(reset_s),
             # Bounds the slow proxy's statements; long enough that a commit the machine's load
@@ -315,13 +325,13 @@ async def test_sql_fault_refuses_writes_serves_hot_reads_and_loses_nothing(
 
         await _eventually(retried, timeout_s=15)
         rows = sql_rows(
-            real_servers.mysql_url,
+            sql_url,
             "SELECT COUNT(*) FROM messages WHERE session_id=%s AND message_id=%s",
             sid,
             "m-outage",
         )
         assert rows == [(1,)]
-        assert sql_rows(real_servers.mysql_url, "SELECT COUNT(*) FROM messages WHERE session_id=%s", sid) == [(7,)]
+        assert sql_rows(sql_url, "SELECT COUNT(*) FROM messages WHERE session_id=%s", sid) == [(7,)]
         ctx = await d.get(f"/v1/sessions/{sid}/context")
         assert ctx["messages"][-1]["content"] == "还在吗？"
         assert (await d.http.get("/readyz")).status == 200
@@ -330,7 +340,7 @@ async def test_sql_fault_refuses_writes_serves_hot_reads_and_loses_nothing(
 
 
 async def test_summary_lost_to_an_sql_outage_is_retried(
-    real_servers: RealServers, sql_proxy: TcpProxy, fake_llm: FakeLlm
+    real_servers: RealServers, sql_url: str, sql_proxy: TcpProxy, fake_llm: FakeLlm
 ) -> None:
     """A summarization whose SQL write fails is not dropped: the sweeper finds the session due
     again once SQL is back, and the summary gets written."""
@@ -338,7 +348,7 @@ async def test_summary_lost_to_an_sql_outage_is_retried(
     d = Daemon(
         _env(
             real_servers,
-            DATABASE_URL=_via(real_servers.mysql_url, sql_proxy.port),
+            DATABASE_URL=_via(sql_url, sql_proxy.port),
             LLM_BASE_URL=fake_llm.url,
             SUMMARY_MODEL="fake",
             SUMMARY_FORMAT="text",
@@ -365,7 +375,7 @@ async def test_summary_lost_to_an_sql_outage_is_retried(
 
         async def written() -> bool:
             query = "SELECT covered_turns FROM conversation_summaries WHERE session_id=%s"
-            return sql_rows(real_servers.mysql_url, query, sid) == [(3,)]
+            return sql_rows(sql_url, query, sid) == [(3,)]
 
         await _eventually(written)
         await d.settle()  # the pass that wrote SQL also caches it in Redis, right after

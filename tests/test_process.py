@@ -53,6 +53,17 @@ def test_walkthrough_on_real_redis_and_mariadb(real_servers: RealServers) -> Non
     assert steps[-1] == {"step": "ok", "backend": "redis+mysql"}
 
 
+@pytest.mark.slow
+def test_walkthrough_on_real_redis_and_postgresql(real_servers: RealServers, postgres_url: str) -> None:
+    """The same walkthrough on real Redis and PostgreSQL."""
+    steps = _walk(["--redis-url", real_servers.redis_url, "--database-url", postgres_url])
+    by_name = {s["step"]: s for s in steps}
+    assert by_name["hot tier lost"] == {"step": "hot tier lost", "tier": "warm", "then": "hot"}
+    assert by_name["warm row deleted too"]["tier"] == "cold"
+    assert by_name["restart"]["tier"] == "hot"
+    assert steps[-1] == {"step": "ok", "backend": "redis+postgresql"}
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -91,6 +91,21 @@ def test_settings_are_frozen_and_ignore_other_variables() -> None:
         s.port = 1
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "mysql+aiomysql://app:pw@db:3306/memory",
+        "postgresql+asyncpg://app:pw@db:5432/memory",
+        "sqlite+aiosqlite:///tmp/tm.sqlite3",
+    ],
+)
+def test_database_url_takes_each_supported_driver(url: str) -> None:
+    """MySQL/MariaDB, PostgreSQL and SQLite URLs are taken as given; only SQLite is embedded."""
+    settings = Settings.from_env({"DATABASE_URL": url})
+    assert settings.sqlalchemy_url == url
+    assert settings.embedded_sql is url.startswith("sqlite")
+
+
 def test_config_command_masks_secrets(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """`tiered-memory config` prints every variable with the API key and URL passwords masked."""
     monkeypatch.setenv("LLM_API_KEY", "sk-very-secret")

@@ -1,4 +1,4 @@
-"""One contract for the SQL tiers, run against SQLite and a real MariaDB."""
+"""One contract for the SQL tiers, run against SQLite, a real MariaDB and a real PostgreSQL."""
 
 from __future__ import annotations
 
@@ -9,24 +9,29 @@ import json
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from tests.conftest import RealServers, new_sid
+from tests.conftest import RealServers, new_sid, own_database
 from tiered_memory.errors import Conflict, Forbidden, SqlUnavailable
 from tiered_memory.model import Caller, NewMessage, Owner, Role, Summary, SummarySource
 from tiered_memory.tiers.sql_engine import create_engine
 from tiered_memory.tiers.sql_migrate import current_version
-from tiered_memory.tiers.sql_schema import SCHEMA_VERSION
+from tiered_memory.tiers.sql_schema import SCHEMA_VERSION, metadata
 from tiered_memory.tiers.sql_store import SqlStore
 
 
-@pytest.fixture(params=["sqlite", "mariadb"])
+@pytest.fixture(params=["sqlite", "mariadb", "postgres"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SqlStore]:
     if request.param == "sqlite":
         url = f"sqlite+aiosqlite:///{tmp_path / 'tm.sqlite3'}"
+    elif request.param == "postgres":
+        url = request.getfixturevalue("postgres_url")
     else:
         servers: RealServers = request.getfixturevalue("real_servers")
         url = servers.mysql_url
@@ -175,15 +180,15 @@ async def test_a_refused_message_fails_alone_in_its_batch(store: SqlStore) -> No
 
 async def test_a_statement_the_server_refuses_fails_only_its_caller(store: SqlStore) -> None:
     """A message whose statement the server refuses (a message_id over the column's 128
-    characters, on MariaDB's strict mode) aborts the shared transaction; the others are then
-    committed alone and only its caller gets the error. SQLite does not enforce the length."""
+    characters, on MariaDB's strict mode and PostgreSQL) aborts the shared transaction; the others
+    are then committed alone and only its caller gets the error. SQLite does not enforce the length."""
     sid = new_sid()
     results = await asyncio.gather(
         *(store.append(new(sid, Role.USER, f"m{i}", "x" * 200 if i == 2 else f"id{i}"), now=1.0) for i in range(5)),
         return_exceptions=True,
     )
     stored = [m.content for m in await store.recent_messages(sid, 10)]
-    if store.dialect == "mysql":
+    if store.dialect in ("mysql", "postgresql"):
         assert isinstance(results[2], SqlUnavailable)
         assert stored == ["m0", "m1", "m3", "m4"]
     else:
@@ -326,25 +331,36 @@ async def test_unreachable_server_is_sql_unavailable() -> None:
 
 
 async def test_concurrent_migrations_all_succeed(request: pytest.FixtureRequest, tmp_path: Path) -> None:
-    """Four replicas migrating one fresh database at once all succeed (SQLite and MariaDB)."""
+    """Four replicas migrating one fresh database at once all succeed (SQLite, MariaDB and
+    PostgreSQL)."""
     servers: RealServers = request.getfixturevalue("real_servers")
-    db = f"tm_test_{servers.run_id}_mig"
-    admin = SqlStore(create_engine(servers.mysql_url), timeout_s=10)
-    async with admin._engine.begin() as conn:
-        await conn.exec_driver_sql(f"CREATE DATABASE `{db}` CHARACTER SET utf8mb4")
-    base = servers.mysql_url.rsplit("/", 1)[0]
-    try:
-        for url in (f"sqlite+aiosqlite:///{tmp_path / 'mig.sqlite3'}", f"{base}/{db}"):
+    postgres: str = request.getfixturevalue("postgres_url")
+    with own_database(servers.mysql_url) as mariadb, own_database(postgres) as postgresql:
+        for url in (f"sqlite+aiosqlite:///{tmp_path / 'mig.sqlite3'}", mariadb, postgresql):
             stores = [SqlStore(create_engine(url), timeout_s=30) for _ in range(4)]
             versions = await asyncio.gather(*(s.migrate() for s in stores))
             assert versions == [SCHEMA_VERSION] * 4, url
             assert await stores[0].schema_version() == SCHEMA_VERSION
             for s in stores:
                 await s.aclose()
-    finally:
-        async with admin._engine.begin() as conn:
-            await conn.exec_driver_sql(f"DROP DATABASE IF EXISTS `{db}`")
-        await admin.aclose()
+
+
+async def test_a_new_postgresql_database_gets_exactly_the_declared_schema(postgres_url: str) -> None:
+    """Migrated from empty, a PostgreSQL database holds what sql_schema.py declares: Alembic's
+    autogenerate finds no difference (MariaDB and SQLite: test_migrations.py)."""
+    with own_database(postgres_url) as url:
+        store = SqlStore(create_engine(url), timeout_s=30)
+        try:
+            assert await store.migrate() == SCHEMA_VERSION
+
+            def differences(conn: sa.Connection) -> list[Any]:
+                context = MigrationContext.configure(conn, opts={"compare_type": True})
+                return list(compare_metadata(context, metadata))
+
+            async with store._engine.connect() as conn:
+                assert await conn.run_sync(differences) == []
+        finally:
+            await store.aclose()
 
 
 async def test_unmigrated_database_reports_version_zero(real_servers: RealServers) -> None:

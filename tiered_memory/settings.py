@@ -33,6 +33,8 @@ from tiered_memory.tiers.postings import SESSION_BYTES
 from tiered_memory.tiers.redis_url import parse_redis_url
 
 _LOOPBACK_DEFAULT = "127.0.0.1"
+# The SQL drivers the daemon is built and tested with.
+_SQL_SCHEMES = ("mysql+aiomysql://", "postgresql+asyncpg://", "sqlite+aiosqlite://")
 
 
 class Settings(BaseSettings):
@@ -322,12 +324,15 @@ class Settings(BaseSettings):
         if self.workers > 1 and (not self.redis_url or self.embedded_sql):
             # Each worker would have its own in-process cache: one would serve a window another
             # had already moved past. And SQLite serializes writers per process only.
-            raise ValueError("WORKERS: expected 1 unless REDIS_URL and a MySQL/MariaDB DATABASE_URL are set")
+            raise ValueError(
+                "WORKERS: expected 1 unless REDIS_URL and a MySQL/MariaDB or PostgreSQL DATABASE_URL are set"
+            )
         if self.llm_base_url and not self.summary_model:
             raise ValueError("SUMMARY_MODEL: expected a model name when LLM_BASE_URL is set")
-        if self.database_url and not self.database_url.startswith(("mysql+aiomysql://", "sqlite+aiosqlite://")):
+        if self.database_url and not self.database_url.startswith(_SQL_SCHEMES):
             raise ValueError(
-                "DATABASE_URL: expected mysql+aiomysql://user:pass@host:port/db or sqlite+aiosqlite:///path"
+                "DATABASE_URL: expected mysql+aiomysql://user:pass@host:port/db,"
+                " postgresql+asyncpg://user:pass@host:port/db or sqlite+aiosqlite:///path"
             )
         if self.redis_url:
             try:

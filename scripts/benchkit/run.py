@@ -22,6 +22,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 import aiohttp
+import asyncpg
 import pymysql
 import redis.asyncio as aioredis
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -198,6 +199,7 @@ class Bench:
         way out the database is dropped, and this run's keys deleted from a Redis not its own."""
         redis_server: subprocess.Popen[bytes] | None = None
         admin: Any = None
+        pg_admin: Any = None
         db = f"bench_{self.run}"
         try:
             if self.args.embedded:
@@ -210,18 +212,13 @@ class Bench:
                     argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly"]
                     redis_server = subprocess.Popen([*argv, "no"], stdout=subprocess.DEVNULL)
                     self.redis_url = f"redis://127.0.0.1:{port}/0"
-                u = urlparse(self.args.mysql_url)
-                admin = pymysql.connect(
-                    host=u.hostname or "127.0.0.1",
-                    port=u.port or 3306,
-                    user=u.username or "root",
-                    password=u.password or "",
-                    connect_timeout=5,
-                    autocommit=True,
-                )
-                with admin.cursor() as cur:
-                    cur.execute(f"CREATE DATABASE `{db}` CHARACTER SET utf8mb4")
-                self.sql_url = f"mysql+aiomysql://{u.netloc}/{db}?charset=utf8mb4"
+                if self.args.postgres_url:
+                    plain = urlparse(self.args.postgres_url)._replace(scheme="postgresql").geturl()
+                    pg_admin = await asyncpg.connect(plain, timeout=5)
+                    await pg_admin.execute(f"CREATE DATABASE \"{db}\" ENCODING 'UTF8'")
+                    self.sql_url = f"postgresql+asyncpg://{urlparse(plain).netloc}/{db}"
+                else:
+                    admin, self.sql_url = self._mysql_database(db)
                 self.redis = aioredis.Redis.from_url(self.redis_url)
                 for _ in range(100):
                     with contextlib.suppress(OSError, aioredis.RedisError):
@@ -243,6 +240,25 @@ class Bench:
                 with admin.cursor() as cur:
                     cur.execute(f"DROP DATABASE IF EXISTS `{db}`")
                 admin.close()
+            if pg_admin is not None:
+                await pg_admin.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+                await pg_admin.close()
+
+    def _mysql_database(self, db: str) -> tuple[Any, str]:
+        """A connection to the MySQL/MariaDB server of --mysql-url (kept to drop the database at
+        the end) and the SQLAlchemy URL of the database `db` made on it."""
+        u = urlparse(self.args.mysql_url)
+        admin = pymysql.connect(
+            host=u.hostname or "127.0.0.1",
+            port=u.port or 3306,
+            user=u.username or "root",
+            password=u.password or "",
+            connect_timeout=5,
+            autocommit=True,
+        )
+        with admin.cursor() as cur:
+            cur.execute(f"CREATE DATABASE `{db}` CHARACTER SET utf8mb4")
+        return admin, f"mysql+aiomysql://{u.netloc}/{db}?charset=utf8mb4"
 
     async def setup(self) -> None:
         """The fake LLM, the daemon, a summary the daemon makes itself (the template of every

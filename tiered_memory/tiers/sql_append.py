@@ -85,7 +85,9 @@ class AppendStatements:
             .select_from(sessions.outerjoin(msgs, on))
             .where(sessions.c.session_id.in_(sa.bindparam("sids", expanding=True)))
             .order_by(sessions.c.session_id)
-            .with_for_update()
+            # OF: PostgreSQL cannot lock an outer join's nullable side (MariaDB and SQLite
+            # ignore it; the messages found are unchanging rows anyway).
+            .with_for_update(of=sessions)
         )
         self.insert_message = msgs.insert()
         self.update_session = (

@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tiered_memory.model import Message
+from tiered_memory.tiers.sql_dialect import OctetLength
 from tiered_memory.tiers.sql_rows import row_to_message
 from tiered_memory.tiers.sql_schema import messages as msgs
 
@@ -124,11 +125,8 @@ class MessageReads:
 
 
 def _text_bytes() -> sa.ColumnElement[Any]:
-    """A message's content and tool calls in bytes of UTF-8, computed by the database (LENGTH
-    of the binary string: MySQL's LENGTH counts bytes already, SQLite's counts characters)."""
-    return sa.func.length(sa.cast(msgs.c.content, sa.LargeBinary)) + sa.func.coalesce(
-        sa.func.length(sa.cast(msgs.c.tool_calls, sa.LargeBinary)), 0
-    )
+    """A message's content and tool calls in bytes of UTF-8, computed by the database."""
+    return OctetLength(msgs.c.content) + sa.func.coalesce(OctetLength(msgs.c.tool_calls), 0)
 
 
 def _last_within(sizes: Sequence[Any], max_bytes: int, last_seq: int) -> int:

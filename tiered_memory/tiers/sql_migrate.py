@@ -29,7 +29,7 @@ _SQLITE_ATTEMPTS = 5
 # Alembic runs a migration through module-level proxies (`alembic.context`, `alembic.op`), so two
 # migrations interleaved on one event loop (several stores in one process, as tests make) would
 # swap each other's context. One lock per loop serializes them; other processes are kept apart by
-# the database (MySQL's named lock, SQLite's retries).
+# the database (MySQL's named lock, PostgreSQL's advisory lock, SQLite's retries).
 _LOOP_LOCKS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
 
 
@@ -76,30 +76,54 @@ async def _upgrade_with_retries(conn: AsyncConnection) -> None:
 async def migrate(engine: AsyncEngine) -> int:
     """Bring the schema to the newest revision; returns the schema version now in force.
 
-    Safe to run concurrently from several replicas: MySQL/MariaDB serializes migrators with a
-    named lock; on SQLite each step looks before it acts and a loser's failure is retried.
+    Safe to run concurrently from several replicas: MySQL/MariaDB and PostgreSQL serialize
+    migrators with a named (advisory) lock; on SQLite each step looks before it acts and a
+    loser's failure is retried.
     """
     lock = _LOOP_LOCKS.setdefault(asyncio.get_running_loop(), asyncio.Lock())
     async with lock, engine.connect() as conn:
-        mysql_lock = conn.dialect.name == "mysql"
-        if mysql_lock:
-            got = (
-                await conn.execute(
-                    sa.text("SELECT GET_LOCK(:name, :wait)"), {"name": _MIGRATE_LOCK, "wait": _MIGRATE_LOCK_WAIT_S}
-                )
-            ).scalar()
-            await conn.commit()
-            if got != 1:
-                raise TimeoutError("another process holds the migration lock")
+        locked = await _lock(conn)
         try:
             await _upgrade_with_retries(conn)
             version = await conn.run_sync(_revision)
             await conn.commit()
             return version
         finally:
-            if mysql_lock:
-                await conn.execute(sa.text("SELECT RELEASE_LOCK(:name)"), {"name": _MIGRATE_LOCK})
-                await conn.commit()
+            if locked:
+                await _unlock(conn)
+
+
+async def _lock(conn: AsyncConnection) -> bool:
+    """Take the database's migration lock, held by this connection's session (so across the
+    migration's commits); False where the database has none (SQLite)."""
+    dialect = conn.dialect.name
+    if dialect == "mysql":
+        query = sa.text("SELECT GET_LOCK(:name, :wait)")
+        got = (await conn.execute(query, {"name": _MIGRATE_LOCK, "wait": _MIGRATE_LOCK_WAIT_S})).scalar()
+        await conn.commit()
+        if got != 1:
+            raise TimeoutError("another process holds the migration lock")
+        return True
+    if dialect == "postgresql":
+        # pg_advisory_lock waits without a bound: tried every 0.2 s instead, up to the same wait.
+        query = sa.text("SELECT pg_try_advisory_lock(hashtext(:name))")
+        deadline = asyncio.get_running_loop().time() + _MIGRATE_LOCK_WAIT_S
+        while not (await conn.execute(query, {"name": _MIGRATE_LOCK})).scalar():
+            await conn.commit()
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError("another process holds the migration lock")
+            await asyncio.sleep(0.2)
+        await conn.commit()
+        return True
+    return False
+
+
+async def _unlock(conn: AsyncConnection) -> None:
+    if conn.dialect.name == "mysql":
+        await conn.execute(sa.text("SELECT RELEASE_LOCK(:name)"), {"name": _MIGRATE_LOCK})
+    else:
+        await conn.execute(sa.text("SELECT pg_advisory_unlock(hashtext(:name))"), {"name": _MIGRATE_LOCK})
+    await conn.commit()
 
 
 async def current_version(engine: AsyncEngine) -> int:

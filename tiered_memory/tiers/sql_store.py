@@ -1,8 +1,8 @@
 """The SQL tiers: cold messages (the source of truth), warm summaries and session bookkeeping.
 
 Every method is bounded by the SQL timeout and turns driver failures into SqlUnavailable, so
-callers see one error type whatever the dialect. MySQL/MariaDB and SQLite share every statement;
-the two places where they differ (insert-if-absent, SQLite's single writer) are handled here.
+callers see one error type whatever the dialect. MySQL/MariaDB, PostgreSQL and SQLite share every
+statement but the few parts `sql_dialect` writes per dialect; SQLite's single writer is queued here.
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ from typing import Any, TypeVar
 
 import sqlalchemy as sa
 import structlog
-from sqlalchemy.dialects.mysql import insert as mysql_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from tiered_memory.breaker import CircuitBreaker
@@ -36,6 +34,7 @@ from tiered_memory.model import (
 )
 from tiered_memory.tiers.group_commit import GroupCommit, Outcome
 from tiered_memory.tiers.sql_append import Append, AppendStatements, SessionLimits, store_batch
+from tiered_memory.tiers.sql_dialect import insert_if_absent, refused, retryable
 from tiered_memory.tiers.sql_messages import MessageReads
 from tiered_memory.tiers.sql_migrate import current_version, migrate
 from tiered_memory.tiers.sql_outbox import add_event, new_event_id, release_final
@@ -55,8 +54,6 @@ from tiered_memory.tracing import Tracing, operation
 
 T = TypeVar("T")
 
-# MySQL error codes worth one more try of the whole transaction: deadlock, lock wait timeout.
-_RETRYABLE_MYSQL = {1205, 1213}
 _TX_ATTEMPTS = 3
 # Messages one group commit holds at most: its row locks are held until it commits, so a batch
 # stays short (a few ms on MariaDB), and a caller waits for at most the batch in front of it.
@@ -188,13 +185,10 @@ class SqlStore(MessageReads):
         try:
             async with asyncio.timeout(timeout_s or self._timeout):
                 result = await op()
-        except (sa.exc.IntegrityError, sa.exc.DataError) as exc:
-            # The server answered and refused the statement: it is up.
-            if breaker is not None:
-                breaker.success()
-            raise SqlUnavailable(f"sql: {type(exc.orig).__name__}: {exc.orig}") from exc
         except sa.exc.DBAPIError as exc:
-            if breaker is not None:
+            if breaker is not None and refused(exc):
+                breaker.success()  # the server answered and refused the statement: it is up
+            elif breaker is not None:
                 breaker.failure()
             raise SqlUnavailable(f"sql: {type(exc.orig).__name__}: {exc.orig}") from exc
         except (sa.exc.SQLAlchemyError, TimeoutError, OSError) as exc:
@@ -237,19 +231,15 @@ class SqlStore(MessageReads):
                 try:
                     async with self._write() as conn:
                         return await body(conn)
-                except sa.exc.OperationalError as exc:
-                    code = getattr(exc.orig, "args", (None,))[0]
-                    if code not in _RETRYABLE_MYSQL or n == _TX_ATTEMPTS - 1:
+                except sa.exc.DBAPIError as exc:
+                    if not retryable(exc) or n == _TX_ATTEMPTS - 1:
                         raise
             raise AssertionError("unreachable")
 
         return await self._bounded(attempt, named_after=body)
 
     def _insert_if_absent(self, table: sa.Table, values: dict[str, Any]) -> sa.Executable:
-        if self._dialect == "mysql":
-            key = next(iter(table.primary_key.columns)).name
-            return mysql_insert(table).values(**values).on_duplicate_key_update({key: table.c[key]})
-        return sqlite_insert(table).values(**values).on_conflict_do_nothing()
+        return insert_if_absent(self._dialect, table, values)
 
     # --- cold: messages -------------------------------------------------------------------
 
@@ -286,7 +276,7 @@ class SqlStore(MessageReads):
         try:
             return await self._transaction(self._storing(batch))
         except SqlUnavailable as exc:
-            if len(batch) == 1 or not isinstance(exc.__cause__, sa.exc.IntegrityError | sa.exc.DataError):
+            if len(batch) == 1 or not (isinstance(exc.__cause__, sa.exc.DBAPIError) and refused(exc.__cause__)):
                 raise
         outcomes: list[Outcome[AppendResult]] = []
         for a in batch:

@@ -53,9 +53,11 @@ def upgrade() -> None:
 
 def _count_bytes() -> None:
     """Each session's bytes, from its messages (LENGTH counts bytes in MySQL; SQLite counts a
-    BLOB's bytes)."""
-    sqlite = op.get_bind().dialect.name == "sqlite"
-    size = "LENGTH(CAST(content AS BLOB))" if sqlite else "LENGTH(content)"
+    BLOB's bytes; PostgreSQL's LENGTH counts characters, OCTET_LENGTH bytes)."""
+    size = {
+        "sqlite": "LENGTH(CAST(content AS BLOB))",
+        "postgresql": "OCTET_LENGTH(content)",
+    }.get(op.get_bind().dialect.name, "LENGTH(content)")
     op.execute(
         f"UPDATE sessions SET content_bytes = (SELECT COALESCE(SUM({size}), 0) FROM messages"
         " WHERE messages.session_id = sessions.session_id)"

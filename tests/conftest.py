@@ -97,13 +97,7 @@ def real_servers() -> Iterator[RealServers]:
     parsed = urlparse(mysql_base)
     db = f"tm_test_{run_id}"
     try:
-        conn = pymysql.connect(
-            host=parsed.hostname or "127.0.0.1",
-            port=parsed.port or 3306,
-            user=parsed.username or "root",
-            password=parsed.password or "",
-            connect_timeout=3,
-        )
+        conn = mysql_connect(mysql_base)
     except pymysql.MySQLError as exc:
         _unreachable(f"MySQL/MariaDB at {mysql_base}", exc)
     with conn.cursor() as cur:
@@ -157,6 +151,19 @@ def redis_flush_prefix(redis_url: str, prefix: str) -> int:
         r.close()
 
 
+def mysql_connect(url: str, *, database: str | None = None) -> pymysql.Connection[Any]:
+    """A direct connection to the MySQL/MariaDB server of `url` (to `database` on it, if given)."""
+    parsed = urlparse(url)
+    return pymysql.connect(
+        host=parsed.hostname or "127.0.0.1",
+        port=parsed.port or 3306,
+        user=parsed.username or "root",
+        password=parsed.password or "",
+        database=database,
+        connect_timeout=3,
+    )
+
+
 def sql_rows(url: str, query: str, *args: object) -> list[tuple[Any, ...]]:
     """Rows of one query on a real database (MariaDB or PostgreSQL), read directly (not through
     the daemon); `%s` marks each argument, whichever the server."""
@@ -171,13 +178,7 @@ def sql_rows(url: str, query: str, *args: object) -> list[tuple[Any, ...]]:
 
         rows: list[tuple[Any, ...]] = _postgres(url, fetch)
         return rows
-    conn = pymysql.connect(
-        host=parsed.hostname or "127.0.0.1",
-        port=parsed.port or 3306,
-        user=parsed.username or "root",
-        password=parsed.password or "",
-        database=parsed.path.lstrip("/"),
-    )
+    conn = mysql_connect(url, database=parsed.path.lstrip("/"))
     try:
         with conn.cursor() as cur:
             cur.execute(query, args)
@@ -216,12 +217,7 @@ def own_database(url: str) -> Iterator[str]:
         finally:
             _postgres(url, lambda conn: conn.execute(f'DROP DATABASE IF EXISTS "{own}" WITH (FORCE)'))
         return
-    conn = pymysql.connect(
-        host=parsed.hostname or "127.0.0.1",
-        port=parsed.port or 3306,
-        user=parsed.username or "root",
-        password=parsed.password or "",
-    )
+    conn = mysql_connect(url)
     try:
         with conn.cursor() as cur:
             cur.execute(f"CREATE DATABASE `{own}` CHARACTER SET utf8mb4")

@@ -7,12 +7,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pymysql
 import pytest
 import sqlalchemy as sa
 from alembic import command
@@ -21,7 +19,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.dialects import mysql
 
-from tests.conftest import Daemon, RealServers, new_sid
+from tests.conftest import Daemon, RealServers, new_sid, own_database
 from tiered_memory.errors import ConfigError
 from tiered_memory.tiers.sql_migrate import config, head_version
 from tiered_memory.tiers.sql_schema import SCHEMA_VERSION, metadata
@@ -209,17 +207,8 @@ def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         yield f"sqlite+aiosqlite:///{tmp_path / 'old.sqlite3'}"
         return
     servers: RealServers = request.getfixturevalue("real_servers")
-    name = f"tm_test_{servers.run_id}_{uuid.uuid4().hex[:6]}"
-    url = sa.make_url(servers.mysql_url)
-    conn = pymysql.connect(host=url.host, port=url.port or 3306, user=url.username, password=url.password or "")
-    with conn.cursor() as cur:
-        cur.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
-    try:
-        yield url.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with conn.cursor() as cur:
-            cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
-        conn.close()
+    with own_database(servers.mysql_url) as url:
+        yield url
 
 
 def sync_engine(async_url: str) -> sa.Engine:

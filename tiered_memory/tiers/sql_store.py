@@ -130,6 +130,12 @@ class SqlStore(MessageReads):
     def dialect(self) -> str:
         return self._dialect
 
+    @property
+    def db_system(self) -> str:
+        """The database's name as OpenTelemetry's `db.system.name` has it: MariaDB speaks MySQL's
+        dialect but is named apart (known once the first connection has been made)."""
+        return "mariadb" if getattr(self._engine.dialect, "is_mariadb", False) else self._dialect
+
     async def migrate(self, *, timeout_s: float = 120.0) -> int:
         """Create or upgrade the schema (see sql_migrate.migrate); DDL gets its own, longer bound."""
         return await self._bounded(lambda: migrate(self._engine), timeout_s=timeout_s)
@@ -175,7 +181,7 @@ class SqlStore(MessageReads):
             raise SqlUnavailable("sql: the store is closed")
         if not self._tracing.enabled:  # no name worked out, no attributes built: the hot path
             return await self._guarded(op, timeout_s=timeout_s)
-        with self._tracing.span(f"sql {operation(named_after or op)}", {"db.system.name": self.dialect}, client=True):
+        with self._tracing.span(f"sql {operation(named_after or op)}", {"db.system.name": self.db_system}, client=True):
             return await self._guarded(op, timeout_s=timeout_s)
 
     async def _guarded(self, op: Callable[[], Awaitable[T]], *, timeout_s: float | None) -> T:
@@ -259,7 +265,7 @@ class SqlStore(MessageReads):
         # in a trace of its own (it serves several requests), linked to the one that opened it.
         if not self._tracing.enabled:
             return await self._commits.submit(Append(new, now, caller))
-        with self._tracing.span("sql SqlStore.append", {"db.system.name": self.dialect}, client=True):
+        with self._tracing.span("sql SqlStore.append", {"db.system.name": self.db_system}, client=True):
             return await self._commits.submit(Append(new, now, caller, trace=self._tracing.current()))
 
     async def _append_batch(self, batch: Sequence[Append]) -> list[Outcome[AppendResult]]:
@@ -268,7 +274,7 @@ class SqlStore(MessageReads):
         error. A failure of the server or the connection fails the whole batch."""
         if not self._tracing.enabled:
             return await self._commit_batch(batch)
-        attributes: dict[str, str | int] = {"db.system.name": self.dialect, "db.operation.batch.size": len(batch)}
+        attributes: dict[str, str | int] = {"db.system.name": self.db_system, "db.operation.batch.size": len(batch)}
         with self._tracing.linked_root("sql append batch", attributes, links=[a.trace for a in batch]):
             return await self._commit_batch(batch)
 

@@ -54,7 +54,8 @@ def insert_if_absent(dialect: str, table: sa.Table, values: dict[str, Any]) -> s
 
 
 def retryable(exc: sa.exc.DBAPIError) -> bool:
-    """A failure of the whole transaction that another try may not meet: a deadlock or its kin."""
+    """A failure of the whole transaction that another try of it can get past: a deadlock, a lock
+    wait timeout, a serialization failure."""
     orig = exc.orig
     sqlstate = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
     if sqlstate is not None:

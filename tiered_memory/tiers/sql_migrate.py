@@ -119,6 +119,9 @@ async def _lock(conn: AsyncConnection) -> bool:
 
 
 async def _unlock(conn: AsyncConnection) -> None:
+    # A migration that failed can leave its transaction aborted (PostgreSQL then refuses every
+    # statement until a rollback), which would hide its error behind the unlock's.
+    await conn.rollback()
     if conn.dialect.name == "mysql":
         await conn.execute(sa.text("SELECT RELEASE_LOCK(:name)"), {"name": _MIGRATE_LOCK})
     else:

@@ -309,6 +309,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         "RATE_LIMITS": f"hostile={args.hostile_rate}/s",
         "SWEEP_INTERVAL_SECONDS": "5",
     }
+    env |= dict(entry.split("=", 1) for entry in args.daemon_env)
     scratch = Path(tempfile.mkdtemp(prefix="tm-tenant-soak-"))
     database = f"tm_soak_{run_id}"
     prefix = f"tmsoak{run_id}"
@@ -386,6 +387,13 @@ def main() -> int:
     parser.add_argument("--hostile-rate", type=int, default=50, help="the hostile tenant's RATE_LIMITS, per second")
     parser.add_argument("--max-ratio", type=float, default=1.5, help="the normal p99 ratio that fails the run")
     parser.add_argument("--json", type=Path, help="write the report here")
+    parser.add_argument(
+        "--daemon-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="more of the daemon's environment (an OTLP collector's endpoint: where a slow request waited)",
+    )
     args = parser.parse_args()
     report = asyncio.run(soak(args))
     text = json.dumps(report, indent=2)

@@ -13,7 +13,7 @@ from tests.conftest import RealServers, new_sid, redis_flush_prefix
 from tiered_memory.errors import HotUnavailable
 from tiered_memory.model import Message, Owner, Role, Summary, SummarySource
 from tiered_memory.tiers.codec import encode_message
-from tiered_memory.tiers.hot import HotTier, RecentBound
+from tiered_memory.tiers.hot import HotExpiries, HotTier, RecentBound
 from tiered_memory.tiers.keys import Keys
 from tiered_memory.tiers.memory_hot import MemoryHot
 from tiered_memory.tiers.redis_hot import RedisHot
@@ -187,6 +187,24 @@ async def test_summary_round_trip_and_version_guard(hot: HotTier) -> None:
     assert await hot.put_summary(sid, summary(2, "same version rewrites")) is True
     assert await hot.put_summary(sid, summary(3, "newest")) is True
     assert (await hot.read_session(sid)).summary == summary(3, "newest")
+
+
+async def test_expiries_say_how_long_each_entry_has_left(hot: HotTier) -> None:
+    """The seconds the summary, the recent list and the counters have left (what the inspector
+    shows), and None for each entry a session does not have."""
+    sid = new_sid()
+    assert await hot.expiries(sid) == HotExpiries(summary_s=None, recent_s=None, counters_s=None)
+    await hot.record_append(msg(sid, 1), turn_count=0, message_count=1, last_activity=1.0, owner=OWNER)
+    left = await hot.expiries(sid)
+    assert left.summary_s is None
+    assert left.recent_s is not None
+    assert HISTORY_TTL - 5 < left.recent_s <= HISTORY_TTL
+    assert left.counters_s is not None
+    assert 0 < left.counters_s <= max(SUMMARY_TTL, HISTORY_TTL)
+    await hot.put_summary(sid, summary(1))
+    left = await hot.expiries(sid)
+    assert left.summary_s is not None
+    assert SUMMARY_TTL - 5 < left.summary_s <= SUMMARY_TTL
 
 
 async def test_lock_is_exclusive_and_token_guarded(hot: HotTier) -> None:

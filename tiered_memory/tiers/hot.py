@@ -54,6 +54,16 @@ class RecentBound:
         return not self.chars or len(messages) < self.least or sum(m.size for m in messages) < self.chars
 
 
+@dataclass(frozen=True, slots=True)
+class HotExpiries:
+    """Seconds until each of a session's hot entries expires: its summary, its recent list and
+    its counters (None: the entry is not there)."""
+
+    summary_s: float | None
+    recent_s: float | None
+    counters_s: float | None
+
+
 class HotTier(Protocol):
     backend: str
     """`redis` or `memory`, for logs, metrics and /readyz."""
@@ -155,6 +165,10 @@ class HotTier(Protocol):
 
     async def unlock(self, session_id: str, token: str) -> None:
         """Release the lock if this token still holds it."""
+        ...
+
+    async def expiries(self, session_id: str) -> HotExpiries:
+        """How long the session's entries have left (the inspector shows the TTLs)."""
         ...
 
     async def ping(self) -> None:

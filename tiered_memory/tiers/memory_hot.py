@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from tiered_memory.model import HotSession, Message, Owner, SessionState, Summary
 from tiered_memory.tiers.buckets import MemoryBuckets
-from tiered_memory.tiers.hot import RecentBound
+from tiered_memory.tiers.hot import HotExpiries, RecentBound
 from tiered_memory.tiers.jobs import MemoryJobs
 from tiered_memory.tiers.postings import SESSION_BYTES, MemoryPostings
 
@@ -315,6 +315,17 @@ class MemoryHot:
         entry = self._entries.get(session_id)
         if entry is not None and entry.lock_token == token:
             entry.lock_token = None
+
+    async def expiries(self, session_id: str) -> HotExpiries:
+        entry = self._get(session_id)
+        if entry is None:
+            return HotExpiries(summary_s=None, recent_s=None, counters_s=None)
+        now = self._clock()
+        return HotExpiries(
+            summary_s=entry.summary_until - now if entry.summary is not None else None,
+            recent_s=entry.recent_until - now if entry.recent else None,
+            counters_s=entry.state_until - now if entry.turns is not None else None,
+        )
 
     async def ping(self) -> None:
         return None

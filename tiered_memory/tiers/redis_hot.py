@@ -23,7 +23,7 @@ from tiered_memory.tiers.codec import (
     encode_summary,
     state_of,
 )
-from tiered_memory.tiers.hot import RecentBound
+from tiered_memory.tiers.hot import HotExpiries, RecentBound
 from tiered_memory.tiers.hot_cache import HotCache, cache_invalidator
 from tiered_memory.tiers.keys import Keys
 from tiered_memory.tiers.postings import SESSION_BYTES
@@ -579,6 +579,19 @@ class RedisHot:
             return await self._script(self._unlock, [self._keys.lock(session_id)], [token])
 
         await self._call(op)
+
+    async def expiries(self, session_id: str) -> HotExpiries:
+        async def op() -> HotExpiries:
+            found = await self._read(
+                ("PTTL", self._keys.summary(session_id)),
+                ("PTTL", self._keys.recent(session_id)),
+                ("PTTL", self._keys.state(session_id)),
+            )
+            # PTTL: -2 for a missing key, -1 for one without an expiry (not written by this daemon).
+            left = [ms / 1000 if isinstance(ms, int) and ms >= 0 else None for ms in found]
+            return HotExpiries(summary_s=left[0], recent_s=left[1], counters_s=left[2])
+
+        return await self._call(op)
 
     async def ping(self) -> None:
         async def op() -> object:

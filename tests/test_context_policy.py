@@ -3,11 +3,14 @@ test here, on self-made conversations, with no store and no daemon."""
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+
 import pytest
 
 from tests.conversations import ZH_12_TURNS
 from tiered_memory.condense import clauses, condense, is_phatic, keys
-from tiered_memory.context_policy import Candidates, Selection, choose, lagging_digest
+from tiered_memory.context_policy import ORIGINS, Candidates, Selection, choose, lagging_digest
 from tiered_memory.eval.command import shipped_set
 from tiered_memory.eval.dataset import load_jsonl
 from tiered_memory.model import Message, Role
@@ -135,6 +138,25 @@ def test_a_question_adds_its_matching_clauses() -> None:
     assert "4471" not in _text(plain)
     assert "4471" in _text(asked)
     assert sum(len(m.content) for m in asked.raw) + len(asked.system or "") <= 600
+
+
+def test_the_parts_are_the_system_text_by_origin(extractor: Extractor) -> None:
+    """Every context's system text is its parts joined, each part from a known origin (what
+    `explain=true` shows): the summary's facts, condensed turns, the subject, a question's
+    snippets, the gateway's notes; at every budget of every shipped conversation."""
+    for conv in load_jsonl(shipped_set()):
+        messages = _messages(list(conv.turns))
+        lang = "zh" if conv.session.startswith("zh") else "en"
+        c = _candidates(messages, extractor, lang)
+        note = Message("s", 0, 1, Role.SYSTEM, "call transferred to billing", "n0", 0.0)
+        asked = dataclasses.replace(
+            c, snippets=[messages[:2]], terms=list(keys(messages[0].content))[:3], events=[note]
+        )
+        for candidates, budget in itertools.product((c, asked), (200, 600, 2000)):
+            sel = choose(candidates, budget)
+            assert "\n".join(text for _, text in sel.parts) == (sel.system or ""), (conv.session, budget)
+            assert {origin for origin, _ in sel.parts} <= set(ORIGINS)
+        assert {origin for origin, _ in choose(asked, 600).parts} >= {"events"}
 
 
 def test_condense_keeps_names_numbers_and_content_words() -> None:

@@ -23,7 +23,7 @@ from tiered_memory.dialogue import tool_fields
 from tiered_memory.edge import METRICS_KEY, SETTINGS_KEY, TIER_KEY, reply
 from tiered_memory.errors import InvalidInput
 from tiered_memory.model import Caller, JobState, Message, RebuildJob, SessionState, Slice, SummaryAnswer
-from tiered_memory.reads import ContextAnswer
+from tiered_memory.reads import ContextAnswer, Explained
 from tiered_memory.rebuilds import FAILURES
 from tiered_memory.service import MemoryService
 
@@ -211,7 +211,8 @@ def _context_json(sid: str, ctx: ContextAnswer, caller: Caller) -> dict[str, Any
 
 
 async def get_context(request: web.Request) -> web.Response:
-    read.check_query(request, "max_chars", "system_prompt", "question", "user_memory")
+    read.check_query(request, "max_chars", "system_prompt", "question", "user_memory", "explain")
+    explain = read.bool_query(request, "explain")
     limit = request.app[SETTINGS_KEY].max_message_bytes
     sid, caller = read.session_id(request), read.caller(request)
     ctx = await request.app[SERVICE_KEY].context(
@@ -224,7 +225,22 @@ async def get_context(request: web.Request) -> web.Response:
         user_id=caller.user_id,
     )
     request[TIER_KEY] = ctx.summary_tier.value
-    return reply(_context_json(sid, ctx, caller))
+    body = _context_json(sid, ctx, caller)
+    if explain:
+        body["explain"] = _explain_json(ctx.explained)
+    return reply(body)
+
+
+def _explain_json(explained: Explained | None) -> dict[str, Any] | None:
+    """Where each part of the context came from (`?explain=true`, the inspector's preview): the
+    memory text's pieces with their origin, and the raw messages shown after it."""
+    if explained is None:
+        return None
+    return {
+        "memory": [{"origin": origin, "text": text} for origin, text in explained.memory],
+        "raw": [{"seq": m.seq, "turn": m.turn, "role": m.role.value, "chars": len(m.content)} for m in explained.raw],
+        "layout": explained.layout,
+    }
 
 
 async def post_turn(request: web.Request) -> web.Response:

@@ -297,6 +297,14 @@ def user_memory(request: web.Request) -> UserMemory | None:
     raise InvalidInput(f"user_memory: expected one of {', '.join(USER_MEMORY_MODES)}")
 
 
+def bool_query(request: web.Request, name: str) -> bool:
+    """The query parameter `name` as `true` or `false` (absent: false)."""
+    raw = request.query.get(name, "false")
+    if raw not in ("true", "false"):
+        raise InvalidInput(f"{name}: expected true or false")
+    return raw == "true"
+
+
 def int_query(request: web.Request, name: str, default: int, low: int, high: int) -> int:
     """The query parameter `name` as an integer in [low, high], `default` when absent."""
     raw = request.query.get(name)

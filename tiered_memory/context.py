@@ -124,14 +124,32 @@ def compose(memory_text: str | None, recent: Sequence[ChatMessage], *, max_chars
     """The system message with the memory text, cut to what the recent messages leave of max_chars
     (cut at its end), in its block (quoting.py), then the recent messages. The block's tags are
     framing, like the operator's rules and the question: max_chars counts what is remembered."""
-    used = sum(m.size for m in recent)
     out: list[ChatMessage] = []
     if memory_text:
-        room = max(0, max_chars - used)
+        room = memory_room(recent, max_chars)
         if room:
             out.append(ChatMessage("system", memory_block(memory_text[:room], lang)))
     out.extend(recent)
     return out
+
+
+def memory_room(recent: Sequence[ChatMessage], max_chars: int) -> int:
+    """What the recent messages leave of max_chars for the memory text (`compose` cuts it there)."""
+    return max(0, max_chars - sum(m.size for m in recent))
+
+
+def cut_parts(parts: Sequence[tuple[str, str]], room: int) -> tuple[tuple[str, str], ...]:
+    """The memory text's pieces (context_policy.Part) as `compose` sends them: joined by newlines
+    and cut at `room` characters, the last piece cut short and those after it left out."""
+    kept: list[tuple[str, str]] = []
+    used = 0
+    for origin, text in parts:
+        left = room - used - (1 if kept else 0)
+        if left <= 0:
+            break
+        kept.append((origin, text[:left]))
+        used += min(len(text), left) + (1 if len(kept) > 1 else 0)
+    return tuple(kept)
 
 
 # Per-message caps of the recent transcript: a question is short, an answer may carry detail.

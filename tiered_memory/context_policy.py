@@ -109,16 +109,28 @@ class Candidates:
     carried: Callable[[int], str] | None = None
 
 
+Part = tuple[str, str]
+"""A piece of the system text: its origin (one of ORIGINS) and its text."""
+
+# Where a piece of the memory text came from: what the session carries over from its user's
+# earlier sessions, the gateway's notes, the summary's facts, earlier turns condensed or their key
+# clauses, the subject line, the clauses that match the question, and the digest of turns the
+# summary does not hold yet (reads.py).
+ORIGINS = ("carried", "events", "summary", "condensed", "salient", "subject", "snippets", "lagging")
+
+
 @dataclass(frozen=True, slots=True)
 class Selection:
     """The chosen memory: raw messages (oldest first) and the system text before them (None
-    when there is nothing to say), with the characters each source took."""
+    when there is nothing to say), with the characters each source took. `parts` is the system
+    text by where each piece came from (`ORIGINS`), in order: joined by newlines, they are it."""
 
     raw: list[Message]
     system: str | None
     chars: dict[str, int] = field(default_factory=dict)
     first_turn: int | None = None  # the first turn shown raw or condensed
     layout: int | None = None  # the index in LAYOUTS of the layout chosen
+    parts: tuple[Part, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +192,8 @@ def choose(c: Candidates, max_chars: int) -> Selection:
         return _own(c, max_chars)
     sel = _own(c, max_chars - len(carried) - 1)
     system = carried + (f"\n{sel.system}" if sel.system else "")
-    return dataclasses.replace(sel, system=system, chars={**sel.chars, "carried": len(carried)})
+    parts = (("carried", carried), *sel.parts)
+    return dataclasses.replace(sel, system=system, chars={**sel.chars, "carried": len(carried)}, parts=parts)
 
 
 def _own(c: Candidates, max_chars: int) -> Selection:
@@ -193,7 +206,8 @@ def _own(c: Candidates, max_chars: int) -> Selection:
     events = "\n".join([label, *(text for _, _, text in kept)])
     sel = _choose(c, max_chars - len(events) - 1)
     system = events + (f"\n{sel.system}" if sel.system else "")
-    return dataclasses.replace(sel, system=system, chars={**sel.chars, "events": len(events)})
+    parts = (("events", events), *sel.parts)
+    return dataclasses.replace(sel, system=system, chars={**sel.chars, "events": len(events)}, parts=parts)
 
 
 def _choose(c: Candidates, max_chars: int) -> Selection:
@@ -207,7 +221,9 @@ def _choose(c: Candidates, max_chars: int) -> Selection:
     if not messages:
         # Nothing raw to show (a mode without turns, or a session without any): the facts alone.
         text = c.facts(max_chars, None, True) if c.facts is not None else ""
-        return Selection(raw=[], system=text or None, chars={"facts": len(text)})
+        return Selection(
+            raw=[], system=text or None, chars={"facts": len(text)}, parts=(("summary", text),) if text else ()
+        )
     read = c.views or (lambda m: view_of(notes_of(remembered(m)), c.terms_salient, c.names))
     view = {m.seq: read(m) for m in messages}
 
@@ -331,16 +347,21 @@ def _finish(
 ) -> Selection:
     """The chosen layout's memory with the subject line (unless its text says the subject) after
     it, and the question's clauses last."""
-    parts = [sel.system] if sel.system else []
+    parts = list(sel.parts)
     if subject and c.subject.casefold() not in (sel.system or "").casefold():
-        parts.append(subject)
+        parts.append(("subject", subject))
     else:
         subject = ""
     if extra:
-        parts.append("\n".join([labels["snippets"], *(text for _, text in sorted(extra))]))
+        parts.append(("snippets", "\n".join([labels["snippets"], *(text for _, text in sorted(extra))])))
     chars = {**sel.chars, "subject": len(subject), "snippets": _block_chars(extra, labels["snippets"])}
     return Selection(
-        raw=sel.raw, system="\n".join(parts) or None, chars=chars, first_turn=sel.first_turn, layout=sel.layout
+        raw=sel.raw,
+        system="\n".join(text for _, text in parts) or None,
+        chars=chars,
+        first_turn=sel.first_turn,
+        layout=sel.layout,
+        parts=tuple(parts),
     )
 
 
@@ -378,18 +399,19 @@ def _fill(
             # Room the facts did not take: the condensed stretch reaches further back.
             spare = left - (len(facts_text) + 1 if facts_text else 0)
             kept = _fit_lines(rest, _block_chars(kept, label) + spare, label)
-    parts = []
+    parts: list[Part] = []
     if facts_text:
-        parts.append(facts_text)
+        parts.append(("summary", facts_text))
     if kept:
-        parts.append("\n".join([label, *(text for _, _, text in kept)]))
+        parts.append(("salient" if salient else "condensed", "\n".join([label, *(text for _, _, text in kept)])))
     chars = {
         "raw": _joined(raw),
         "facts": len(facts_text),
         "condensed": _block_chars(kept, label),
     }
     first_turn = kept[0][1] if kept else (raw[0].turn if raw else None)
-    selection = Selection(raw=raw, system="\n".join(parts) or None, chars=chars, first_turn=first_turn)
+    system = "\n".join(text for _, text in parts) or None
+    selection = Selection(raw=raw, system=system, chars=chars, first_turn=first_turn, parts=tuple(parts))
     return _Filled(selection, [seq for seq, _, _ in kept], salient, facts_text)
 
 

@@ -16,17 +16,19 @@ from tiered_memory.context import (
     answer_transcript,
     compose,
     content_chars,
+    cut_parts,
     estimate_tokens,
     frame,
     hot_list_whole,
     hot_window_complete,
+    memory_room,
     older_chars,
     recent_transcript,
     summary_system_text,
     window,
     window_start_turn,
 )
-from tiered_memory.context_policy import Candidates, Facts, Selection, choose, lagging_digest
+from tiered_memory.context_policy import Candidates, Facts, Part, Selection, choose, lagging_digest
 from tiered_memory.dialogue import shown_and_events
 from tiered_memory.errors import Forbidden, HotUnavailable, SqlUnavailable
 from tiered_memory.history import History
@@ -98,6 +100,17 @@ class ContextAnswer:
     planning_history: str
     state: SessionState | None = None  # the gateway's, as the hot tier knows it (None: unknown)
     carried: Carried | None = None  # what the session carried over from its user's earlier ones
+    explained: Explained | None = None  # where each part of the memory came from (explain=true)
+
+
+@dataclass(frozen=True, slots=True)
+class Explained:
+    """Where a context's memory came from: the system text's pieces as sent, each with its origin
+    (context_policy.ORIGINS), the raw messages shown after it, and the layout that won."""
+
+    memory: tuple[Part, ...]
+    raw: tuple[Message, ...]
+    layout: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,9 +367,13 @@ class SessionReads:
         carried = await self._carried(session_id, walked, shown, user_memory, user_id, question)
         candidates = self._candidates(session_id, walked, shown, terms, snippets, carried, question)
         chosen = choose(candidates, max_chars)
-        memory_text = self._with_digest(walked, candidates, chosen, max_chars=max_chars)
-        messages = compose(memory_text, alternate(chosen.raw), max_chars=max_chars, lang=candidates.lang)
+        parts = self._with_digest(walked, candidates, chosen, max_chars=max_chars)
+        memory_text = "\n".join(text for _, text in parts) or None
+        raw = alternate(chosen.raw)
+        messages = compose(memory_text, raw, max_chars=max_chars, lang=candidates.lang)
         shaped = self._shaped(session_id, walked, recent, messages, system_prompt=system_prompt, question=question)
+        explained = Explained(cut_parts(parts, memory_room(raw, max_chars)), tuple(chosen.raw), chosen.layout)
+        shaped = dataclasses.replace(shaped, explained=explained)
         if carried is not None and carried.shown and carried.shown[-1].text and "carried" in chosen.chars:
             made = carried.shown[-1]
             carried = Carried(
@@ -575,18 +592,18 @@ class SessionReads:
             found = self._books.put((session_id, stamp), (FactBook.load(summary.structured),))
         return found[0]
 
-    def _with_digest(self, walked: _Walked, candidates: Candidates, chosen: Selection, *, max_chars: int) -> str | None:
-        """The chosen system text, led by the key points of the turns the summary does not hold
-        yet and that the context does not show, so that a budget cut falls on the rest, not on
-        them."""
+    def _with_digest(
+        self, walked: _Walked, candidates: Candidates, chosen: Selection, *, max_chars: int
+    ) -> tuple[Part, ...]:
+        """The chosen system text's parts, led by the key points of the turns the summary does
+        not hold yet and that the context does not show, so that a budget cut falls on the rest,
+        not on them."""
         if self._s.memory_mode != "summary":
-            return chosen.system
+            return chosen.parts
         summary = walked.answer.summary
         room = max(50, min(self._s.summary_max_chars, max_chars // 4))
         digest = lagging_digest(candidates, chosen, summary.covered_turns if summary else 0, room)
-        if not digest:
-            return chosen.system
-        return digest + (f"\n{chosen.system}" if chosen.system else "")
+        return (("lagging", digest), *chosen.parts) if digest else chosen.parts
 
     def _shaped(
         self,

@@ -99,7 +99,7 @@ def hot_keys(d: Daemon, sid: str) -> list[bytes]:
 
 
 async def test_inspect_rebuild_and_export_a_session(daemon: Daemon) -> None:
-    """inspect shows every tier, the summary, its watermark, slices and lag; rebuild recomputes
+    """inspect shows every tier, the summary, its versions, its watermark, slices and lag; rebuild recomputes
     the summary as a new version; export writes every message, the summary and the slices; an
     unknown session is exit status 1 for each."""
     sid = new_sid()
@@ -124,6 +124,8 @@ async def test_inspect_rebuild_and_export_a_session(daemon: Daemon) -> None:
         assert report["tiers"]["hot"]["summary_version"] == report["summary"]["version"]
     assert [(s["from_turn"], s["to_turn"]) for s in report["slices"]] == [(1, 3), (4, 6)]
     assert report["summary"]["text"]
+    assert [v["version"] for v in report["versions"]] == list(range(report["summary"]["version"], 0, -1))
+    assert report["versions"][0]["text"] == report["summary"]["text"]
 
     code, out, err = await asyncio.to_thread(cli, "rebuild", sid, env=env)
     assert code == 0, err

@@ -21,9 +21,11 @@ from tests.conftest import RealServers, new_sid, own_database
 from tiered_memory.errors import Conflict, Forbidden, SqlUnavailable
 from tiered_memory.model import Caller, NewMessage, Owner, Role, Summary, SummarySource
 from tiered_memory.tiers.sql_engine import create_engine
+from tiered_memory.tiers.sql_maintenance import SqlMaintenance
 from tiered_memory.tiers.sql_migrate import current_version
 from tiered_memory.tiers.sql_schema import SCHEMA_VERSION, metadata
 from tiered_memory.tiers.sql_store import SqlStore
+from tiered_memory.tiers.sql_users import SqlUsers
 
 
 @pytest.fixture(params=["sqlite", "mariadb", "postgres"])
@@ -298,6 +300,47 @@ async def test_summary_versions_are_compare_and_set(store: SqlStore) -> None:
     assert info is not None
     assert info.covered_turns == 3
     assert info.turn_count == 3
+
+
+async def test_a_summarys_versions_are_kept_bounded_and_go_with_it(store: SqlStore) -> None:
+    """Each summary written is kept as a version, the newest `summary_history` (10) of them (a
+    stale write keeps none); deleting the summary, the session, the user's content or a retention
+    purge removes them."""
+    kept = store
+    sid = new_sid()
+    await turns(store, sid, 3)
+
+    async def write(versions: range) -> None:
+        for v in versions:
+            s = Summary(f"第{v}版", 3, v, SummarySource.DETERMINISTIC, float(v), 1.0)
+            assert await kept.put_summary(sid, s, user_id="u1", turn_count=3) is True
+
+    await write(range(1, 13))
+    stale = Summary("stale", 3, 12, SummarySource.LLM, 99.0, 1.0)
+    assert await kept.put_summary(sid, stale, user_id="u1", turn_count=3) is False
+    found = await kept.summary_versions(sid)
+    assert [(v.version, v.text, v.created_at) for v in found] == [(v, f"第{v}版", float(v)) for v in range(12, 2, -1)]
+    assert await kept.summary_versions(sid, limit=1) == found[:1]
+
+    assert await kept.delete_summary(sid) is True
+    assert await kept.summary_versions(sid) == []
+    await write(range(1, 3))
+    await kept.delete_session(sid)
+    assert await kept.summary_versions(sid) == []
+
+    await turns(store, sid, 3)
+    await write(range(1, 3))
+    users = SqlUsers(kept, batch=1)
+    await users.erase_content(sid)
+    assert await kept.summary_versions(sid) == []
+    await write(range(3, 5))
+    assert (await users.erase_session(sid))[0] is True
+    assert await kept.summary_versions(sid) == []
+
+    await turns(store, sid, 3)
+    await write(range(1, 3))
+    assert (await SqlMaintenance(kept).purge_session(sid, before=time.time() + 10)).complete
+    assert await kept.summary_versions(sid) == []
 
 
 async def test_due_idle_close_delete(store: SqlStore) -> None:

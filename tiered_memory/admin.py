@@ -204,7 +204,8 @@ async def check_stores(settings: Settings, *, out: TextIO = sys.stdout) -> int:
 
 async def inspect(settings: Settings, session_id: str, *, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     """Everything the tiers hold about one session: tiers present, counters, summary and its
-    watermark, slices, and the lag (completed turns the summary does not cover)."""
+    watermark, slices, the summary's kept versions, and the lag (completed turns the summary does
+    not cover)."""
     async with open_tools(settings) as tools:
         try:
             summary, info = await tools.store.get_summary(session_id)
@@ -212,6 +213,7 @@ async def inspect(settings: Settings, session_id: str, *, out: TextIO = sys.stdo
                 return fail(err, f"session {session_id!r} does not exist")
             slices = await tools.store.slices(session_id)
             stored = await tools.store.count_messages(session_id)
+            versions = await tools.store.summary_versions(session_id)
         except SqlUnavailable as exc:
             return fail(err, f"inspect failed: {exc}")
         hot = await _hot_view(tools, session_id)
@@ -229,6 +231,8 @@ async def inspect(settings: Settings, session_id: str, *, out: TextIO = sys.stdo
         "covered_turns": covered,
         "lag_turns": max(0, info.turn_count - covered),
         "slices": [_slice_json(s) for s in slices],
+        # The summary's kept versions (SUMMARY_HISTORY), newest first: where a fact left it.
+        "versions": [asdict(v) for v in versions],
     }
     print(json.dumps(report, ensure_ascii=False, indent=2), file=out)
     return 0

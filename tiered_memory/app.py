@@ -18,11 +18,13 @@ from prometheus_client import CollectorRegistry
 
 from tiered_memory.admission import admission_middleware
 from tiered_memory.api import OPENAPI_KEY, SERVICE_KEY, add_routes
+from tiered_memory.api_inspect import INSPECTION_KEY, add_inspector_routes
 from tiered_memory.api_users import add_user_routes
 from tiered_memory.auth import auth_middleware
 from tiered_memory.delivery import Delivery, DeliverySettings
 from tiered_memory.edge import METRICS_KEY, SETTINGS_KEY, deadline_middleware, observe, tracing_middleware
 from tiered_memory.errors import ConfigError, SqlUnavailable
+from tiered_memory.inspection import Inspection
 from tiered_memory.local_guard import local_guard_middleware
 from tiered_memory.metrics import Metrics
 from tiered_memory.openapi import load_document
@@ -103,6 +105,7 @@ def build_store(
         limits=SessionLimits(messages=settings.max_session_messages, bytes=settings.max_session_bytes),
         sinks=[sink.id for sink in settings.event_sinks],
         tracing=tracing,
+        summary_history=settings.summary_history,
     )
 
 
@@ -265,6 +268,7 @@ async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
         metrics=app[METRICS_KEY],
     )
     app[SERVICE_KEY] = service
+    app[INSPECTION_KEY] = Inspection(store=app[STORE_KEY], hot=app[HOT_KEY])
     # The first sweep runs at start-up: it finds the summaries that were due when a previous
     # process died and closes sessions that went idle meanwhile.
     sweeper = Periodic(service.sweep, interval_s=settings.sweep_interval_seconds, name="sweeper")
@@ -395,4 +399,5 @@ def create_app(
     app.cleanup_ctx.extend([_sql_ctx, _hot_ctx, _llm_ctx, _text_ctx, _service_ctx])
     add_routes(app)
     add_user_routes(app)
+    add_inspector_routes(app)
     return app

@@ -29,6 +29,14 @@ _MAX_TOKEN_CHARS = 1024
 
 # Probes and Prometheus carry no token; these say nothing about any session.
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json"})
+# The inspector's page and its files (api_inspect.py) hold no data: the page asks for a token and
+# sends it with each of its reads, which are API requests like any other.
+UI_PREFIX = "/ui"
+
+
+def is_open(path: str) -> bool:
+    """Whether `path` is answered without a token: the probes, the scrape, and the UI's files."""
+    return path in OPEN_PATHS or path == UI_PREFIX or path.startswith(UI_PREFIX + "/")
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,14 +147,14 @@ def _bearer(request: web.Request) -> str | None:
 
 
 def auth_middleware(tokens: Sequence[ApiToken]) -> Middleware:
-    """Require `Authorization: Bearer <token>` on every path but OPEN_PATHS, and put the token's
+    """Require `Authorization: Bearer <token>` on every path but the open ones (`is_open`), and put the token's
     Principal on the request. Raises Unauthorized (401) otherwise, with the same message whether
     the header was missing, malformed or wrong."""
     configured = tuple(tokens)
 
     @web.middleware
     async def require_token(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path in OPEN_PATHS:
+        if is_open(request.path):
             return await handler(request)
         presented = _bearer(request)
         principal = None if presented is None else authenticate(configured, presented)

@@ -26,7 +26,7 @@ import structlog
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from tiered_memory.auth import OPEN_PATHS, PRINCIPAL_KEY, valid_tenant
+from tiered_memory.auth import PRINCIPAL_KEY, is_open, valid_tenant
 from tiered_memory.errors import HotUnavailable, RateLimited
 from tiered_memory.metrics import Metrics
 from tiered_memory.tiers.buckets import ANY_TENANT, Buckets, Rate, parse_rate, tenant_bucket, tenant_rate, units
@@ -80,7 +80,7 @@ def rate_limit_middleware(
 
     @web.middleware
     async def limit(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path in OPEN_PATHS:
+        if is_open(request.path):
             return await handler(request)
         principal = request.get(PRINCIPAL_KEY)
         tenant = principal.tenant if principal is not None else None

@@ -62,6 +62,8 @@ class Settings(BaseSettings):
     # At most 16,000 characters: 4 bytes each still fit MySQL's TEXT column (64 KiB).
     summary_max_chars: int = Field(1400, alias="SUMMARY_MAX_CHARS", ge=50, le=16_000)
     summary_prompt_file: Path | None = Field(None, alias="SUMMARY_PROMPT_FILE")
+    # A summary's versions kept beside it (the inspector's history and diff); 0 keeps none.
+    summary_history: int = Field(10, alias="SUMMARY_HISTORY", ge=0, le=1000)
     # structured: the summary is a JSON payload (goal, facts, preferences, resolved and pending
     # points, retrieval hints) whose `summary` field is the text; text: plain text from the LLM.
     summary_format: Literal["text", "structured"] = Field("structured", alias="SUMMARY_FORMAT")
@@ -169,6 +171,8 @@ class Settings(BaseSettings):
     # (comma-separated; local_guard.py): a web page that rebinds its own name to 127.0.0.1 is not.
     allowed_hosts_setting: str = Field("", alias="ALLOWED_HOSTS")
     _api_tokens: tuple[ApiToken, ...] = PrivateAttr(default=())
+    # The memory inspector (GET /ui, api_inspect.py); unset: on when HOST is a loopback address.
+    ui_enabled_setting: bool | None = Field(None, alias="UI_ENABLED")
 
     # --- context assembly ---
     context_max_chars: int = Field(4000, alias="CONTEXT_MAX_CHARS", ge=100)
@@ -502,6 +506,12 @@ class Settings(BaseSettings):
     def event_sinks(self) -> tuple[Sink, ...]:
         """Where lifecycle events go (none: no events are written)."""
         return sinks_of(self.webhook_urls, self.events_stream)
+
+    @property
+    def ui_enabled(self) -> bool:
+        """Whether GET /ui serves the inspector: as UI_ENABLED says, or, unset, when the daemon
+        listens on loopback only (a developer's machine), where nobody else can reach the page."""
+        return self.ui_enabled_setting if self.ui_enabled_setting is not None else is_loopback(self.host)
 
     @property
     def allowed_hosts(self) -> frozenset[str]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from tiered_memory.tiers.sql_history import forget_versions
 from tiered_memory.tiers.sql_schema import conversation_summaries as cs
 from tiered_memory.tiers.sql_schema import messages as msgs
 from tiered_memory.tiers.sql_schema import outbox_events, session_state, sessions, summary_slices
@@ -88,6 +89,7 @@ class SqlMaintenance:
             if not await _still_inactive(conn, session_id, before):
                 return False
             await conn.execute(cs.delete().where(cs.c.session_id == session_id))
+            await forget_versions(conn, session_id)
             await conn.execute(session_state.delete().where(session_state.c.session_id == session_id))
             await conn.execute(sessions.delete().where(sessions.c.session_id == session_id))
             # Its events not delivered yet hold its summary: retention keeps none of it.

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 
 # The Alembic head revision, as a number: the schema version this code needs.
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 
 _MYSQL_TABLE: dict[str, Any] = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin"}
 
@@ -146,6 +146,23 @@ summary_slices = sa.Table(
     **_MYSQL_TABLE,
 )
 
+
+# The summary's recent versions, newest kept (SqlStore's `summary_history`): what an operator
+# compares to see when a fact left the summary (the inspector's diff). Written in the summary's
+# own transaction; erased, purged and deleted with it. (Version 11.)
+summary_versions = sa.Table(
+    "summary_versions",
+    metadata,
+    sa.Column("id", _BIGID, primary_key=True, autoincrement=True),
+    sa.Column("session_id", _SID, nullable=False),
+    sa.Column("version", sa.Integer, nullable=False),
+    sa.Column("summary", sa.Text, nullable=False),
+    sa.Column("source", sa.String(16), nullable=False),
+    sa.Column("covered_turns", sa.Integer, nullable=False),
+    sa.Column("created_at", _TIMESTAMP, nullable=False),
+    sa.Index("ix_summary_versions_session_version", "session_id", "version"),
+    **_MYSQL_TABLE,
+)
 
 # What a gateway keeps of its own across reconnects (a knowledge-base topic, a keyword tracker):
 # one JSON object per session, written with a version check (PUT …/state with If-Match). Apart

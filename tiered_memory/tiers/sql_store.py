@@ -35,6 +35,7 @@ from tiered_memory.model import (
 from tiered_memory.tiers.group_commit import GroupCommit, Outcome
 from tiered_memory.tiers.sql_append import Append, AppendStatements, SessionLimits, store_batch
 from tiered_memory.tiers.sql_dialect import insert_if_absent, refused, retryable
+from tiered_memory.tiers.sql_history import SummaryVersion, forget_versions, record_version, versions
 from tiered_memory.tiers.sql_messages import MessageReads
 from tiered_memory.tiers.sql_migrate import current_version, migrate
 from tiered_memory.tiers.sql_outbox import add_event, new_event_id, release_final
@@ -95,11 +96,14 @@ class SqlStore(MessageReads):
         limits: SessionLimits | None = None,
         sinks: Sequence[str] = (),
         tracing: Tracing | None = None,
+        summary_history: int = 10,
     ) -> None:
         """`on_commit_batch` is told the size of each group commit's batch (a metric); `limits`
         bound what one session holds (MAX_SESSION_MESSAGES, MAX_SESSION_BYTES); `sinks` are the ids
-        of the sinks each lifecycle event is written to the outbox for (none: no events)."""
+        of the sinks each lifecycle event is written to the outbox for (none: no events);
+        `summary_history` is how many of a summary's versions are kept (SUMMARY_HISTORY)."""
         self._limits = limits or SessionLimits()
+        self._summary_history = summary_history
         self._tracing = tracing or Tracing.off()
         self.sinks = tuple(sinks)
         self._engine = engine
@@ -396,6 +400,7 @@ class SqlStore(MessageReads):
             await conn.execute(msgs.delete().where(msgs.c.session_id == session_id))
             await conn.execute(summary_slices.delete().where(summary_slices.c.session_id == session_id))
             await conn.execute(cs.delete().where(cs.c.session_id == session_id))
+            await forget_versions(conn, session_id)
             await conn.execute(session_state.delete().where(session_state.c.session_id == session_id))
             await conn.execute(sessions.delete().where(sessions.c.session_id == session_id))
             # Its events not delivered yet tell of what is deleted now: they go too.
@@ -545,6 +550,7 @@ class SqlStore(MessageReads):
                 )
                 if not result.rowcount:
                     return False
+            await record_version(conn, session_id, summary, keep=self._summary_history)
             # The slices go with the summary they produced, in the same transaction.
             if replace_slices:
                 await conn.execute(summary_slices.delete().where(summary_slices.c.session_id == session_id))
@@ -609,6 +615,7 @@ class SqlStore(MessageReads):
             found = await self._lock_accessible(conn, session_id, caller)
             await conn.execute(summary_slices.delete().where(summary_slices.c.session_id == session_id))
             await conn.execute(cs.delete().where(cs.c.session_id == session_id))
+            await forget_versions(conn, session_id)
             return found
 
         return await self._transaction(body)
@@ -625,6 +632,15 @@ class SqlStore(MessageReads):
             )
             async with self._engine.connect() as conn:
                 return [row_to_slice(r) for r in (await conn.execute(q)).all()]
+
+        return await self._bounded(op)
+
+    async def summary_versions(self, session_id: str, *, limit: int = 100) -> list[SummaryVersion]:
+        """The summary's kept versions (SUMMARY_HISTORY), newest first."""
+
+        async def op() -> list[SummaryVersion]:
+            async with self._engine.connect() as conn:
+                return await versions(conn, session_id, limit=limit)
 
         return await self._bounded(op)
 

@@ -28,6 +28,7 @@ from tiered_memory.tiers.sql_schema import (
     session_state,
     sessions,
     summary_slices,
+    summary_versions,
     user_erasures,
     user_profiles,
 )
@@ -256,11 +257,11 @@ class SqlUsers:
         return await self._store.read(op)
 
     async def erase_content(self, session_key: str) -> int:
-        """Delete a session's messages and slices, `batch` rows a transaction; the messages
-        deleted. The session row stays (and keeps the session on the list of the user's) until
+        """Delete a session's messages, slices and summary versions, `batch` rows a transaction;
+        the messages deleted. The session row stays (and keeps the session on the list of the user's) until
         `erase_session`, which the hot keys' removal comes before."""
         removed = 0
-        for table in (msgs, summary_slices):
+        for table in (msgs, summary_slices, summary_versions):
             while True:
                 n = await self._store.transaction(
                     functools.partial(self._delete_batch, table=table, session_key=session_key)
@@ -287,7 +288,7 @@ class SqlUsers:
             if (await conn.execute(lock)).one_or_none() is None:
                 return False, 0
             left = await conn.execute(msgs.delete().where(msgs.c.session_id == session_key))
-            for table in (summary_slices, cs, session_state, sessions):
+            for table in (summary_slices, summary_versions, cs, session_state, sessions):
                 await conn.execute(table.delete().where(table.c.session_id == session_key))
             # Its events not delivered yet would tell a receiver what is erased now.
             await conn.execute(outbox_events.delete().where(outbox_events.c.subject == session_key))

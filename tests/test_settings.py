@@ -12,6 +12,7 @@ from tiered_memory.cli import main
 from tiered_memory.errors import ConfigError
 from tiered_memory.settings import Settings
 from tiered_memory.tiers.sql_schema import SCHEMA_VERSION
+from tiered_memory.tiers.sql_url import server_urls
 
 TOKEN = "t0ken-0123456789abcdef"
 
@@ -104,6 +105,25 @@ def test_database_url_takes_each_supported_driver(url: str) -> None:
     settings = Settings.from_env({"DATABASE_URL": url})
     assert settings.sqlalchemy_url == url
     assert settings.embedded_sql is url.startswith("sqlite")
+
+
+def test_database_url_may_name_the_servers_of_a_mysql_cluster(capsys: pytest.CaptureFixture[str]) -> None:
+    """`host1:port,host2:port` names a multi-primary cluster's nodes (MySQL/MariaDB only); an
+    empty entry or another engine's list is refused, saying why without the password."""
+    url = "mysql+aiomysql://app:hunter2@db1:3306,db2:3306, db3:3307/memory?charset=utf8mb4"
+    assert Settings.from_env({"DATABASE_URL": url}).sqlalchemy_url == url
+    assert server_urls(url) == [
+        "mysql+aiomysql://app:hunter2@db1:3306/memory?charset=utf8mb4",
+        "mysql+aiomysql://app:hunter2@db2:3306/memory?charset=utf8mb4",
+        "mysql+aiomysql://app:hunter2@db3:3307/memory?charset=utf8mb4",
+    ]
+    for bad, reason in (
+        ("mysql+aiomysql://app:hunter2@db1:3306,,db2:3306/memory", "an empty server"),
+        ("postgresql+asyncpg://app:hunter2@db1:5432,db2:5432/memory", "MySQL/MariaDB clusters only"),
+    ):
+        with pytest.raises(ConfigError, match=reason) as raised:
+            Settings.from_env({"DATABASE_URL": bad})
+        assert "hunter2" not in str(raised.value)
 
 
 def test_config_command_masks_secrets(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:

@@ -18,6 +18,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tests.conftest import RealServers, new_sid, own_database
+from tests.faults import free_port
 from tiered_memory.errors import Conflict, Forbidden, SqlUnavailable
 from tiered_memory.model import Caller, NewMessage, Owner, Role, Summary, SummarySource
 from tiered_memory.tiers.sql_engine import create_engine
@@ -361,6 +362,24 @@ async def test_due_idle_close_delete(store: SqlStore) -> None:
     assert await store.get_session(sid) is None
     assert await store.get_summary(sid) == (None, None)
     assert await store.count_messages(sid) == 0
+
+
+async def test_a_url_of_several_servers_connects_to_the_first_that_answers(real_servers: RealServers) -> None:
+    """A cluster's URL whose first node is down (nothing listens on its port) connects to the next:
+    migrations, appends and reads all go there."""
+    scheme, _, rest = real_servers.mysql_url.partition("://")
+    user, _, host_and_path = rest.rpartition("@")
+    url = f"{scheme}://{user}@127.0.0.1:{free_port()},{host_and_path}"
+    store = SqlStore(create_engine(url), timeout_s=10)
+    try:
+        await store.migrate()
+        sid = new_sid()
+        await turns(store, sid, 2)
+        info = await store.get_session(sid)
+        assert info is not None
+        assert info.turn_count == 2
+    finally:
+        await store.aclose()
 
 
 async def test_unreachable_server_is_sql_unavailable() -> None:

@@ -106,6 +106,7 @@ def build_store(
         sinks=[sink.id for sink in settings.event_sinks],
         tracing=tracing,
         summary_history=settings.summary_history,
+        on_retry=metrics.sql_retries.inc,
     )
 
 

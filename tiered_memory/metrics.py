@@ -85,6 +85,12 @@ class Metrics:
             buckets=_BATCH_BUCKETS,
             registry=registry,
         )
+        self.sql_retries = Counter(
+            "tiered_memory_sql_transaction_retries_total",
+            "SQL transactions run again after a deadlock or lock wait timeout (on Galera, also a write"
+            " another node certified first).",
+            registry=registry,
+        )
         self.breaker_state = Gauge(
             "tiered_memory_breaker_state",
             "Circuit breaker of a dependency (redis, sql, llm): 0 closed, 1 half-open (probing), 2 open.",

@@ -31,6 +31,7 @@ from tiered_memory.tiers.buckets import Rate, parse_rate
 from tiered_memory.tiers.hot import RecentBound
 from tiered_memory.tiers.postings import SESSION_BYTES
 from tiered_memory.tiers.redis_url import parse_redis_url
+from tiered_memory.tiers.sql_url import server_urls
 
 _LOOPBACK_DEFAULT = "127.0.0.1"
 # The SQL drivers the daemon is built and tested with.
@@ -338,6 +339,11 @@ class Settings(BaseSettings):
                 "DATABASE_URL: expected mysql+aiomysql://user:pass@host:port/db,"
                 " postgresql+asyncpg://user:pass@host:port/db or sqlite+aiosqlite:///path"
             )
+        if self.database_url:
+            try:
+                server_urls(self.database_url)
+            except ValueError as exc:
+                raise ValueError(f"DATABASE_URL: {exc}") from None
         if self.redis_url:
             try:
                 parse_redis_url(self.redis_url)

@@ -97,13 +97,16 @@ class SqlStore(MessageReads):
         sinks: Sequence[str] = (),
         tracing: Tracing | None = None,
         summary_history: int = 10,
+        on_retry: Callable[[], None] = lambda: None,
     ) -> None:
         """`on_commit_batch` is told the size of each group commit's batch (a metric); `limits`
         bound what one session holds (MAX_SESSION_MESSAGES, MAX_SESSION_BYTES); `sinks` are the ids
         of the sinks each lifecycle event is written to the outbox for (none: no events);
-        `summary_history` is how many of a summary's versions are kept (SUMMARY_HISTORY)."""
+        `summary_history` is how many of a summary's versions are kept (SUMMARY_HISTORY);
+        `on_retry` is told of each transaction run again (a metric)."""
         self._limits = limits or SessionLimits()
         self._summary_history = summary_history
+        self._on_retry = on_retry
         self._tracing = tracing or Tracing.off()
         self.sinks = tuple(sinks)
         self._engine = engine
@@ -234,7 +237,10 @@ class SqlStore(MessageReads):
             yield conn
 
     async def _transaction(self, body: Callable[[AsyncConnection], Awaitable[T]]) -> T:
-        """Run `body` in a write transaction, retrying MySQL deadlocks; bounded by the timeout."""
+        """Run `body` in a write transaction, retrying deadlocks (and, on a Galera cluster, a write
+        another node certified first, reported as one at commit): at most _TX_ATTEMPTS runs,
+        bounded by the timeout. A retry is safe: the transaction rolled back whole, and an append
+        that runs again finds its message_id if it had been stored."""
 
         async def attempt() -> T:
             for n in range(_TX_ATTEMPTS):
@@ -244,6 +250,7 @@ class SqlStore(MessageReads):
                 except sa.exc.DBAPIError as exc:
                     if not retryable(exc) or n == _TX_ATTEMPTS - 1:
                         raise
+                    self._on_retry()
             raise AssertionError("unreachable")
 
         return await self._bounded(attempt, named_after=body)

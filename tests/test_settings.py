@@ -126,6 +126,18 @@ def test_database_url_may_name_the_servers_of_a_mysql_cluster(capsys: pytest.Cap
         assert "hunter2" not in str(raised.value)
 
 
+def test_a_read_replica_needs_a_primary_of_the_same_driver() -> None:
+    primary = "mysql+aiomysql://app:pw@db:3306/memory"
+    replica = "mysql+aiomysql://app:pw@replica:3306/memory"
+    assert Settings.from_env({"DATABASE_URL": primary, "DATABASE_READ_URL": replica}).database_read_url == replica
+    for env in (
+        {"DATABASE_READ_URL": replica},
+        {"DATABASE_URL": "postgresql+asyncpg://app:pw@db:5432/memory", "DATABASE_READ_URL": replica},
+    ):
+        with pytest.raises(ConfigError, match="DATABASE_READ_URL: expected a replica"):
+            Settings.from_env(env)
+
+
 def test_config_command_masks_secrets(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """`tiered-memory config` prints every variable with the API key and URL passwords masked."""
     monkeypatch.setenv("LLM_API_KEY", "sk-very-secret")

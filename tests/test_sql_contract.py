@@ -24,6 +24,7 @@ from tiered_memory.model import Caller, NewMessage, Owner, Role, Summary, Summar
 from tiered_memory.tiers.sql_engine import create_engine
 from tiered_memory.tiers.sql_maintenance import SqlMaintenance
 from tiered_memory.tiers.sql_migrate import current_version
+from tiered_memory.tiers.sql_replica import Replica
 from tiered_memory.tiers.sql_schema import SCHEMA_VERSION, metadata
 from tiered_memory.tiers.sql_store import SqlStore
 from tiered_memory.tiers.sql_users import SqlUsers
@@ -378,6 +379,48 @@ async def test_a_url_of_several_servers_connects_to_the_first_that_answers(real_
         info = await store.get_session(sid)
         assert info is not None
         assert info.turn_count == 2
+    finally:
+        await store.aclose()
+
+
+async def test_session_reads_go_to_a_replica_that_has_the_sessions_last_write(real_servers: RealServers) -> None:
+    """With a replica (here the same server: always caught up), a session's reads asked with
+    `replica=True` are answered there; one it does not know, or a replica that does not answer,
+    is asked of the primary and counted; reads without `replica` never go there."""
+    outcomes: list[str] = []
+    replica = Replica(create_engine(real_servers.mysql_url), timeout_s=5, on_read=outcomes.append)
+    store = SqlStore(create_engine(real_servers.mysql_url), timeout_s=10, replica=replica)
+    try:
+        await store.migrate()
+        sid = new_sid()
+        await turns(store, sid, 2)
+        info = await store.get_session(sid, replica=True)
+        assert info is not None
+        assert info.message_count == 4
+        assert [m.seq for m in await store.recent_messages(sid, 10, replica=True)] == [1, 2, 3, 4]
+        assert outcomes == ["replica", "replica"]
+        assert await store.get_session(new_sid(), replica=True) is None
+        assert outcomes[-1] == "primary"
+        # Ahead of the replica's copy (a write it has not applied yet): the primary answers.
+        ahead = await store.recent_messages(sid, 10, replica=True, known_seq=5)
+        assert (len(ahead), outcomes[-1]) == (4, "primary")
+        outcomes.clear()
+        await store.get_summary(sid)
+        assert outcomes == []
+    finally:
+        await store.aclose()
+
+    scheme, _, rest = real_servers.mysql_url.partition("://")
+    user, _, host_and_path = rest.rpartition("@")
+    _, _, path = host_and_path.partition("/")
+    dead = Replica(
+        create_engine(f"{scheme}://{user}@127.0.0.1:{free_port()}/{path}"), timeout_s=5, on_read=outcomes.append
+    )
+    store = SqlStore(create_engine(real_servers.mysql_url), timeout_s=10, replica=dead)
+    try:
+        found = await store.messages_by_seq(sid, first_seq=1, last_seq=4, limit=10, replica=True)
+        assert [m.seq for m in found] == [1, 2, 3, 4]
+        assert outcomes == ["primary"]
     finally:
         await store.aclose()
 

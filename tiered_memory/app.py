@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Callable, Mapping
 
 import aiohttp
 import structlog
 from aiohttp import web
 from prometheus_client import CollectorRegistry
+from sqlalchemy.exc import SQLAlchemyError
 
 from tiered_memory.admission import admission_middleware
 from tiered_memory.api import OPENAPI_KEY, SERVICE_KEY, add_routes
@@ -47,6 +49,7 @@ from tiered_memory.tiers.sql_append import SessionLimits
 from tiered_memory.tiers.sql_engine import create_engine
 from tiered_memory.tiers.sql_maintenance import SqlMaintenance
 from tiered_memory.tiers.sql_outbox import SqlOutbox
+from tiered_memory.tiers.sql_replica import Replica
 from tiered_memory.tiers.sql_schema import SCHEMA_VERSION
 from tiered_memory.tiers.sql_store import SqlStore
 from tiered_memory.tracing import Tracing, exporting, shut_down_within
@@ -107,6 +110,13 @@ def build_store(
         tracing=tracing,
         summary_history=settings.summary_history,
         on_retry=metrics.sql_retries.inc,
+        replica=Replica(
+            create_engine(settings.database_read_url),
+            timeout_s=settings.sql_timeout_ms / 1000,
+            on_read=lambda outcome: metrics.replica_reads.labels(outcome).inc(),
+        )
+        if settings.database_read_url
+        else None,
     )
 
 
@@ -199,8 +209,26 @@ async def _sql_ctx(app: web.Application) -> AsyncIterator[None]:
         await store.aclose()
         raise
     app[STORE_KEY] = store
+    lag = None
+    if store.replica is not None:
+        lag = Periodic(
+            functools.partial(_replica_lag, store.replica, app[METRICS_KEY]), interval_s=5, name="replica-lag"
+        )
+        lag.start()
     yield
+    if lag is not None:
+        await lag.stop()
     await store.aclose()
+
+
+async def _replica_lag(replica: Replica, metrics: Metrics) -> None:
+    """The replica's lag as a gauge (-1: not replicating, or not answering): what the replica-lag
+    alert watches; the reads check each session's freshness themselves."""
+    try:
+        metrics.replica_lag.set(await replica.lag_seconds())
+    except (TimeoutError, SQLAlchemyError, OSError) as exc:
+        log.warning("replica_lag_unknown", error=type(exc).__name__)
+        metrics.replica_lag.set(-1)
 
 
 async def _hot_ctx(app: web.Application) -> AsyncIterator[None]:

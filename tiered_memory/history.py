@@ -218,7 +218,9 @@ class History:
         mean = max(8.0, (content_chars or 0) / message_count) if message_count else 40.0
         want = min(most, start - 1, math.ceil(1.25 * lacking / mean) + 2)
         try:
-            rows = await self._store.messages_by_seq(session_id, first_seq=start - want, last_seq=start - 1, limit=want)
+            rows = await self._store.messages_by_seq(
+                session_id, first_seq=start - want, last_seq=start - 1, limit=want, replica=True
+            )
         except SqlUnavailable:
             self._sql_error("read_older")
             return older
@@ -286,12 +288,12 @@ class History:
         except HotUnavailable:
             self._hot_error("recall_read")
             messages = {}
-        slices = await self._store.slices(session_id)
+        slices = await self._store.slices(session_id, replica=True)
         out = []
         for seq, score in hits:
             turn = [m for m in messages.values() if m.turn == messages[seq].turn] if seq in messages else []
             if not turn:
-                turn = await self._store.messages_by_seq(session_id, first_seq=seq, last_seq=seq, limit=1)
+                turn = await self._store.messages_by_seq(session_id, first_seq=seq, last_seq=seq, limit=1, replica=True)
             covering = next((s for s in slices if s.first_seq <= seq <= s.last_seq), None)
             out.append(
                 RecallMatch(

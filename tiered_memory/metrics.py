@@ -91,6 +91,19 @@ class Metrics:
             " another node certified first).",
             registry=registry,
         )
+        self.replica_reads = Counter(
+            "tiered_memory_sql_replica_reads_total",
+            "Session reads asked of the replica (DATABASE_READ_URL), by where they were answered: replica, or"
+            " primary (the replica was behind the session's last write, did not know it, or did not answer).",
+            ["outcome"],
+            registry=registry,
+        )
+        self.replica_lag = Gauge(
+            "tiered_memory_sql_replica_lag_seconds",
+            "How far the replica (DATABASE_READ_URL) is behind its primary, by its own account; -1 when it is"
+            " not replicating or does not answer.",
+            registry=registry,
+        )
         self.breaker_state = Gauge(
             "tiered_memory_breaker_state",
             "Circuit breaker of a dependency (redis, sql, llm): 0 closed, 1 half-open (probing), 2 open.",

@@ -177,7 +177,7 @@ class SessionReads:
         if summary is not None:
             info: SessionInfo | None = None
             if owner is None and not caller.unrestricted:
-                info = await self._store.get_session(session_id)
+                info = await self._store.get_session(session_id, replica=True)
                 if info is None:
                     # SQL knows no such session: the cached summary is an orphan, shown to nobody.
                     return self._answer(session_id, Tier.NONE, None, 0)
@@ -201,7 +201,7 @@ class SessionReads:
         """The warm row, else the cold extraction (unless not `cold`), else none; with the
         session SQL returned. Raises Forbidden when SQL says the session is not the caller's."""
         try:
-            summary, info = await self._store.get_summary(session_id)
+            summary, info = await self._store.get_summary(session_id, replica=True)
         except SqlUnavailable:
             self._metrics.tier_errors.labels("sql", "read_summary").inc()
             return self._answer(session_id, Tier.NONE, None, 0), None
@@ -279,11 +279,13 @@ class SessionReads:
         which reads every turn batch by batch, covers the middle. Completed turns only, like a
         real summary: an open question is in the window, raw."""
         sid = info.session_id
-        head = await self._store.first_messages(sid, _COLD_HEAD_MESSAGES)
+        head = await self._store.first_messages(sid, _COLD_HEAD_MESSAGES, replica=True, known_seq=info.message_count)
         if len(head) < _COLD_HEAD_MESSAGES:
             messages = head
         else:
-            tail = await self._store.recent_messages(sid, _COLD_TAIL_MESSAGES)
+            tail = await self._store.recent_messages(
+                sid, _COLD_TAIL_MESSAGES, replica=True, known_seq=info.message_count
+            )
             last_head = head[-1].seq
             messages = head + [m for m in tail if m.seq > last_head]
         return [m for m in messages if m.turn <= info.turn_count]
@@ -296,7 +298,7 @@ class SessionReads:
 
     async def _sql_session(self, session_id: str) -> SessionInfo | None:
         try:
-            return await self._store.get_session(session_id)
+            return await self._store.get_session(session_id, replica=True)
         except SqlUnavailable:
             self._metrics.tier_errors.labels("sql", "read_session").inc()
             return None
@@ -340,7 +342,7 @@ class SessionReads:
         if hot.owner is not None:
             authorize(caller, hot.owner)
         elif not caller.unrestricted:
-            known = await self._store.get_session(session_id)
+            known = await self._store.get_session(session_id, replica=True)
             if known is None:
                 # SQL knows no such session: whatever the cache still holds is shown to nobody.
                 hot = _NO_HOT
@@ -469,7 +471,12 @@ class SessionReads:
         try:
             # One turn more than the window (down to turn 0, a greeting), so that the hot list
             # this refills is seen as complete by hot_window_complete next time.
-            rows = await self._store.messages_in_turns(session_id, after_turn=first - 2)
+            rows = await self._store.messages_in_turns(
+                session_id,
+                after_turn=first - 2,
+                replica=True,
+                known_seq=max(info.message_count, hot.message_count or 0),
+            )
         except SqlUnavailable:
             self._metrics.tier_errors.labels("sql", "read_recent").inc()
             return list(hot.recent), info, None
@@ -687,7 +694,9 @@ class SessionReads:
         gap = [m for m in available if covered < m.turn < first]
         if not gap or gap[0].turn != covered + 1:
             try:
-                gap = await self._store.messages_in_turns(session_id, after_turn=covered, through_turn=first - 1)
+                gap = await self._store.messages_in_turns(
+                    session_id, after_turn=covered, through_turn=first - 1, replica=True
+                )
             except SqlUnavailable:
                 self._metrics.tier_errors.labels("sql", "read_gap").inc()
                 return recent

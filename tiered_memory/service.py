@@ -468,7 +468,7 @@ class MemoryService:
         """The session's summarizations that end at `from_turn` or later (at most `limit`), oldest
         first, each leading back to its messages."""
         await self._owned_session(session_id, caller)
-        return await self._store.slices(session_id, from_turn=from_turn, limit=limit)
+        return await self._store.slices(session_id, from_turn=from_turn, limit=limit, replica=True)
 
     async def messages(
         self, session_id: str, *, caller: Caller, first_seq: int, last_seq: int, limit: int, max_bytes: int
@@ -477,7 +477,7 @@ class MemoryService:
         first that takes their text past `max_bytes`, and one more."""
         await self._owned_session(session_id, caller)
         return await self._store.messages_by_seq(
-            session_id, first_seq=first_seq, last_seq=last_seq, limit=limit, max_bytes=max_bytes
+            session_id, first_seq=first_seq, last_seq=last_seq, limit=limit, max_bytes=max_bytes, replica=True
         )
 
     async def user_summaries(self, user_id: str, *, caller: Caller, limit: int) -> list[tuple[str, int, Summary]]:
@@ -530,7 +530,8 @@ class MemoryService:
         return await self._owned_session(session_id, caller)
 
     async def _owned_session(self, session_id: str, caller: Caller) -> SessionInfo:
-        info = await self._store.get_session(session_id)
+        # The owner never changes: a replica's copy of the row answers (its None is asked again).
+        info = await self._store.get_session(session_id, replica=True)
         if info is None:
             raise NotFound("the session does not exist")
         authorize(caller, info.owner)

@@ -80,6 +80,10 @@ class Settings(BaseSettings):
     redis_key_prefix: str = Field("tm", alias="REDIS_KEY_PREFIX", pattern=r"^[A-Za-z0-9_.-]{1,32}$")
     redis_timeout_ms: int = Field(200, alias="REDIS_TIMEOUT_MS", ge=1, le=60_000)
     database_url: str | None = Field(None, alias="DATABASE_URL", repr=False)
+    # A replica of DATABASE_URL's server that a session's warm and cold reads go to, when it holds
+    # the session's newest write (tiers/sql_replica.py); writes and the summary job's reads stay
+    # on the primary.
+    database_read_url: str | None = Field(None, alias="DATABASE_READ_URL", repr=False)
     sql_timeout_ms: int = Field(3000, alias="SQL_TIMEOUT_MS", ge=1, le=600_000)
     data_dir: Path = Field(Path("data"), alias="DATA_DIR")
     auto_migrate: bool | None = Field(None, alias="AUTO_MIGRATE")
@@ -338,6 +342,15 @@ class Settings(BaseSettings):
             raise ValueError(
                 "DATABASE_URL: expected mysql+aiomysql://user:pass@host:port/db,"
                 " postgresql+asyncpg://user:pass@host:port/db or sqlite+aiosqlite:///path"
+            )
+        if self.database_read_url and not (
+            self.database_url
+            and self.database_read_url.split("://")[0] == self.database_url.split("://")[0]
+            and not self.database_read_url.startswith("sqlite")
+        ):
+            raise ValueError(
+                "DATABASE_READ_URL: expected a replica of DATABASE_URL's MySQL/MariaDB or PostgreSQL server,"
+                " with the same driver (and DATABASE_URL set)"
             )
         if self.database_url:
             try:

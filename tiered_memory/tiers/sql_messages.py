@@ -28,30 +28,53 @@ _TAIL_PAGE_MAX = 4096
 class _Reader(Protocol):
     async def read(self, op: Callable[[AsyncConnection], Awaitable[T]]) -> T: ...
 
+    async def session_read(
+        self,
+        session_id: str,
+        op: Callable[[AsyncConnection], Awaitable[T]],
+        *,
+        replica: bool = False,
+        known_seq: int = 0,
+        trust: Callable[[T], bool] = ...,
+    ) -> T: ...
+
 
 class MessageReads:
-    """The message reads of SqlStore (which provides `read`)."""
+    """The message reads of SqlStore (which provides `read` and `session_read`). With `replica`,
+    a read may be answered by the replica (DATABASE_READ_URL) when it holds the session's newest
+    write known (`known_seq`, or this process's own): for the reads that serve a context or the
+    API, never for the summary job's, which must see every turn it covers."""
 
-    async def first_messages(self: _Reader, session_id: str, limit: int) -> list[Message]:
+    async def first_messages(
+        self: _Reader, session_id: str, limit: int, *, replica: bool = False, known_seq: int = 0
+    ) -> list[Message]:
         """The first `limit` messages of a session, oldest first."""
 
         async def op(conn: AsyncConnection) -> list[Message]:
             q = sa.select(msgs).where(msgs.c.session_id == session_id).order_by(msgs.c.id).limit(limit)
             return [row_to_message(r) for r in (await conn.execute(q)).all()]
 
-        return await self.read(op)
+        return await self.session_read(session_id, op, replica=replica, known_seq=known_seq)
 
-    async def recent_messages(self: _Reader, session_id: str, limit: int) -> list[Message]:
+    async def recent_messages(
+        self: _Reader, session_id: str, limit: int, *, replica: bool = False, known_seq: int = 0
+    ) -> list[Message]:
         """The last `limit` messages of a session, oldest first."""
 
         async def op(conn: AsyncConnection) -> list[Message]:
             q = sa.select(msgs).where(msgs.c.session_id == session_id).order_by(msgs.c.id.desc()).limit(limit)
             return [row_to_message(r) for r in reversed((await conn.execute(q)).all())]
 
-        return await self.read(op)
+        return await self.session_read(session_id, op, replica=replica, known_seq=known_seq)
 
     async def messages_in_turns(
-        self: _Reader, session_id: str, *, after_turn: int, through_turn: int | None = None
+        self: _Reader,
+        session_id: str,
+        *,
+        after_turn: int,
+        through_turn: int | None = None,
+        replica: bool = False,
+        known_seq: int = 0,
     ) -> list[Message]:
         """Messages of turns after_turn+1 … through_turn (all later turns when None), oldest first.
 
@@ -86,10 +109,17 @@ class MessageReads:
                 page = min(page * 4, _TAIL_PAGE_MAX)
             return [row_to_message(r) for r in reversed(newest_first) if through_turn is None or r.turn <= through_turn]
 
-        return await self.read(op)
+        return await self.session_read(session_id, op, replica=replica, known_seq=known_seq)
 
     async def messages_by_seq(
-        self: _Reader, session_id: str, *, first_seq: int, last_seq: int, limit: int, max_bytes: int | None = None
+        self: _Reader,
+        session_id: str,
+        *,
+        first_seq: int,
+        last_seq: int,
+        limit: int,
+        max_bytes: int | None = None,
+        replica: bool = False,
     ) -> list[Message]:
         """Messages first_seq..last_seq (at most `limit`), oldest first: where a slice leads back to.
 
@@ -114,7 +144,7 @@ class MessageReads:
             q = in_range(sa.select(msgs)).where(msgs.c.seq <= last)
             return [row_to_message(r) for r in (await conn.execute(q)).all()]
 
-        return await self.read(op)
+        return await self.session_read(session_id, op, replica=replica)
 
     async def count_messages(self: _Reader, session_id: str) -> int:
         async def op(conn: AsyncConnection) -> int:

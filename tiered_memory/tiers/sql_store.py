@@ -40,6 +40,7 @@ from tiered_memory.tiers.sql_messages import MessageReads
 from tiered_memory.tiers.sql_migrate import current_version, migrate
 from tiered_memory.tiers.sql_outbox import add_event, new_event_id, release_final
 from tiered_memory.tiers.sql_patch import Deleted, delete_newest, patch_message
+from tiered_memory.tiers.sql_replica import Behind, Replica
 from tiered_memory.tiers.sql_rows import (
     row_to_session,
     row_to_slice,
@@ -98,15 +99,18 @@ class SqlStore(MessageReads):
         tracing: Tracing | None = None,
         summary_history: int = 10,
         on_retry: Callable[[], None] = lambda: None,
+        replica: Replica | None = None,
     ) -> None:
         """`on_commit_batch` is told the size of each group commit's batch (a metric); `limits`
         bound what one session holds (MAX_SESSION_MESSAGES, MAX_SESSION_BYTES); `sinks` are the ids
         of the sinks each lifecycle event is written to the outbox for (none: no events);
         `summary_history` is how many of a summary's versions are kept (SUMMARY_HISTORY);
-        `on_retry` is told of each transaction run again (a metric)."""
+        `on_retry` is told of each transaction run again (a metric); `replica` takes the session
+        reads asked of it with `replica=True` (DATABASE_READ_URL, sql_replica.py)."""
         self._limits = limits or SessionLimits()
         self._summary_history = summary_history
         self._on_retry = on_retry
+        self.replica = replica
         self._tracing = tracing or Tracing.off()
         self.sinks = tuple(sinks)
         self._engine = engine
@@ -169,6 +173,8 @@ class SqlStore(MessageReads):
                 log.warning("sql_connections_open_at_close", connections=out())
                 break
         await self._engine.dispose()
+        if self.replica is not None:
+            await self.replica.aclose()
 
     # --- plumbing -------------------------------------------------------------------------
 
@@ -220,7 +226,26 @@ class SqlStore(MessageReads):
             async with self._engine.connect() as conn:
                 return await op(conn)
 
-        return await self._bounded(run)
+        return await self._bounded(run, named_after=op)
+
+    async def session_read(
+        self,
+        session_id: str,
+        op: Callable[[AsyncConnection], Awaitable[T]],
+        *,
+        replica: bool = False,
+        known_seq: int = 0,
+        trust: Callable[[T], bool] = lambda _: True,
+    ) -> T:
+        """`read`, of one session: with `replica` (and DATABASE_READ_URL), on the replica when it
+        holds the session's newest write known (this process's, or `known_seq`) and `trust`
+        takes its answer, else on the primary (sql_replica.py)."""
+        if replica and self.replica is not None:
+            try:
+                return await self.replica.read(session_id, op, known_seq=known_seq, trust=trust)
+            except Behind:
+                self.replica.fell_back()
+        return await self.read(op)
 
     async def transaction(self, body: Callable[[AsyncConnection], Awaitable[T]]) -> T:
         """Run `body` in one write transaction of this store (SQLite's writer queue, MySQL deadlock
@@ -290,6 +315,17 @@ class SqlStore(MessageReads):
             return await self._commit_batch(batch)
 
     async def _commit_batch(self, batch: Sequence[Append]) -> list[Outcome[AppendResult]]:
+        return self._noted(await self._committed(batch))
+
+    def _noted(self, outcomes: list[Outcome[AppendResult]]) -> list[Outcome[AppendResult]]:
+        """The outcomes, each stored message's seq remembered for the replica's reads."""
+        if self.replica is not None:
+            for o in outcomes:
+                if not isinstance(o, BaseException):
+                    self.replica.wrote(o.message.session_id, o.message.seq)
+        return outcomes
+
+    async def _committed(self, batch: Sequence[Append]) -> list[Outcome[AppendResult]]:
         try:
             return await self._transaction(self._storing(batch))
         except SqlUnavailable as exc:
@@ -318,25 +354,30 @@ class SqlStore(MessageReads):
                 raise refused  # the transaction rolls back: nothing of the batch is stored
             return [o for o in outcomes if not isinstance(o, BaseException)]
 
-        return await self._transaction(body)
+        stored = await self._transaction(body)
+        self._noted(list(stored))
+        return stored
 
     def _storing(self, batch: Sequence[Append]) -> Callable[[AsyncConnection], Awaitable[list[Outcome[AppendResult]]]]:
         return lambda conn: store_batch(conn, self._append_statements, batch, self._insert_if_absent, self._limits)
 
     # --- sessions -------------------------------------------------------------------------
 
-    async def get_session(self, session_id: str) -> SessionInfo | None:
-        async def op() -> SessionInfo | None:
+    async def get_session(self, session_id: str, *, replica: bool = False, known_seq: int = 0) -> SessionInfo | None:
+        """The session's row (None: no such session; a replica's None is asked of the primary)."""
+
+        async def op(conn: AsyncConnection) -> SessionInfo | None:
             q = (
                 sa.select(sessions, cs.c.covered_turns)
                 .select_from(sessions.outerjoin(cs, cs.c.session_id == sessions.c.session_id))
                 .where(sessions.c.session_id == session_id)
             )
-            async with self._engine.connect() as conn:
-                row = (await conn.execute(q)).one_or_none()
+            row = (await conn.execute(q)).one_or_none()
             return None if row is None else row_to_session(row, int(row.covered_turns or 0))
 
-        return await self._bounded(op)
+        return await self.session_read(
+            session_id, op, replica=replica, known_seq=known_seq, trust=lambda found: found is not None
+        )
 
     async def close_session(self, session_id: str, *, reason: str, now: float, final: bool = True) -> bool:
         """Mark a session closed; False when it was already closed or does not exist. With event
@@ -414,6 +455,8 @@ class SqlStore(MessageReads):
             await conn.execute(outbox_events.delete().where(outbox_events.c.subject == session_id))
 
         await self._transaction(body)
+        if self.replica is not None:
+            self.replica.forget(session_id)
 
     async def get_state(self, session_id: str) -> SessionState:
         """The gateway's state of a session (version 0 and None when it has none)."""
@@ -487,19 +530,23 @@ class SqlStore(MessageReads):
 
     # --- warm: summaries ------------------------------------------------------------------
 
-    async def get_summary(self, session_id: str) -> tuple[Summary | None, SessionInfo | None]:
-        """The stored summary and the session's current bookkeeping, in one query."""
+    async def get_summary(
+        self, session_id: str, *, replica: bool = False, known_seq: int = 0
+    ) -> tuple[Summary | None, SessionInfo | None]:
+        """The stored summary and the session's current bookkeeping, in one query (a replica that
+        does not know the session is not trusted: the primary is asked)."""
 
-        async def op() -> tuple[Summary | None, SessionInfo | None]:
+        async def op(conn: AsyncConnection) -> tuple[Summary | None, SessionInfo | None]:
             q = sessions_with_summaries().where(sessions.c.session_id == session_id)
-            async with self._engine.connect() as conn:
-                row = (await conn.execute(q)).one_or_none()
+            row = (await conn.execute(q)).one_or_none()
             if row is None:
                 return None, None
             summary = row_to_summary(row) if row.summary is not None else None
             return summary, row_to_session(row, summary.covered_turns if summary else 0)
 
-        return await self._bounded(op)
+        return await self.session_read(
+            session_id, op, replica=replica, known_seq=known_seq, trust=lambda found: found[1] is not None
+        )
 
     async def put_summary(
         self,
@@ -627,20 +674,21 @@ class SqlStore(MessageReads):
 
         return await self._transaction(body)
 
-    async def slices(self, session_id: str, *, from_turn: int = 1, limit: int | None = None) -> list[Slice]:
+    async def slices(
+        self, session_id: str, *, from_turn: int = 1, limit: int | None = None, replica: bool = False
+    ) -> list[Slice]:
         """The session's slices that end at `from_turn` or later (at most `limit`), oldest first."""
 
-        async def op() -> list[Slice]:
+        async def op(conn: AsyncConnection) -> list[Slice]:
             q = (
                 sa.select(summary_slices)
                 .where(summary_slices.c.session_id == session_id, summary_slices.c.to_turn >= from_turn)
                 .order_by(summary_slices.c.to_turn, summary_slices.c.id)
                 .limit(limit)
             )
-            async with self._engine.connect() as conn:
-                return [row_to_slice(r) for r in (await conn.execute(q)).all()]
+            return [row_to_slice(r) for r in (await conn.execute(q)).all()]
 
-        return await self._bounded(op)
+        return await self.session_read(session_id, op, replica=replica)
 
     async def summary_versions(self, session_id: str, *, limit: int = 100) -> list[SummaryVersion]:
         """The summary's kept versions (SUMMARY_HISTORY), newest first."""

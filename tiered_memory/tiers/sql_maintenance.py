@@ -75,6 +75,7 @@ class SqlMaintenance:
         transaction (oldest first), then its summary and session row. Every transaction rechecks,
         under the session-row lock, that the session is still inactive; raises SqlUnavailable."""
         removed = {"messages": 0, "slices": 0}
+        self._store.changed(session_id, deleted=True)
         for name, table in (("messages", msgs), ("slices", summary_slices)):
             batch = functools.partial(self._delete_batch, table=table, session_id=session_id, before=before)
             while True:

@@ -5,16 +5,26 @@ Why by seq: a replica applies the primary's writes some time after they commit. 
 appends a message and reads the context at once must see the message, so a read does not trust a
 replica behind the session's last seq: this process's own appends (remembered here, per session)
 and the caller's hint (the hot tier's counters, which every daemon writes). The replica's
-`sessions.message_count` is read first, in the same connection; when it is behind, or the replica
-does not answer in time, or it does not know the session at all, the read goes to the primary and
-is counted (`tiered_memory_sql_replica_reads_total{outcome="primary"}`). A replica never fails a
-read and never trips the primary's breaker. A patched message keeps its seq: a read right after a
-patch may show the replica's copy until it applies the patch (a few ms at its usual lag).
+`sessions.message_count` is read first, in the same connection; when it is behind, or it does not
+know the session at all, the read goes to the primary and is counted
+(`tiered_memory_sql_replica_reads_total{outcome="primary"}`).
+
+A change that keeps the seq (a summary written, a close, a patch, a delete, an erasure) cannot be
+told by it: after one of this process's own, the session's reads go to the primary for PIN_S, or
+for as long as the replica is behind by its own account (`lag_seconds`, polled), whichever is
+longer; a deleted session's content is never read back from a replica that has not applied the
+delete. Such changes made by another daemon reach this one's reads after the replica's lag.
+
+A replica never fails a read and never trips the primary's breaker: it has a short timeout of its
+own, and one that failed is left alone for COOL_DOWN_S (its reads go to the primary at once), so
+that a hung replica costs one request its timeout, not every request. One that does not replicate
+(lag -1) or lags past PIN_S takes no reads until it catches up.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -36,6 +46,15 @@ _REMEMBERED = 50_000
 _PG_LAG = "SELECT CASE WHEN pg_is_in_recovery() THEN EXTRACT(EPOCH FROM now() - pg_last_xact_replay_timestamp()) END"
 
 
+# How long a session's reads stay on the primary after this process changed it other than by an
+# append (at least; longer while the replica says it lags more).
+PIN_S = 10.0
+# How long a replica that failed or timed out is left alone.
+COOL_DOWN_S = 10.0
+# A replica read's own bound: a few ms normally; a replica slower than this is as good as down.
+READ_TIMEOUT_S = 1.0
+
+
 class Behind(Exception):
     """The replica cannot answer this read: behind the session's last write, not answering, or
     without the session."""
@@ -44,12 +63,25 @@ class Behind(Exception):
 class Replica:
     """The replica's engine, and the newest seq of each session this process wrote."""
 
-    def __init__(self, engine: AsyncEngine, *, timeout_s: float, on_read: Callable[[str], None]) -> None:
-        """`on_read` is told where each session read went: `replica`, or `primary` (fallen back)."""
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        *,
+        timeout_s: float,
+        on_read: Callable[[str], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """`on_read` is told where each session read went: `replica`, or `primary` (fallen back);
+        a read waits `timeout_s` at most (and READ_TIMEOUT_S)."""
         self._engine = engine
-        self._timeout = timeout_s
+        self._timeout = min(timeout_s, READ_TIMEOUT_S)
         self._on_read = on_read
+        self._clock = clock
         self._written: OrderedDict[str, int] = OrderedDict()
+        self._pinned: OrderedDict[str, float] = OrderedDict()  # session → until when
+        self._down_until = 0.0
+        # The replica's lag by its own account (lag_seconds), None before the first poll.
+        self.lag: float | None = None
 
     def wrote(self, session_id: str, seq: int) -> None:
         """The session's message `seq` committed on the primary."""
@@ -59,9 +91,27 @@ class Replica:
         while len(self._written) > _REMEMBERED:
             self._written.popitem(last=False)
 
-    def forget(self, session_id: str) -> None:
-        """The session was deleted: its ids may start again from seq 1."""
-        self._written.pop(session_id, None)
+    def changed(self, session_id: str, *, deleted: bool = False) -> None:
+        """This process changed the session other than by an append (`deleted`: removed it, so
+        its seqs may start again from 1): its reads skip the replica until it has applied that."""
+        if deleted:
+            self._written.pop(session_id, None)
+        self._pinned[session_id] = self._clock() + max(PIN_S, self.lag or 0.0)
+        self._pinned.move_to_end(session_id)
+        while len(self._pinned) > _REMEMBERED:
+            self._pinned.popitem(last=False)
+
+    def _usable(self, session_id: str) -> bool:
+        now = self._clock()
+        if now < self._down_until or (self.lag is not None and not 0 <= self.lag <= PIN_S):
+            return False
+        until = self._pinned.get(session_id)
+        if until is None:
+            return True
+        if now < until:
+            return False
+        del self._pinned[session_id]
+        return True
 
     def fell_back(self) -> None:
         self._on_read("primary")
@@ -76,6 +126,8 @@ class Replica:
     ) -> T:
         """`op` on the replica when its copy of the session is at least at the newest seq known
         (this process's own write, or `known_seq`) and `trust` takes its answer; Behind otherwise."""
+        if not self._usable(session_id):
+            raise Behind
         needed = max(known_seq, self._written.get(session_id, 0))
         try:
             async with asyncio.timeout(self._timeout), self._engine.connect() as conn:
@@ -86,7 +138,8 @@ class Replica:
                         raise Behind
                 found = await op(conn)
         except (TimeoutError, sa.exc.SQLAlchemyError, OSError) as exc:
-            log.warning("replica_read_failed", error=type(exc).__name__)
+            self._down_until = self._clock() + COOL_DOWN_S
+            log.warning("replica_read_failed", error=type(exc).__name__, cool_down_s=COOL_DOWN_S)
             raise Behind from exc
         if not trust(found):
             raise Behind
@@ -97,13 +150,18 @@ class Replica:
         """How far the replica is behind its primary by its own account (MySQL's and MariaDB's
         `Seconds_Behind_Master`; PostgreSQL's time since the last transaction it replayed), -1
         when it is not replicating (a thread stopped, or not a replica at all)."""
-        async with asyncio.timeout(self._timeout), self._engine.connect() as conn:
-            if self._engine.dialect.name == "postgresql":
-                behind = (await conn.execute(sa.text(_PG_LAG))).scalar()
-            else:
-                row = (await conn.execute(sa.text("SHOW SLAVE STATUS"))).mappings().first()
-                behind = row.get("Seconds_Behind_Master") if row is not None else None
-        return float(behind) if behind is not None else -1.0
+        try:
+            async with asyncio.timeout(self._timeout), self._engine.connect() as conn:
+                if self._engine.dialect.name == "postgresql":
+                    behind = (await conn.execute(sa.text(_PG_LAG))).scalar()
+                else:
+                    row = (await conn.execute(sa.text("SHOW SLAVE STATUS"))).mappings().first()
+                    behind = row.get("Seconds_Behind_Master") if row is not None else None
+        except (TimeoutError, sa.exc.SQLAlchemyError, OSError):
+            self.lag = -1.0
+            raise
+        self.lag = float(behind) if behind is not None else -1.0
+        return self.lag
 
     async def aclose(self) -> None:
         await self._engine.dispose()

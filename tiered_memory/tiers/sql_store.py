@@ -280,6 +280,23 @@ class SqlStore(MessageReads):
 
         return await self._bounded(attempt, named_after=body)
 
+    async def _session_write(
+        self, session_id: str, body: Callable[[AsyncConnection], Awaitable[T]], *, deleted: bool = False
+    ) -> T:
+        """`_transaction`, for a change to one session other than an append: the replica's reads
+        of the session go to the primary until the replica has surely applied it (sql_replica.py);
+        told even when the transaction failed, which may have committed before its answer was lost."""
+        try:
+            return await self._transaction(body)
+        finally:
+            self.changed(session_id, deleted=deleted)
+
+    def changed(self, session_id: str, *, deleted: bool = False) -> None:
+        """A session changed other than by an append (also through `transaction`, by erasure and
+        retention): its reads skip the replica for a while (sql_replica.Replica.changed)."""
+        if self.replica is not None:
+            self.replica.changed(session_id, deleted=deleted)
+
     def _insert_if_absent(self, table: sa.Table, values: dict[str, Any]) -> sa.Executable:
         return insert_if_absent(self._dialect, table, values)
 
@@ -395,7 +412,7 @@ class SqlStore(MessageReads):
                 await self._closed_events(conn, session_id, reason=reason, now=now, final=final)
             return bool(result.rowcount)
 
-        return await self._transaction(body)
+        return await self._session_write(session_id, body)
 
     async def _closed_events(
         self, conn: AsyncConnection, session_id: str, *, reason: str, now: float, final: bool
@@ -432,12 +449,14 @@ class SqlStore(MessageReads):
     ) -> PatchResult:
         """Correct a stored message while no summary covers it (sql_patch.py). Raises NotFound,
         Forbidden, Conflict, InvalidInput, changing nothing."""
-        return await self._transaction(lambda conn: patch_message(conn, session_id, message_id, patch, caller))
+        return await self._session_write(
+            session_id, lambda conn: patch_message(conn, session_id, message_id, patch, caller)
+        )
 
     async def delete_newest(self, session_id: str, message_id: str, *, caller: Caller = _ANYONE) -> Deleted:
         """Take back the session's newest message while no summary covers its turn (sql_patch.py).
         Raises NotFound (the session), Forbidden, Conflict, changing nothing."""
-        return await self._transaction(lambda conn: delete_newest(conn, session_id, message_id, caller))
+        return await self._session_write(session_id, lambda conn: delete_newest(conn, session_id, message_id, caller))
 
     async def delete_session(self, session_id: str, *, caller: Caller = _ANYONE) -> None:
         """Remove a session's messages, summary and bookkeeping; nothing happens when it is absent.
@@ -454,9 +473,7 @@ class SqlStore(MessageReads):
             # Its events not delivered yet tell of what is deleted now: they go too.
             await conn.execute(outbox_events.delete().where(outbox_events.c.subject == session_id))
 
-        await self._transaction(body)
-        if self.replica is not None:
-            self.replica.forget(session_id)
+        await self._session_write(session_id, body, deleted=True)
 
     async def get_state(self, session_id: str) -> SessionState:
         """The gateway's state of a session (version 0 and None when it has none)."""
@@ -496,7 +513,7 @@ class SqlStore(MessageReads):
                 await conn.execute(session_state.insert().values(session_id=session_id, **values))
             return SessionState(current + 1, state)
 
-        return await self._transaction(body)
+        return await self._session_write(session_id, body)
 
     async def sessions_due(self, *, every_n: int, min_turns_to_persist: int, limit: int) -> list[str]:
         """Sessions whose summary is behind: a cadence point (every_n) passed the watermark, or a
@@ -625,7 +642,7 @@ class SqlStore(MessageReads):
                 await self._summary_events(conn, session_id, summary, alive)
             return True
 
-        return await self._transaction(body)
+        return await self._session_write(session_id, body)
 
     async def _summary_events(
         self, conn: AsyncConnection, session_id: str, summary: Summary, alive: sa.Row[*tuple[Any, ...]]
@@ -672,7 +689,7 @@ class SqlStore(MessageReads):
             await forget_versions(conn, session_id)
             return found
 
-        return await self._transaction(body)
+        return await self._session_write(session_id, body)
 
     async def slices(
         self, session_id: str, *, from_turn: int = 1, limit: int | None = None, replica: bool = False

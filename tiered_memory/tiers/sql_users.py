@@ -261,6 +261,7 @@ class SqlUsers:
         the messages deleted. The session row stays (and keeps the session on the list of the user's) until
         `erase_session`, which the hot keys' removal comes before."""
         removed = 0
+        self._store.changed(session_key, deleted=True)
         for table in (msgs, summary_slices, summary_versions):
             while True:
                 n = await self._store.transaction(
@@ -294,7 +295,10 @@ class SqlUsers:
             await conn.execute(outbox_events.delete().where(outbox_events.c.subject == session_key))
             return True, int(left.rowcount or 0)
 
-        return await self._store.transaction(body)
+        try:
+            return await self._store.transaction(body)
+        finally:
+            self._store.changed(session_key, deleted=True)
 
     async def finish_erasure(
         self, tenant: str, user_id: str, *, sessions_erased: int, messages: int, now: float

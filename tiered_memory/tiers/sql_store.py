@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -56,7 +57,12 @@ from tiered_memory.tracing import Tracing, operation
 
 T = TypeVar("T")
 
-_TX_ATTEMPTS = 3
+# Runs of a transaction that met a deadlock, and the first pause before the next run (doubling,
+# at random within it). A Galera node aborts a transaction another node's write overrode, as a
+# deadlock: three runs lost some 10-20% of appends racing on shared sessions through three nodes
+# (tests/test_galera.py); six, a random pause apart, lost none.
+_TX_ATTEMPTS = 6
+_RETRY_PAUSE_S = 0.005
 # Messages one group commit holds at most: its row locks are held until it commits, so a batch
 # stays short (a few ms on MariaDB), and a caller waits for at most the batch in front of it.
 _COMMIT_BATCH = 32
@@ -276,6 +282,8 @@ class SqlStore(MessageReads):
                     if not retryable(exc) or n == _TX_ATTEMPTS - 1:
                         raise
                     self._on_retry()
+                    # Two transactions that collided and run again at once collide again.
+                    await asyncio.sleep(random.uniform(0, _RETRY_PAUSE_S * 2**n))
             raise AssertionError("unreachable")
 
         return await self._bounded(attempt, named_after=body)
@@ -346,7 +354,11 @@ class SqlStore(MessageReads):
         try:
             return await self._transaction(self._storing(batch))
         except SqlUnavailable as exc:
-            if len(batch) == 1 or not (isinstance(exc.__cause__, sa.exc.DBAPIError) and refused(exc.__cause__)):
+            cause = exc.__cause__
+            # A refused statement, or a batch that kept colliding (a deadlock is its sessions' as a
+            # whole): each message alone, so that one session's trouble is only its own.
+            split = isinstance(cause, sa.exc.DBAPIError) and (refused(cause) or retryable(cause))
+            if len(batch) == 1 or not split:
                 raise
         outcomes: list[Outcome[AppendResult]] = []
         for a in batch:

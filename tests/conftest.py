@@ -31,6 +31,8 @@ from prometheus_client import CollectorRegistry
 
 from tests.fake_llm import Behaviour, FakeLlm
 from tests.faults import RedisProcess
+from tests.galera import galera  # noqa: F401 - the fixture, for every test module
+from tests.replication import replication  # noqa: F401 - the fixture, for every test module
 from tests.topologies import RedisClusterProcesses
 from tiered_memory.api import SERVICE_KEY
 from tiered_memory.app import HOT_KEY, STORE_KEY, TEXT_KEY, create_app

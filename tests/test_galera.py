@@ -297,16 +297,30 @@ class Writer:
         return min(began + took for began, took in self.latencies if began >= last) - first
 
 
+def nodes_url(cluster: GaleraCluster, database: str, order: list[int]) -> str:
+    """A DATABASE_URL listing the cluster's nodes in `order`."""
+    urls = [cluster.url(i, database) for i in order]
+    scheme, _, rest = urls[0].partition("://")
+    user, _, tail = rest.rpartition("@")
+    path = tail.partition("/")[2]
+    hosts = ",".join(u.partition("://")[2].rpartition("@")[2].partition("/")[0] for u in urls)
+    return f"{scheme}://{user}@{hosts}/{path}"
+
+
 async def test_a_node_killed_under_load_loses_and_duplicates_nothing(
     cluster: GaleraCluster, database: str, stores: list[SqlStore]
 ) -> None:
     """Appends go on through all three nodes; node 2 is SIGKILLed and, once the others have
     dropped it, started again, to catch up (IST) while they go on. Appends through node 2 fail
     while it is away and resume after; those through nodes 0 and 1 never fail (they wait while
-    the cluster drops node 2). Then every node holds exactly the acknowledged messages, each
+    the cluster drops node 2); a store listing the nodes, node 2 first, moves to node 0 at once.
+    Then every node holds exactly the acknowledged messages, each
     once, with the seq its caller was told; and an acknowledged message sent again through
     node 2 is answered as a duplicate, not stored again."""
-    writers = [Writer(store, [new_sid() for _ in range(2)]) for store in stores]
+    # A fourth daemon lists the nodes, node 2 first (DATABASE_URL's list of servers): it writes
+    # through node 2 until it dies, then through node 0.
+    listed = SqlStore(create_engine(nodes_url(cluster, database, [2, 0, 1])), timeout_s=10)
+    writers = [Writer(store, [new_sid() for _ in range(2)]) for store in [*stores, listed]]
     stop = asyncio.Event()
     running = asyncio.gather(*(w.run(stop) for w in writers))
     try:
@@ -324,7 +338,13 @@ async def test_a_node_killed_under_load_loses_and_duplicates_nothing(
     finally:
         stop.set()
         await running
-    down = writers[2]
+        await listed.aclose()
+    down, moved = writers[2], writers[3]
+    # It failed only the appends in flight when node 2 died, and went on through node 0 long
+    # before node 2 was back.
+    assert moved.latencies
+    if moved.failures:
+        assert moved.outage() < down.outage() / 2, (moved.outage(), down.outage())
     assert down.failures, "no append through node 2 failed while it was down"
     assert all(failed >= killed_at for _, failed, _ in down.failures)
     assert any(began > down.failures[-1][1] for began, _ in down.latencies), "node 2 never served again"
@@ -332,6 +352,7 @@ async def test_a_node_killed_under_load_loses_and_duplicates_nothing(
     for w in writers[:2]:
         assert not w.failures, w.failures[:3]
         assert max(took for _, took in w.latencies) < 10.0
+    assert len(moved.acked) > 0
     acked = [pair for w in writers for pair in w.acked.values()]
     rows = stored(cluster, 0, database)
     assert_gapless(rows)

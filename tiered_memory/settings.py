@@ -305,24 +305,31 @@ class Settings(BaseSettings):
             return {**data, "SUMMARY_MODEL": data["VOLC_ARK_KB_MODEL"]}
         return data
 
+    # The checks between variables, one validator per concern; none reads a file (`from_env`
+    # reads them, once the values themselves are known to be consistent).
     @model_validator(mode="after")
-    def _cross_check(self) -> Settings:
+    def _check_memory_mode(self) -> Settings:
         if self.memory_mode_setting == "summary" and not self.enable_conversation_summary:
             raise ValueError("MEMORY_MODE: expected none or window when ENABLE_CONVERSATION_SUMMARY=false")
-        if self.memory_mode == "summary":
-            if self.compression_batch_turns < self.summary_every_n_turns:
-                raise ValueError(
-                    f"COMPRESSION_BATCH_TURNS: expected at least SUMMARY_EVERY_N_TURNS ({self.summary_every_n_turns}),"
-                    " so that the turns of one cadence are merged in one call"
-                )
-            if self.keep_recent_turns < 1:
-                raise ValueError("KEEP_RECENT_TURNS: expected at least 1 in summary mode (the latest turn stays raw)")
-            if self.summary_every_n_turns < self.keep_recent_turns:
-                # While the raw window still holds the whole conversation a summary only repeats it.
-                raise ValueError(
-                    f"SUMMARY_EVERY_N_TURNS: expected at least KEEP_RECENT_TURNS ({self.keep_recent_turns}),"
-                    " so that the first summary starts once the window is full"
-                )
+        if self.memory_mode != "summary":
+            return self
+        if self.compression_batch_turns < self.summary_every_n_turns:
+            raise ValueError(
+                f"COMPRESSION_BATCH_TURNS: expected at least SUMMARY_EVERY_N_TURNS ({self.summary_every_n_turns}),"
+                " so that the turns of one cadence are merged in one call"
+            )
+        if self.keep_recent_turns < 1:
+            raise ValueError("KEEP_RECENT_TURNS: expected at least 1 in summary mode (the latest turn stays raw)")
+        if self.summary_every_n_turns < self.keep_recent_turns:
+            # While the raw window still holds the whole conversation a summary only repeats it.
+            raise ValueError(
+                f"SUMMARY_EVERY_N_TURNS: expected at least KEEP_RECENT_TURNS ({self.keep_recent_turns}),"
+                " so that the first summary starts once the window is full"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_processes(self) -> Settings:
         if self.history_ttl_seconds > self.summary_redis_ttl_seconds:
             raise ValueError(
                 "HISTORY_TTL_SECONDS: expected at most SUMMARY_REDIS_TTL_SECONDS "
@@ -338,6 +345,10 @@ class Settings(BaseSettings):
             )
         if self.llm_base_url and not self.summary_model:
             raise ValueError("SUMMARY_MODEL: expected a model name when LLM_BASE_URL is set")
+        return self
+
+    @model_validator(mode="after")
+    def _check_store_urls(self) -> Settings:
         if self.database_url and not self.database_url.startswith(_SQL_SCHEMES):
             raise ValueError(
                 "DATABASE_URL: expected mysql+aiomysql://user:pass@host:port/db,"
@@ -363,20 +374,24 @@ class Settings(BaseSettings):
             except ValueError as exc:
                 # The message never repeats the URL: it may carry a password.
                 raise ValueError(f"REDIS_URL: {exc}") from None
+        return self
+
+    @model_validator(mode="after")
+    def _check_templates(self) -> Settings:
         for name, template in (
             ("RECONNECT_TEMPLATE_ZH", self.reconnect_template_zh),
             ("RECONNECT_TEMPLATE_EN", self.reconnect_template_en),
         ):
-            try:
-                fields = [f for _, f, spec, conv in string.Formatter().parse(template) if f is not None]
-                plain = all(spec == "" and conv is None for _, f, spec, conv in string.Formatter().parse(template) if f)
-            except ValueError:
-                fields, plain = [], False
-            if sorted(fields) != ["ago", "summary"] or not plain:
+            if not _only_fields(template, {"ago", "summary"}):
                 raise ValueError(
                     f"{name}: expected a template using {{ago}} and {{summary}} once each, and nothing else"
                 )
-        self._check_events()
+        return self
+
+    def _read_files(self) -> None:
+        """Check and read the files the settings name (TOPIC_KEYWORDS_FILE, SUMMARY_PROMPT_FILE,
+        API_TOKENS_FILE), then the one check that needs the tokens they hold. Raises ValueError
+        naming the variable."""
         if self.topic_keywords_file is not None:
             if not self.topic_keywords_file.is_file():
                 raise ValueError(f"TOPIC_KEYWORDS_FILE: expected a readable file, got {self.topic_keywords_file}")
@@ -392,7 +407,6 @@ class Settings(BaseSettings):
                 f"HOST: {self.host} is not a loopback address and no API_TOKENS or API_TOKENS_FILE is set;"
                 " set tokens, or ALLOW_UNAUTHENTICATED=true to serve it without authentication"
             )
-        return self
 
     def _read_tokens(self) -> tuple[ApiToken, ...]:
         groups = []
@@ -411,9 +425,14 @@ class Settings(BaseSettings):
         names = {f.alias for f in cls.model_fields.values() if f.alias}
         values: dict[str, Any] = {k: v for k, v in environ.items() if k in names and v != ""}
         try:
-            return cls(**values)
+            settings = cls(**values)
         except ValidationError as exc:
             raise ConfigError(_one_line(exc)) from None
+        try:
+            settings._read_files()
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        return settings
 
     @property
     def api_tokens(self) -> tuple[ApiToken, ...]:
@@ -496,7 +515,8 @@ class Settings(BaseSettings):
             return RecentBound(least=least, most=least)
         return RecentBound(least=least, most=least + OLDER_MAX_MESSAGES, chars=hot_list_chars(self.context_max_chars))
 
-    def _check_events(self) -> None:
+    @model_validator(mode="after")
+    def _check_events(self) -> Settings:
         for url in self.webhook_urls:
             try:
                 parsed = urllib.parse.urlsplit(url)
@@ -516,6 +536,7 @@ class Settings(BaseSettings):
             )
         if self.events_stream and not self.redis_url:
             raise ValueError("EVENTS_STREAM: expected REDIS_URL to be set (the stream is a Redis stream)")
+        return self
 
     @property
     def webhook_urls(self) -> tuple[str, ...]:
@@ -556,6 +577,18 @@ class Settings(BaseSettings):
                 shown = str(value)
             out[f.alias or name] = shown
         return out
+
+
+def _only_fields(template: str, names: set[str]) -> bool:
+    """Whether `template` (a str.format template) uses each of `names` once, plainly (no format
+    spec, no conversion), and no other field."""
+    try:
+        parsed = [(f, spec, conv) for _, f, spec, conv in string.Formatter().parse(template) if f is not None]
+    except ValueError:
+        return False
+    return sorted(f for f, _, _ in parsed) == sorted(names) and all(
+        spec == "" and conv is None for _, spec, conv in parsed
+    )
 
 
 def host_name(header: str) -> str:

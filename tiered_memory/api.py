@@ -18,7 +18,7 @@ import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from tiered_memory import api_input as read
+from tiered_memory import api_input
 from tiered_memory.dialogue import tool_fields
 from tiered_memory.edge import METRICS_KEY, SETTINGS_KEY, TIER_KEY, reply
 from tiered_memory.errors import InvalidInput
@@ -35,7 +35,7 @@ OPENAPI_KEY = web.AppKey("openapi", bytes)
 
 async def _body(request: web.Request) -> dict[str, Any]:
     """The request's JSON object, read within BODY_TIMEOUT_SECONDS."""
-    return await read.json_object(request, timeout_s=request.app[SETTINGS_KEY].body_timeout_seconds)
+    return await api_input.json_object(request, timeout_s=request.app[SETTINGS_KEY].body_timeout_seconds)
 
 
 def _summary_json(sid: str, answer: SummaryAnswer, now: float) -> dict[str, Any]:
@@ -56,11 +56,11 @@ def _summary_json(sid: str, answer: SummaryAnswer, now: float) -> dict[str, Any]
 
 
 async def post_message(request: web.Request) -> web.Response:
-    read.check_query(request)
+    api_input.check_query(request)
     service = request.app[SERVICE_KEY]
-    sid = read.session_id(request)
-    new = read.parse_message(sid, await _body(request), max_bytes=request.app[SETTINGS_KEY].max_message_bytes)
-    caller = read.caller(request, new.user_id)
+    sid = api_input.session_id(request)
+    new = api_input.parse_message(sid, await _body(request), max_bytes=request.app[SETTINGS_KEY].max_message_bytes)
+    caller = api_input.caller(request, new.user_id)
     new = dataclasses.replace(new, session_id=caller.session_key(sid), user_id=caller.user_id)
     outcome = await service.append(new, caller=caller)
     r = outcome.result
@@ -77,14 +77,14 @@ async def post_message(request: web.Request) -> web.Response:
 
 async def post_batch(request: web.Request) -> web.Response:
     """Store up to 500 messages of the session in one transaction, all or none (a bulk import)."""
-    read.check_query(request)
-    sid = read.session_id(request)
+    api_input.check_query(request)
+    sid = api_input.session_id(request)
     body = await _body(request)
-    news = read.parse_batch(sid, body, max_bytes=request.app[SETTINGS_KEY].max_message_bytes)
+    news = api_input.parse_batch(sid, body, max_bytes=request.app[SETTINGS_KEY].max_message_bytes)
     user_ids = {m.user_id for m in news if m.user_id is not None}
     if len(user_ids) > 1:
         raise InvalidInput("messages: expected one user_id for the batch's messages")
-    caller = read.caller(request, next(iter(user_ids), None))
+    caller = api_input.caller(request, next(iter(user_ids), None))
     news = [dataclasses.replace(m, session_id=caller.session_key(sid), user_id=caller.user_id) for m in news]
     outcome = await request.app[SERVICE_KEY].append_batch(news, caller=caller)
     results = outcome.results
@@ -110,10 +110,10 @@ async def post_batch(request: web.Request) -> web.Response:
 
 async def patch_message(request: web.Request) -> web.Response:
     """Correct a stored message's content or a reply's status while no summary covers it."""
-    read.check_query(request)
-    sid, mid = read.session_id(request), read.message_id(request)
-    patch = read.parse_patch(await _body(request), max_bytes=request.app[SETTINGS_KEY].max_message_bytes)
-    caller = read.caller(request)
+    api_input.check_query(request)
+    sid, mid = api_input.session_id(request), api_input.message_id(request)
+    patch = api_input.parse_patch(await _body(request), max_bytes=request.app[SETTINGS_KEY].max_message_bytes)
+    caller = api_input.caller(request)
     outcome = await request.app[SERVICE_KEY].patch_message(caller.session_key(sid), mid, patch, caller=caller)
     r = outcome.result
     message = _message_json(r.message)
@@ -131,9 +131,9 @@ async def patch_message(request: web.Request) -> web.Response:
 async def delete_message(request: web.Request) -> web.Response:
     """Remove the session's newest message while no summary covers its turn (an agent framework
     taking back its last item); 404 once it is gone, so a repeat is told so."""
-    read.check_query(request)
-    sid, mid = read.session_id(request), read.message_id(request)
-    caller = read.caller(request)
+    api_input.check_query(request)
+    sid, mid = api_input.session_id(request), api_input.message_id(request)
+    caller = api_input.caller(request)
     await request.app[SERVICE_KEY].delete_message(caller.session_key(sid), mid, caller=caller)
     return web.Response(status=204)
 
@@ -146,32 +146,32 @@ def _state_reply(sid: str, state: SessionState) -> web.Response:
 
 async def get_state(request: web.Request) -> web.Response:
     """The gateway's state of the session (null and version 0 when it has none), with its ETag."""
-    read.check_query(request)
-    sid, caller = read.session_id(request), read.caller(request)
+    api_input.check_query(request)
+    sid, caller = api_input.session_id(request), api_input.caller(request)
     return _state_reply(sid, await request.app[SERVICE_KEY].get_state(caller.session_key(sid), caller=caller))
 
 
 async def put_state(request: web.Request) -> web.Response:
     """Replace the gateway's state of the session; with If-Match, only over that version."""
-    read.check_query(request)
-    sid = read.session_id(request)
-    value = read.state_object(await _body(request))
-    if_match = read.if_match(request)
-    caller = read.caller(request)
+    api_input.check_query(request)
+    sid = api_input.session_id(request)
+    value = api_input.state_object(await _body(request))
+    if_match = api_input.if_match(request)
+    caller = api_input.caller(request)
     state = await request.app[SERVICE_KEY].put_state(caller.session_key(sid), value, if_match=if_match, caller=caller)
     return _state_reply(sid, state)
 
 
 async def get_summary(request: web.Request) -> web.Response:
-    read.check_query(request)
-    sid, caller = read.session_id(request), read.caller(request)
+    api_input.check_query(request)
+    sid, caller = api_input.session_id(request), api_input.caller(request)
     answer = await request.app[SERVICE_KEY].load_best_summary(caller.session_key(sid), caller=caller)
     request[TIER_KEY] = answer.tier.value
     return reply(_summary_json(sid, answer, time.time()))
 
 
 def _max_chars(request: web.Request) -> int:
-    return read.int_query(request, "max_chars", request.app[SETTINGS_KEY].context_max_chars, 1, 1_000_000)
+    return api_input.int_query(request, "max_chars", request.app[SETTINGS_KEY].context_max_chars, 1, 1_000_000)
 
 
 def _context_json(sid: str, ctx: ContextAnswer, caller: Caller) -> dict[str, Any]:
@@ -211,17 +211,17 @@ def _context_json(sid: str, ctx: ContextAnswer, caller: Caller) -> dict[str, Any
 
 
 async def get_context(request: web.Request) -> web.Response:
-    read.check_query(request, "max_chars", "system_prompt", "question", "user_memory", "explain")
-    explain = read.bool_query(request, "explain")
+    api_input.check_query(request, "max_chars", "system_prompt", "question", "user_memory", "explain")
+    explain = api_input.bool_query(request, "explain")
     limit = request.app[SETTINGS_KEY].max_message_bytes
-    sid, caller = read.session_id(request), read.caller(request)
+    sid, caller = api_input.session_id(request), api_input.caller(request)
     ctx = await request.app[SERVICE_KEY].context(
         caller.session_key(sid),
         caller=caller,
         max_chars=_max_chars(request),
-        system_prompt=read.framing_text(request.query.get("system_prompt"), "system_prompt", limit),
-        question=read.framing_text(request.query.get("question"), "question", limit),
-        user_memory=read.user_memory(request),
+        system_prompt=api_input.framing_text(request.query.get("system_prompt"), "system_prompt", limit),
+        question=api_input.framing_text(request.query.get("question"), "question", limit),
+        user_memory=api_input.user_memory(request),
         user_id=caller.user_id,
     )
     request[TIER_KEY] = ctx.summary_tier.value
@@ -246,17 +246,17 @@ def _explain_json(explained: Explained | None) -> dict[str, Any] | None:
 async def post_turn(request: web.Request) -> web.Response:
     """Load-then-append: the context as it was before the user's new message (with that message
     as the closing question), then the message recorded. One round trip per utterance."""
-    read.check_query(request, "max_chars", "user_memory")
-    user_memory = read.user_memory(request)
+    api_input.check_query(request, "max_chars", "user_memory")
+    user_memory = api_input.user_memory(request)
     settings = request.app[SETTINGS_KEY]
-    sid = read.session_id(request)
+    sid = api_input.session_id(request)
     body = await _body(request)
-    system_prompt = read.framing_text(body.pop("system_prompt", None), "system_prompt", settings.max_message_bytes)
+    system_prompt = api_input.framing_text(body.pop("system_prompt", None), "system_prompt", settings.max_message_bytes)
     body.setdefault("role", "user")
     if body["role"] != "user":
         raise InvalidInput("role: a turn starts with the user's message; expected 'user'")
-    new = read.parse_message(sid, body, max_bytes=settings.max_message_bytes)
-    caller = read.caller(request, new.user_id)
+    new = api_input.parse_message(sid, body, max_bytes=settings.max_message_bytes)
+    caller = api_input.caller(request, new.user_id)
     new = dataclasses.replace(new, session_id=caller.session_key(sid), user_id=caller.user_id)
     service = request.app[SERVICE_KEY]
     ctx = await service.context(
@@ -284,8 +284,8 @@ async def post_turn(request: web.Request) -> web.Response:
 
 
 async def post_close(request: web.Request) -> web.Response:
-    read.check_query(request)
-    sid, caller = read.session_id(request), read.caller(request)
+    api_input.check_query(request)
+    sid, caller = api_input.session_id(request), api_input.caller(request)
     result = await request.app[SERVICE_KEY].close(caller.session_key(sid), caller=caller)
     return reply(
         {
@@ -298,8 +298,8 @@ async def post_close(request: web.Request) -> web.Response:
 
 
 async def get_session(request: web.Request) -> web.Response:
-    read.check_query(request)
-    sid, caller = read.session_id(request), read.caller(request)
+    api_input.check_query(request)
+    sid, caller = api_input.session_id(request), api_input.caller(request)
     info = await request.app[SERVICE_KEY].session(caller.session_key(sid), caller=caller)
     return reply(
         {
@@ -317,15 +317,15 @@ async def get_session(request: web.Request) -> web.Response:
 
 
 async def delete_session(request: web.Request) -> web.Response:
-    read.check_query(request)
-    sid, caller = read.session_id(request), read.caller(request)
+    api_input.check_query(request)
+    sid, caller = api_input.session_id(request), api_input.caller(request)
     await request.app[SERVICE_KEY].delete(caller.session_key(sid), caller=caller)
     return web.Response(status=204)
 
 
 async def delete_summary(request: web.Request) -> web.Response:
-    read.check_query(request)
-    sid, caller = read.session_id(request), read.caller(request)
+    api_input.check_query(request)
+    sid, caller = api_input.session_id(request), api_input.caller(request)
     await request.app[SERVICE_KEY].reset_summary(caller.session_key(sid), caller=caller)
     return web.Response(status=204)
 
@@ -353,11 +353,11 @@ T = TypeVar("T")
 
 
 async def get_slices(request: web.Request) -> web.Response:
-    read.check_query(request, "from_turn", "limit")
-    sid = read.session_id(request)
-    first = read.int_query(request, "from_turn", 1, 1, 2**31 - 1)
-    limit = read.int_query(request, "limit", 100, 1, 1000)
-    caller = read.caller(request)
+    api_input.check_query(request, "from_turn", "limit")
+    sid = api_input.session_id(request)
+    first = api_input.int_query(request, "from_turn", 1, 1, 2**31 - 1)
+    limit = api_input.int_query(request, "limit", 100, 1, 1000)
+    caller = api_input.caller(request)
     rows = await request.app[SERVICE_KEY].slices(
         caller.session_key(sid), caller=caller, from_turn=first, limit=limit + 1
     )
@@ -372,15 +372,15 @@ async def get_slices(request: web.Request) -> web.Response:
 async def get_recall(request: web.Request) -> web.Response:
     """The earlier messages that best match `q` (BM25 over the session's messages), with their
     turn's raw messages and the slice that covers them."""
-    read.check_query(request, "q", "k")
-    sid = read.session_id(request)
+    api_input.check_query(request, "q", "k")
+    sid = api_input.session_id(request)
     limit = request.app[SETTINGS_KEY].max_message_bytes
     raw = request.query.get("q")
-    query = read.framing_text(raw, "q", limit)
+    query = api_input.framing_text(raw, "q", limit)
     if query is None or not query.strip():
         raise InvalidInput("q: expected a non-empty search text")
-    k = read.int_query(request, "k", 5, 1, 50)
-    caller = read.caller(request)
+    k = api_input.int_query(request, "k", 5, 1, 50)
+    caller = api_input.caller(request)
     matches = await request.app[SERVICE_KEY].recall(caller.session_key(sid), caller=caller, query=query, k=k)
     return reply(
         {
@@ -401,12 +401,12 @@ async def get_recall(request: web.Request) -> web.Response:
 
 
 async def get_messages(request: web.Request) -> web.Response:
-    read.check_query(request, "from_seq", "to_seq", "limit")
-    sid = read.session_id(request)
-    first = read.int_query(request, "from_seq", 1, 1, 2**31 - 1)
-    last = read.int_query(request, "to_seq", 2**31 - 1, 1, 2**31 - 1)
-    limit = read.int_query(request, "limit", 1000, 1, 1000)
-    caller = read.caller(request)
+    api_input.check_query(request, "from_seq", "to_seq", "limit")
+    sid = api_input.session_id(request)
+    first = api_input.int_query(request, "from_seq", 1, 1, 2**31 - 1)
+    last = api_input.int_query(request, "to_seq", 2**31 - 1, 1, 2**31 - 1)
+    limit = api_input.int_query(request, "limit", 1000, 1, 1000)
+    caller = api_input.caller(request)
     rows = await request.app[SERVICE_KEY].messages(
         caller.session_key(sid),
         caller=caller,
@@ -483,9 +483,9 @@ def _job_json(sid: str, job: RebuildJob) -> dict[str, Any]:
 async def post_rebuild(request: web.Request) -> web.Response:
     """Start rebuilding the summary as a job and answer 202 at once, with its URL in Location;
     while one is going for the session, that one (`started` false)."""
-    read.check_query(request)
-    sid = read.session_id(request)
-    caller = read.caller(request)
+    api_input.check_query(request)
+    sid = api_input.session_id(request)
+    caller = api_input.caller(request)
     started = await request.app[SERVICE_KEY].start_rebuild(caller.session_key(sid), caller=caller)
     body = {**_job_json(sid, started.job), "started": started.started}
     return reply(body, status=202, headers={"Location": body["url"]})
@@ -493,9 +493,9 @@ async def post_rebuild(request: web.Request) -> web.Response:
 
 async def get_rebuild(request: web.Request) -> web.Response:
     """A rebuild job of the session, from the hot tier (whichever replica runs it)."""
-    read.check_query(request)
-    sid, job_id = read.session_id(request), read.job_id(request)
-    caller = read.caller(request)
+    api_input.check_query(request)
+    sid, job_id = api_input.session_id(request), api_input.job_id(request)
+    caller = api_input.caller(request)
     job = await request.app[SERVICE_KEY].rebuild_job(caller.session_key(sid), job_id, caller=caller)
     return reply(_job_json(sid, job))
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tiered_memory import api_input as read
+from tiered_memory import api_input
 from tiered_memory.auth import UI_PREFIX
 from tiered_memory.edge import METRICS_KEY, SETTINGS_KEY, reply
 from tiered_memory.errors import NotFound
@@ -64,15 +64,15 @@ async def get_ui(request: web.Request) -> web.Response:
 
 async def get_inspect(request: web.Request) -> web.Response:
     """One session across its tiers: ages and TTLs, the summary and its recent versions, the lag."""
-    read.check_query(request)
-    sid, caller = read.session_id(request), read.caller(request)
+    api_input.check_query(request)
+    sid, caller = api_input.session_id(request), api_input.caller(request)
     found = await request.app[INSPECTION_KEY].session(caller.session_key(sid), caller=caller)
     return reply(_inspection_json(sid, found))
 
 
 async def get_overview(request: web.Request) -> web.Response:
     """This process's state from its metrics: which tiers answer, the lag, breakers, LLM failures."""
-    read.check_query(request)
+    api_input.check_query(request)
     return reply(overview(request.app[METRICS_KEY].registry))
 
 

@@ -144,6 +144,37 @@ class NewMessage:
 
 
 @dataclass(frozen=True, slots=True)
+class TurnPlace:
+    """Where a new message goes in its session (see `next_turn`)."""
+
+    turn: int
+    completed_after: int
+    """The turns completed once it is stored."""
+    completes: bool
+    """It completes its turn (an answer to a waiting question)."""
+    pending_after: bool
+    """A question waits once it is stored."""
+
+
+def next_turn(new: NewMessage, *, completed: int, pending: bool) -> TurnPlace:
+    """The turn rule: where `new` goes after `completed` turns, with a question waiting or not
+    (`pending`). Pure, so that every store numbers turns alike."""
+    if new.role is Role.USER:
+        # Opens (or, after another user message, continues) turn completed+1.
+        return TurnPlace(completed + 1, completed, completes=False, pending_after=True)
+    if new.role is not Role.ASSISTANT or new.tool_calls or not new.status.answers:
+        # Tool traffic and a gateway's note belong to the turn in progress and answer nothing; a
+        # stopped, failed or streaming reply leaves the question open.
+        return TurnPlace(completed + 1, completed, completes=False, pending_after=pending)
+    if pending:
+        return TurnPlace(completed + 1, completed + 1, completes=True, pending_after=False)
+    # A greeting before any question, or a further part of a reply already given: it completes
+    # nothing and goes with the next turn, so that the summary of that turn takes it in (the
+    # turn it followed may be summarized already).
+    return TurnPlace(completed + 1, completed, completes=False, pending_after=False)
+
+
+@dataclass(frozen=True, slots=True)
 class Message:
     """A stored message. `seq` numbers a session's messages 1, 2, 3… in commit order;
     `turn` is the turn it belongs to (a user message opens turn n, the assistant reply closes it)."""

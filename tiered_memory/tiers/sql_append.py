@@ -19,10 +19,10 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tiered_memory.errors import Conflict, Forbidden
-from tiered_memory.model import AppendResult, Caller, Message, NewMessage, Owner, Role
+from tiered_memory.model import AppendResult, Caller, Message, NewMessage, Owner, next_turn
 from tiered_memory.tiers.codec import dumps_text, loads
 from tiered_memory.tiers.group_commit import Outcome
-from tiered_memory.tiers.sql_rows import append_result_of, row_to_message
+from tiered_memory.tiers.sql_rows import append_result_of, message_row, row_to_message
 from tiered_memory.tiers.sql_schema import messages as msgs
 from tiered_memory.tiers.sql_schema import sessions
 
@@ -153,7 +153,7 @@ async def store_batch(
         if not result.duplicate:
             m = result.message
             stored[(m.session_id, m.message_id)] = (m, result.completed_turn)
-            inserts.append(_row(m, result.completed_turn))
+            inserts.append(message_row(m, result.completed_turn))
     if inserts:
         await conn.execute(st.insert_message, inserts)
         updates = [_update(sid, s) for sid, s in state.items() if s.changed]
@@ -208,11 +208,11 @@ def _one(a: Append, s: _Session, stored: tuple[Message, bool] | None, limits: Se
     size = _admitted(new, s, limits)
     owner = Owner(s.tenant, s.user_id or new.user_id)
     seq = s.message_count + 1
-    turn, turns_after, completes, pending_after = _turns(new, completed=s.turn_count, pending=s.pending_user)
+    place = next_turn(new, completed=s.turn_count, pending=s.pending_user)
     message = Message(
         session_id=new.session_id,
         seq=seq,
-        turn=turn,
+        turn=place.turn,
         role=new.role,
         content=new.content,
         message_id=new.message_id,
@@ -224,7 +224,7 @@ def _one(a: Append, s: _Session, stored: tuple[Message, bool] | None, limits: Se
         tool_call_id=new.tool_call_id,
         name=new.name,
     )
-    s.message_count, s.turn_count, s.pending_user = seq, turns_after, pending_after
+    s.message_count, s.turn_count, s.pending_user = seq, place.completed_after, place.pending_after
     if new.tool_calls:
         s.open_calls = [*s.open_calls, *_call_ids(new.tool_calls, key="id")][-OPEN_CALLS_MAX:]
     elif new.tool_call_id is not None:
@@ -239,10 +239,10 @@ def _one(a: Append, s: _Session, stored: tuple[Message, bool] | None, limits: Se
     s.changed = True
     return AppendResult(
         message=message,
-        turn_count=turns_after,
+        turn_count=place.completed_after,
         message_count=seq,
         duplicate=False,
-        completed_turn=completes,
+        completed_turn=place.completes,
         content_chars=s.content_chars,
         owner=owner,
     )
@@ -267,44 +267,6 @@ def _admitted(new: NewMessage, s: _Session, limits: SessionLimits) -> int:
             code="session_full",
         )
     return size
-
-
-def _turns(new: NewMessage, *, completed: int, pending: bool) -> tuple[int, int, bool, bool]:
-    """Where `new` goes, after `completed` turns with a question waiting or not (`pending`): its
-    turn, the turns completed after it, whether it completes its turn, and whether a question
-    waits after it."""
-    if new.role is Role.USER:
-        # Opens (or, after another user message, continues) turn completed+1.
-        return completed + 1, completed, False, True
-    if new.role is not Role.ASSISTANT or new.tool_calls or not new.status.answers:
-        # Tool traffic and a gateway's note belong to the turn in progress and answer nothing; a
-        # stopped, failed or streaming reply leaves the question open.
-        return completed + 1, completed, False, pending
-    if pending:
-        return completed + 1, completed + 1, True, False
-    # A greeting before any question, or a further part of a reply already given: it completes
-    # nothing and goes with the next turn, so that the summary of that turn takes it in (the
-    # turn it followed may be summarized already).
-    return completed + 1, completed, False, False
-
-
-def _row(m: Message, completes: bool) -> dict[str, Any]:
-    return {
-        "session_id": m.session_id,
-        "seq": m.seq,
-        "turn": m.turn,
-        "user_id": m.user_id,
-        "role": m.role.value,
-        "content": m.content,
-        "channel": m.channel.value,
-        "message_id": m.message_id,
-        "completes_turn": int(completes),
-        "status": m.status.value,
-        "tool_calls": m.tool_calls or None,
-        "tool_call_id": m.tool_call_id,
-        "name": m.name,
-        "created_at": m.created_at,
-    }
 
 
 def _update(sid: str, s: _Session) -> dict[str, Any]:

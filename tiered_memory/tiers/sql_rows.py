@@ -21,6 +21,26 @@ from tiered_memory.tiers.sql_schema import conversation_summaries as cs
 from tiered_memory.tiers.sql_schema import sessions
 
 
+def message_row(m: Message, completes: bool) -> dict[str, Any]:
+    """The `messages` row of a stored message (`completes`: it completed its turn)."""
+    return {
+        "session_id": m.session_id,
+        "seq": m.seq,
+        "turn": m.turn,
+        "user_id": m.user_id,
+        "role": m.role.value,
+        "content": m.content,
+        "channel": m.channel.value,
+        "message_id": m.message_id,
+        "completes_turn": int(completes),
+        "status": m.status.value,
+        "tool_calls": m.tool_calls or None,
+        "tool_call_id": m.tool_call_id,
+        "name": m.name,
+        "created_at": m.created_at,
+    }
+
+
 def row_to_message(r: sa.Row[*tuple[Any, ...]], prefix: str = "") -> Message:
     """The message in a row of `messages`, or in the columns labelled `prefix` + name of a join."""
     m = r._mapping

@@ -223,6 +223,18 @@ class AppendResult:
 
 
 @dataclass(frozen=True, slots=True)
+class SessionCounters:
+    """A session's counters as the hot tier keeps them beside its messages (what a refill from
+    SQL writes back)."""
+
+    turn_count: int
+    message_count: int
+    last_activity: float
+    owner: Owner
+    content_chars: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class SessionInfo:
     """The durable bookkeeping of one session, as the SQL tier keeps it."""
 
@@ -244,6 +256,10 @@ class SessionInfo:
     @property
     def owner(self) -> Owner:
         return Owner(self.tenant, self.user_id)
+
+    @property
+    def counters(self) -> SessionCounters:
+        return SessionCounters(self.turn_count, self.message_count, self.last_activity, self.owner, self.content_chars)
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,6 +329,15 @@ class HotSession:
     owner: Owner | None = None
     state: SessionState | None = None
     """None when the hot tier does not know the gateway's state (not: it has none)."""
+
+    @property
+    def counters(self) -> SessionCounters | None:
+        """The counters, or None when the hot tier does not know them all."""
+        if self.turn_count is None or self.message_count is None or self.last_activity is None or self.owner is None:
+            return None
+        return SessionCounters(
+            self.turn_count, self.message_count, self.last_activity, self.owner, self.content_chars or 0
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -216,16 +216,7 @@ class SessionReads:
 
     async def _backfill(self, info: SessionInfo, *, summary: Summary | None, recent: list[Message] | None) -> None:
         try:
-            await self._hot.backfill(
-                info.session_id,
-                summary=summary,
-                recent=recent,
-                turn_count=info.turn_count,
-                message_count=info.message_count,
-                last_activity=info.last_activity,
-                owner=info.owner,
-                content_chars=info.content_chars,
-            )
+            await self._hot.backfill(info.session_id, info.counters, summary=summary, recent=recent)
         except HotUnavailable:
             self._metrics.tier_errors.labels("hot", "backfill").inc()
 
@@ -242,21 +233,11 @@ class SessionReads:
             if messages and messages[-1].seq == info.message_count:
                 await self._backfill(info, summary=None, recent=messages)
             return
-        if hot.turn_count is None or hot.message_count is None or hot.last_activity is None or hot.owner is None:
-            return
-        if not messages or messages[-1].seq != hot.message_count:
+        counters = hot.counters
+        if counters is None or not messages or messages[-1].seq != counters.message_count:
             return
         try:
-            await self._hot.backfill(
-                session_id,
-                summary=None,
-                recent=messages,
-                turn_count=hot.turn_count,
-                message_count=hot.message_count,
-                last_activity=hot.last_activity,
-                owner=hot.owner,
-                content_chars=hot.content_chars or 0,
-            )
+            await self._hot.backfill(session_id, counters, summary=None, recent=messages)
         except HotUnavailable:
             self._metrics.tier_errors.labels("hot", "backfill").inc()
 

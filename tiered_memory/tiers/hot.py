@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from tiered_memory.model import HotSession, Message, Owner, SessionState, Summary
+from tiered_memory.model import HotSession, Message, Owner, SessionCounters, SessionState, Summary
 from tiered_memory.tiers.buckets import Buckets
 from tiered_memory.tiers.jobs import JobStore
 from tiered_memory.tiers.postings import PostingsStore
@@ -127,14 +127,10 @@ class HotTier(Protocol):
     async def backfill(
         self,
         session_id: str,
+        counters: SessionCounters,
         *,
         summary: Summary | None,
         recent: Sequence[Message] | None,
-        turn_count: int,
-        message_count: int,
-        last_activity: float,
-        owner: Owner,
-        content_chars: int = 0,
     ) -> None:
         """Refill a session from SQL after a miss, in one round trip: the summary (unless a newer
         version is cached), and the counters, owner and recent list (replacing the list) unless an

@@ -16,7 +16,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from tiered_memory.model import HotSession, Message, Owner, SessionState, Summary
+from tiered_memory.model import HotSession, Message, Owner, SessionCounters, SessionState, Summary
 from tiered_memory.tiers.buckets import MemoryBuckets
 from tiered_memory.tiers.hot import HotExpiries, RecentBound
 from tiered_memory.tiers.jobs import MemoryJobs
@@ -257,26 +257,22 @@ class MemoryHot:
     async def backfill(
         self,
         session_id: str,
+        counters: SessionCounters,
         *,
         summary: Summary | None,
         recent: Sequence[Message] | None,
-        turn_count: int,
-        message_count: int,
-        last_activity: float,
-        owner: Owner,
-        content_chars: int = 0,
     ) -> None:
         if summary is not None:
             await self.put_summary(session_id, summary)
         entry = self._get_or_create(session_id)
-        if entry.msgs is not None and entry.msgs > message_count:
+        if entry.msgs is not None and entry.msgs > counters.message_count:
             return
         now = self._clock()
         if recent is not None:
             entry.recent = list(self._recent.keep(recent))
             entry.recent_until = now + self._history_ttl
-        entry.turns, entry.msgs, entry.last, entry.chars = turn_count, message_count, last_activity, content_chars
-        entry.owner = owner
+        entry.turns, entry.msgs, entry.last = counters.turn_count, counters.message_count, counters.last_activity
+        entry.chars, entry.owner = counters.content_chars, counters.owner
         entry.state_until = now + self._summary_ttl
         self._settle(session_id, entry)
 

@@ -14,7 +14,7 @@ from typing import TypeVar, cast
 
 from tiered_memory.breaker import CircuitBreaker
 from tiered_memory.errors import HotUnavailable
-from tiered_memory.model import HotSession, Message, Owner, SessionState, Summary
+from tiered_memory.model import HotSession, Message, Owner, SessionCounters, SessionState, Summary
 from tiered_memory.tiers.codec import (
     decode_message,
     decode_summary,
@@ -465,28 +465,24 @@ class RedisHot:
     async def backfill(
         self,
         session_id: str,
+        counters: SessionCounters,
         *,
         summary: Summary | None,
         recent: Sequence[Message] | None,
-        turn_count: int,
-        message_count: int,
-        last_activity: float,
-        owner: Owner,
-        content_chars: int = 0,
     ) -> None:
         keys = [self._keys.summary(session_id), self._keys.recent(session_id), self._keys.state(session_id)]
         args: list[bytes | str | int | float] = [
             encode_summary(summary) if summary else b"",
             summary.version if summary else 0,
             self._summary_ttl,
-            message_count,
-            turn_count,
-            last_activity,
+            counters.message_count,
+            counters.turn_count,
+            counters.last_activity,
             self._history_ttl,
             "1" if recent is not None else "0",
-            content_chars,
-            owner.tenant,
-            owner.user_id or "",
+            counters.content_chars,
+            counters.owner.tenant,
+            counters.owner.user_id or "",
         ]
         kept = self._recent.keep(recent) if recent is not None else ()
         args.append(sum(m.size for m in kept))

@@ -404,18 +404,9 @@ async def test_a_hot_entry_outside_its_namespace_is_never_shown(authed: Daemon) 
     cached = await hot.read_session(f"acme/{sid}")
     assert cached.owner is not None
     assert cached.summary is not None
-    assert cached.turn_count is not None
-    assert cached.message_count is not None
-    assert cached.last_activity is not None
-    await hot.backfill(
-        sid,
-        summary=cached.summary,
-        recent=cached.recent,
-        turn_count=cached.turn_count,
-        message_count=cached.message_count,
-        last_activity=cached.last_activity,
-        owner=cached.owner,
-    )
+    counters = cached.counters
+    assert counters is not None
+    await hot.backfill(sid, counters, summary=cached.summary, recent=cached.recent)
     assert (await hot.read_session(sid)).summary == cached.summary
     admin = bearer(ADMIN)
     summary = await (await authed.http.get(f"/v1/sessions/{sid}/summary", headers=admin)).json()

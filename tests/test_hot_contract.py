@@ -11,7 +11,7 @@ import redis
 
 from tests.conftest import RealServers, new_sid, redis_flush_prefix
 from tiered_memory.errors import HotUnavailable
-from tiered_memory.model import Message, Owner, Role, Summary, SummarySource
+from tiered_memory.model import Message, Owner, Role, SessionCounters, Summary, SummarySource
 from tiered_memory.tiers.codec import encode_message
 from tiered_memory.tiers.hot import HotExpiries, HotTier, RecentBound
 from tiered_memory.tiers.keys import Keys
@@ -132,9 +132,7 @@ async def test_recent_list_is_bounded_by_characters(by_chars: HotTier) -> None:
     sid = new_sid()
     await _append_all(by_chars, sid, range(1, 12))
     history = [said(sid, s) for s in range(1, 12)]
-    await by_chars.backfill(
-        sid, summary=None, recent=history, turn_count=5, message_count=11, last_activity=1.0, owner=OWNER
-    )
+    await by_chars.backfill(sid, SessionCounters(5, 11, 1.0, OWNER), summary=None, recent=history)
     assert [m.seq for m in (await by_chars.read_session(sid)).recent] == [m.seq for m in CHARS.keep(history)]
     await _append_all(by_chars, sid, range(12, 16))
     first = 16
@@ -306,14 +304,12 @@ async def test_backfill_refills_unless_newer_data_arrived(hot: HotTier) -> None:
     counters or the list when an append newer than its SQL read is already there."""
     sid = new_sid()
     msgs = [msg(sid, seq) for seq in range(1, 4)]
-    await hot.backfill(
-        sid, summary=summary(1), recent=msgs, turn_count=1, message_count=3, last_activity=5.0, owner=OWNER
-    )
+    await hot.backfill(sid, SessionCounters(1, 3, 5.0, OWNER), summary=summary(1), recent=msgs)
     snap = await hot.read_session(sid)
     assert snap.recent == tuple(msgs)
     assert (snap.turn_count, snap.message_count, snap.summary) == (1, 3, summary(1))
     await hot.record_append(msg(sid, 4), turn_count=2, message_count=4, last_activity=6.0, owner=OWNER)
-    await hot.backfill(sid, summary=None, recent=msgs, turn_count=1, message_count=3, last_activity=5.0, owner=OWNER)
+    await hot.backfill(sid, SessionCounters(1, 3, 5.0, OWNER), summary=None, recent=msgs)
     snap = await hot.read_session(sid)
     assert [m.seq for m in snap.recent] == [1, 2, 3, 4]
     assert snap.message_count == 4
@@ -325,14 +321,12 @@ async def test_owner_goes_with_the_counters(hot: HotTier) -> None:
     backfill older than that append does not roll it back."""
     sid = new_sid()
     unowned = Owner("", None)
-    await hot.backfill(
-        sid, summary=summary(1), recent=None, turn_count=0, message_count=1, last_activity=1.0, owner=unowned
-    )
+    await hot.backfill(sid, SessionCounters(0, 1, 1.0, unowned), summary=summary(1), recent=None)
     assert (await hot.read_session(sid)).owner == unowned
     assert await hot.read_summary(sid) == (summary(1), 0, unowned)
     claimed = Owner("", "alice")
     await hot.record_append(msg(sid, 2), turn_count=1, message_count=2, last_activity=2.0, owner=claimed)
-    await hot.backfill(sid, summary=None, recent=None, turn_count=0, message_count=1, last_activity=1.0, owner=unowned)
+    await hot.backfill(sid, SessionCounters(0, 1, 1.0, unowned), summary=None, recent=None)
     assert (await hot.read_session(sid)).owner == claimed
     assert (await hot.read_summary(sid))[2] == claimed
 
@@ -357,9 +351,7 @@ async def test_undecodable_redis_values_are_a_miss_not_a_crash(real_servers: Rea
                 await tier.read_summary(sid)
             with pytest.raises(HotUnavailable):
                 await tier.read_session(sid)
-            await tier.backfill(
-                sid, summary=summary(1), recent=None, turn_count=3, message_count=6, last_activity=1.0, owner=OWNER
-            )
+            await tier.backfill(sid, SessionCounters(3, 6, 1.0, OWNER), summary=summary(1), recent=None)
             assert (await tier.read_summary(sid))[0] == summary(1)
     finally:
         raw.close()

@@ -14,11 +14,10 @@ import aiohttp
 import pytest
 
 from tests.conftest import RealServers, new_sid
-from tests.fake_llm import FakeLlm
 from tests.faults import RedisProcess
-from tests.processes import DaemonProcess, processes
 from tests.test_crash import _env
-from tiered_memory.model import Message, Owner, Role
+from tiered_memory.model import Message, Owner, Role, SessionCounters
+from tiered_memory.testing import DaemonProcess, FakeLlm, processes
 from tiered_memory.tiers.hot import RecentBound
 from tiered_memory.tiers.hot_cache import HotCache
 from tiered_memory.tiers.keys import Keys
@@ -53,9 +52,7 @@ async def pair(private_redis: RedisProcess) -> AsyncIterator[tuple[RedisHot, Red
 
 async def _append(hot: RedisHot, sid: str, seq: int) -> None:
     m = Message(sid, seq, (seq + 1) // 2, Role.USER if seq % 2 else Role.ASSISTANT, f"m{seq}", f"id{seq}", 1.0)
-    await hot.record_append(
-        m, turn_count=seq // 2, message_count=seq, last_activity=float(seq), owner=_OWNER, content_chars=seq
-    )
+    await hot.record_append(m, SessionCounters(seq // 2, seq, float(seq), _OWNER, seq))
 
 
 async def test_every_change_by_another_client_is_seen_by_the_next_read(pair: tuple[RedisHot, RedisHot]) -> None:

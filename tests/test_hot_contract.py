@@ -90,9 +90,7 @@ async def test_recent_list_is_trimmed_and_ordered(hot: HotTier) -> None:
     """record_append keeps the newest RECENT.most messages, oldest first, with SQL's counters."""
     sid = new_sid()
     for seq in range(1, 8):
-        await hot.record_append(
-            msg(sid, seq), turn_count=seq // 2, message_count=seq, last_activity=100.0 + seq, owner=OWNER
-        )
+        await hot.record_append(msg(sid, seq), SessionCounters(seq // 2, seq, 100.0 + seq, OWNER))
     snap = await hot.read_session(sid)
     assert [m.seq for m in snap.recent] == [4, 5, 6, 7]
     assert snap.recent[-1] == msg(sid, 7)
@@ -119,7 +117,7 @@ def said(sid: str, seq: int) -> Message:
 
 async def _append_all(hot: HotTier, sid: str, seqs: range) -> None:
     for seq in seqs:
-        await hot.record_append(said(sid, seq), turn_count=seq // 2, message_count=seq, last_activity=1.0, owner=OWNER)
+        await hot.record_append(said(sid, seq), SessionCounters(seq // 2, seq, 1.0, OWNER))
         kept = CHARS.keep([said(sid, s) for s in range(1, seq + 1)])
         assert [m.seq for m in (await hot.read_session(sid)).recent] == [m.seq for m in kept], seq
 
@@ -149,9 +147,7 @@ async def test_recent_list_is_bounded_by_characters(by_chars: HotTier) -> None:
         await by_chars.link.client.delete(by_chars._keys.recent(sid))
         await by_chars.link.client.rpush(by_chars._keys.recent(sid), *(encode_message(m) for m in window))
         for seq in range(22, 26):
-            await by_chars.record_append(
-                said(sid, seq), turn_count=seq // 2, message_count=seq, last_activity=1.0, owner=OWNER
-            )
+            await by_chars.record_append(said(sid, seq), SessionCounters(seq // 2, seq, 1.0, OWNER))
         expected = CHARS.keep([*window, *(said(sid, s) for s in range(22, 26))])
         assert [m.seq for m in (await by_chars.read_session(sid)).recent] == [m.seq for m in expected]
 
@@ -192,7 +188,7 @@ async def test_expiries_say_how_long_each_entry_has_left(hot: HotTier) -> None:
     shows), and None for each entry a session does not have."""
     sid = new_sid()
     assert await hot.expiries(sid) == HotExpiries(summary_s=None, recent_s=None, counters_s=None)
-    await hot.record_append(msg(sid, 1), turn_count=0, message_count=1, last_activity=1.0, owner=OWNER)
+    await hot.record_append(msg(sid, 1), SessionCounters(0, 1, 1.0, OWNER))
     left = await hot.expiries(sid)
     assert left.summary_s is None
     assert left.recent_s is not None
@@ -220,7 +216,7 @@ async def test_lock_is_exclusive_and_token_guarded(hot: HotTier) -> None:
 async def test_delete_forgets_the_session(hot: HotTier) -> None:
     """delete removes summary, recent list and counters."""
     sid = new_sid()
-    await hot.record_append(msg(sid, 1), turn_count=0, message_count=1, last_activity=1.0, owner=OWNER)
+    await hot.record_append(msg(sid, 1), SessionCounters(0, 1, 1.0, OWNER))
     await hot.put_summary(sid, summary(1))
     await hot.delete(sid)
     snap = await hot.read_session(sid)
@@ -237,7 +233,7 @@ async def test_redis_keys_are_hash_tagged_with_ttls(real_servers: RealServers) -
     tier = _redis_tier(real_servers.redis_url, prefix)
     sid = new_sid()
     try:
-        await tier.record_append(msg(sid, 1), turn_count=0, message_count=1, last_activity=1.0, owner=OWNER)
+        await tier.record_append(msg(sid, 1), SessionCounters(0, 1, 1.0, OWNER))
         await tier.put_summary(sid, summary(1))
         raw = redis.Redis.from_url(real_servers.redis_url)
         keys = sorted(k.decode() for k in raw.scan_iter(match=f"{prefix}:*"))
@@ -256,7 +252,7 @@ async def test_memory_ttls_and_bound() -> None:
     SUMMARY_TTL, like Redis, and evicts the least recently used session past its bound."""
     clock = Clock()
     hot = MemoryHot(max_sessions=2, summary_ttl_s=100, history_ttl_s=10, recent=RECENT, clock=clock)
-    await hot.record_append(msg("a", 1), turn_count=0, message_count=1, last_activity=1.0, owner=OWNER)
+    await hot.record_append(msg("a", 1), SessionCounters(0, 1, 1.0, OWNER))
     await hot.put_summary("a", summary(1))
     clock.now += 11
     snap = await hot.read_session("a")
@@ -284,7 +280,7 @@ async def test_memory_bound_in_bytes() -> None:
     for n in range(150):
         for seq in range(1, 13):
             m = dataclasses.replace(msg(f"s{n}", seq), content=long)
-            await hot.record_append(m, turn_count=0, message_count=seq, last_activity=1.0, owner=OWNER)
+            await hot.record_append(m, SessionCounters(0, seq, 1.0, OWNER))
         assert hot.bytes <= 16 * 2**20
     assert len(hot) < 150
     assert (await hot.read_session("s0")).recent == ()
@@ -308,7 +304,7 @@ async def test_backfill_refills_unless_newer_data_arrived(hot: HotTier) -> None:
     snap = await hot.read_session(sid)
     assert snap.recent == tuple(msgs)
     assert (snap.turn_count, snap.message_count, snap.summary) == (1, 3, summary(1))
-    await hot.record_append(msg(sid, 4), turn_count=2, message_count=4, last_activity=6.0, owner=OWNER)
+    await hot.record_append(msg(sid, 4), SessionCounters(2, 4, 6.0, OWNER))
     await hot.backfill(sid, SessionCounters(1, 3, 5.0, OWNER), summary=None, recent=msgs)
     snap = await hot.read_session(sid)
     assert [m.seq for m in snap.recent] == [1, 2, 3, 4]
@@ -325,7 +321,7 @@ async def test_owner_goes_with_the_counters(hot: HotTier) -> None:
     assert (await hot.read_session(sid)).owner == unowned
     assert await hot.read_summary(sid) == (summary(1), 0, unowned)
     claimed = Owner("", "alice")
-    await hot.record_append(msg(sid, 2), turn_count=1, message_count=2, last_activity=2.0, owner=claimed)
+    await hot.record_append(msg(sid, 2), SessionCounters(1, 2, 2.0, claimed))
     await hot.backfill(sid, SessionCounters(0, 1, 1.0, unowned), summary=None, recent=None)
     assert (await hot.read_session(sid)).owner == claimed
     assert (await hot.read_summary(sid))[2] == claimed
@@ -376,11 +372,11 @@ async def test_a_first_message_drops_a_summary_left_under_its_key(hot: HotTier) 
     repeat of seq 1 later leaves the session's own summary alone."""
     sid = new_sid()
     assert await hot.put_summary(sid, summary(7, "someone else's"))
-    await hot.record_append(msg(sid, 1), turn_count=0, message_count=1, last_activity=1.0, owner=OWNER)
+    await hot.record_append(msg(sid, 1), SessionCounters(0, 1, 1.0, OWNER))
     assert await hot.read_summary(sid) == (None, 0, OWNER)
-    await hot.record_append(msg(sid, 2), turn_count=1, message_count=2, last_activity=2.0, owner=OWNER)
+    await hot.record_append(msg(sid, 2), SessionCounters(1, 2, 2.0, OWNER))
     assert await hot.put_summary(sid, summary(1))
-    await hot.record_append(msg(sid, 1), turn_count=0, message_count=1, last_activity=1.0, owner=OWNER)
+    await hot.record_append(msg(sid, 1), SessionCounters(0, 1, 1.0, OWNER))
     assert (await hot.read_summary(sid))[0] == summary(1)
 
 
@@ -389,15 +385,13 @@ async def test_appends_apply_in_seq_order_only(hot: HotTier) -> None:
     arrived) drops the window and counters, so the read path goes to SQL instead."""
     sid = new_sid()
     for seq in range(1, 4):
-        await hot.record_append(
-            msg(sid, seq), turn_count=seq // 2, message_count=seq, last_activity=100.0 + seq, owner=OWNER
-        )
-    await hot.record_append(msg(sid, 2), turn_count=1, message_count=2, last_activity=102.0, owner=OWNER)
+        await hot.record_append(msg(sid, seq), SessionCounters(seq // 2, seq, 100.0 + seq, OWNER))
+    await hot.record_append(msg(sid, 2), SessionCounters(1, 2, 102.0, OWNER))
     snap = await hot.read_session(sid)
     assert [m.seq for m in snap.recent] == [1, 2, 3]
     assert (snap.message_count, snap.turn_count) == (3, 1)
 
-    await hot.record_append(msg(sid, 6), turn_count=3, message_count=6, last_activity=106.0, owner=OWNER)
+    await hot.record_append(msg(sid, 6), SessionCounters(3, 6, 106.0, OWNER))
     snap = await hot.read_session(sid)
     assert snap.recent == ()
     assert snap.message_count is None

@@ -221,6 +221,13 @@ class AppendResult:
     owner: Owner = Owner("", None)
     """The session's owner after this append (it may have just claimed a session without a user)."""
 
+    @property
+    def counters(self) -> SessionCounters:
+        """The session's counters after this append, as the hot tier keeps them."""
+        return SessionCounters(
+            self.turn_count, self.message_count, self.message.created_at, self.owner, self.content_chars
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class SessionCounters:

@@ -30,7 +30,7 @@ from tiered_memory.context import (
 )
 from tiered_memory.context_policy import Candidates, Facts, Part, Selection, choose, lagging_digest
 from tiered_memory.dialogue import shown_and_events
-from tiered_memory.errors import Forbidden, HotUnavailable, SqlUnavailable
+from tiered_memory.errors import Forbidden
 from tiered_memory.history import History
 from tiered_memory.language import as_spoken, language_of
 from tiered_memory.lru import Lru
@@ -58,6 +58,7 @@ from tiered_memory.summarize.facts import FactBook, lead
 from tiered_memory.summarize.payload import planning, planning_history
 from tiered_memory.summarize.topics import TopicTagger
 from tiered_memory.text_lane import TextLane, Ticket, text_bytes
+from tiered_memory.tier_errors import TierErrors
 from tiered_memory.tiers.hot import HotTier
 from tiered_memory.tiers.sql_store import SqlStore
 from tiered_memory.tiers.sql_users import SqlUsers
@@ -151,6 +152,7 @@ class SessionReads:
         self._text = text
         self._tagger = tagger
         self._metrics = metrics
+        self._errors = TierErrors(metrics.tier_errors)
         self._clock = clock
         # What the context policy works out of each message (its condensed form, its features),
         # kept across reads: a session's next context reads most of the same messages again.
@@ -165,11 +167,9 @@ class SessionReads:
         SQL asked, and for a restricted caller that answer is required (SqlUnavailable otherwise).
         Raises Forbidden when the session is not the caller's.
         """
-        try:
-            summary, turns, owner = await self._hot.read_summary(session_id)
-        except HotUnavailable:
-            self._metrics.tier_errors.labels("hot", "read_summary").inc()
-            summary, turns, owner = None, None, None
+        summary, turns, owner = await self._errors.hot(
+            "read_summary", self._hot.read_summary(session_id), (None, None, None)
+        )
         if owner is not None and not _in_namespace(owner, session_id):
             summary, turns, owner = None, None, None
         if owner is not None:
@@ -200,11 +200,9 @@ class SessionReads:
     ) -> tuple[SummaryAnswer, SessionInfo | None]:
         """The warm row, else the cold extraction (unless not `cold`), else none; with the
         session SQL returned. Raises Forbidden when SQL says the session is not the caller's."""
-        try:
-            summary, info = await self._store.get_summary(session_id, replica=True)
-        except SqlUnavailable:
-            self._metrics.tier_errors.labels("sql", "read_summary").inc()
-            return self._answer(session_id, Tier.NONE, None, 0), None
+        summary, info = await self._errors.sql(
+            "read_summary", self._store.get_summary(session_id, replica=True), (None, None)
+        )
         if info is None:
             return self._answer(session_id, Tier.NONE, None, 0), None
         authorize(caller, info.owner)
@@ -215,10 +213,9 @@ class SessionReads:
         return self._answer(session_id, tier, extracted, info.turn_count), info
 
     async def _backfill(self, info: SessionInfo, *, summary: Summary | None, recent: list[Message] | None) -> None:
-        try:
-            await self._hot.backfill(info.session_id, info.counters, summary=summary, recent=recent)
-        except HotUnavailable:
-            self._metrics.tier_errors.labels("hot", "backfill").inc()
+        await self._errors.hot(
+            "backfill", self._hot.backfill(info.session_id, info.counters, summary=summary, recent=recent), None
+        )
 
     async def _keep_older(
         self, session_id: str, info: SessionInfo | None, hot: HotSession, messages: list[Message]
@@ -236,16 +233,13 @@ class SessionReads:
         counters = hot.counters
         if counters is None or not messages or messages[-1].seq != counters.message_count:
             return
-        try:
-            await self._hot.backfill(session_id, counters, summary=None, recent=messages)
-        except HotUnavailable:
-            self._metrics.tier_errors.labels("hot", "backfill").inc()
+        await self._errors.hot(
+            "backfill", self._hot.backfill(session_id, counters, summary=None, recent=messages), None
+        )
 
     async def _cold_summary(self, info: SessionInfo) -> Summary | None:
-        try:
-            messages = await self._cold_messages(info)
-        except SqlUnavailable:
-            self._metrics.tier_errors.labels("sql", "read_messages").inc()
+        messages = await self._errors.sql("read_messages", self._cold_messages(info), None)
+        if messages is None:
             return None
         # A request waits on it: urgent, ahead of every tenant's background work.
         ticket = Ticket(key_tenant(info.session_id), text_bytes(messages), urgent=True)
@@ -278,11 +272,7 @@ class SessionReads:
         return SummaryAnswer(session_id=session_id, tier=tier, summary=summary, turn_count=turns)
 
     async def _sql_session(self, session_id: str) -> SessionInfo | None:
-        try:
-            return await self._store.get_session(session_id, replica=True)
-        except SqlUnavailable:
-            self._metrics.tier_errors.labels("sql", "read_session").inc()
-            return None
+        return await self._errors.sql("read_session", self._store.get_session(session_id, replica=True), None)
 
     async def context(
         self,
@@ -312,11 +302,7 @@ class SessionReads:
         SQL asked, and for a restricted caller that answer is required (SqlUnavailable otherwise).
         Raises Forbidden when the session is not the caller's.
         """
-        try:
-            hot = await self._hot.read_session(session_id)
-        except HotUnavailable:
-            self._metrics.tier_errors.labels("hot", "read_session").inc()
-            hot = _NO_HOT
+        hot = await self._errors.hot("read_session", self._hot.read_session(session_id), _NO_HOT)
         if hot.owner is not None and not _in_namespace(hot.owner, session_id):
             hot = _NO_HOT
         known: SessionInfo | None = None
@@ -386,13 +372,14 @@ class SessionReads:
         if user is None:
             return None
         wanted = {"profile": 0, "last_session": 1, "topic": TOPIC_CANDIDATES}[mode]
-        try:
-            profile, others = await self._users.carried(
-                key_tenant(session_id), user, exclude=session_id, profile=True, earlier=wanted
-            )
-        except SqlUnavailable:
-            self._metrics.tier_errors.labels("sql", "read_user_memory").inc()
+        found = await self._errors.sql(
+            "read_user_memory",
+            self._users.carried(key_tenant(session_id), user, exclude=session_id, profile=True, earlier=wanted),
+            None,
+        )
+        if found is None:
             return None
+        profile, others = found
         earlier = [Earlier(key, summary, summary.updated_at) for key, summary in others]
         chosen: Earlier | None = None
         if mode == "last_session" and earlier:
@@ -449,17 +436,15 @@ class SessionReads:
             # SQL is down (or the session is unknown): whatever Redis still has beats nothing.
             return list(hot.recent), None, None
         first = window_start_turn(info.turn_count, max(keep, 1))
-        try:
-            # One turn more than the window (down to turn 0, a greeting), so that the hot list
-            # this refills is seen as complete by hot_window_complete next time.
-            rows = await self._store.messages_in_turns(
-                session_id,
-                after_turn=first - 2,
-                replica=True,
-                known_seq=max(info.message_count, hot.message_count or 0),
-            )
-        except SqlUnavailable:
-            self._metrics.tier_errors.labels("sql", "read_recent").inc()
+        # One turn more than the window (down to turn 0, a greeting), so that the hot list this
+        # refills is seen as complete by hot_window_complete next time.
+        known_seq = max(info.message_count, hot.message_count or 0)
+        rows = await self._errors.sql(
+            "read_recent",
+            self._store.messages_in_turns(session_id, after_turn=first - 2, replica=True, known_seq=known_seq),
+            None,
+        )
+        if rows is None:
             return list(hot.recent), info, None
         return rows, info, rows
 
@@ -674,13 +659,11 @@ class SessionReads:
             return recent
         gap = [m for m in available if covered < m.turn < first]
         if not gap or gap[0].turn != covered + 1:
-            try:
-                gap = await self._store.messages_in_turns(
-                    session_id, after_turn=covered, through_turn=first - 1, replica=True
-                )
-            except SqlUnavailable:
-                self._metrics.tier_errors.labels("sql", "read_gap").inc()
+            read = self._store.messages_in_turns(session_id, after_turn=covered, through_turn=first - 1, replica=True)
+            found = await self._errors.sql("read_gap", read, None)
+            if found is None:
                 return recent
+            gap = found
         return [*gap, *recent]
 
 

@@ -33,6 +33,7 @@ from tiered_memory.metrics import Metrics
 from tiered_memory.model import JobState, RebuildJob
 from tiered_memory.summarize.scheduler import drain
 from tiered_memory.summary_job import Rebuilt, SummaryJob
+from tiered_memory.tier_errors import TierErrors
 from tiered_memory.tiers.jobs import JobStore
 from tiered_memory.tiers.sql_store import SqlStore
 
@@ -164,6 +165,7 @@ class Rebuilds:
         self._jobs = jobs
         self._slots = slots
         self._metrics = metrics
+        self._errors = TierErrors(metrics.tier_errors)
         self._max_pending = max_pending
         self._lease = lease_s
         self._renew = renew_s
@@ -203,7 +205,7 @@ class Rebuilds:
         raise Conflict("a rebuild of this session is starting; try again")
 
     def _hot_failed(self) -> None:
-        self._metrics.tier_errors.labels("hot", "rebuild_job").inc()
+        self._errors.count("hot", "rebuild_job")
 
     async def get(self, session_id: str, job_id: str) -> RebuildJob:
         """The job as it is now. Raises NotFound for a job of another session, one never started,

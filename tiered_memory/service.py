@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
@@ -47,6 +48,7 @@ from tiered_memory.summarize.scheduler import SingleFlight
 from tiered_memory.summarize.topics import TopicTagger
 from tiered_memory.summary_job import JobResult, Outcome, SummaryJob
 from tiered_memory.text_lane import TextLane
+from tiered_memory.tier_errors import TierErrors
 from tiered_memory.tiers.buckets import tenant_bucket, tenant_rate, units
 from tiered_memory.tiers.hot import HotTier
 from tiered_memory.tiers.sql_outbox import SqlOutbox
@@ -88,13 +90,14 @@ class MemoryService:
         self._s = settings
         self._hot = hot
         self._metrics = metrics
+        self._errors = TierErrors(metrics.tier_errors)
         self._rates = settings.rate_limits
         self._history = History(
             store,
             hot.postings,
             text,
-            sql_error=lambda op: metrics.tier_errors.labels("sql", op).inc(),
-            hot_error=lambda op: metrics.tier_errors.labels("hot", op).inc(),
+            sql_error=functools.partial(self._errors.count, "sql"),
+            hot_error=functools.partial(self._errors.count, "hot"),
             question_unindexed=metrics.questions_unindexed.inc,
             session_max_bytes=settings.recall_max_bytes,
             pending_max_bytes=settings.text_queue_bytes,
@@ -225,18 +228,12 @@ class MemoryService:
         try:
             # A retry too: if the first attempt committed but died before its hot write, this
             # puts the message in Redis; if the hot tier has it, the write changes nothing.
-            await self._hot.record_append(
-                result.message,
-                turn_count=result.turn_count,
-                message_count=result.message_count,
-                last_activity=result.message.created_at,
-                owner=result.owner,
-                content_chars=result.content_chars,
-            )
+            await self._hot.record_append(result.message, result.counters)
         except HotUnavailable as exc:
             # SQL has it; the hot entry is now behind. The hot tier drops it before its next
-            # read (or at the next append, by the seq gap), so SQL answers and backfills.
-            self._metrics.tier_errors.labels("hot", "append").inc()
+            # read (or at the next append, by the seq gap), so SQL answers and backfills. The
+            # log says why (the operator's first question), so this one is not `_errors.hot`.
+            self._errors.count("hot", "append")
             log.warning("hot_append_failed", error=str(exc))
         if not result.duplicate:
             self._history.appended(result.message)
@@ -407,11 +404,8 @@ class MemoryService:
         HotUnavailable when the hot tier could not forget: the change is in SQL, and a retry of
         the request forgets again."""
         self._history.forget(session_id)
-        try:
+        with self._errors.counted("hot", "invalidate"):
             await self._hot.invalidate(session_id)
-        except HotUnavailable:
-            self._metrics.tier_errors.labels("hot", "invalidate").inc()
-            raise
         await self._charge(key_tenant(session_id), min(session_bytes, self._s.recall_max_bytes))
 
     async def delete(self, session_id: str, *, caller: Caller) -> None:
@@ -425,11 +419,8 @@ class MemoryService:
         when the session is not the caller's (checked under the session-row lock)."""
         await self._store.delete_session(session_id, caller=caller)
         self._history.forget(session_id)
-        try:
+        with self._errors.counted("hot", "delete"):
             await self._hot.delete(session_id)
-        except HotUnavailable:
-            self._metrics.tier_errors.labels("hot", "delete").inc()
-            raise
 
     async def reset_summary(self, session_id: str, *, caller: Caller) -> None:
         """Forget a session's summary in both tiers and keep its messages. The sweeper then builds
@@ -438,12 +429,9 @@ class MemoryService:
         caller's, HotUnavailable when Redis could not be cleared."""
         if not await self._store.delete_summary(session_id, caller=caller):
             raise NotFound("the session does not exist")
-        try:
-            # The whole hot entry: it is a cache, and the next read refills it from SQL.
+        # The whole hot entry: it is a cache, and the next read refills it from SQL.
+        with self._errors.counted("hot", "delete"):
             await self._hot.delete(session_id)
-        except HotUnavailable:
-            self._metrics.tier_errors.labels("hot", "delete").inc()
-            raise
 
     async def start_rebuild(self, session_id: str, *, caller: Caller) -> Started:
         """Start recomputing every slice and the summary from the messages, COMPRESSION_BATCH_TURNS
@@ -569,10 +557,8 @@ class MemoryService:
             user_id=user_id,
         )
         if answer.state is None and answer.turn_count + len(answer.messages) > 0:
-            try:
-                state = await self._store.get_state(session_id)
-            except SqlUnavailable:
-                self._metrics.tier_errors.labels("sql", "get_state").inc()
+            state = await self._errors.sql("get_state", self._store.get_state(session_id), None)
+            if state is None:
                 return answer
             await self._cache_state(session_id, state)
             answer = dataclasses.replace(answer, state=state)
@@ -604,13 +590,11 @@ class MemoryService:
         # A failed write leaves an older state cached (it carries its version): counted, and
         # tried once more, as for a summary.
         for attempt in range(2):
-            try:
-                await self._hot.put_state(session_id, state)
+            # put_state answers a bool either way: None is the hot tier failing.
+            if await self._errors.hot("put_state", self._hot.put_state(session_id, state), None) is not None:
                 return
-            except HotUnavailable:
-                self._metrics.tier_errors.labels("hot", "put_state").inc()
-                if attempt == 0:
-                    await asyncio.sleep(_HOT_RETRY_S)
+            if attempt == 0:
+                await asyncio.sleep(_HOT_RETRY_S)
 
     async def recall(self, session_id: str, *, caller: Caller, query: str, k: int) -> list[RecallMatch]:
         """The k messages that best match `query` (BM25), best first, each with the raw messages
@@ -645,7 +629,7 @@ class MemoryService:
         try:
             await self._sweep()
         except SqlUnavailable as exc:
-            self._metrics.tier_errors.labels("sql", "sweep").inc()
+            self._errors.count("sql", "sweep")
             log.warning("sweep_skipped", error=str(exc))
 
     async def _sweep(self) -> None:

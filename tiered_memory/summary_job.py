@@ -21,7 +21,7 @@ from typing import Any
 import structlog
 
 from tiered_memory.dialogue import for_summary
-from tiered_memory.errors import Conflict, HotUnavailable, LlmFailed, SqlUnavailable
+from tiered_memory.errors import Conflict, LlmFailed, SqlUnavailable
 from tiered_memory.language import as_spoken
 from tiered_memory.metrics import Metrics
 from tiered_memory.model import Message, SessionInfo, Slice, Summary, SummarySource, key_tenant
@@ -30,6 +30,7 @@ from tiered_memory.summarize.llm import LlmSummarizer
 from tiered_memory.summarize.payload import rule_payload
 from tiered_memory.summarize.topics import TopicTagger
 from tiered_memory.text_lane import TextLane, TextQueueFull, Ticket, text_bytes
+from tiered_memory.tier_errors import TierErrors
 from tiered_memory.tiers.hot import HotTier
 from tiered_memory.tiers.sql_store import SqlStore
 from tiered_memory.tracing import Tracing
@@ -113,6 +114,7 @@ class SummaryJob:
         self._tagger = tagger
         self._llm = llm
         self._metrics = metrics
+        self._errors = TierErrors(metrics.tier_errors)
         self._max_chars = max_chars
         self._format = summary_format
         self._batch = batch_turns
@@ -140,20 +142,16 @@ class SummaryJob:
             return result
 
     async def _run(self, session_id: str, *, use_llm: bool, refine: bool) -> JobResult:
-        try:
-            token = await self._hot.try_lock(session_id, self._lock_ttl)
-        except HotUnavailable:
-            # Without Redis the lock cannot span replicas; the SQL version check still keeps
-            # a concurrent writer from overwriting a newer summary.
-            self._metrics.tier_errors.labels("hot", "lock").inc()
-            token = ""
+        # Without Redis ("") the lock cannot span replicas; the SQL version check still keeps a
+        # concurrent writer from overwriting a newer summary.
+        token = await self._errors.hot("lock", self._hot.try_lock(session_id, self._lock_ttl), "")
         if token is None:
             return JobResult(Outcome.LOCKED)
         try:
             return await self._run_locked(session_id, token, self._llm if use_llm else None, refine=refine)
         except SqlUnavailable as exc:
             source = SummarySource.LLM if self._llm and use_llm else SummarySource.DETERMINISTIC
-            self._metrics.tier_errors.labels("sql", "summarize").inc()
+            self._errors.count("sql", "summarize")
             self._metrics.summarizations.labels(source.value, "failed").inc()
             log.warning("summary_failed", session_id=session_id, error=str(exc))
             return JobResult(Outcome.FAILED)
@@ -420,11 +418,9 @@ class SummaryJob:
         # further batch, so another replica does not start on the same turns meanwhile.
         if not token:
             return
-        try:
-            if not await self._hot.extend_lock(session_id, token, self._lock_ttl):
-                log.warning("summary_lock_lost", session_id=session_id)
-        except HotUnavailable:
-            self._metrics.tier_errors.labels("hot", "lock").inc()
+        # A hot tier that fails is counted, not taken for a lost lock.
+        if not await self._errors.hot("lock", self._hot.extend_lock(session_id, token, self._lock_ttl), True):
+            log.warning("summary_lock_lost", session_id=session_id)
 
     @contextlib.asynccontextmanager
     async def holding(self, session_id: str) -> AsyncIterator[None]:
@@ -440,18 +436,11 @@ class SummaryJob:
         # "" means the lock could not be taken because Redis was down: nothing to release.
         if not token:
             return
-        try:
-            await self._hot.unlock(session_id, token)
-        except HotUnavailable:
-            self._metrics.tier_errors.labels("hot", "unlock").inc()
+        await self._errors.hot("unlock", self._hot.unlock(session_id, token), None)
 
     async def _lock_or_raise(self, session_id: str) -> str:
         for _ in range(_LOCK_WAIT_TRIES):
-            try:
-                token = await self._hot.try_lock(session_id, self._lock_ttl)
-            except HotUnavailable:
-                self._metrics.tier_errors.labels("hot", "lock").inc()
-                return ""
+            token = await self._errors.hot("lock", self._hot.try_lock(session_id, self._lock_ttl), "")
             if token is not None:
                 return token
             await asyncio.sleep(_HOT_RETRY_S)
@@ -475,19 +464,13 @@ class SummaryJob:
 
     async def _cache(self, session_id: str, summary: Summary) -> bool:
         for attempt in range(2):
-            try:
-                await self._hot.put_summary(session_id, summary)
-            except HotUnavailable:
-                self._metrics.tier_errors.labels("hot", "put_summary").inc()
-                if attempt == 0:
-                    await asyncio.sleep(_HOT_RETRY_S)
-            else:
+            # put_summary answers a bool either way: None is the hot tier failing.
+            if await self._errors.hot("put_summary", self._hot.put_summary(session_id, summary), None) is not None:
                 return True
+            if attempt == 0:
+                await asyncio.sleep(_HOT_RETRY_S)
         log.warning("summary_not_cached", session_id=session_id, version=summary.version)
         return False
 
     async def _forget(self, session_id: str) -> None:
-        try:
-            await self._hot.delete(session_id)
-        except HotUnavailable:
-            self._metrics.tier_errors.labels("hot", "delete").inc()
+        await self._errors.hot("delete", self._hot.delete(session_id), None)

@@ -99,12 +99,7 @@ class HotTier(Protocol):
     async def record_append(
         self,
         message: Message,
-        *,
-        turn_count: int,
-        message_count: int,
-        last_activity: float,
-        owner: Owner,
-        content_chars: int = 0,
+        counters: SessionCounters,
     ) -> None:
         """Push a committed message onto the recent list (trimmed) and set the counters and the
         owner SQL reported; the owner lives as long as the counters.

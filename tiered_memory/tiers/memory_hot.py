@@ -202,12 +202,7 @@ class MemoryHot:
     async def record_append(
         self,
         message: Message,
-        *,
-        turn_count: int,
-        message_count: int,
-        last_activity: float,
-        owner: Owner,
-        content_chars: int = 0,
+        counters: SessionCounters,
     ) -> None:
         entry = self._get_or_create(message.session_id)
         now = self._clock()
@@ -230,8 +225,7 @@ class MemoryHot:
         if len(entry.recent) > self._recent.least:
             entry.recent = list(self._recent.keep(entry.recent))
         entry.recent_until = now + self._history_ttl
-        entry.turns, entry.msgs, entry.last, entry.chars = turn_count, message_count, last_activity, content_chars
-        entry.owner = owner
+        _count(entry, counters)
         entry.state_until = now + self._summary_ttl
         self._settle(message.session_id, entry)
 
@@ -271,8 +265,7 @@ class MemoryHot:
         if recent is not None:
             entry.recent = list(self._recent.keep(recent))
             entry.recent_until = now + self._history_ttl
-        entry.turns, entry.msgs, entry.last = counters.turn_count, counters.message_count, counters.last_activity
-        entry.chars, entry.owner = counters.content_chars, counters.owner
+        _count(entry, counters)
         entry.state_until = now + self._summary_ttl
         self._settle(session_id, entry)
 
@@ -331,3 +324,9 @@ class MemoryHot:
         self._bytes = 0
         self._postings.clear()
         self._jobs.clear()
+
+
+def _count(entry: _Entry, counters: SessionCounters) -> None:
+    """Set the entry's counters and owner to SQL's (set, never incremented, as in Redis)."""
+    entry.turns, entry.msgs, entry.last = counters.turn_count, counters.message_count, counters.last_activity
+    entry.chars, entry.owner = counters.content_chars, counters.owner

@@ -399,12 +399,7 @@ class RedisHot:
     async def record_append(
         self,
         message: Message,
-        *,
-        turn_count: int,
-        message_count: int,
-        last_activity: float,
-        owner: Owner,
-        content_chars: int = 0,
+        counters: SessionCounters,
     ) -> None:
         sid = message.session_id
         dirty = sid in self._dirty
@@ -413,16 +408,16 @@ class RedisHot:
             message.seq,
             # Counters are SQL's values, set rather than incremented, so a lost or repeated
             # write can never make them drift.
-            turn_count,
-            message_count,
-            last_activity,
-            content_chars,
+            counters.turn_count,
+            counters.message_count,
+            counters.last_activity,
+            counters.content_chars,
             self._recent.most,
             self._history_ttl,
             self._summary_ttl,
             "1" if dirty else "0",
-            owner.tenant,
-            owner.user_id or "",
+            counters.owner.tenant,
+            counters.owner.user_id or "",
             len(message.content),
             self._recent.least,
             self._recent.chars,

@@ -101,19 +101,25 @@ async def kill_master_under_load(
 
         for g in gateways:
             assert _stored(servers, g.sid) == g.acked, g.sid
-        # The hot tier refills: the daemon reconnected by itself (its breaker probes again), and
-        # a read that missed backfilled the session from SQL.
-        await daemon.settle()
-        deadline = time.monotonic() + 60
-        for g in gateways:
-            while True:
-                ctx = await daemon.get(f"/v1/sessions/{g.sid}/context")
-                summary = await daemon.get(f"/v1/sessions/{g.sid}/summary")
-                if summary["tier"] == "hot" and ctx["summary_tier"] == "hot":
-                    break
-                assert time.monotonic() < deadline, f"{g.sid} not hot again: {summary['tier']}"
-                await asyncio.sleep(0.2)
-            last = g.acked[-1]
-            turn = int(last.split("-")[-2])
-            assert ctx["messages"][-1]["content"] == g.message(turn, "assistant")[2], g.sid
+        await _assert_hot_again(daemon, gateways)
     return seen
+
+
+async def _assert_hot_again(daemon: Daemon, gateways: list[Gateway]) -> None:
+    """Within 60 s, every conversation's summary and context come from the hot tier again, and
+    the context ends with its last acknowledged message."""
+    # The hot tier refills: the daemon reconnected by itself (its breaker probes again), and
+    # a read that missed backfilled the session from SQL.
+    await daemon.settle()
+    deadline = time.monotonic() + 60
+    for g in gateways:
+        while True:
+            ctx = await daemon.get(f"/v1/sessions/{g.sid}/context")
+            summary = await daemon.get(f"/v1/sessions/{g.sid}/summary")
+            if summary["tier"] == "hot" and ctx["summary_tier"] == "hot":
+                break
+            assert time.monotonic() < deadline, f"{g.sid} not hot again: {summary['tier']}"
+            await asyncio.sleep(0.2)
+        last = g.acked[-1]
+        turn = int(last.split("-")[-2])
+        assert ctx["messages"][-1]["content"] == g.message(turn, "assistant")[2], g.sid

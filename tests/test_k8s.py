@@ -85,15 +85,37 @@ def _matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
 
 def policy_problems(m: Manifests) -> list[str]:
     """What breaks the daemon's rules or the manifests' fit with one another; empty when none."""
+    checks = (
+        _deployment_problems,
+        _settings_problems,
+        _security_problems,
+        _service_problems,
+        _pdb_problems,
+        _monitor_problems,
+    )
+    return [problem for check in checks for problem in check(m)]
+
+
+def _container_ports(m: Manifests) -> dict[str, int]:
+    """The daemon container's ports, by name."""
+    return {p["name"]: p["containerPort"] for p in _container(m)["ports"]}
+
+
+def _service_ports(m: Manifests) -> dict[str, dict[str, Any]]:
+    """The Service's ports, by name."""
+    return {p["name"]: p for p in m["Service"]["spec"]["ports"]}
+
+
+def _deployment_problems(m: Manifests) -> list[str]:
+    """Replicas, the selector, the probes, and every container's requests and env sources."""
     problems = []
     deployment, pod = m["Deployment"], _pod(m)
     container = _container(m)
-    pod_labels = pod["metadata"]["labels"]
     if deployment["spec"]["replicas"] < 2:
         problems.append("Deployment: replicas must be at least 2")
-    if not _matches(deployment["spec"]["selector"]["matchLabels"], pod_labels):
+    if not _matches(deployment["spec"]["selector"]["matchLabels"], pod["metadata"]["labels"]):
         problems.append("Deployment: selector does not match the pod's labels")
-    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    ports = _container_ports(m)
     for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
         get = container.get(probe, {}).get("httpGet", {})
         if get.get("path") != path or get.get("port") not in (*ports, *ports.values()):
@@ -105,16 +127,23 @@ def policy_problems(m: Manifests) -> list[str]:
         refs = {next(iter(s.values()))["name"] for s in c.get("envFrom", [])}
         if refs != {m["ConfigMap"]["metadata"]["name"], m["Secret"]["metadata"]["name"]}:
             problems.append(f"Deployment: container {c['name']} must take its env from the ConfigMap and Secret")
+    return problems
+
+
+def _settings_problems(m: Manifests) -> list[str]:
+    """The settings the pod gets: the daemon takes them, listens on the container's port, and
+    finishes its shutdown within the pod's grace; and none is unknown to it."""
+    problems = []
     try:
         settings = Settings.from_env(pod_env(m))
     except Exception as exc:  # noqa: BLE001 - the message is the finding
         problems.append(f"ConfigMap/Secret: the daemon refuses these settings: {exc}")
     else:
-        if settings.port not in ports.values():
+        if settings.port not in _container_ports(m).values():
             problems.append("ConfigMap: PORT is not the container's port")
-        pre_stop = container.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])
+        pre_stop = _container(m).get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])
         pause = float(pre_stop[1]) if pre_stop[:1] == ["sleep"] else 0.0
-        grace = pod["spec"].get("terminationGracePeriodSeconds", 30)
+        grace = _pod(m)["spec"].get("terminationGracePeriodSeconds", 30)
         if grace <= pause + settings.shutdown_grace_seconds:
             problems.append(
                 f"Deployment: terminationGracePeriodSeconds ({grace}) must exceed the preStop pause ({pause})"
@@ -124,23 +153,42 @@ def policy_problems(m: Manifests) -> list[str]:
     unknown = (set(m["ConfigMap"]["data"]) | set(m["Secret"]["stringData"])) - names
     if unknown:
         problems.append(f"ConfigMap/Secret: not settings of the daemon: {sorted(unknown)}")
-    security = pod["spec"].get("securityContext", {})
+    return problems
+
+
+def _security_problems(m: Manifests) -> list[str]:
+    security = _pod(m)["spec"].get("securityContext", {})
     if not security.get("runAsNonRoot") or security.get("runAsUser", 0) == 0:
-        problems.append("Deployment: the pod must run as a non-root user")
-    service = m["Service"]
-    if not _matches(service["spec"]["selector"], pod_labels):
+        return ["Deployment: the pod must run as a non-root user"]
+    return []
+
+
+def _service_problems(m: Manifests) -> list[str]:
+    problems = []
+    if not _matches(m["Service"]["spec"]["selector"], _pod(m)["metadata"]["labels"]):
         problems.append("Service: selector does not match the pod's labels")
-    service_ports = {p["name"]: p for p in service["spec"]["ports"]}
-    if any(p["targetPort"] not in (*ports, *ports.values()) for p in service_ports.values()):
+    ports = _container_ports(m)
+    if any(p["targetPort"] not in (*ports, *ports.values()) for p in _service_ports(m).values()):
         problems.append("Service: targetPort is not a port of the container")
+    return problems
+
+
+def _pdb_problems(m: Manifests) -> list[str]:
+    problems = []
     pdb = m["PodDisruptionBudget"]["spec"]
-    if not _matches(pdb["selector"]["matchLabels"], pod_labels):
+    if not _matches(pdb["selector"]["matchLabels"], _pod(m)["metadata"]["labels"]):
         problems.append("PodDisruptionBudget: selector does not match the pod's labels")
-    if not 1 <= pdb.get("minAvailable", 0) < deployment["spec"]["replicas"]:
+    if not 1 <= pdb.get("minAvailable", 0) < m["Deployment"]["spec"]["replicas"]:
         problems.append("PodDisruptionBudget: minAvailable must be at least 1 and leave a replica to evict")
+    return problems
+
+
+def _monitor_problems(m: Manifests) -> list[str]:
+    problems = []
     monitor = m["ServiceMonitor"]["spec"]
-    if not _matches(monitor["selector"]["matchLabels"], service["metadata"]["labels"]):
+    if not _matches(monitor["selector"]["matchLabels"], m["Service"]["metadata"]["labels"]):
         problems.append("ServiceMonitor: selector does not match the Service's labels")
+    service_ports = _service_ports(m)
     if any(e.get("port") not in service_ports or e.get("path") != "/metrics" for e in monitor["endpoints"]):
         problems.append("ServiceMonitor: every endpoint must scrape /metrics on a named port of the Service")
     return problems

@@ -206,30 +206,35 @@ def _tool_calls(value: object, role: object, max_bytes: int) -> str:
         raise InvalidInput(f"tool_calls: expected a list of 1 to {TOOL_CALLS_MAX} calls")
     ids: set[str] = set()
     for i, call in enumerate(value):
-        where = f"tool_calls[{i}]"
-        if not isinstance(call, dict):
-            raise InvalidInput(f"{where}: expected a JSON object")
-        call_id = call.get("id")
-        if not isinstance(call_id, str) or not _MESSAGE_ID.fullmatch(call_id):
-            raise InvalidInput(f"{where}.id: expected a string of 1-128 printable ASCII characters")
-        if call_id in ids:
-            raise InvalidInput(f"{where}.id: {call_id!r} appears twice in tool_calls")
-        ids.add(call_id)
-        if call.get("type") != "function":
-            raise InvalidInput(f"{where}.type: expected 'function'")
-        function = call.get("function")
-        if not isinstance(function, dict):
-            raise InvalidInput(f"{where}.function: expected an object with 'name' and 'arguments'")
-        if not isinstance(function.get("name"), str) or not _TOOL_NAME.fullmatch(function["name"]):
-            raise InvalidInput(f"{where}.function.name: expected 1-64 ASCII letters, digits, _ or -")
-        if not isinstance(function.get("arguments"), str) or not _encodable(function["arguments"]):
-            raise InvalidInput(f"{where}.function.arguments: expected a string (the arguments as JSON text)")
+        _check_tool_call(f"tool_calls[{i}]", call, ids)
     text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
     if not _encodable(text):
         raise InvalidInput("tool_calls: expected valid Unicode text (it holds a lone surrogate)")
     if len(text.encode("utf-8")) > max_bytes:
         raise InvalidInput(f"tool_calls: expected at most {max_bytes} bytes of JSON (MAX_MESSAGE_BYTES)")
     return text
+
+
+def _check_tool_call(where: str, call: object, ids: set[str]) -> None:
+    """One of `tool_calls`, at `where` (`tool_calls[i]`); raises InvalidInput naming its first bad
+    field. Its id is added to `ids`, those of the calls before it, which it must not repeat."""
+    if not isinstance(call, dict):
+        raise InvalidInput(f"{where}: expected a JSON object")
+    call_id = call.get("id")
+    if not isinstance(call_id, str) or not _MESSAGE_ID.fullmatch(call_id):
+        raise InvalidInput(f"{where}.id: expected a string of 1-128 printable ASCII characters")
+    if call_id in ids:
+        raise InvalidInput(f"{where}.id: {call_id!r} appears twice in tool_calls")
+    ids.add(call_id)
+    if call.get("type") != "function":
+        raise InvalidInput(f"{where}.type: expected 'function'")
+    function = call.get("function")
+    if not isinstance(function, dict):
+        raise InvalidInput(f"{where}.function: expected an object with 'name' and 'arguments'")
+    if not isinstance(function.get("name"), str) or not _TOOL_NAME.fullmatch(function["name"]):
+        raise InvalidInput(f"{where}.function.name: expected 1-64 ASCII letters, digits, _ or -")
+    if not isinstance(function.get("arguments"), str) or not _encodable(function["arguments"]):
+        raise InvalidInput(f"{where}.function.arguments: expected a string (the arguments as JSON text)")
 
 
 def _content(value: object, max_bytes: int) -> str:

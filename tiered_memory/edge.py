@@ -27,6 +27,7 @@ from tiered_memory.errors import (
     Overloaded,
     RateLimited,
     SqlUnavailable,
+    TieredMemoryError,
     TierUnavailable,
     Unauthorized,
 )
@@ -122,48 +123,19 @@ def _record(
 async def _mapped(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
-    except BodyTimeout as exc:
-        # The rest of the body may still come: the connection is closed after the answer (once
-        # aiohttp has read and dropped what still comes, at most its lingering time: closing at
-        # once, with unread bytes queued, would reset the connection before the 408 is read).
-        response = error_response(exc.status, exc.code, str(exc))
-        response.force_close()
-        return response
     except InvalidInput as exc:
         response = error_response(exc.status, exc.code, str(exc))
-        if request.content.exception() is not None:
-            # The body stream broke (a Content-Encoding that does not decode): aiohttp drops the
-            # connection after this reply, so it must say so, or a pooled client reuses it and
-            # its next request fails with a disconnect.
+        # A BodyTimeout: the rest of the body may still come, so the connection is closed after
+        # the answer (once aiohttp has read and dropped what still comes, at most its lingering
+        # time: closing at once, with unread bytes queued, would reset the connection before the
+        # 408 is read). Otherwise, when the body stream broke (a Content-Encoding that does not
+        # decode), aiohttp drops the connection after this reply, so it must say so, or a pooled
+        # client reuses it and its next request fails with a disconnect.
+        if isinstance(exc, BodyTimeout) or request.content.exception() is not None:
             response.force_close()
         return response
-    except Unauthorized as exc:
-        return error_response(401, "unauthorized", str(exc), {"WWW-Authenticate": "Bearer"})
-    except NotFound as exc:
-        return error_response(404, "not_found", str(exc))
-    except Forbidden:
-        # One body whatever the reason: it must not tell whose the session is.
-        return error_response(403, "forbidden", Forbidden.message)
-    except Conflict as exc:
-        return error_response(412 if exc.code == "precondition_failed" else 409, exc.code, str(exc))
-    except DeadlineExceeded as exc:
-        return error_response(504, "deadline_exceeded", str(exc))
-    except RateLimited as exc:
-        retry = str(max(1, math.ceil(exc.retry_after_s)))
-        return error_response(429, "rate_limited", str(exc), {"Retry-After": retry})
-    except Overloaded as exc:
-        return error_response(503, "overloaded", str(exc), {"Retry-After": _RETRY_AFTER_S})
-    except SqlUnavailable as exc:
-        log.warning("sql_unavailable", error=str(exc))
-        return error_response(
-            503, "sql_unavailable", "the message store is unavailable; retry", {"Retry-After": _RETRY_AFTER_S}
-        )
-    except TierUnavailable as exc:
-        # The driver's words (an internal address, a key) are for the log, not for the caller.
-        log.warning("tier_unavailable", tier=exc.tier, error=str(exc))
-        return error_response(
-            503, "unavailable", f"the {exc.tier} tier is unavailable; retry", {"Retry-After": _RETRY_AFTER_S}
-        )
+    except TieredMemoryError as exc:
+        return _domain_error(exc)
     except web.HTTPRequestEntityTooLarge:
         limit = request.app[SETTINGS_KEY].max_body_bytes
         return error_response(413, "request_entity_too_large", f"body: expected at most {limit} bytes")
@@ -181,6 +153,42 @@ async def _mapped(request: web.Request, handler: Handler) -> web.StreamResponse:
     except Exception:
         log.exception("request_failed")
         return error_response(500, "internal", "internal error")
+
+
+def _domain_error(exc: TieredMemoryError) -> web.Response:
+    """The answer to a domain error other than InvalidInput (whose answer depends on the
+    connection), as errors.py's tree has it. One no request should meet (ConfigError, LlmFailed)
+    is a 500 like any other failure: called while `exc` is being handled, which is what
+    `log.exception` logs."""
+    if isinstance(exc, Unauthorized):
+        return error_response(401, "unauthorized", str(exc), {"WWW-Authenticate": "Bearer"})
+    if isinstance(exc, NotFound):
+        return error_response(404, "not_found", str(exc))
+    if isinstance(exc, Forbidden):
+        # One body whatever the reason: it must not tell whose the session is.
+        return error_response(403, "forbidden", Forbidden.message)
+    if isinstance(exc, Conflict):
+        return error_response(412 if exc.code == "precondition_failed" else 409, exc.code, str(exc))
+    if isinstance(exc, DeadlineExceeded):
+        return error_response(504, "deadline_exceeded", str(exc))
+    if isinstance(exc, RateLimited):
+        retry = str(max(1, math.ceil(exc.retry_after_s)))
+        return error_response(429, "rate_limited", str(exc), {"Retry-After": retry})
+    if isinstance(exc, Overloaded):
+        return error_response(503, "overloaded", str(exc), {"Retry-After": _RETRY_AFTER_S})
+    if isinstance(exc, SqlUnavailable):
+        log.warning("sql_unavailable", error=str(exc))
+        return error_response(
+            503, "sql_unavailable", "the message store is unavailable; retry", {"Retry-After": _RETRY_AFTER_S}
+        )
+    if isinstance(exc, TierUnavailable):
+        # The driver's words (an internal address, a key) are for the log, not for the caller.
+        log.warning("tier_unavailable", tier=exc.tier, error=str(exc))
+        return error_response(
+            503, "unavailable", f"the {exc.tier} tier is unavailable; retry", {"Retry-After": _RETRY_AFTER_S}
+        )
+    log.exception("request_failed")
+    return error_response(500, "internal", "internal error")
 
 
 def deadline_middleware(timeout_s: float) -> Middleware:

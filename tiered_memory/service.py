@@ -46,7 +46,7 @@ from tiered_memory.recall import RecallMatch
 from tiered_memory.settings import Settings
 from tiered_memory.summarize.scheduler import SingleFlight
 from tiered_memory.summarize.topics import TopicTagger
-from tiered_memory.summary_job import JobResult, Outcome, SummaryJob
+from tiered_memory.summary_job import LOCK_WAIT_S, JobResult, Outcome, SummaryJob
 from tiered_memory.text_lane import TextLane
 from tiered_memory.tier_errors import TierErrors
 from tiered_memory.tiers.buckets import tenant_bucket, tenant_rate, units
@@ -64,9 +64,6 @@ T = TypeVar("T")
 _HOT_RETRY_S = 0.2
 # How many sessions one sweep looks at; the next sweep takes the rest.
 _SWEEP_BATCH = 500
-# While another replica holds a session's summary lock, look again this often, this many times.
-_LOCKED_RETRY_S = 0.2
-_LOCKED_RETRIES = 50
 # How long a close waits for a summarization that is already running: long enough for a
 # deterministic pass, short against an LLM call.
 _CLOSE_LOCK_WAIT_S = 1.0
@@ -254,14 +251,11 @@ class MemoryService:
         # the retries while another replica holds the lock.
         refine = session_id in self._refine
         self._refine.discard(session_id)
-        for _ in range(_LOCKED_RETRIES):
-            async with self._slots:
-                result = await self._job.run(session_id, refine=refine)
-            if result.outcome is not Outcome.LOCKED:
-                await self._released(session_id)
-                return
-            await asyncio.sleep(_LOCKED_RETRY_S)
-        log.info("summary_locked_elsewhere", session_id=session_id)
+        result = await self._job.run_waiting(session_id, gate=lambda: self._slots, refine=refine)
+        if result.outcome is Outcome.LOCKED:
+            log.info("summary_locked_elsewhere", session_id=session_id)
+            return
+        await self._released(session_id)
 
     async def _released(self, session_id: str) -> None:
         """After a closed session's last pass: its held final-summary event goes out with the
@@ -287,19 +281,14 @@ class MemoryService:
         what SQL has and the final pass runs in the background after it (LLM first), as the
         sweeper would. The sweeper's idle close has nobody waiting: LLM first, and it waits for
         a running pass as long as a background pass does."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + (_CLOSE_LOCK_WAIT_S if answering else _LOCKED_RETRIES * _LOCKED_RETRY_S)
-        while True:
-            # Started now, so it sees every turn committed before close. It does not queue
-            # behind background summaries; the summary lock still keeps it the only writer.
-            result = await self._job.run(session_id, use_llm=not answering)
-            if result.outcome is not Outcome.LOCKED:
-                return result
-            if loop.time() >= deadline:
-                self.summaries.schedule(session_id)
-                log.info("close_summary_left_to_background", session_id=session_id)
-                return result
-            await asyncio.sleep(_LOCKED_RETRY_S)
+        # Started now, so it sees every turn committed before close. It does not queue behind
+        # background summaries; the summary lock still keeps it the only writer.
+        wait_s = _CLOSE_LOCK_WAIT_S if answering else LOCK_WAIT_S
+        result = await self._job.run_waiting(session_id, wait_s=wait_s, use_llm=not answering)
+        if result.outcome is Outcome.LOCKED:
+            self.summaries.schedule(session_id)
+            log.info("close_summary_left_to_background", session_id=session_id)
+        return result
 
     async def aclose(self) -> None:
         """Let the writes still running whole (`_whole`: their requests cancelled) finish, within

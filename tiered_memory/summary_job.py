@@ -82,10 +82,20 @@ class JobResult:
 # One more try of a hot write that failed: a Redis blip must not leave an older summary
 # answering as hot for a whole TTL while SQL already has a newer one.
 _HOT_RETRY_S = 0.2
-# A rebuild waits this many retries for a running summarization to finish.
-_LOCK_WAIT_TRIES = 50
+# While another pass (of this process or another replica) holds a session's summary lock, look
+# again this often, for at most this long: a pass, even an LLM's, holds it for seconds.
+LOCK_RETRY_S = 0.2
+LOCK_WAIT_S = 10.0
 # A slice's own digest: a few sentences on the range it covers.
 _SLICE_CHARS = 400
+
+
+def next_version(summary: Summary, stored: Summary | None) -> Summary:
+    """`summary` stamped as the version after `stored` (the SQL version check and the caches'
+    newer-wins rule compare it), as first made when `stored` was."""
+    if stored is None:
+        return dataclasses.replace(summary, version=1)
+    return dataclasses.replace(summary, version=stored.version + 1, created_at=stored.created_at)
 
 
 class SummaryJob:
@@ -140,6 +150,28 @@ class SummaryJob:
             if span is not None:
                 span.set_attribute("tiered_memory.outcome", result.outcome.value)
             return result
+
+    async def run_waiting(
+        self,
+        session_id: str,
+        *,
+        wait_s: float = LOCK_WAIT_S,
+        gate: Gate | None = None,
+        use_llm: bool = True,
+        refine: bool = False,
+    ) -> JobResult:
+        """`run`, and again every LOCK_RETRY_S while another pass holds the session's summary
+        lock, for at most `wait_s` (the last result is then LOCKED). Each pass runs within `gate`
+        (SUMMARY_CONCURRENCY); the waits between them hold no slot, so they block no other
+        session."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while True:
+            async with gate() if gate is not None else contextlib.nullcontext():
+                result = await self.run(session_id, use_llm=use_llm, refine=refine)
+            if result.outcome is not Outcome.LOCKED or loop.time() >= deadline:
+                return result
+            await asyncio.sleep(LOCK_RETRY_S)
 
     async def _run(self, session_id: str, *, use_llm: bool, refine: bool) -> JobResult:
         # Without Redis ("") the lock cannot span replicas; the SQL version check still keeps a
@@ -249,11 +281,7 @@ class SummaryJob:
                 pieces.append(piece)
             start = end
         assert running is not None
-        final = dataclasses.replace(
-            running,
-            version=(stored.version if stored else 0) + 1,
-            created_at=stored.created_at if stored else running.created_at,
-        )
+        final = next_version(running, stored)
         return final, [dataclasses.replace(p, summary_version=final.version) for p in pieces]
 
     async def _merge(
@@ -302,19 +330,20 @@ class SummaryJob:
                 level = log.debug if exc.reason == "circuit_open" else log.warning
                 level("llm_summary_failed", session_id=session_id, reason=exc.reason, error=str(exc))
         now = self._clock()
-        summary = Summary(
+        made = Summary(
             text=text,
             covered_turns=target,
-            version=(prev.version if prev else 0) + 1,
+            version=0,
             source=source,
             updated_at=now,
-            created_at=prev.created_at if prev else now,
+            created_at=now,
             topics=self._tagger.tags(
                 [text, *(m.content for m in new)], [*(prev.topics if prev else ()), *extraction.topics]
             ),
             structured={**extraction.structured, "payload": payload},
             compressions=(prev.compressions if prev else 0) + 1,
         )
+        summary = next_version(made, prev)
         if not rows:
             return summary, None
         # The slice's own digest covers just this range, so it reads on its own.
@@ -439,12 +468,14 @@ class SummaryJob:
         await self._errors.hot("unlock", self._hot.unlock(session_id, token), None)
 
     async def _lock_or_raise(self, session_id: str) -> str:
-        for _ in range(_LOCK_WAIT_TRIES):
+        deadline = asyncio.get_running_loop().time() + LOCK_WAIT_S
+        while True:
             token = await self._errors.hot("lock", self._hot.try_lock(session_id, self._lock_ttl), "")
             if token is not None:
                 return token
-            await asyncio.sleep(_HOT_RETRY_S)
-        raise Conflict("a summary of this session is being made; try again")
+            if asyncio.get_running_loop().time() >= deadline:
+                raise Conflict("a summary of this session is being made; try again")
+            await asyncio.sleep(LOCK_RETRY_S)
 
     async def cache_stored(self, session_id: str) -> bool:
         """Copy the summary SQL holds into the hot tier, without the summary lock: the hot

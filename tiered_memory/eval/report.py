@@ -85,58 +85,75 @@ def _get(rows: Sequence[dict[str, Any]], method: str, dataset: str, kind: str, b
 def targets(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each target of the issue, per dataset: the measured figure, the bound and whether it holds."""
     out: list[dict[str, Any]] = []
-    datasets = sorted({r["dataset"] for r in rows})
     budgets = sorted({r["budget"] for r in rows})
-
-    def check(
-        name: str, dataset: str, value: float | None, bound: float | None, ok: bool, *, info: bool = False
-    ) -> None:
-        out.append(
-            {"target": name, "dataset": dataset, "value": value, "bound": bound, "met": ok, "informational": info}
-        )
-
-    for d in datasets:
-        g1 = _get(rows, DAEMON, d, "inline>=10", DEFAULT_BUDGET)
-        check(f"G1 inline gap>=10 @ {DEFAULT_BUDGET}", d, g1, 0.80, g1 is not None and g1 >= 0.80)
+    for d in sorted({r["dataset"] for r in rows}):
+        out += _goal_targets(rows, d, budgets)
         for b in budgets:
-            # G2 on the same probes: each reconnect probe against the inline probe just before
-            # the restart (same point, same evidence).
-            inline = _get(rows, DAEMON, d, "inline-before-restart", b)
-            rec = _get(rows, DAEMON, d, "reconnect", b)
-            if inline is not None and rec is not None:
-                check(f"G2 reconnect within 0.02 of inline @ {b}", d, rec, inline - 0.02, rec >= inline - 0.02)
-        q = _get(rows, WITH_QUESTION, d, "end", QUESTION_BUDGET)
-        check(f"question end @ {QUESTION_BUDGET}", d, q, 0.80, q is not None and q >= 0.80)
-        for b in budgets:
-            for kind in ("inline", "reconnect", "end"):
-                mine = _get(rows, DAEMON, d, kind, b)
-                # Baselines have no reconnect figure of their own: a restart changes no transcript.
-                base_kind = "inline-before-restart" if kind == "reconnect" else kind
-                theirs = [v for name in RIVALS if (v := _get(rows, name, d, base_kind, b)) is not None]
-                if mine is None or not theirs:
-                    continue
-                bound = max(theirs) - RIVAL_TOLERANCE
-                check(
-                    f">= best of newest text and hybrids - {RIVAL_TOLERANCE}, {kind} @ {b}",
-                    d,
-                    mine,
-                    bound,
-                    mine >= bound,
-                )
-            mine = _get(rows, DAEMON, d, "inline>=10", b)
-            five = _get(rows, "last-5-turns", d, "inline>=10", b)
-            if mine is not None and five is not None:
-                check(f">= 2x last-5-turns, inline gap>=10 @ {b}", d, mine, 2 * five, mine >= 2 * five)
-            plain, asked = _get(rows, DAEMON, d, "end", b), _get(rows, WITH_QUESTION, d, "end", b)
-            if plain is not None and asked is not None:
-                check(f"question never hurts, end @ {b}", d, asked, plain, asked >= plain)
-        for b in MULTIPLE_BUDGETS:
-            newest = _get(rows, NEWEST, d, "end", b)
-            for method, label, times in ((DAEMON, "end", 1.5), (WITH_QUESTION, "question end", 2.0)):
-                mine = _get(rows, method, d, "end", b)
-                if mine is not None and newest is not None:
-                    name = f"{label} >= {times:g}x newest text @ {b}"
-                    check(name, d, mine, times * newest, mine >= times * newest, info=True)
+            out += _budget_targets(rows, d, b)
+        out += _multiple_targets(rows, d)
+    return out
+
+
+def _target(
+    name: str, dataset: str, value: float | None, bound: float | None, ok: bool, *, info: bool = False
+) -> dict[str, Any]:
+    """One row of `targets`: `ok` is whether `value` meets `bound`; `info` marks a target that
+    is reported, never required."""
+    return {"target": name, "dataset": dataset, "value": value, "bound": bound, "met": ok, "informational": info}
+
+
+def _goal_targets(rows: Sequence[dict[str, Any]], d: str, budgets: Sequence[int]) -> list[dict[str, Any]]:
+    """Dataset `d`'s G1 (inline recall at gap >= 10 at the default budget), G2 (reconnect recall
+    within 0.02 of inline, per budget) and the end recall of a context asked with its question."""
+    g1 = _get(rows, DAEMON, d, "inline>=10", DEFAULT_BUDGET)
+    out = [_target(f"G1 inline gap>=10 @ {DEFAULT_BUDGET}", d, g1, 0.80, g1 is not None and g1 >= 0.80)]
+    for b in budgets:
+        # G2 on the same probes: each reconnect probe against the inline probe just before
+        # the restart (same point, same evidence).
+        inline = _get(rows, DAEMON, d, "inline-before-restart", b)
+        rec = _get(rows, DAEMON, d, "reconnect", b)
+        if inline is not None and rec is not None:
+            name = f"G2 reconnect within 0.02 of inline @ {b}"
+            out.append(_target(name, d, rec, inline - 0.02, rec >= inline - 0.02))
+    q = _get(rows, WITH_QUESTION, d, "end", QUESTION_BUDGET)
+    out.append(_target(f"question end @ {QUESTION_BUDGET}", d, q, 0.80, q is not None and q >= 0.80))
+    return out
+
+
+def _budget_targets(rows: Sequence[dict[str, Any]], d: str, b: int) -> list[dict[str, Any]]:
+    """Dataset `d`'s daemon against its rivals at budget `b`: the best of the newest text and its
+    hybrids per probe kind, twice the last five turns, and a question that never hurts."""
+    out: list[dict[str, Any]] = []
+    for kind in ("inline", "reconnect", "end"):
+        mine = _get(rows, DAEMON, d, kind, b)
+        # Baselines have no reconnect figure of their own: a restart changes no transcript.
+        base_kind = "inline-before-restart" if kind == "reconnect" else kind
+        theirs = [v for name in RIVALS if (v := _get(rows, name, d, base_kind, b)) is not None]
+        if mine is None or not theirs:
+            continue
+        bound = max(theirs) - RIVAL_TOLERANCE
+        name = f">= best of newest text and hybrids - {RIVAL_TOLERANCE}, {kind} @ {b}"
+        out.append(_target(name, d, mine, bound, mine >= bound))
+    mine = _get(rows, DAEMON, d, "inline>=10", b)
+    five = _get(rows, "last-5-turns", d, "inline>=10", b)
+    if mine is not None and five is not None:
+        out.append(_target(f">= 2x last-5-turns, inline gap>=10 @ {b}", d, mine, 2 * five, mine >= 2 * five))
+    plain, asked = _get(rows, DAEMON, d, "end", b), _get(rows, WITH_QUESTION, d, "end", b)
+    if plain is not None and asked is not None:
+        out.append(_target(f"question never hurts, end @ {b}", d, asked, plain, asked >= plain))
+    return out
+
+
+def _multiple_targets(rows: Sequence[dict[str, Any]], d: str) -> list[dict[str, Any]]:
+    """The informational "so many times the newest text" targets of dataset `d`."""
+    out: list[dict[str, Any]] = []
+    for b in MULTIPLE_BUDGETS:
+        newest = _get(rows, NEWEST, d, "end", b)
+        for method, label, times in ((DAEMON, "end", 1.5), (WITH_QUESTION, "question end", 2.0)):
+            mine = _get(rows, method, d, "end", b)
+            if mine is not None and newest is not None:
+                name = f"{label} >= {times:g}x newest text @ {b}"
+                out.append(_target(name, d, mine, times * newest, mine >= times * newest, info=True))
     return out
 
 

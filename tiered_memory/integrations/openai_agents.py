@@ -182,41 +182,28 @@ def _encode(item: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, Any]
     return native if native is not None else _verbatim(item)
 
 
+# What an item of one kind is as a message: its id's shape, the flags of what the item has beside
+# what the message holds (but its status, which any kind may have), and the message's fields.
+_Fields = tuple[str, str, dict[str, Any]]
+
+
 def _native(item: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, Any] | None:
     """`item` as a message of its own text (and its id's shape), or None when it is none of the
     kinds a message holds, or would not come back from one exactly."""
     kind = item.get("type", "message" if "role" in item else None)
-    flags = "s" if item.get("status") == "completed" else ""
-    body: dict[str, Any]
+    fields: _Fields | None
     if kind == "message":
-        role, text = item.get("role"), item.get("content")
-        flags += ("t" if "type" in item else "") + ("d" if role == "developer" else "")
-        if isinstance(text, list) and len(text) == 1 and isinstance(text[0], Mapping):
-            part = text[0]
-            part_flag = {"input_text": "i", "output_text": "o"}.get(str(part.get("type")))
-            if part_flag is None:
-                return None
-            flags += part_flag + ("a" if "annotations" in part else "") + ("l" if "logprobs" in part else "")
-            text = part.get("text")
-        if role not in _ROLES or not isinstance(text, str) or not text.strip():
-            return None
-        shape, body = "m", {"role": _ROLES[str(role)], "content": text}
+        fields = _message_fields(item)
     elif kind == "function_call":
-        call_id, name, arguments = item.get("call_id"), item.get("name"), item.get("arguments")
-        named = isinstance(name, str) and _TOOL_NAME.fullmatch(name) is not None
-        if not (_is_id(call_id) and named and isinstance(arguments, str)):
-            return None
-        call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
-        shape, body = "f", {"role": "assistant", "content": None, "tool_calls": [call]}
+        fields = _call_fields(item)
     elif kind == "function_call_output":
-        call_id, output = item.get("call_id"), item.get("output")
-        if not (_is_id(call_id) and isinstance(output, str) and output.strip()):
-            return None
-        shape, body = "r", {"role": "tool", "content": output, "tool_call_id": call_id}
-        if call_id in names:
-            body["name"] = names[str(call_id)]
+        fields = _output_fields(item, names)
     else:
         return None
+    if fields is None:
+        return None
+    shape, flags, body = fields
+    flags += "s" if item.get("status") == "completed" else ""
     message_id = f"{new_message_id()}:{shape}{''.join(sorted(flags))}"
     if "id" in item:
         message_id += f":{item['id']}"
@@ -226,6 +213,44 @@ def _native(item: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, Any]
     if _rebuilt(own, body["role"], body["content"] or "", body.get("tool_calls"), body.get("tool_call_id")) != item:
         return None
     return {**body, "message_id": message_id}
+
+
+def _message_fields(item: Mapping[str, Any]) -> _Fields | None:
+    """A message item of one text, as a user, assistant or system message; None for another."""
+    role, text = item.get("role"), item.get("content")
+    flags = ("t" if "type" in item else "") + ("d" if role == "developer" else "")
+    if isinstance(text, list) and len(text) == 1 and isinstance(text[0], Mapping):
+        part = text[0]
+        part_flag = {"input_text": "i", "output_text": "o"}.get(str(part.get("type")))
+        if part_flag is None:
+            return None
+        flags += part_flag + ("a" if "annotations" in part else "") + ("l" if "logprobs" in part else "")
+        text = part.get("text")
+    if role not in _ROLES or not isinstance(text, str) or not text.strip():
+        return None
+    return "m", flags, {"role": _ROLES[str(role)], "content": text}
+
+
+def _call_fields(item: Mapping[str, Any]) -> _Fields | None:
+    """A function call, as an assistant message of that one tool call."""
+    call_id, name, arguments = item.get("call_id"), item.get("name"), item.get("arguments")
+    named = isinstance(name, str) and _TOOL_NAME.fullmatch(name) is not None
+    if not (_is_id(call_id) and named and isinstance(arguments, str)):
+        return None
+    call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+    return "f", "", {"role": "assistant", "content": None, "tool_calls": [call]}
+
+
+def _output_fields(item: Mapping[str, Any], names: Mapping[str, str]) -> _Fields | None:
+    """A function call's output, as the tool message answering it, named after its call when
+    `names` (the calls of the same `add_items`) has it."""
+    call_id, output = item.get("call_id"), item.get("output")
+    if not (_is_id(call_id) and isinstance(output, str) and output.strip()):
+        return None
+    body: dict[str, Any] = {"role": "tool", "content": output, "tool_call_id": call_id}
+    if call_id in names:
+        body["name"] = names[str(call_id)]
+    return "r", "", body
 
 
 def _is_id(value: object) -> bool:

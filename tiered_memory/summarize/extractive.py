@@ -242,9 +242,6 @@ def _read(jb: _Jieba, state: State, message: Message) -> None:
         state.add(EVENT, "", 1, _clip(_SPACES.sub(" ", message.content).strip(), _ITEM_CHARS), message.turn)
         return
     user = message.role is Role.USER
-    # A tool's result is what the system looked up (an order's number, a price, a date): its
-    # names and numbers are facts as the user's are, already terse (dialogue.readable).
-    tool = message.role is Role.TOOL
     for unit in _units(message.content):
         terms = _terms(jb, unit)
         for term, score, _ in terms:
@@ -257,22 +254,34 @@ def _read(jb: _Jieba, state: State, message: Message) -> None:
             continue  # "好的", "ok", "嗯嗯"
         if user and not state.subject and (named or number):
             state.subject = _clip(condense(unit) or unit, _SUBJECT_CHARS)
-        # Ranks are coarse on purpose: within one, the earliest fact wins, so a long session of
-        # numeric small talk cannot push out the dose the user asked about at the start.
-        turn = message.turn
-        if user and PROFILE_MARK.search(unit):
-            state.add(PROFILE, "user", 0, _clip(unit, _ITEM_CHARS), turn)
-        elif user and QUESTION_MARK.search(unit):
-            state.add(QUESTION, "user", 1 if named or number else 2, _clip(unit, _ITEM_CHARS), turn)
-        elif tool and (named or number):
-            state.add(FACT, "tool", 1, _clip(unit, _ITEM_CHARS), turn)
-        elif user and (named or number):
-            state.add(FACT, "user", 1, _clip(_terse(_dense(unit, terms)), _ITEM_CHARS), turn)
-        elif named or number:
-            # The assistant names things in passing and in pleasantries; its numbers are what
-            # later turns quote back ("the 398 one", "you said twice a day").
-            text = _clip(_terse(_dense(unit, terms)), _ITEM_CHARS - len("assistant: "))
-            state.add(FACT, "assistant", 1 if number else 2, text, turn)
+        _keep(state, message, unit, terms, named=named, number=number)
+
+
+def _keep(
+    state: State, message: Message, unit: str, terms: Sequence[tuple[str, float, bool]], *, named: bool, number: bool
+) -> None:
+    """Add `unit`, one sentence of `message` that `_read` found informative (not phatic, not too
+    short), under its kind and rank; nothing when it is none of what is kept."""
+    user = message.role is Role.USER
+    # A tool's result is what the system looked up (an order's number, a price, a date): its
+    # names and numbers are facts as the user's are, already terse (dialogue.readable).
+    tool = message.role is Role.TOOL
+    turn = message.turn
+    # Ranks are coarse on purpose: within one, the earliest fact wins, so a long session of
+    # numeric small talk cannot push out the dose the user asked about at the start.
+    if user and PROFILE_MARK.search(unit):
+        state.add(PROFILE, "user", 0, _clip(unit, _ITEM_CHARS), turn)
+    elif user and QUESTION_MARK.search(unit):
+        state.add(QUESTION, "user", 1 if named or number else 2, _clip(unit, _ITEM_CHARS), turn)
+    elif tool and (named or number):
+        state.add(FACT, "tool", 1, _clip(unit, _ITEM_CHARS), turn)
+    elif user and (named or number):
+        state.add(FACT, "user", 1, _clip(_terse(_dense(unit, terms)), _ITEM_CHARS), turn)
+    elif named or number:
+        # The assistant names things in passing and in pleasantries; its numbers are what
+        # later turns quote back ("the 398 one", "you said twice a day").
+        text = _clip(_terse(_dense(unit, terms)), _ITEM_CHARS - len("assistant: "))
+        state.add(FACT, "assistant", 1 if number else 2, text, turn)
 
 
 def _dense(unit: str, terms: Sequence[tuple[str, float, bool]]) -> str:

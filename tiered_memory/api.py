@@ -19,18 +19,15 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tiered_memory import api_input
+from tiered_memory.app_keys import METRICS_KEY, OPENAPI_KEY, SERVICE_KEY, SETTINGS_KEY
 from tiered_memory.dialogue import tool_fields
-from tiered_memory.edge import METRICS_KEY, SETTINGS_KEY, TIER_KEY, reply
+from tiered_memory.edge import TIER_KEY, reply
 from tiered_memory.errors import InvalidInput
 from tiered_memory.model import Caller, JobState, Message, RebuildJob, SessionState, Slice, SummaryAnswer
 from tiered_memory.reads import ContextAnswer, Explained
 from tiered_memory.rebuilds import FAILURES
-from tiered_memory.service import MemoryService
 
 log = structlog.get_logger("tiered_memory.api")
-
-SERVICE_KEY = web.AppKey("service", MemoryService)
-OPENAPI_KEY = web.AppKey("openapi", bytes)
 
 
 async def _body(request: web.Request) -> dict[str, Any]:

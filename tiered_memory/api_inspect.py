@@ -18,12 +18,11 @@ from typing import Any
 from aiohttp import web
 
 from tiered_memory import api_input
+from tiered_memory.app_keys import INSPECTION_KEY, METRICS_KEY, SETTINGS_KEY
 from tiered_memory.auth import UI_PREFIX
-from tiered_memory.edge import METRICS_KEY, SETTINGS_KEY, reply
+from tiered_memory.edge import reply
 from tiered_memory.errors import NotFound
-from tiered_memory.inspection import Inspection, SessionInspection, overview
-
-INSPECTION_KEY = web.AppKey("inspection", Inspection)
+from tiered_memory.inspection import SessionInspection, overview
 
 # Nothing but the page's own files: no inline script or style, no other origin, no frame, no form
 # submission, no <base>; fetches go to this daemon only.

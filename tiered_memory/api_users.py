@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from tiered_memory import api_input
-from tiered_memory.api import SERVICE_KEY
+from tiered_memory.app_keys import SERVICE_KEY
 from tiered_memory.edge import reply
 from tiered_memory.erasure import Erased
 from tiered_memory.errors import Conflict, InvalidInput

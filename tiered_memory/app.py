@@ -19,12 +19,26 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy.exc import SQLAlchemyError
 
 from tiered_memory.admission import admission_middleware
-from tiered_memory.api import OPENAPI_KEY, SERVICE_KEY, add_routes
-from tiered_memory.api_inspect import INSPECTION_KEY, add_inspector_routes
+from tiered_memory.api import add_routes
+from tiered_memory.api_inspect import add_inspector_routes
 from tiered_memory.api_users import add_user_routes
+from tiered_memory.app_keys import (
+    EXTRACTOR_KEY,
+    HOT_KEY,
+    INSPECTION_KEY,
+    LLM_KEY,
+    METRICS_KEY,
+    OPENAPI_KEY,
+    SERVICE_KEY,
+    SETTINGS_KEY,
+    STORE_KEY,
+    TEXT_KEY,
+    TEXT_POOLS_KEY,
+    TRACING_KEY,
+)
 from tiered_memory.auth import auth_middleware
 from tiered_memory.delivery import Delivery, DeliverySettings
-from tiered_memory.edge import METRICS_KEY, SETTINGS_KEY, deadline_middleware, observe, tracing_middleware
+from tiered_memory.edge import deadline_middleware, observe, tracing_middleware
 from tiered_memory.errors import ConfigError, SqlUnavailable
 from tiered_memory.inspection import Inspection
 from tiered_memory.local_guard import local_guard_middleware
@@ -56,13 +70,6 @@ from tiered_memory.tracing import Tracing, exporting, shut_down_within
 
 log = structlog.get_logger("tiered_memory.app")
 
-STORE_KEY = web.AppKey("store", SqlStore)
-HOT_KEY = web.AppKey("hot", HotTier)
-LLM_KEY = web.AppKey("llm", LlmSummarizer)
-EXTRACTOR_KEY = web.AppKey("extractor", Extractor)
-TEXT_POOLS_KEY = web.AppKey("text_pools", Pools)
-TEXT_KEY = web.AppKey("text", TextLane)
-TRACING_KEY = web.AppKey("tracing", Tracing)
 
 # How long a stopping daemon waits for its queued spans to reach the collector.
 _TRACES_FLUSH_S = 5.0

@@ -16,6 +16,7 @@ import structlog
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from tiered_memory.app_keys import METRICS_KEY, SETTINGS_KEY
 from tiered_memory.auth import OPEN_PATHS
 from tiered_memory.errors import (
     BodyTimeout,
@@ -31,15 +32,11 @@ from tiered_memory.errors import (
     TierUnavailable,
     Unauthorized,
 )
-from tiered_memory.metrics import Metrics
-from tiered_memory.settings import Settings
 from tiered_memory.tiers.codec import dumps
 from tiered_memory.tracing import UNTRACED_PATHS, Tracing, failed
 
 log = structlog.get_logger("tiered_memory.api")
 
-METRICS_KEY = web.AppKey("metrics", Metrics)
-SETTINGS_KEY = web.AppKey("settings", Settings)
 # The tier that answered a read (hot, warm, cold, none), for the request's log line.
 TIER_KEY = web.RequestKey("tier", str)
 

@@ -21,7 +21,7 @@ from typing import cast
 
 from aiohttp import web
 
-from tiered_memory.edge import METRICS_KEY
+from tiered_memory.app_keys import METRICS_KEY
 
 # How long a request answered before its body was read whole (a 408, a 413) may still send what
 # it was sending before its connection is closed (aiohttp's default is 10 s).

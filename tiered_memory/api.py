@@ -23,7 +23,16 @@ from tiered_memory.app_keys import METRICS_KEY, OPENAPI_KEY, SERVICE_KEY, SETTIN
 from tiered_memory.dialogue import tool_fields
 from tiered_memory.edge import TIER_KEY, reply
 from tiered_memory.errors import InvalidInput
-from tiered_memory.model import Caller, JobState, Message, RebuildJob, SessionState, Slice, SummaryAnswer
+from tiered_memory.model import (
+    Caller,
+    ContextRequest,
+    JobState,
+    Message,
+    RebuildJob,
+    SessionState,
+    Slice,
+    SummaryAnswer,
+)
 from tiered_memory.reads import ContextAnswer, Explained
 from tiered_memory.rebuilds import FAILURES
 
@@ -212,15 +221,14 @@ async def get_context(request: web.Request) -> web.Response:
     explain = api_input.bool_query(request, "explain")
     limit = request.app[SETTINGS_KEY].max_message_bytes
     sid, caller = api_input.session_id(request), api_input.caller(request)
-    ctx = await request.app[SERVICE_KEY].context(
-        caller.session_key(sid),
-        caller=caller,
-        max_chars=_max_chars(request),
+    want = ContextRequest(
+        _max_chars(request),
         system_prompt=api_input.framing_text(request.query.get("system_prompt"), "system_prompt", limit),
         question=api_input.framing_text(request.query.get("question"), "question", limit),
         user_memory=api_input.user_memory(request),
         user_id=caller.user_id,
     )
+    ctx = await request.app[SERVICE_KEY].context(caller.session_key(sid), want, caller=caller)
     request[TIER_KEY] = ctx.summary_tier.value
     body = _context_json(sid, ctx, caller)
     if explain:
@@ -255,26 +263,21 @@ async def post_turn(request: web.Request) -> web.Response:
     new = api_input.parse_message(sid, body, max_bytes=settings.max_message_bytes)
     caller = api_input.caller(request, new.user_id)
     new = dataclasses.replace(new, session_id=caller.session_key(sid), user_id=caller.user_id)
-    service = request.app[SERVICE_KEY]
-    ctx = await service.context(
-        new.session_id,
-        caller=caller,
-        max_chars=_max_chars(request),
+    want = ContextRequest(
+        _max_chars(request),
         system_prompt=system_prompt,
-        question=new.content,
         exclude_message_id=new.message_id if "message_id" in body else None,
         user_memory=user_memory,
-        user_id=new.user_id,
     )
-    outcome = await service.append(new, caller=caller)
-    r = outcome.result
+    turn = await request.app[SERVICE_KEY].turn(new, want, caller=caller)
+    ctx, r = turn.context, turn.appended.result
     request[TIER_KEY] = ctx.summary_tier.value
     return reply(
         {
             **_context_json(sid, ctx, caller),
             "message_id": r.message.message_id,
             "turn_count": r.turn_count,
-            "summary_scheduled": outcome.summary_scheduled,
+            "summary_scheduled": turn.appended.summary_scheduled,
         },
         status=200 if r.duplicate else 201,
     )

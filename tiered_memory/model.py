@@ -348,6 +348,23 @@ class HotSession:
 
 
 @dataclass(frozen=True, slots=True)
+class ContextRequest:
+    """What a context is asked for: its memory budget and what frames it."""
+
+    max_chars: int
+    system_prompt: str | None = None
+    question: str | None = None
+    """The user's new message, shown last."""
+    exclude_message_id: str | None = None
+    """A retried load-then-append's message, stored already: left out of the history (it is the
+    question)."""
+    user_memory: UserMemory | None = None
+    """What the session carries over from its user's earlier sessions; None: USER_MEMORY."""
+    user_id: str | None = None
+    """The user of a session not stored yet."""
+
+
+@dataclass(frozen=True, slots=True)
 class AppendOutcome:
     """What an append did: the stored message with SQL's counters, and whether a summary is due."""
 

@@ -37,6 +37,7 @@ from tiered_memory.lru import Lru
 from tiered_memory.metrics import Metrics
 from tiered_memory.model import (
     Caller,
+    ContextRequest,
     HotSession,
     Message,
     Owner,
@@ -277,18 +278,13 @@ class SessionReads:
     async def context(
         self,
         session_id: str,
+        want: ContextRequest,
         *,
         caller: Caller,
-        max_chars: int,
-        system_prompt: str | None = None,
-        question: str | None = None,
-        exclude_message_id: str | None = None,
-        user_memory: UserMemory = "off",
-        user_id: str | None = None,
     ) -> ContextAnswer:
         """Summary plus recent turns, prompt-ordered, within max_chars of memory; with
-        `user_memory`, led by what the session carries over from its user's earlier sessions (the
-        session's user, or `user_id` for a session not stored yet).
+        `user_memory` (None: off), led by what the session carries over from its user's earlier
+        sessions (the session's user, or `user_id` for a session not stored yet).
 
         One hot round trip answers both when Redis has them; otherwise the summary walk and the
         SQL read of the recent turns run concurrently, each with its own fallback, and what SQL
@@ -302,6 +298,7 @@ class SessionReads:
         SQL asked, and for a restricted caller that answer is required (SqlUnavailable otherwise).
         Raises Forbidden when the session is not the caller's.
         """
+        max_chars, question, excluded = want.max_chars, want.question, want.exclude_message_id
         hot = await self._errors.hot("read_session", self._hot.read_session(session_id), _NO_HOT)
         if hot.owner is not None and not _in_namespace(hot.owner, session_id):
             hot = _NO_HOT
@@ -320,9 +317,9 @@ class SessionReads:
         (answer, warm_info), (available, info, rows) = await asyncio.gather(
             self._context_summary(session_id, caller, hot, max_chars), self._window_rows(session_id, hot, known, keep)
         )
-        if exclude_message_id is not None:
+        if excluded is not None:
             # A retried load-then-append: its message is stored already and comes back as the question.
-            available = [m for m in available if m.message_id != exclude_message_id]
+            available = [m for m in available if m.message_id != excluded]
         sql_info = info or warm_info
         warm_summary = answer.summary if answer.tier is Tier.WARM else None
         if sql_info is not None and (rows is not None or warm_summary is not None or hot.owner is None):
@@ -331,16 +328,16 @@ class SessionReads:
         recent = window(available, turn_count=turn_count, keep_recent_turns=keep)
         walked = _Walked(hot=hot, answer=answer, info=sql_info, available=available, turn_count=turn_count)
         shown, recent, terms, snippets = await self._material(
-            session_id, walked, recent, max_chars=max_chars, question=question, exclude_message_id=exclude_message_id
+            session_id, walked, recent, max_chars=max_chars, question=question, exclude_message_id=excluded
         )
-        carried = await self._carried(session_id, walked, shown, user_memory, user_id, question)
+        carried = await self._carried(session_id, walked, shown, want.user_memory or "off", want.user_id, question)
         candidates = self._candidates(session_id, walked, shown, terms, snippets, carried, question)
         chosen = choose(candidates, max_chars)
         parts = self._with_digest(walked, candidates, chosen, max_chars=max_chars)
         memory_text = "\n".join(text for _, text in parts) or None
         raw = alternate(chosen.raw)
         messages = compose(memory_text, raw, max_chars=max_chars, lang=candidates.lang)
-        shaped = self._shaped(session_id, walked, recent, messages, system_prompt=system_prompt, question=question)
+        shaped = self._shaped(session_id, walked, recent, messages, system_prompt=want.system_prompt, question=question)
         explained = Explained(cut_parts(parts, memory_room(raw, max_chars)), tuple(chosen.raw), chosen.layout)
         shaped = dataclasses.replace(shaped, explained=explained)
         if carried is not None and carried.shown and carried.shown[-1].text and "carried" in chosen.chars:

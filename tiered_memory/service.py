@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import structlog
@@ -27,6 +28,7 @@ from tiered_memory.model import (
     BatchOutcome,
     Caller,
     CloseResult,
+    ContextRequest,
     Message,
     NewMessage,
     Patch,
@@ -37,7 +39,6 @@ from tiered_memory.model import (
     Slice,
     Summary,
     SummaryAnswer,
-    UserMemory,
     key_tenant,
 )
 from tiered_memory.reads import ContextAnswer, SessionReads, authorize
@@ -67,6 +68,14 @@ _SWEEP_BATCH = 500
 # How long a close waits for a summarization that is already running: long enough for a
 # deterministic pass, short against an LLM call.
 _CLOSE_LOCK_WAIT_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class TurnOutcome:
+    """What a turn did: the context before the user's message, and the message's append."""
+
+    context: ContextAnswer
+    appended: AppendOutcome
 
 
 class MemoryService:
@@ -200,6 +209,14 @@ class MemoryService:
             # On a retry too: the first attempt may have died before it scheduled the summary.
             self.summaries.schedule(new.session_id)
         return AppendOutcome(result, due)
+
+    async def turn(self, new: NewMessage, want: ContextRequest, *, caller: Caller) -> TurnOutcome:
+        """Load-then-append, one round trip per utterance: the context as it was before the
+        user's new message (`new`, shown as the closing question), then the message recorded.
+        A retry of a stored message leaves it out of the history (it is the question)."""
+        want = dataclasses.replace(want, question=new.content, user_id=new.user_id)
+        context = await self.context(new.session_id, want, caller=caller)
+        return TurnOutcome(context, await self.append(new, caller=caller))
 
     async def append_batch(self, news: Sequence[NewMessage], *, caller: Caller) -> BatchOutcome:
         """`_append_batch`, run whole (`_whole`)."""
@@ -518,33 +535,14 @@ class MemoryService:
         """Hot summary → warm row (backfilling hot) → deterministic extraction → none (see reads.py)."""
         return await self._reads.load_best_summary(session_id, caller=caller)
 
-    async def context(
-        self,
-        session_id: str,
-        *,
-        caller: Caller,
-        max_chars: int,
-        system_prompt: str | None = None,
-        question: str | None = None,
-        exclude_message_id: str | None = None,
-        user_memory: UserMemory | None = None,
-        user_id: str | None = None,
-    ) -> ContextAnswer:
+    async def context(self, session_id: str, want: ContextRequest, *, caller: Caller) -> ContextAnswer:
         """Summary plus recent and older turns within max_chars (see reads.py), led by what the
         session carries over from its user's earlier sessions (`user_memory`, USER_MEMORY by
         default; `user_id`: the user of a session not stored yet), and the gateway's state: from
         the hot tier, or SQL when the hot tier lost it (then cached again); left out (None) when
         neither answers."""
-        answer = await self._reads.context(
-            session_id,
-            caller=caller,
-            max_chars=max_chars,
-            system_prompt=system_prompt,
-            question=question,
-            exclude_message_id=exclude_message_id,
-            user_memory=user_memory or self._s.user_memory,
-            user_id=user_id,
-        )
+        want = dataclasses.replace(want, user_memory=want.user_memory or self._s.user_memory)
+        answer = await self._reads.context(session_id, want, caller=caller)
         if answer.state is None and answer.turn_count + len(answer.messages) > 0:
             state = await self._errors.sql("get_state", self._store.get_state(session_id), None)
             if state is None:

@@ -152,9 +152,8 @@ def _state_reply(sid: str, state: SessionState) -> web.Response:
 
 async def get_state(request: web.Request) -> web.Response:
     """The gateway's state of the session (null and version 0 when it has none), with its ETag."""
-    api_input.check_query(request)
-    sid, caller = api_input.session_id(request), api_input.caller(request)
-    return _state_reply(sid, await request.app[SERVICE_KEY].get_state(caller.session_key(sid), caller=caller))
+    call = api_input.session_call(request)
+    return _state_reply(call.sid, await request.app[SERVICE_KEY].get_state(call.key, caller=call.caller))
 
 
 async def put_state(request: web.Request) -> web.Response:
@@ -169,11 +168,10 @@ async def put_state(request: web.Request) -> web.Response:
 
 
 async def get_summary(request: web.Request) -> web.Response:
-    api_input.check_query(request)
-    sid, caller = api_input.session_id(request), api_input.caller(request)
-    answer = await request.app[SERVICE_KEY].load_best_summary(caller.session_key(sid), caller=caller)
+    call = api_input.session_call(request)
+    answer = await request.app[SERVICE_KEY].load_best_summary(call.key, caller=call.caller)
     request[TIER_KEY] = answer.tier.value
-    return reply(_summary_json(sid, answer, time.time()))
+    return reply(_summary_json(call.sid, answer, time.time()))
 
 
 def _max_chars(request: web.Request) -> int:
@@ -217,20 +215,19 @@ def _context_json(sid: str, ctx: ContextAnswer, caller: Caller) -> dict[str, Any
 
 
 async def get_context(request: web.Request) -> web.Response:
-    api_input.check_query(request, "max_chars", "system_prompt", "question", "user_memory", "explain")
+    call = api_input.session_call(request, "max_chars", "system_prompt", "question", "user_memory", "explain")
     explain = api_input.bool_query(request, "explain")
     limit = request.app[SETTINGS_KEY].max_message_bytes
-    sid, caller = api_input.session_id(request), api_input.caller(request)
     want = ContextRequest(
         _max_chars(request),
         system_prompt=api_input.framing_text(request.query.get("system_prompt"), "system_prompt", limit),
         question=api_input.framing_text(request.query.get("question"), "question", limit),
         user_memory=api_input.user_memory(request),
-        user_id=caller.user_id,
+        user_id=call.caller.user_id,
     )
-    ctx = await request.app[SERVICE_KEY].context(caller.session_key(sid), want, caller=caller)
+    ctx = await request.app[SERVICE_KEY].context(call.key, want, caller=call.caller)
     request[TIER_KEY] = ctx.summary_tier.value
-    body = _context_json(sid, ctx, caller)
+    body = _context_json(call.sid, ctx, call.caller)
     if explain:
         body["explain"] = _explain_json(ctx.explained)
     return reply(body)
@@ -284,12 +281,11 @@ async def post_turn(request: web.Request) -> web.Response:
 
 
 async def post_close(request: web.Request) -> web.Response:
-    api_input.check_query(request)
-    sid, caller = api_input.session_id(request), api_input.caller(request)
-    result = await request.app[SERVICE_KEY].close(caller.session_key(sid), caller=caller)
+    call = api_input.session_call(request)
+    result = await request.app[SERVICE_KEY].close(call.key, caller=call.caller)
     return reply(
         {
-            "session_id": sid,
+            "session_id": call.sid,
             "persisted": result.persisted,
             "cached": result.cached,
             "turn_count": result.turn_count,
@@ -298,12 +294,11 @@ async def post_close(request: web.Request) -> web.Response:
 
 
 async def get_session(request: web.Request) -> web.Response:
-    api_input.check_query(request)
-    sid, caller = api_input.session_id(request), api_input.caller(request)
-    info = await request.app[SERVICE_KEY].session(caller.session_key(sid), caller=caller)
+    call = api_input.session_call(request)
+    info = await request.app[SERVICE_KEY].session(call.key, caller=call.caller)
     return reply(
         {
-            "session_id": sid,
+            "session_id": call.sid,
             "user_id": info.user_id,
             "turn_count": info.turn_count,
             "message_count": info.message_count,
@@ -317,16 +312,14 @@ async def get_session(request: web.Request) -> web.Response:
 
 
 async def delete_session(request: web.Request) -> web.Response:
-    api_input.check_query(request)
-    sid, caller = api_input.session_id(request), api_input.caller(request)
-    await request.app[SERVICE_KEY].delete(caller.session_key(sid), caller=caller)
+    call = api_input.session_call(request)
+    await request.app[SERVICE_KEY].delete(call.key, caller=call.caller)
     return web.Response(status=204)
 
 
 async def delete_summary(request: web.Request) -> web.Response:
-    api_input.check_query(request)
-    sid, caller = api_input.session_id(request), api_input.caller(request)
-    await request.app[SERVICE_KEY].reset_summary(caller.session_key(sid), caller=caller)
+    call = api_input.session_call(request)
+    await request.app[SERVICE_KEY].reset_summary(call.key, caller=call.caller)
     return web.Response(status=204)
 
 

@@ -10,6 +10,7 @@ import asyncio
 import json
 import re
 import uuid
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
@@ -151,6 +152,26 @@ def check_query(request: web.Request, *allowed: str) -> None:
     for name in allowed:
         if len(request.query.getall(name, [])) > 1:
             raise InvalidInput(f"{name}: expected at most one value")
+
+
+@dataclass(frozen=True, slots=True)
+class SessionCall:
+    """A request on one session: its id as the caller named it (what replies echo) and the caller."""
+
+    sid: str
+    caller: Caller
+
+    @property
+    def key(self) -> str:
+        """The stored session's key, in the caller's tenant."""
+        return self.caller.session_key(self.sid)
+
+
+def session_call(request: web.Request, *allowed: str) -> SessionCall:
+    """The preamble of a request on one session, in the order every handler checks it: the query
+    (`allowed`: the names it takes), the session id, the caller."""
+    check_query(request, *allowed)
+    return SessionCall(session_id(request), caller(request))
 
 
 def parse_message(session_id: str, body: dict[str, Any], *, max_bytes: int) -> NewMessage:

@@ -63,10 +63,9 @@ async def get_ui(request: web.Request) -> web.Response:
 
 async def get_inspect(request: web.Request) -> web.Response:
     """One session across its tiers: ages and TTLs, the summary and its recent versions, the lag."""
-    api_input.check_query(request)
-    sid, caller = api_input.session_id(request), api_input.caller(request)
-    found = await request.app[INSPECTION_KEY].session(caller.session_key(sid), caller=caller)
-    return reply(_inspection_json(sid, found))
+    call = api_input.session_call(request)
+    found = await request.app[INSPECTION_KEY].session(call.key, caller=call.caller)
+    return reply(_inspection_json(call.sid, found))
 
 
 async def get_overview(request: web.Request) -> web.Response:

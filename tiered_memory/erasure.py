@@ -125,7 +125,7 @@ class Erasures:
         try:
             await self._hot.delete(key)
         except HotUnavailable:
-            log.warning("erasure_hot_keys_left", session_id=key)
+            log.warning("erasure_hot_keys_left", session_key=key)
         return found, removed + rest
 
     async def resume(self) -> int:

@@ -235,7 +235,7 @@ class History:
         try:
             terms = await self._question_terms(question, session_id)
         except (Overloaded, BrokenProcessPool) as exc:
-            log.warning("question_terms_failed", session_id=session_id, error=str(exc))
+            log.warning("question_terms_failed", session_key=session_id, error=str(exc))
             return [], []
         if not terms:
             return terms, []
@@ -411,7 +411,7 @@ class History:
         elif isinstance(error, TextQueueFull):
             pass  # counted by the text lane; the next question tries again
         elif error is not None:
-            log.error("recall_index_failed", session_id=key[1], exc_info=error)
+            log.error("recall_index_failed", session_key=key[1], exc_info=error)
 
     async def _caught_up(self, store: PostingsStore, session_id: str, message_count: int) -> None:
         """Add to the session's postings in `store` the messages up to `message_count` they lack,

@@ -197,7 +197,7 @@ class Rebuilds:
                 holder_id = await self._jobs.start(session_id, job, lease_s=self._lease, ttl_s=self._ttl)
                 if holder_id is None:
                     self._launch(_Run(self._jobs, session_id, job, clock=self._clock, hot_failed=self._hot_failed))
-                    log.info("rebuild_queued", session_id=session_id, job_id=job.job_id)
+                    log.info("rebuild_queued", session_key=session_id, job_id=job.job_id)
                     return Started(job, True)
             found, live = await self._jobs.read(session_id, holder_id)
             if found is not None and live:
@@ -240,7 +240,7 @@ class Rebuilds:
             if done:
                 return work.result()
             if not await run.save(None, lease_s=self._lease, ttl_s=self._ttl):
-                log.warning("rebuild_superseded", session_id=run.session_id, job_id=run.job.job_id)
+                log.warning("rebuild_superseded", session_key=run.session_id, job_id=run.job.job_id)
                 await _stop(work)
                 return run.failed("superseded")
 
@@ -268,7 +268,7 @@ class Rebuilds:
         except Overloaded:
             return run.failed("overloaded")
         except Exception:
-            log.exception("rebuild_failed", session_id=session_id, job_id=run.job.job_id)
+            log.exception("rebuild_failed", session_key=session_id, job_id=run.job.job_id)
             return run.failed("internal")
 
     async def _deleted(self, session_id: str) -> bool:
@@ -282,10 +282,10 @@ class Rebuilds:
         self._metrics.rebuilds.labels(job.reason or job.state.value).inc()
         if not written:
             # It reads `lost` once its lease lapsed; the summary it wrote (if done) stands.
-            log.warning("rebuild_state_not_written", session_id=run.session_id, job_id=job.job_id)
+            log.warning("rebuild_state_not_written", session_key=run.session_id, job_id=job.job_id)
         log.info(
             "rebuild_ended",
-            session_id=run.session_id,
+            session_key=run.session_id,
             job_id=job.job_id,
             state=job.state.value,
             reason=job.reason,

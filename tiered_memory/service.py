@@ -193,7 +193,7 @@ class MemoryService:
         self._metrics.appends.labels(new.role.value, "duplicate" if result.duplicate else "created").inc()
         log.debug(
             "append",
-            session_id=new.session_id,
+            session_key=new.session_id,
             message_id=new.message_id,
             role=new.role.value,
             seq=result.message.seq,
@@ -270,7 +270,7 @@ class MemoryService:
         self._refine.discard(session_id)
         result = await self._job.run_waiting(session_id, gate=lambda: self._slots, refine=refine)
         if result.outcome is Outcome.LOCKED:
-            log.info("summary_locked_elsewhere", session_id=session_id)
+            log.info("summary_locked_elsewhere", session_key=session_id)
             return
         await self._released(session_id)
 
@@ -287,7 +287,7 @@ class MemoryService:
         try:
             await self._store.release_final(session_id, now=self._clock())
         except SqlUnavailable as exc:
-            log.warning("final_event_not_released", session_id=session_id, error=str(exc))
+            log.warning("final_event_not_released", session_key=session_id, error=str(exc))
 
     async def _close_pass(self, session_id: str, *, answering: bool) -> JobResult:
         """The summary pass of a close. One that a caller waits for (`answering`) never waits on
@@ -304,7 +304,7 @@ class MemoryService:
         result = await self._job.run_waiting(session_id, wait_s=wait_s, use_llm=not answering)
         if result.outcome is Outcome.LOCKED:
             self.summaries.schedule(session_id)
-            log.info("close_summary_left_to_background", session_id=session_id)
+            log.info("close_summary_left_to_background", session_key=session_id)
         return result
 
     async def aclose(self) -> None:
@@ -345,7 +345,7 @@ class MemoryService:
         last_pass = refine or left
         if await self._store.close_session(session_id, reason=reason, now=self._clock(), final=not last_pass):
             self._metrics.sessions_closed.labels(reason).inc()
-            log.info("session_closed", session_id=session_id, reason=reason, persisted=persisted, cached=cached)
+            log.info("session_closed", session_key=session_id, reason=reason, persisted=persisted, cached=cached)
             if last_pass:
                 # Scheduled only now: a pass that ended before the close committed would find no
                 # held event to release.
@@ -379,7 +379,7 @@ class MemoryService:
         )
         if due:
             self.summaries.schedule(session_id)
-        log.info("message_patched", session_id=session_id, message_id=message_id, changed=result.changed)
+        log.info("message_patched", session_key=session_id, message_id=message_id, changed=result.changed)
         return PatchOutcome(result, due)
 
     async def delete_message(self, session_id: str, message_id: str, *, caller: Caller) -> None:
@@ -399,7 +399,7 @@ class MemoryService:
         await self._forget_cached(session_id, deleted.session_bytes)
         if deleted.message is None:
             raise NotFound(f"the session has no message {message_id!r}")
-        log.info("message_deleted", session_id=session_id, message_id=message_id, seq=deleted.message.seq)
+        log.info("message_deleted", session_key=session_id, message_id=message_id, seq=deleted.message.seq)
 
     async def _forget_cached(self, session_id: str, session_bytes: int) -> None:
         """After a message changed in SQL (patched, taken back): the hot tier forgets what it

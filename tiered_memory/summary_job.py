@@ -185,12 +185,12 @@ class SummaryJob:
             source = SummarySource.LLM if self._llm and use_llm else SummarySource.DETERMINISTIC
             self._errors.count("sql", "summarize")
             self._metrics.summarizations.labels(source.value, "failed").inc()
-            log.warning("summary_failed", session_id=session_id, error=str(exc))
+            log.warning("summary_failed", session_key=session_id, error=str(exc))
             return JobResult(Outcome.FAILED)
         except TextQueueFull:
             # The tenant's text work is at its bound: this pass waits for the next sweep.
             self._metrics.summarizations.labels(SummarySource.DETERMINISTIC.value, "deferred").inc()
-            log.info("summary_deferred", session_id=session_id)
+            log.info("summary_deferred", session_key=session_id)
             return JobResult(Outcome.FAILED)
         finally:
             await self._unlock(session_id, token)
@@ -231,7 +231,7 @@ class SummaryJob:
             session_id, summary, user_id=info.user_id, turn_count=target, slices=pieces
         ):
             self._metrics.summarizations.labels(source.value, "stale").inc()
-            log.info("summary_stale", session_id=session_id, version=summary.version)
+            log.info("summary_stale", session_key=session_id, version=summary.version)
             return JobResult(Outcome.STALE)
         cached = await self._cache(session_id, summary)
         if cached and await self._store.get_session(session_id) is None:
@@ -243,7 +243,7 @@ class SummaryJob:
         self._metrics.summarization_seconds.labels(source.value).observe(time.perf_counter() - started)
         log.info(
             "summary_written",
-            session_id=session_id,
+            session_key=session_id,
             source=source.value,
             covered_turns=target,
             new_turns=target - covered,
@@ -328,7 +328,7 @@ class SummaryJob:
                 self._metrics.llm_failures.labels(exc.reason).inc()
                 # While the breaker is open every summary lands here; the opening was logged.
                 level = log.debug if exc.reason == "circuit_open" else log.warning
-                level("llm_summary_failed", session_id=session_id, reason=exc.reason, error=str(exc))
+                level("llm_summary_failed", session_key=session_id, reason=exc.reason, error=str(exc))
         now = self._clock()
         made = Summary(
             text=text,
@@ -374,7 +374,7 @@ class SummaryJob:
         """The LLM's summary text and payload of `new` merged into `prev` (in the text format, the
         rule-based `payload` with the LLM's text). Raises LlmFailed."""
         # The summarizer logs what grounding drops; this names the session on those lines.
-        with structlog.contextvars.bound_contextvars(session_id=session_id):
+        with structlog.contextvars.bound_contextvars(session_key=session_id):
             if self._format == "structured":
                 merged = await llm.summarize_structured(prev_payload, new)
                 return merged["summary"], merged
@@ -397,7 +397,7 @@ class SummaryJob:
             ):
                 raise Conflict("the summary changed while it was being rebuilt; try again")
             await self._cache(session_id, final)
-            log.info("summary_rebuilt", session_id=session_id, slices=len(pieces), version=final.version)
+            log.info("summary_rebuilt", session_key=session_id, slices=len(pieces), version=final.version)
             return Rebuilt(final, len(pieces))
         finally:
             await self._unlock(session_id, token)
@@ -439,7 +439,7 @@ class SummaryJob:
             return JobResult(Outcome.NO_SESSION)
         self._metrics.summarizations.labels(final.source.value, "ok").inc()
         self._metrics.summarization_seconds.labels(final.source.value).observe(time.perf_counter() - started)
-        log.info("summary_refined", session_id=session_id, covered_turns=turns, version=final.version)
+        log.info("summary_refined", session_key=session_id, covered_turns=turns, version=final.version)
         return JobResult(Outcome.WRITTEN, hot_written=cached)
 
     async def _keep_lock(self, session_id: str, token: str) -> None:
@@ -449,7 +449,7 @@ class SummaryJob:
             return
         # A hot tier that fails is counted, not taken for a lost lock.
         if not await self._errors.hot("lock", self._hot.extend_lock(session_id, token, self._lock_ttl), True):
-            log.warning("summary_lock_lost", session_id=session_id)
+            log.warning("summary_lock_lost", session_key=session_id)
 
     @contextlib.asynccontextmanager
     async def holding(self, session_id: str) -> AsyncIterator[None]:
@@ -500,7 +500,7 @@ class SummaryJob:
                 return True
             if attempt == 0:
                 await asyncio.sleep(_HOT_RETRY_S)
-        log.warning("summary_not_cached", session_id=session_id, version=summary.version)
+        log.warning("summary_not_cached", session_key=session_id, version=summary.version)
         return False
 
     async def _forget(self, session_id: str) -> None:

@@ -62,7 +62,7 @@ class SingleFlight:
                 except asyncio.CancelledError:
                     raise
                 except Exception:
-                    log.exception("summary_job_failed", session_id=key)
+                    log.exception("summary_job_failed", session_key=key)
                 if not flight.rerun:
                     break
         finally:

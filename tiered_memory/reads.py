@@ -667,7 +667,12 @@ class SessionReads:
 def _in_namespace(owner: Owner, key: str) -> bool:
     """Whether a hot entry's owner belongs under its key. One that does not was cached under a
     tenant session's bare id before schema version 6 moved the session to `<tenant>/<id>`; until
-    its TTL it is a stranger's, and the read goes to SQL as if it were not there."""
+    its TTL it is a stranger's, and the read goes to SQL as if it were not there.
+
+    Kept after the shim's own need has passed (every such entry expired within
+    SUMMARY_REDIS_TTL_SECONDS of the upgrade): one comparison per read, and it keeps a hot entry
+    that names another tenant, however it was written, from being shown under this key
+    (tests/test_auth.py::test_a_hot_entry_outside_its_namespace_is_never_shown checks it)."""
     return owner.tenant == key_tenant(key)
 
 

@@ -58,9 +58,23 @@ async def _figures(
     return {f"{r['method']} {r['kind']} @{r['budget']}": r["recall"] for r in rows if r["recall"] is not None}
 
 
-def _check(figures: dict[str, float], thresholds: dict[str, float]) -> None:
+def _check(figures: dict[str, float], thresholds: dict[str, float], margins: dict[str, list[Any]]) -> None:
+    """Each figure at least its threshold, and, where the daemon and the newest text (the
+    whole-transcript baseline, cut to the budget) differ, ahead of the newest text by at least
+    the committed margin: at 4000 characters the raw transcript scores 1.0 too, so a threshold
+    alone could not tell the daemon from it. An empty file would pass anything: refused."""
+    assert thresholds, "no thresholds committed: a quality check that checks nothing"
+    assert margins, "no margins over the newest text committed"
     low = {k: (figures.get(k), v) for k, v in thresholds.items() if figures.get(k, -1.0) < v}
     assert not low, f"recall below the committed thresholds (measured, threshold): {low}\nall: {figures}"
+    behind = {
+        k: (figures.get(k), base, figures.get(base), least)
+        for k, (base, least) in margins.items()
+        if figures.get(k, -1.0) - figures.get(base, 1.0) < least
+    }
+    assert not behind, (
+        f"not ahead of the newest text by the committed margin (daemon, baseline, its figure, margin): {behind}"
+    )
 
 
 async def test_recall_stays_above_the_thresholds_embedded() -> None:
@@ -68,7 +82,7 @@ async def test_recall_stays_above_the_thresholds_embedded() -> None:
     question, at three budgets."""
     thresholds = json.loads(_THRESHOLDS.read_text(encoding="utf-8"))
     daemon = ChildDaemon(run_id=uuid.uuid4().hex[:8])
-    _check(await _figures(daemon, thresholds["budgets"]), thresholds["embedded"])
+    _check(await _figures(daemon, thresholds["budgets"]), thresholds["embedded"], thresholds["margins"])
 
 
 @pytest.mark.real
@@ -78,14 +92,18 @@ async def test_recall_stays_above_the_thresholds_on_redis_and_mariadb(real_serve
     daemon = ChildDaemon(
         redis_url=real_servers.redis_url, database_url=real_servers.mysql_url, run_id=uuid.uuid4().hex[:8]
     )
-    _check(await _figures(daemon, thresholds["budgets"]), thresholds["real"])
+    _check(await _figures(daemon, thresholds["budgets"]), thresholds["real"], thresholds["margins"])
 
 
 async def test_long_english_messages_stay_above_the_thresholds_embedded() -> None:
     """Two chained Topical-Chat sessions on the embedded default: the long-message slice."""
     thresholds = json.loads(_THRESHOLDS.read_text(encoding="utf-8"))["topicalchat"]
     daemon = ChildDaemon(run_id=uuid.uuid4().hex[:8])
-    _check(await _figures(daemon, thresholds["budgets"], _topicalchat_slice()), thresholds["embedded"])
+    _check(
+        await _figures(daemon, thresholds["budgets"], _topicalchat_slice()),
+        thresholds["embedded"],
+        thresholds["margins"],
+    )
 
 
 @pytest.mark.real
@@ -95,4 +113,8 @@ async def test_long_english_messages_stay_above_the_thresholds_on_redis_and_mari
     daemon = ChildDaemon(
         redis_url=real_servers.redis_url, database_url=real_servers.mysql_url, run_id=uuid.uuid4().hex[:8]
     )
-    _check(await _figures(daemon, thresholds["budgets"], _topicalchat_slice()), thresholds["real"])
+    _check(
+        await _figures(daemon, thresholds["budgets"], _topicalchat_slice()),
+        thresholds["real"],
+        thresholds["margins"],
+    )

@@ -106,6 +106,11 @@ class Runner:
             await self._post(sid, "assistant", assistant, f"{sid}-{turn}-a")
             if turn in points:
                 await self._probe_at(c, turn, kinds=kinds)
+            elif turn % self._t.summary_every == 0:
+                # Each cadence point's pass covers its own turns, as when summaries keep up: a
+                # pass that fell behind would merge a longer batch, and the figures would depend
+                # on the machine's timing (the same run gave 0.79 to 0.90 in one cell).
+                await self._settle(sid, turn)
 
     async def _probe_at(self, c: Conversation, turn: int, *, kinds: tuple[str, ...]) -> None:
         probes = [p for p in c.probes if p.after_turn == turn and p.kind in kinds]

@@ -35,8 +35,9 @@ import aiohttp
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 from benchkit import phases, report  # noqa: E402
-from benchkit.procs import BenchFailed  # noqa: E402
 from benchkit.run import Bench, Plan  # noqa: E402
+
+from tiered_memory.testing import ChildFailed  # noqa: E402
 
 
 def environment() -> dict[str, Any]:
@@ -150,7 +151,7 @@ def main() -> int:
         args.profile.mkdir(parents=True, exist_ok=True)
     try:
         doc = asyncio.run(bench(args, Plan.of(args)))
-    except BenchFailed as exc:
+    except ChildFailed as exc:  # BenchFailed, or a child that did not start
         print(f"bench failed: {exc}", file=sys.stderr)
         return 1
     print_report(doc)

@@ -48,6 +48,7 @@ from benchkit import procs  # noqa: E402
 
 from tests.conversations import ZH_12_TURNS  # noqa: E402
 from tiered_memory.settings import Settings  # noqa: E402
+from tiered_memory.testing import ChildFailed, free_port  # noqa: E402
 from tiered_memory.tiers.keys import Keys  # noqa: E402
 
 PREFIX = "cap"
@@ -102,7 +103,7 @@ class Run:
 
     @contextlib.asynccontextmanager
     async def backends(self) -> AsyncIterator[None]:
-        port = procs.free_port()
+        port = free_port()
         argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
         server = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
         self.redis_url = f"redis://127.0.0.1:{port}/0"
@@ -121,7 +122,7 @@ class Run:
             self.llm = procs.server("fake_llm")
             self.daemon = procs.daemon(
                 {
-                    "PORT": str(procs.free_port()),
+                    "PORT": str(free_port()),
                     "REDIS_URL": self.redis_url,
                     "REDIS_KEY_PREFIX": PREFIX,
                     "DATABASE_URL": self.sql_url,
@@ -431,7 +432,7 @@ def main() -> int:
     args = parser.parse_args()
     try:
         doc = asyncio.run(measure(args))
-    except procs.BenchFailed as exc:
+    except ChildFailed as exc:  # BenchFailed, or a child that did not start
         print(f"capacity_measure: {exc}", file=sys.stderr)
         return 1
     args.json.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")

@@ -38,14 +38,14 @@ from urllib.parse import urlparse
 import aiohttp
 import redis.asyncio as aioredis
 
-# The conversation and the fake LLM are the tests' own: one place fakes the wire.
+# The conversation is the tests' own, and the fake LLM theirs too (tiered_memory.testing): one
+# place fakes the wire.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import soak_report as rep  # scripts/ is sys.path[0] when this file runs
-from child import ChildDaemon, ChildFailed, free_port
 
 from tests.conversations import ZH_12_TURNS
-from tests.fake_llm import Behaviour, FakeLlm
 from tiered_memory.settings import Settings
+from tiered_memory.testing import Behaviour, ChildFailed, DaemonProcess, FakeLlm, free_port
 
 # A structured payload the daemon accepts (SUMMARY_FORMAT=structured is the default).
 LLM_OK = json.dumps(
@@ -114,7 +114,7 @@ class PrivateRedis:
             await client.aclose()
 
 
-class Daemon(ChildDaemon):
+class Daemon(DaemonProcess):
     """The daemon as a child process, its JSON log in a file."""
 
     def __init__(self, env: dict[str, str], log_path: Path) -> None:

@@ -49,9 +49,8 @@ import aiohttp
 import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from child import ChildDaemon, free_port  # scripts/ is sys.path[0] when this file runs
-
 from tests.conversations import ZH_12_TURNS
+from tiered_memory.testing import DaemonProcess, free_port
 
 # This run's own tokens, made at start (a token is 16 characters at least).
 NORMAL_TOKEN = secrets.token_hex(12)
@@ -264,7 +263,7 @@ async def settle(http: aiohttp.ClientSession, base: str, most_s: float = 180) ->
 
 async def play_phase(
     args: argparse.Namespace,
-    daemon: ChildDaemon,
+    daemon: DaemonProcess,
     hostile: Hostile | None,
     http: aiohttp.ClientSession,
     phase: str,
@@ -323,7 +322,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
             "DATABASE_URL": f"mysql+aiomysql://root@127.0.0.1:3306/{database}?charset=utf8mb4",
             "AUTO_MIGRATE": "true",
         }
-    daemon = ChildDaemon(env, scratch / "daemon.log")
+    daemon = DaemonProcess(env, scratch / "daemon.log")
     rc = redis.Redis() if not args.embedded else None
 
     report: dict[str, Any] = {"backend": "embedded" if args.embedded else "redis+mariadb", "phases": {}}

@@ -37,9 +37,12 @@ import redis
 from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from child import ChildDaemon, free_port  # scripts/ is sys.path[0] when this file runs
 
 from tests.conversations import ZH_12_TURNS
+
+# ChildDaemon: this script's name for the shared launcher.
+from tiered_memory.testing import DaemonProcess as ChildDaemon
+from tiered_memory.testing import free_port
 
 
 def collect(port: int, stop: Event, out: Queue[dict[str, int]]) -> None:
@@ -127,17 +130,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         }
         env |= extra
         if args.real:
-            database, prefix = f"tm_trace_{run_id}_{mode}", f"tmtrace{run_id}{mode}"
-            create = ["mysql", "-uroot", "-e", f"CREATE DATABASE {database}"]
-            await asyncio.to_thread(subprocess.run, create, check=True)
-            databases.append(database)
-            prefixes.append(prefix)
-            env |= {
-                "REDIS_URL": "redis://127.0.0.1:6379/0",
-                "REDIS_KEY_PREFIX": prefix,
-                "DATABASE_URL": f"mysql+aiomysql://root@127.0.0.1:3306/{database}?charset=utf8mb4",
-                "AUTO_MIGRATE": "true",
-            }
+            env |= await _real_stores(f"tm_trace_{run_id}_{mode}", f"tmtrace{run_id}{mode}", databases, prefixes)
         else:
             env["DATA_DIR"] = str(scratch / mode)
         daemons[mode] = ChildDaemon(env, scratch / f"{mode}.log", cwd=cwd)
@@ -153,15 +146,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
             for daemon in daemons.values():
                 await daemon.start(http)
-            order = list(modes)
-            # A warm-up slice each (jieba loaded, pools and connections open), not counted.
-            for mode in order:
-                await drive(http, daemons[mode].base, f"warm-{mode}", args.concurrency, 2.0)
-            for r in range(args.rounds):
-                for mode in order[r % len(order) :] + order[: r % len(order)]:
-                    print(f"round {r + 1}/{args.rounds}: {mode}", file=sys.stderr, flush=True)
-                    base = daemons[mode].base
-                    samples[mode] += await drive(http, base, f"r{r}-{mode}", args.concurrency, args.seconds)
+            await _play_rounds(http, daemons, args, samples)
     finally:
         for mode, daemon in daemons.items():
             if daemon.proc is not None:
@@ -169,15 +154,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         stop.set()
         report["collector"] = await asyncio.to_thread(counted.get, timeout=30)
         await asyncio.to_thread(collector.join)
-        for database in databases:
-            drop = ["mysql", "-uroot", "-e", f"DROP DATABASE IF EXISTS {database}"]
-            await asyncio.to_thread(subprocess.run, drop, check=False)
-        if prefixes:
-            rc = redis.Redis()
-            for prefix in prefixes:
-                keys = list(rc.scan_iter(f"{prefix}*"))
-                if keys:
-                    rc.delete(*keys)
+        await _drop_real_stores(databases, prefixes)
     total_s = args.seconds * args.rounds
     report["modes"] = {mode: summary(latencies, total_s) for mode, latencies in samples.items()}
     figures = report["modes"]
@@ -190,6 +167,54 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     if "baseline" in figures:
         report["off_vs_baseline"] = ratio("off", "baseline")
     return report
+
+
+async def _real_stores(database: str, prefix: str, databases: list[str], prefixes: list[str]) -> dict[str, str]:
+    """A daemon's settings for real Redis + MariaDB: a new database `database` and the Redis key
+    prefix `prefix`, both of its own. They are added to `databases` and `prefixes` once the
+    database exists, for `_drop_real_stores` to remove whatever happens to the run."""
+    create = ["mysql", "-uroot", "-e", f"CREATE DATABASE {database}"]
+    await asyncio.to_thread(subprocess.run, create, check=True)
+    databases.append(database)
+    prefixes.append(prefix)
+    return {
+        "REDIS_URL": "redis://127.0.0.1:6379/0",
+        "REDIS_KEY_PREFIX": prefix,
+        "DATABASE_URL": f"mysql+aiomysql://root@127.0.0.1:3306/{database}?charset=utf8mb4",
+        "AUTO_MIGRATE": "true",
+    }
+
+
+async def _drop_real_stores(databases: list[str], prefixes: list[str]) -> None:
+    """Drop what `_real_stores` made: the databases, and the Redis keys under the prefixes."""
+    for database in databases:
+        drop = ["mysql", "-uroot", "-e", f"DROP DATABASE IF EXISTS {database}"]
+        await asyncio.to_thread(subprocess.run, drop, check=False)
+    if prefixes:
+        rc = redis.Redis()
+        for prefix in prefixes:
+            keys = list(rc.scan_iter(f"{prefix}*"))
+            if keys:
+                rc.delete(*keys)
+
+
+async def _play_rounds(
+    http: aiohttp.ClientSession,
+    daemons: dict[str, ChildDaemon],
+    args: argparse.Namespace,
+    samples: dict[str, list[float]],
+) -> None:
+    """A warm-up slice of each daemon, then --rounds rounds of a --seconds slice each, every round
+    starting one daemon further on; each slice's latencies are added to `samples` of its daemon."""
+    order = list(daemons)
+    # A warm-up slice each (jieba loaded, pools and connections open), not counted.
+    for mode in order:
+        await drive(http, daemons[mode].base, f"warm-{mode}", args.concurrency, 2.0)
+    for r in range(args.rounds):
+        for mode in order[r % len(order) :] + order[: r % len(order)]:
+            print(f"round {r + 1}/{args.rounds}: {mode}", file=sys.stderr, flush=True)
+            base = daemons[mode].base
+            samples[mode] += await drive(http, base, f"r{r}-{mode}", args.concurrency, args.seconds)
 
 
 def main() -> int:

@@ -30,11 +30,10 @@ import redis
 
 # The scripted conversation is the one the tests use, so the walkthrough shows what they check.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from child import ChildDaemon, ChildFailed, free_port  # scripts/ is sys.path[0] when this file runs
-
 from tests.conversations import ZH_12_TURNS as TURNS
 from tests.conversations import ZH_EARLY_EVIDENCE as EARLY_EVIDENCE
 from tiered_memory.settings import Settings
+from tiered_memory.testing import ChildFailed, DaemonProcess, free_port
 from tiered_memory.tiers.sql_engine import create_engine
 from tiered_memory.tiers.sql_store import SqlStore
 
@@ -68,7 +67,7 @@ async def walk(args: argparse.Namespace) -> None:
     settings = Settings.from_env(env)
     backend = f"redis+{settings.sqlalchemy_url.split('+', 1)[0]}" if args.redis_url else "embedded"
     sid = f"walk-{uuid.uuid4().hex[:10]}"
-    daemon = ChildDaemon(env)
+    daemon = DaemonProcess(env)
     store = SqlStore(create_engine(settings.sqlalchemy_url), timeout_s=10)
 
     async def lose_hot(http: aiohttp.ClientSession) -> None:

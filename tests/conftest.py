@@ -10,7 +10,6 @@ failure.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import os
 import shutil
@@ -29,16 +28,25 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
-from tests.fake_llm import Behaviour, FakeLlm
+from tests.databases import (
+    clone_mariadb,
+    clone_postgres,
+    drop_mariadb,
+    drop_postgres,
+    migrate_database,
+    mysql_connect,
+    postgres,
+)
 from tests.faults import RedisProcess
 from tests.galera import galera  # noqa: F401 - the fixture, for every test module
 from tests.replication import replication  # noqa: F401 - the fixture, for every test module
 from tests.topologies import RedisClusterProcesses
-from tiered_memory.api import SERVICE_KEY
-from tiered_memory.app import HOT_KEY, STORE_KEY, TEXT_KEY, create_app
+from tiered_memory.app import create_app
+from tiered_memory.app_keys import HOT_KEY, SERVICE_KEY, STORE_KEY, TEXT_KEY
 from tiered_memory.service import MemoryService
 from tiered_memory.settings import Settings
 from tiered_memory.summarize.extractive import Extractor
+from tiered_memory.testing import Behaviour, FakeLlm
 from tiered_memory.text_lane import new_pools
 from tiered_memory.tiers.sql_store import SqlStore
 from tiered_memory.tracing import Tracing
@@ -85,51 +93,109 @@ def _missing(reason: str) -> None:
     pytest.skip(reason)
 
 
+# What makes a test need the real servers (or their binaries): one of these fixtures, or one of
+# these backend parameters (the real side of a fixture parametrized over backends).
+_REAL_FIXTURES = frozenset({"real_servers", "postgres_url", "galera", "replication", "redis_cluster", "private_redis"})
+_REAL_PARAMS = frozenset({"real", "mariadb", "postgres", "redis", "redis-py"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that needs a real server `real`, so that `-m "not real"` runs the rest on a
+    machine without them: by its fixtures, and by its backend parameters."""
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        callspec = getattr(item, "callspec", None)
+        values = {v for v in callspec.params.values() if isinstance(v, str)} if callspec else set()
+        if names & _REAL_FIXTURES or values & _REAL_PARAMS:
+            item.add_marker(pytest.mark.real)
+
+
+@dataclass(frozen=True)
+class _RunServers:
+    """This run's servers: the key prefix's run id, and a migrated MariaDB database that each
+    test's own database is cloned from."""
+
+    redis_url: str
+    mysql_base: str  # the server, without a database
+    mysql_template: str
+    run_id: str
+
+
 @pytest.fixture(scope="session")
-def real_servers() -> Iterator[RealServers]:
-    """This run's database on the real MariaDB and its key prefix on the real Redis."""
+def _run_servers() -> Iterator[_RunServers]:
     redis_url = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-    mysql_base = os.environ.get("TEST_MYSQL_URL", "mysql+aiomysql://root@127.0.0.1:3306/")
+    mysql_base = os.environ.get("TEST_MYSQL_URL", "mysql+aiomysql://root@127.0.0.1:3306/").rstrip("/")
     run_id = uuid.uuid4().hex[:10]
     try:
         r = redis.Redis.from_url(redis_url, socket_timeout=2)
         r.ping()
     except (redis.RedisError, OSError) as exc:
         _unreachable(f"Redis at {redis_url}", exc)
-    parsed = urlparse(mysql_base)
-    db = f"tm_test_{run_id}"
+    template = f"tm_test_{run_id}"
     try:
         conn = mysql_connect(mysql_base)
     except pymysql.MySQLError as exc:
         _unreachable(f"MySQL/MariaDB at {mysql_base}", exc)
     with conn.cursor() as cur:
-        cur.execute(f"CREATE DATABASE `{db}` CHARACTER SET utf8mb4")
-    userinfo = parsed.netloc
+        cur.execute(f"CREATE DATABASE `{template}` CHARACTER SET utf8mb4")
+    conn.close()
     try:
-        yield RealServers(redis_url=redis_url, mysql_url=f"mysql+aiomysql://{userinfo}/{db}", run_id=run_id)
+        migrate_database(f"{mysql_base}/{template}")
+        yield _RunServers(redis_url, mysql_base, template, run_id)
     finally:
-        with conn.cursor() as cur:
-            cur.execute(f"DROP DATABASE IF EXISTS `{db}`")
-        conn.close()
+        drop_mariadb(mysql_base, template)
         for key in r.scan_iter(match=f"tmt{run_id}*", count=1000):
             r.delete(key)
         r.close()
 
 
+@pytest.fixture
+def real_servers(_run_servers: _RunServers) -> Iterator[RealServers]:
+    """The real Redis with this run's key prefix, and a database of this test's own on the real
+    MariaDB, already migrated; dropped at the end."""
+    run = _run_servers
+    name = f"{run.mysql_template}_{uuid.uuid4().hex[:6]}"
+    clone_mariadb(run.mysql_base, run.mysql_template, name)
+    try:
+        yield RealServers(redis_url=run.redis_url, mysql_url=f"{run.mysql_base}/{name}", run_id=run.run_id)
+    finally:
+        drop_mariadb(run.mysql_base, name)
+
+
+@dataclass(frozen=True)
+class _PostgresTemplate:
+    base: str  # a plain PostgreSQL URL of the server
+    name: str
+
+
 @pytest.fixture(scope="session")
-def postgres_url() -> Iterator[str]:
-    """This run's own database on the real PostgreSQL (TEST_POSTGRES_URL, 127.0.0.1:5432 by
-    default), as a SQLAlchemy URL; dropped at the end."""
+def _postgres_template() -> Iterator[_PostgresTemplate]:
+    """This run's migrated database on the real PostgreSQL (TEST_POSTGRES_URL, 127.0.0.1:5432 by
+    default), the template of each test's own; made at the first test that asks."""
     base = os.environ.get("TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
     db = f"tm_test_{uuid.uuid4().hex[:10]}"
     try:
-        _postgres(base, lambda conn: conn.execute(f"CREATE DATABASE \"{db}\" ENCODING 'UTF8'"))
+        postgres(base, lambda conn: conn.execute(f"CREATE DATABASE \"{db}\" ENCODING 'UTF8'"))
     except (asyncpg.PostgresError, OSError) as exc:
         _unreachable(f"PostgreSQL at {base}", exc)
     try:
-        yield f"postgresql+asyncpg://{urlparse(base).netloc}/{db}"
+        migrate_database(f"postgresql+asyncpg://{urlparse(base).netloc}/{db}")
+        yield _PostgresTemplate(base, db)
     finally:
-        _postgres(base, lambda conn: conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)'))
+        drop_postgres(base, db)
+
+
+@pytest.fixture
+def postgres_url(_postgres_template: _PostgresTemplate) -> Iterator[str]:
+    """A database of this test's own on the real PostgreSQL, already migrated, as a SQLAlchemy
+    URL; dropped at the end."""
+    template = _postgres_template
+    name = f"{template.name}_{uuid.uuid4().hex[:6]}"
+    clone_postgres(template.base, template.name, name)
+    try:
+        yield f"postgresql+asyncpg://{urlparse(template.base).netloc}/{name}"
+    finally:
+        drop_postgres(template.base, name)
 
 
 @pytest.fixture(scope="session")
@@ -153,19 +219,6 @@ def redis_flush_prefix(redis_url: str, prefix: str) -> int:
         r.close()
 
 
-def mysql_connect(url: str, *, database: str | None = None) -> pymysql.Connection[Any]:
-    """A direct connection to the MySQL/MariaDB server of `url` (to `database` on it, if given)."""
-    parsed = urlparse(url)
-    return pymysql.connect(
-        host=parsed.hostname or "127.0.0.1",
-        port=parsed.port or 3306,
-        user=parsed.username or "root",
-        password=parsed.password or "",
-        database=database,
-        connect_timeout=3,
-    )
-
-
 def sql_rows(url: str, query: str, *args: object) -> list[tuple[Any, ...]]:
     """Rows of one query on a real database (MariaDB or PostgreSQL), read directly (not through
     the daemon); `%s` marks each argument, whichever the server."""
@@ -178,7 +231,7 @@ def sql_rows(url: str, query: str, *args: object) -> list[tuple[Any, ...]]:
         async def fetch(conn: asyncpg.Connection) -> list[tuple[Any, ...]]:
             return [tuple(row) for row in await conn.fetch(numbered, *args)]
 
-        rows: list[tuple[Any, ...]] = _postgres(url, fetch)
+        rows: list[tuple[Any, ...]] = postgres(url, fetch)
         return rows
     conn = mysql_connect(url, database=parsed.path.lstrip("/"))
     try:
@@ -189,22 +242,6 @@ def sql_rows(url: str, query: str, *args: object) -> list[tuple[Any, ...]]:
         conn.close()
 
 
-def _postgres(url: str, work: Callable[[asyncpg.Connection], Any]) -> Any:
-    """`work` on a connection to `url` (a SQLAlchemy or a plain PostgreSQL URL), in a thread of
-    its own: tests and fixtures call this from inside a running event loop too."""
-    plain = urlparse(url)._replace(scheme="postgresql").geturl()
-
-    async def run() -> Any:
-        conn = await asyncpg.connect(plain, timeout=3)
-        try:
-            return await work(conn)
-        finally:
-            await conn.close()
-
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, run()).result()
-
-
 @contextlib.contextmanager
 def own_database(url: str) -> Iterator[str]:
     """A database of its own on the server of `url` (MariaDB or PostgreSQL), as a URL like `url`;
@@ -213,11 +250,11 @@ def own_database(url: str) -> Iterator[str]:
     own = f"{name.split('?')[0]}_{uuid.uuid4().hex[:6]}"
     parsed = urlparse(url)
     if parsed.scheme.startswith("postgresql"):
-        _postgres(url, lambda conn: conn.execute(f"CREATE DATABASE \"{own}\" ENCODING 'UTF8'"))
+        postgres(url, lambda conn: conn.execute(f"CREATE DATABASE \"{own}\" ENCODING 'UTF8'"))
         try:
             yield f"{base}/{own}"
         finally:
-            _postgres(url, lambda conn: conn.execute(f'DROP DATABASE IF EXISTS "{own}" WITH (FORCE)'))
+            postgres(url, lambda conn: conn.execute(f'DROP DATABASE IF EXISTS "{own}" WITH (FORCE)'))
         return
     conn = mysql_connect(url)
     try:

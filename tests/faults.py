@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -19,11 +18,7 @@ from pathlib import Path
 
 import redis
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tiered_memory.testing import free_port
 
 
 class TcpProxy:

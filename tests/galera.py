@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import ctypes
 import functools
 import os
 import pwd
 import re
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -28,7 +26,8 @@ from typing import Any
 import pymysql
 import pytest
 
-from tests.faults import free_port
+from tests.local_servers import binary, die_with_parent, install_mariadb, missing_binary
+from tiered_memory.testing import free_port
 
 PROVIDER = Path("/usr/lib/galera/libgalera_smm.so")
 # How long forming the cluster, a state transfer or a rejoin may take on a loaded 2-core machine.
@@ -45,29 +44,11 @@ class _Ports:
     sst: int  # snapshot state transfer: a whole data directory, by rsync
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL it when the thread that started it ends, so that no
-    mariadbd outlives the run however the test process dies (a SIGKILLed pytest runs no
-    teardown). Nodes are started from the cluster's own thread (`_launcher`) for that reason:
-    one started from a short-lived thread (`asyncio.to_thread`) would die with it."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-def _binary(name: str) -> str:
-    path = shutil.which(name, path=f"{os.environ.get('PATH', '')}:/usr/sbin:/usr/bin")
-    if path is None:
-        raise RuntimeError(f"{name} is not installed")
-    return path
-
-
 def missing_tools() -> str | None:
     """What this machine lacks to run a cluster (None: nothing)."""
-    for tool in ("mariadbd", "mariadb-install-db", "rsync", "wsrep_sst_rsync"):
-        try:
-            _binary(tool)
-        except RuntimeError as exc:
-            return str(exc)
+    missing = missing_binary("mariadbd", "mariadb-install-db", "rsync", "wsrep_sst_rsync")
+    if missing is not None:
+        return missing
     if not PROVIDER.exists():
         return f"no Galera provider at {PROVIDER} (Debian: apt-get install galera-4)"
     return None
@@ -202,21 +183,7 @@ class GaleraCluster:
             for i in range(len(self.ports)):
                 self._node_dir(i).mkdir()
                 (self._node_dir(i) / "my.cnf").write_text(self._config(i))
-            subprocess.run(
-                [
-                    _binary("mariadb-install-db"),
-                    "--no-defaults",
-                    f"--datadir={self._data_dir(0)}",
-                    "--user=root",
-                    "--auth-root-authentication-method=normal",
-                    "--skip-test-db",
-                    "--innodb-log-file-size=16M",
-                    "--innodb-buffer-pool-size=32M",
-                ],
-                check=True,
-                capture_output=True,
-                timeout=120,
-            )
+            install_mariadb(self._data_dir(0), timeout_s=120)
             self._launch(0, "--wsrep-new-cluster")
             self._until_synced(0, size=1)
             for i in range(1, len(self.ports)):
@@ -330,7 +297,7 @@ wsrep_sst_receive_address=127.0.0.1:{p.sst}
 
     def _command(self, i: int, *extra: str) -> list[str]:
         # --defaults-file first, as mariadbd requires: it is then the only option file read.
-        return [_binary("mariadbd"), f"--defaults-file={self._node_dir(i) / 'my.cnf'}", "--user=root", *extra]
+        return [binary("mariadbd"), f"--defaults-file={self._node_dir(i) / 'my.cnf'}", "--user=root", *extra]
 
     def _env(self) -> dict[str, str]:
         # The SST scripts (wsrep_sst_rsync) and the tools they call are found on PATH.
@@ -357,7 +324,7 @@ wsrep_sst_receive_address=127.0.0.1:{p.sst}
 
         def popen() -> subprocess.Popen[bytes]:
             with (self._node_dir(i) / "stdout.log").open("ab") as out:
-                return subprocess.Popen(command, stdout=out, stderr=out, env=self._env(), preexec_fn=_die_with_parent)
+                return subprocess.Popen(command, stdout=out, stderr=out, env=self._env(), preexec_fn=die_with_parent)
 
         self._procs[i] = self._launcher.submit(popen).result()
 

@@ -12,7 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.faults import free_port
+from tiered_memory.testing import free_port
 
 
 class Nginx:

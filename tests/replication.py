@@ -10,9 +10,7 @@ other tests use (127.0.0.1:3306) is never touched.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
-import os
 import shutil
 import signal
 import subprocess
@@ -25,7 +23,8 @@ from typing import Any
 import pymysql
 import pytest
 
-from tests.faults import free_port
+from tests.local_servers import binary, die_with_parent, install_mariadb, missing_binary
+from tiered_memory.testing import free_port
 
 # How long installing a data directory, starting a server or the replica catching up may take on
 # a loaded 2-core machine.
@@ -33,28 +32,9 @@ _START_TIMEOUT_S = 60.0
 _PRIMARY, _REPLICA = 0, 1
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL it when the test process dies, however it dies (a
-    SIGKILLed pytest runs no teardown), so that no mariadbd outlives the run."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-def _binary(name: str) -> str:
-    path = shutil.which(name, path=f"{os.environ.get('PATH', '')}:/usr/sbin:/usr/bin")
-    if path is None:
-        raise RuntimeError(f"{name} is not installed")
-    return path
-
-
 def missing_tools() -> str | None:
     """What this machine lacks to run the pair (None: nothing)."""
-    for tool in ("mariadbd", "mariadb-install-db"):
-        try:
-            _binary(tool)
-        except RuntimeError as exc:
-            return str(exc)
-    return None
+    return missing_binary("mariadbd", "mariadb-install-db")
 
 
 class ReplicationPair:
@@ -198,21 +178,7 @@ class ReplicationPair:
             for i in (_PRIMARY, _REPLICA):
                 self._dir(i).mkdir()
                 (self._dir(i) / "my.cnf").write_text(self._config(i))
-            subprocess.run(
-                [
-                    _binary("mariadb-install-db"),
-                    "--no-defaults",
-                    f"--datadir={self._dir(_PRIMARY) / 'data'}",
-                    "--user=root",
-                    "--auth-root-authentication-method=normal",
-                    "--skip-test-db",
-                    "--innodb-log-file-size=16M",
-                    "--innodb-buffer-pool-size=32M",
-                ],
-                check=True,
-                capture_output=True,
-                timeout=_START_TIMEOUT_S,
-            )
+            install_mariadb(self._dir(_PRIMARY) / "data", timeout_s=_START_TIMEOUT_S)
             shutil.copytree(self._dir(_PRIMARY) / "data", self._dir(_REPLICA) / "data")
             for i in (_PRIMARY, _REPLICA):
                 self._launch(i)
@@ -280,9 +246,9 @@ gtid_strict_mode=ON
 
     def _launch(self, i: int) -> None:
         # --defaults-file first, as mariadbd requires: it is then the only option file read.
-        command = [_binary("mariadbd"), f"--defaults-file={self._dir(i) / 'my.cnf'}", "--user=root"]
+        command = [binary("mariadbd"), f"--defaults-file={self._dir(i) / 'my.cnf'}", "--user=root"]
         with (self._dir(i) / "stdout.log").open("ab") as out:
-            self._procs[i] = subprocess.Popen(command, stdout=out, stderr=out, preexec_fn=_die_with_parent)
+            self._procs[i] = subprocess.Popen(command, stdout=out, stderr=out, preexec_fn=die_with_parent)
 
     def _serving(self, i: int) -> bool:
         return bool(self.rows(i, "SELECT 1"))

@@ -13,9 +13,8 @@ import aiohttp
 
 from tests.conftest import Daemon, await_job, new_sid, play
 from tests.conversations import ZH_12_TURNS
-from tests.fake_llm import Behaviour, FakeLlm
-from tests.processes import DaemonProcess, processes
-from tiered_memory.app import HOT_KEY
+from tiered_memory.app_keys import HOT_KEY
+from tiered_memory.testing import Behaviour, DaemonProcess, FakeLlm, processes
 
 
 async def test_a_request_id_is_echoed_only_when_harmless(daemon: Daemon) -> None:
@@ -213,7 +212,9 @@ async def test_connections_past_max_connections_are_refused_with_a_503(
     # Both event loops: the embedded run on uvloop (the default), the real one on asyncio's, which
     # registers a connection a loop turn after accepting it.
     event_loop = "asyncio" if "REDIS_URL" in backend_env else "uvloop"
-    daemon = DaemonProcess(backend_env | {"MAX_CONNECTIONS": "3", "EVENT_LOOP": event_loop}, tmp_path / "daemon.log")
+    env = backend_env | {"MAX_CONNECTIONS": "3", "EVENT_LOOP": event_loop, "LOG_FORMAT": "json"}
+    log_path = tmp_path / "daemon.log"
+    daemon = DaemonProcess(env, log_path)
     async with processes(daemon):
         held = [await _held(daemon.port) for _ in range(3)]
         reader, writer = await asyncio.open_connection("127.0.0.1", daemon.port)
@@ -242,8 +243,8 @@ async def test_connections_past_max_connections_are_refused_with_a_503(
         )
         assert float(refused_total.split()[1]) >= 8  # the first refusal and at least seven of the burst
         assert "tiered_memory_connections_open 1.0" in metrics  # this request's own
-        code, _ = await daemon.terminate()
-        assert code == 0, daemon.log_path.read_text()
+        code = await daemon.shutdown()
+        assert code == 0, log_path.read_text()
 
 
 async def test_concurrent_first_recalls_of_a_big_session_share_one_catch_up(daemon: Daemon) -> None:

@@ -21,8 +21,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tests.conftest import Daemon, backend_environment, new_sid, own_database, play
 from tests.conversations import ZH_12_TURNS
-from tests.faults import free_port
 from tiered_memory.model import NewMessage, Role
+from tiered_memory.testing import free_port, read_terminal
 from tiered_memory.tiers.sql_maintenance import SqlMaintenance
 from tiered_memory.tiers.sql_schema import sessions
 
@@ -56,15 +56,7 @@ def cli(*args: str, env: dict[str, str], stderr_tty: bool = False) -> tuple[int,
     with subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=slave) as proc:
         os.close(slave)
         out = proc.stdout.read() if proc.stdout else b""
-        err = b""
-        while True:
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:
-                break
-            if not chunk:
-                break
-            err += chunk
+        err = read_terminal(master)
         proc.wait(300)
     os.close(master)
     return proc.returncode, out.decode(), err.decode(errors="replace")
@@ -307,7 +299,7 @@ async def test_the_daemon_purges_on_schedule_with_retention_days(backend_env: di
 async def test_one_replica_purges_at_a_time(daemon: Daemon) -> None:
     """The scheduled pass skips while another replica holds the retention lock, and purges once
     the lock is free."""
-    from tiered_memory.app import HOT_KEY
+    from tiered_memory.app_keys import HOT_KEY
     from tiered_memory.retention import _LOCK_ID, RetentionJob
 
     sid = new_sid()

@@ -16,7 +16,7 @@ from yarl import URL
 
 from tests.conftest import Daemon, memory_of, new_sid, play, tag_chars
 from tests.conversations import ZH_12_TURNS, ZH_EARLY_EVIDENCE
-from tiered_memory.app import HOT_KEY
+from tiered_memory.app_keys import HOT_KEY
 from tiered_memory.model import NewMessage, Role
 
 _JSON = {"Content-Type": "application/json"}

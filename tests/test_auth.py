@@ -16,7 +16,7 @@ from sqlalchemy import event as sa_event
 
 from tests.conftest import Daemon, new_sid, play
 from tests.conversations import ZH_12_TURNS
-from tiered_memory.app import HOT_KEY
+from tiered_memory.app_keys import HOT_KEY
 
 ADMIN = "admin-token-0123456789abcdef"
 ACME = "acme-token-0123456789abcdef"

@@ -18,8 +18,7 @@ import pytest
 
 from tests.conftest import Daemon, RealServers, new_sid, sql_rows
 from tests.conversations import ZH_12_TURNS
-from tests.fake_llm import Behaviour, FakeLlm
-from tests.faults import TcpProxy, free_port, proxied
+from tests.faults import TcpProxy, proxied
 from tiered_memory.client import (
     AsyncClient,
     Client,
@@ -33,6 +32,7 @@ from tiered_memory.client import (
     Unauthorized,
     Unavailable,
 )
+from tiered_memory.testing import Behaviour, FakeLlm, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "client-test-token-0123456789"

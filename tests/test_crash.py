@@ -21,8 +21,7 @@ import pytest
 import redis
 
 from tests.conftest import RealServers, new_sid, sql_rows
-from tests.fake_llm import FakeLlm
-from tests.processes import DaemonProcess, processes
+from tiered_memory.testing import DaemonProcess, FakeLlm, processes
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 
@@ -38,6 +37,7 @@ def _env(real_servers: RealServers, prefix: str, llm: FakeLlm, **extra: str) -> 
         "SUMMARY_FORMAT": "text",
         "SUMMARY_EVERY_N_TURNS": "3",
         "SWEEP_INTERVAL_SECONDS": "0.5",
+        "LOG_FORMAT": "json",  # the log is read as JSON lines
     } | extra
 
 
@@ -154,12 +154,15 @@ async def test_sigkill_mid_work_loses_nothing_and_stores_nothing_twice(
 async def _sigterm_while_summarizing(
     daemon: DaemonProcess, g: Gateway, http: aiohttp.ClientSession, llm: FakeLlm
 ) -> tuple[int, float]:
-    """Three turns (a summary is due), then SIGTERM while its LLM call is in flight."""
+    """Three turns (a summary is due), then SIGTERM while its LLM call is in flight: the exit
+    status and how long the exit took."""
     for turn in range(1, 4):
         for role in ("user", "assistant"):
             assert await g.send(http, daemon.url, g.message(turn, role))
     await _until(lambda: llm.in_flight == 1)
-    return await daemon.terminate()
+    started = time.monotonic()
+    code = await daemon.shutdown()
+    return code, time.monotonic() - started
 
 
 async def test_sigterm_drains_a_running_summary_within_the_grace(
@@ -193,7 +196,8 @@ async def test_sigterm_past_the_grace_cancels_and_the_restart_finishes_it(
     fake_llm.behaviour.delay_s = 12.0
     prefix = f"tmt{real_servers.run_id}{uuid.uuid4().hex[:6]}"
     env = _env(real_servers, prefix, fake_llm, SHUTDOWN_GRACE_SECONDS="1", LLM_TIMEOUT_SECONDS="60")
-    daemon = DaemonProcess(env, tmp_path / "daemon.log")
+    log_path = tmp_path / "daemon.log"
+    daemon = DaemonProcess(env, log_path)
     g = Gateway(new_sid())
     try:
         async with processes(daemon), aiohttp.ClientSession() as http:
@@ -203,9 +207,7 @@ async def test_sigterm_past_the_grace_cancels_and_the_restart_finishes_it(
             # process's own start of shutdown and exit: never the LLM's 12 s.
             assert elapsed < 2 * 1 + 4
             assert _covered(real_servers, g.sid) == 0
-            log_events = [
-                json.loads(line)["event"] for line in daemon.log_path.read_text().splitlines() if line[:1] == "{"
-            ]
+            log_events = [json.loads(line)["event"] for line in log_path.read_text().splitlines() if line[:1] == "{"]
             assert "summaries_cancelled_at_shutdown" in log_events
 
             fake_llm.behaviour.delay_s = 0.0

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
-import subprocess
 import sys
 import time
 import uuid
@@ -21,10 +20,9 @@ import pytest
 import redis
 
 from tests.conftest import Daemon, RealServers, new_sid, redis_flush_prefix, sql_rows
-from tests.fake_llm import FakeLlm
-from tests.faults import free_port
-from tests.processes import DaemonProcess, processes, run_cli
+from tests.processes import run_cli
 from tiered_memory.events import Sink
+from tiered_memory.testing import ChildProcess, DaemonProcess, FakeLlm, free_port, processes
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "webhook-secret-for-tests"
@@ -50,29 +48,27 @@ class Receiver:
     """tests/receiver.py as a child process; `mode` changes what it does with the next request."""
 
     def __init__(self, tmp: Path) -> None:
-        self.port = free_port()
+        port = free_port()
         self.record = tmp / "received.jsonl"
         self.mode_file = tmp / "mode"
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.process = ChildProcess(
+            [sys.executable, "-m", "tests.receiver", str(port), str(self.record), str(self.mode_file)],
+            port=port,
+            log_path=tmp / "receiver.log",
+            cwd=ROOT,
+            name="receiver",
+            # It serves nothing at /: any answer there means it is up.
+            ready_path="/",
+            ready_statuses=(404, 405),
+            ready_timeout_s=30,
+        )
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/hook"
+        return f"{self.process.base}/hook"
 
-    def start(self) -> None:
-        args = [sys.executable, "-m", "tests.receiver", str(self.port), str(self.record), str(self.mode_file)]
-        self.proc = subprocess.Popen(args, cwd=ROOT)
-
-    async def ready(self) -> None:
-        async with aiohttp.ClientSession() as http:
-            for _ in range(200):
-                try:
-                    async with http.get(f"http://127.0.0.1:{self.port}/") as resp:
-                        if resp.status in (404, 405):
-                            return
-                except aiohttp.ClientError:
-                    await asyncio.sleep(0.05)
-        raise AssertionError("the receiver did not start")
+    async def start(self) -> None:
+        await self.process.start()
 
     def mode(self, mode: str) -> None:
         self.mode_file.write_text(mode)
@@ -89,18 +85,15 @@ class Receiver:
         return out
 
     def stop(self) -> None:
-        if self.proc is not None:
-            # Killed: a graceful stop would wait for the requests it hangs on.
-            self.proc.kill()
-            self.proc.wait(timeout=10)
+        # Killed: a graceful stop would wait for the requests it hangs on.
+        self.process.kill()
 
 
 @pytest.fixture
 async def receiver(tmp_path: Path) -> AsyncIterator[Receiver]:
     r = Receiver(tmp_path)
-    r.start()
     try:
-        await r.ready()
+        await r.start()
         yield r
     finally:
         r.stop()
@@ -350,12 +343,10 @@ async def test_every_event_is_delivered_through_a_failing_receiver_and_a_killed_
     # Every event, at least once, and nothing that was not in the outbox.
     assert {e["id"] for e in got} == {event_id for _, event_id, _, _ in stored}
     assert {t for _, _, t, _ in stored} == {"summary.updated", "session.closed", "summary.final"}
-    # Each session's events in the outbox's order (the first arrival of each).
+    # Each session's events in the outbox's order (the first arrival of each: a dict keeps the
+    # order in which its keys first came).
     for sid in sessions + fresh:
-        first_seen: list[str] = []
-        for e in got:
-            if e["session_id"] == sid and e["id"] not in first_seen:
-                first_seen.append(e["id"])
+        first_seen = list(dict.fromkeys(e["id"] for e in got if e["session_id"] == sid))
         assert first_seen == [event_id for _, event_id, _, key in stored if key == sid], sid
     # A duplicate (the receiver's late answers) is the same event: same id, same body.
     assert len(received) > len(stored)

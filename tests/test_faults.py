@@ -16,8 +16,8 @@ import pytest
 
 from tests.conftest import Daemon, RealServers, new_sid, play, sql_rows
 from tests.conversations import ZH_12_TURNS, ZH_EARLY_EVIDENCE
-from tests.fake_llm import FakeLlm
 from tests.faults import RedisProcess, TcpProxy, proxied
+from tiered_memory.testing import FakeLlm
 
 pytestmark = pytest.mark.real
 

@@ -9,15 +9,14 @@ import json
 import os
 import pty
 import re
-import socket
-import sys
+import signal
 from pathlib import Path
 
 import aiohttp
 import pytest
 
 from tests.conftest import new_sid
-from tests.fake_llm import Behaviour, FakeLlm
+from tiered_memory.testing import Behaviour, DaemonProcess, FakeLlm, read_terminal
 
 # ASCII, so that no renderer's escaping of other characters could hide it from the search.
 MARK = "zq7MARK4417xv"
@@ -27,34 +26,31 @@ TENANT_TOKEN = "zq7TOKENacme0000000042"
 WRONG_TOKEN = "zq7TOKENwrong000000042"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+# What a daemon process is asked until it answers: its probes are among the request lines the tests
+# count (/readyz would add lines of another route).
+PROBE = "/healthz"
 
 
-async def _converse(base: str) -> None:
-    """Appends, a load-then-append turn, a framed context read, a refused request, requests with
-    a tenant's token and a wrong one, and a summary whose LLM reply (holding the mark) is
-    rejected."""
-    async with aiohttp.ClientSession(base, headers={"Authorization": f"Bearer {TOKEN}"}) as http:
-        for _ in range(300):
-            try:
-                async with http.get("/healthz") as resp:
-                    if resp.status == 200:
-                        break
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.05)
+async def _stop(daemon: DaemonProcess) -> None:
+    """SIGTERM, which must stop it within 30 s (else it is killed, and the test fails)."""
+    code = await daemon.shutdown(timeout_s=30)
+    assert code != -signal.SIGKILL, "the daemon did not stop on SIGTERM within 30 s"
+
+
+async def _converse(daemon: DaemonProcess) -> None:
+    """Start `daemon` (its readiness asked with the token too), then: appends, a load-then-append
+    turn, a framed context read, a refused request, requests with a tenant's token and a wrong one,
+    and a summary whose LLM reply (holding the mark) is rejected."""
+    async with aiohttp.ClientSession(daemon.base, headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+        await daemon.start(http)
         # A header aiohttp cannot parse, holding a configured token: a 400, and no byte of it logged.
-        host, port = base.removeprefix("http://").split(":")
-        reader, writer = await asyncio.open_connection(host, int(port))
+        host, port = "127.0.0.1", daemon.port
+        reader, writer = await asyncio.open_connection(host, port)
         writer.write(f"GET /healthz HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {TOKEN}\x01\r\n\r\n".encode())
         assert (await reader.read()).startswith(b"HTTP/1.0 400")
         writer.close()
         # A client that goes away halfway through its body: a 499 `client_closed`, not an error.
-        reader, writer = await asyncio.open_connection(host, int(port))
+        reader, writer = await asyncio.open_connection(host, port)
         head = f"POST /v1/sessions/s-gone/messages HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {TOKEN}\r\n"
         writer.write(f'{head}Content-Type: application/json\r\nContent-Length: 900\r\n\r\n{{"role":'.encode())
         await writer.drain()
@@ -102,10 +98,7 @@ async def test_content_is_logged_only_when_asked(
     LOG_MESSAGE_CONTENT=true the append lines carry the content. No bearer token, configured or
     wrong, is ever in the log."""
     fake_llm.behaviour = Behaviour(text=f"这不是 JSON：{MARK}")
-    port = _free_port()
-    env = os.environ | backend_env
-    env |= {
-        "PORT": str(port),
+    env = backend_env | {
         "LOG_LEVEL": "DEBUG",
         "LOG_FORMAT": "json",
         "LOG_MESSAGE_CONTENT": str(log_content).lower(),
@@ -114,15 +107,11 @@ async def test_content_is_logged_only_when_asked(
         "API_TOKENS": f"{TOKEN},acme:{TENANT_TOKEN}",
     }
     log_path = tmp_path / "daemon.log"
-    with log_path.open("wb") as log_file:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "tiered_memory", "serve", env=env, stdout=log_file, stderr=log_file
-        )
-        try:
-            await _converse(f"http://127.0.0.1:{port}")
-        finally:
-            proc.terminate()
-            await asyncio.wait_for(proc.wait(), timeout=30)
+    daemon = DaemonProcess(env, log_path, ready_path=PROBE)
+    try:
+        await _converse(daemon)
+    finally:
+        await _stop(daemon)
     text = log_path.read_text(encoding="utf-8")
     records = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
     events = {r["event"] for r in records}
@@ -140,21 +129,11 @@ async def test_content_is_logged_only_when_asked(
     assert all((MARK in r.get("content", "")) is log_content for r in appended)
 
 
-async def _serve_and_call(env: dict[str, str], stderr: int, sid: str) -> None:
-    """Start a daemon process writing its logs to `stderr`, make one request per kind, stop it."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tiered_memory", "serve", env=env, stdout=asyncio.subprocess.DEVNULL, stderr=stderr
-    )
+async def _serve_and_call(daemon: DaemonProcess, sid: str) -> None:
+    """Start a daemon process, make one request per kind, stop it."""
     try:
-        async with aiohttp.ClientSession(f"http://127.0.0.1:{env['PORT']}") as http:
-            for _ in range(300):
-                try:
-                    async with http.get("/healthz") as resp:
-                        if resp.status == 200:
-                            break
-                except aiohttp.ClientError:
-                    pass
-                await asyncio.sleep(0.05)
+        async with aiohttp.ClientSession(daemon.base) as http:
+            await daemon.start(http)
             for role in ("user", "assistant"):
                 async with http.post(f"/v1/sessions/{sid}/messages", json={"role": role, "content": "你好"}) as resp:
                     assert resp.status == 201
@@ -169,8 +148,7 @@ async def _serve_and_call(env: dict[str, str], stderr: int, sid: str) -> None:
             async with http.get("/nowhere") as resp:
                 assert resp.status == 404
     finally:
-        proc.terminate()
-        await asyncio.wait_for(proc.wait(), timeout=30)
+        await _stop(daemon)
 
 
 @pytest.mark.slow
@@ -178,12 +156,13 @@ async def test_one_json_request_line_per_request_off_a_terminal(backend_env: dic
     """At the default LOG_LEVEL (INFO), with stderr not a terminal, every request is one JSON line
     with its route template (never the raw path), method, status, duration_ms, session id, request
     id and, for the reads that walk the tiers, the tier that answered."""
-    env = os.environ | backend_env | {"PORT": str(_free_port()), "LOG_LEVEL": "INFO"}
+    env = backend_env | {"LOG_LEVEL": "INFO"}
     env.pop("LOG_FORMAT", None)
+    # Unset whatever this process's environment says: the default is what is under test.
+    environ = {k: v for k, v in os.environ.items() if k != "LOG_FORMAT"}
     sid = new_sid()
     log_path = tmp_path / "daemon.log"
-    with log_path.open("wb") as log_file:
-        await _serve_and_call(env, log_file.fileno(), sid)
+    await _serve_and_call(DaemonProcess(env, log_path, environ=environ, ready_path=PROBE), sid)
     records = [json.loads(line) for line in log_path.read_text(encoding="utf-8").splitlines() if line.startswith("{")]
     requests = [r for r in records if r["event"] == "request"]
     by_route = {(r["method"], r["route"], r["status"]): r for r in requests}
@@ -209,21 +188,13 @@ async def test_request_lines_are_human_readable_on_a_terminal(tmp_path: Path) ->
     LOG_FORMAT=json still forces JSON there."""
     sid = new_sid()
     for fmt, expect_json in (("auto", False), ("json", True)):
-        env = os.environ | {"PORT": str(_free_port()), "DATA_DIR": str(tmp_path / fmt), "LOG_FORMAT": fmt}
+        env = {"DATA_DIR": str(tmp_path / fmt), "LOG_FORMAT": fmt}
         master, slave = pty.openpty()
         try:
-            await _serve_and_call(env, slave, sid)
+            await _serve_and_call(DaemonProcess(env, terminal=slave, ready_path=PROBE), sid)
         finally:
             os.close(slave)
-        output = b""
-        while True:
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:
-                break
-            if not chunk:
-                break
-            output += chunk
+        output = read_terminal(master)
         os.close(master)
         text = re.sub(r"\x1b\[[0-9;]*m", "", output.decode("utf-8", "replace"))
         lines = [line for line in text.splitlines() if "request" in line and "/summary" in line]

@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import Daemon, memory_of, new_sid, play, rebuild, tag_chars
 from tests.conversations import ZH_12_TURNS
-from tests.fake_llm import Behaviour, FakeLlm
+from tiered_memory.testing import Behaviour, FakeLlm
 
 
 async def _with(env: dict[str, str], **extra: str) -> Daemon:

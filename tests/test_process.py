@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import RealServers
+from tiered_memory.testing import DaemonProcess, command
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -64,34 +62,23 @@ def test_walkthrough_on_real_redis_and_postgresql(real_servers: RealServers, pos
     assert steps[-1] == {"step": "ok", "backend": "redis+postgresql"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.mark.slow
 def test_check_command_and_graceful_sigterm(tmp_path: Path) -> None:
     """`tiered-memory check --http` exits 0 while the daemon answers and 1 once it has stopped;
     SIGTERM stops the daemon cleanly with exit status 0."""
-    env = os.environ | {"PORT": str(_free_port()), "DATA_DIR": str(tmp_path), "LOG_FORMAT": "json"}
-    cmd = [sys.executable, "-m", "tiered_memory"]
-    proc = subprocess.Popen([*cmd, "serve"], env=env, stderr=subprocess.PIPE, text=True)
+    log_path = tmp_path / "daemon.log"
+    # Waited for on /healthz only: /readyz is `check --ready`'s to ask.
+    daemon = DaemonProcess({"DATA_DIR": str(tmp_path), "LOG_FORMAT": "json"}, log_path, ready_path="/healthz")
+    env = os.environ | daemon.env
     try:
-        for _ in range(300):
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{env['PORT']}/healthz", timeout=1):
-                    break
-            except OSError:
-                time.sleep(0.05)
-        assert subprocess.run([*cmd, "check", "--http"], env=env, capture_output=True, check=False).returncode == 0
-        assert subprocess.run([*cmd, "check", "--ready"], env=env, capture_output=True, check=False).returncode == 0
+        daemon.start_blocking()
+        assert subprocess.run(command("check", "--http"), env=env, capture_output=True, check=False).returncode == 0
+        assert subprocess.run(command("check", "--ready"), env=env, capture_output=True, check=False).returncode == 0
     finally:
-        proc.terminate()
-        _out, err = proc.communicate(timeout=30)
-    assert proc.returncode == 0, err
+        code = daemon.stop(timeout_s=30)
+    err = log_path.read_text(encoding="utf-8")
+    assert code == 0, err
     events = [json.loads(line)["event"] for line in err.splitlines() if line.startswith("{")]
     assert "schema_ready" in events
-    stopped = subprocess.run([*cmd, "check", "--http", "--timeout", "1"], env=env, capture_output=True, check=False)
+    stopped = subprocess.run(command("check", "--http", "--timeout", "1"), env=env, capture_output=True, check=False)
     assert stopped.returncode == 1

@@ -20,9 +20,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import Daemon, RealServers, new_sid, play
-from tests.faults import free_port
 from tests.replication import ReplicationPair
 from tiered_memory.model import NewMessage, Role, Summary, SummarySource
+from tiered_memory.testing import free_port
 from tiered_memory.tiers.sql_engine import create_engine
 from tiered_memory.tiers.sql_replica import COOL_DOWN_S, PIN_S, Replica
 from tiered_memory.tiers.sql_store import SqlStore

@@ -17,9 +17,9 @@ import pytest
 
 from tests.conftest import Daemon, RealServers, await_job, new_sid, play
 from tests.conversations import ZH_12_TURNS
-from tests.fake_llm import Behaviour, FakeLlm
-from tiered_memory.app import HOT_KEY
+from tiered_memory.app_keys import HOT_KEY
 from tiered_memory.model import JobState, RebuildJob
+from tiered_memory.testing import Behaviour, FakeLlm
 
 
 def llm_env(env: dict[str, str], llm: FakeLlm, **extra: str) -> dict[str, str]:

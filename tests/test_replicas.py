@@ -10,9 +10,6 @@ import asyncio
 import contextlib
 import itertools
 import json
-import os
-import signal
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -23,12 +20,10 @@ import pytest
 import redis.cluster
 
 from tests.conftest import RealServers, _unreachable, new_sid, sql_rows
-from tests.fake_llm import FakeLlm
-from tests.faults import free_port
 from tests.nginx import Nginx
-from tests.processes import DaemonProcess
 from tests.test_crash import Gateway, _covered, _stored, _turns
 from tests.topologies import RedisClusterProcesses
+from tiered_memory.testing import DaemonProcess, FakeLlm, processes
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 
@@ -52,6 +47,7 @@ def _env(servers: RealServers, cluster: RedisClusterProcesses, prefix: str, llm:
         "SQL_TIMEOUT_MS": "2000",
         # Nine servers and the test share two cores: bounds generous enough not to trip on load.
         "REDIS_TIMEOUT_MS": "1000",
+        "LOG_FORMAT": "json",
     }
 
 
@@ -147,7 +143,7 @@ async def _replicas(
         if nginx is not None:
             nginx.stop()
         for d in daemons:
-            await d.wait()
+            d.kill()
 
 
 async def test_three_replicas_behind_nginx_behave_as_one(
@@ -245,33 +241,16 @@ async def test_workers_on_one_port_keep_the_same_guarantees(
     conversation checks hold."""
     fake_llm.behaviour.delay_s = 0.3
     prefix = f"tmt{real_servers.run_id}{uuid.uuid4().hex[:6]}"
-    port = free_port()
-    env = os.environ | _env(real_servers, redis_cluster, prefix, fake_llm) | {"WORKERS": "3", "PORT": str(port)}
-    base = f"http://127.0.0.1:{port}"
-    with (tmp_path / "workers.log").open("wb") as log:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "tiered_memory", "serve", env=env, stdout=log, stderr=log
-        )
-    try:
-        # A new connection per request, so that every message may land on another worker.
-        async with aiohttp.ClientSession(
+    env = _env(real_servers, redis_cluster, prefix, fake_llm) | {"WORKERS": "3"}
+    daemon = DaemonProcess(env, tmp_path / "workers.log", ready_timeout_s=120)
+    # A new connection per request, so that every message may land on another worker.
+    async with (
+        processes(daemon),
+        aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(force_close=True), timeout=aiohttp.ClientTimeout(total=60)
-        ) as http:
-            deadline = time.monotonic() + 120
-            while True:
-                with contextlib.suppress(aiohttp.ClientError):
-                    async with http.get(f"{base}/readyz") as resp:
-                        if resp.status == 200:
-                            break
-                assert proc.returncode is None, (tmp_path / "workers.log").read_text()
-                assert time.monotonic() < deadline, "workers not ready"
-                await asyncio.sleep(0.1)
-            gateways = [Gateway(new_sid()) for _ in range(6)]
-            await asyncio.gather(*(_converse(g, http, base, range(1, TURNS + 1)) for g in gateways))
-            await _check_sessions(real_servers, redis_cluster, prefix, fake_llm, gateways, http, base)
-        proc.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(proc.wait(), timeout=60) == 0
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        ) as http,
+    ):
+        gateways = [Gateway(new_sid()) for _ in range(6)]
+        await asyncio.gather(*(_converse(g, http, daemon.url, range(1, TURNS + 1)) for g in gateways))
+        await _check_sessions(real_servers, redis_cluster, prefix, fake_llm, gateways, http, daemon.url)
+        assert await daemon.shutdown() == 0

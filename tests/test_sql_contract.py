@@ -18,9 +18,9 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tests.conftest import RealServers, new_sid, own_database
-from tests.faults import free_port
 from tiered_memory.errors import Conflict, Forbidden, SqlUnavailable
 from tiered_memory.model import Caller, NewMessage, Owner, Role, Summary, SummarySource
+from tiered_memory.testing import free_port
 from tiered_memory.tiers.sql_engine import create_engine
 from tiered_memory.tiers.sql_maintenance import SqlMaintenance
 from tiered_memory.tiers.sql_migrate import current_version

@@ -20,12 +20,12 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from tests.conftest import Daemon, new_sid
-from tests.fake_llm import FakeLlm
 from tests.test_client import base_url
 from tiered_memory.app import create_app
 from tiered_memory.client import AsyncClient
 from tiered_memory.errors import ConfigError
 from tiered_memory.settings import Settings
+from tiered_memory.testing import FakeLlm
 from tiered_memory.tracing import Tracing, operation
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import random
-import shutil
 import socket
 import subprocess
 import time
@@ -21,7 +20,8 @@ from typing import Any
 
 import redis
 
-from tests.faults import free_port
+from tests.local_servers import binary
+from tiered_memory.testing import free_port
 
 # How long a topology may take to form or to fail over on a loaded 2-core machine.
 _FORM_TIMEOUT_S = 60.0
@@ -45,13 +45,6 @@ def cluster_port() -> int:
             continue
         return port
     raise RuntimeError("no free port pair for a cluster node")
-
-
-def _binary(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        raise RuntimeError(f"{name} is not on PATH")
-    return path
 
 
 def _until(what: str, check: Callable[[], bool], timeout_s: float = _FORM_TIMEOUT_S) -> None:
@@ -80,7 +73,7 @@ class _Server:
         self.workdir.mkdir(parents=True, exist_ok=True)
         log = (self.workdir / "server.log").open("ab")
         try:
-            self.proc = subprocess.Popen([_binary("redis-server"), *self._args], stdout=log, stderr=log)
+            self.proc = subprocess.Popen([binary("redis-server"), *self._args], stdout=log, stderr=log)
         finally:
             log.close()
 
@@ -141,7 +134,7 @@ class RedisClusterProcesses:
                 _until(f"node {s.port}", s.ping)
             subprocess.run(
                 [
-                    _binary("redis-cli"),
+                    binary("redis-cli"),
                     "--cluster",
                     "create",
                     *(f"127.0.0.1:{s.port}" for s in self.servers),

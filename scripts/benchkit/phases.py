@@ -38,6 +38,7 @@ from benchkit.workload import (
     summaries,
     turns_only,
 )
+from tiered_memory.testing import free_port
 from tiered_memory.tiers.keys import Keys
 from tiered_memory.tiers.sql_engine import create_engine
 
@@ -294,7 +295,7 @@ async def workers(b: Bench, cold: Sequence[str]) -> None:
                 raise BenchFailed(f"delete answered {r.status}")
     figures: dict[str, dict[str, Any]] = {}
     for n in (1, 2):
-        port = procs.free_port()
+        port = free_port()
 
         async def settle_all(port: int = port) -> None:
             await settle_processes(b, port)

@@ -1,32 +1,23 @@
 """Child processes of the benchmark: the daemon and the servers of benchkit.servers, started like
-an operator would start them, waited for on /healthz, measured through /proc, and stopped."""
+an operator would start them (tiered_memory.testing's launcher), waited for on /healthz, measured
+through /proc, and stopped."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
-import signal
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import aiohttp
 
+from tiered_memory.testing import ChildFailed, ChildProcess, command, free_port
+
 SCRIPTS = Path(__file__).resolve().parent.parent
 
 
-class BenchFailed(Exception):
+class BenchFailed(ChildFailed):
     """The benchmark cannot go on: a child did not start, or answered what it must not."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def rss_kib(pid: int) -> int:
@@ -53,92 +44,38 @@ def listening(pid: int, port: int) -> bool:
     return False
 
 
-class Child:
-    """One child process serving HTTP on `port`; `argv` runs it, `env` is added to ours."""
+class Child(ChildProcess):
+    """One child process serving HTTP on `port`, ready once it answers /healthz; `argv` runs it,
+    `env` is added to ours, where benchkit is importable."""
 
     def __init__(
         self, name: str, argv: list[str], *, port: int, env: dict[str, str] | None = None, workers: int = 1
     ) -> None:
-        self.name = name
-        self.log: Path | None = None
+        pythonpath = f"{SCRIPTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+        super().__init__(
+            argv, port=port, env=env, environ=os.environ | {"PYTHONPATH": pythonpath}, name=name, ready_path="/healthz"
+        )
         # With several workers the supervisor serves nothing itself: start() waits until each of
         # its children listens on the port (any one of them may answer /healthz first).
         self.workers = workers
-        self.argv = argv
-        self.port = port
-        self.env = env or {}
-        self.proc: subprocess.Popen[bytes] | None = None
 
-    @property
-    def base(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    async def start(self, http: aiohttp.ClientSession, *, log_dir: Path, timeout_s: float = 60) -> None:
+    async def start(self, http: aiohttp.ClientSession | None = None, *, log_dir: Path | None = None) -> None:
         """Start it with its output in `log_dir`, and wait until it answers /healthz."""
-        env = os.environ | {"PYTHONPATH": f"{SCRIPTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"} | self.env
-        self.log = log_dir / f"{self.name.replace(' ', '-')}-{self.port}.log"
-        with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(self.argv, env=env, stderr=out, stdout=out)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                async with http.get(self.base + "/healthz") as r:
-                    if r.status == 200 and self._all_listening():
-                        return
-            except aiohttp.ClientError:
-                pass
-            if self.proc.poll() is not None:
-                raise BenchFailed(f"{self.name} exited with {self.proc.returncode} at start-up:\n{self.tail()}")
-            await asyncio.sleep(0.05)
-        raise BenchFailed(f"{self.name} did not answer /healthz within {timeout_s:.0f} s")
+        if log_dir is not None:
+            self.log_path = log_dir / f"{self.name.replace(' ', '-')}-{self.port}.log"
+        await super().start(http)
 
-    def _all_listening(self) -> bool:
+    def also_ready(self) -> bool:
         if self.workers == 1:
             return True
-        assert self.proc is not None
         # Not every child is a worker (multiprocessing's spawn adds a resource tracker).
-        return sum(listening(pid, self.port) for pid in children(self.proc.pid)) >= self.workers
-
-    def tail(self, lines: int = 20) -> str:
-        """The end of its output, for a report of why it stopped."""
-        if self.log is None or not self.log.exists():
-            return ""
-        return "\n".join(self.log.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
-
-    def check_alive(self) -> None:
-        """Raise BenchFailed, with the end of its output, if it exited on its own."""
-        if self.proc is not None and self.proc.poll() is not None:
-            raise BenchFailed(f"{self.name} exited with {self.proc.returncode}:\n{self.tail()}")
-
-    def terminate(self) -> None:
-        """Ask the child to stop (SIGTERM: the daemon drains and exits); `stop` waits for it."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-
-    def stop(self) -> int:
-        if self.proc is None:
-            return 0
-        self.terminate()
-        try:
-            code = self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            code = self.proc.wait()
-        self.proc = None
-        return code
+        return sum(listening(pid, self.port) for pid in children(self.pid)) >= self.workers
 
 
 def daemon(env: dict[str, str], *, name: str = "daemon") -> Child:
     """`tiered-memory serve` with `env` (PORT among it; with WORKERS=n, n processes on that port)."""
     workers = int(env.get("WORKERS", "1"))
-    return Child(
-        name, [sys.executable, "-m", "tiered_memory", "serve"], port=int(env["PORT"]), env=env, workers=workers
-    )
+    return Child(name, command("serve"), port=int(env["PORT"]), env=env, workers=workers)
 
 
 def children(pid: int) -> list[int]:

@@ -33,6 +33,7 @@ from benchkit.procs import BenchFailed, Child
 from benchkit.servers import naive_keys
 from benchkit.workload import contexts, ok, once, recalls
 from tests.conversations import ZH_12_TURNS
+from tiered_memory.testing import free_port
 from tiered_memory.tiers.sql_engine import create_engine
 
 CONCURRENCIES = (1, 64)
@@ -208,7 +209,7 @@ class Bench:
                 if self.args.redis_url:
                     self.redis_url = self.args.redis_url
                 else:
-                    port = procs.free_port()
+                    port = free_port()
                     argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly"]
                     redis_server = subprocess.Popen([*argv, "no"], stdout=subprocess.DEVNULL)
                     self.redis_url = f"redis://127.0.0.1:{port}/0"
@@ -264,9 +265,9 @@ class Bench:
         """The fake LLM, the daemon, a summary the daemon makes itself (the template of every
         seeded one), the hot and cold pools, and the ceiling servers holding the same data."""
         self.llm = procs.server("fake_llm")
-        self.daemon = procs.daemon(self.daemon_env(procs.free_port()))
+        self.daemon = procs.daemon(self.daemon_env(free_port()))
         # The embedded daemon of the memory figures starts now too, and idles until then.
-        env = self.daemon_env(procs.free_port(), DATA_DIR=str(self.tmp / "embedded"))
+        env = self.daemon_env(free_port(), DATA_DIR=str(self.tmp / "embedded"))
         env |= {"HOT_MAX_SESSIONS": str(self.plan.embedded_bound), "REDIS_URL": "", "DATABASE_URL": ""}
         self.embedded = procs.daemon(env, name="embedded daemon")
         redis_args = ["--redis-url", self.redis_url] if self.redis_url else []

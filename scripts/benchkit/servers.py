@@ -12,17 +12,16 @@ serves, and the answers are the same bytes.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 import redis.asyncio as aioredis
 import sqlalchemy as sa
 from aiohttp import web
 
+from tiered_memory.testing import Behaviour, FakeLlm
 from tiered_memory.tiers.sql_engine import create_engine
 
 _JSON = "application/json"
@@ -203,30 +202,20 @@ LLM_REPLY = json.dumps(
 
 
 def fake_llm_app(_args: argparse.Namespace) -> web.Application:
-    """A chat-completions endpoint (the protocol of tests/fake_llm.py) that records the size of
-    every request; its delay is set by POST /control {"delay_s": x}; GET /stats reads the sizes."""
-    state: dict[str, Any] = {"delay_s": 0.0, "calls": []}
-
-    async def complete(request: web.Request) -> web.Response:
-        raw = await request.read()
-        body = json.loads(raw)
-        state["calls"].append({"bytes": len(raw), "user_chars": len(body["messages"][-1]["content"])})
-        if state["delay_s"]:
-            await asyncio.sleep(state["delay_s"])
-        message = {"role": "assistant", "content": LLM_REPLY}
-        return web.json_response(
-            {"id": "bench", "object": "chat.completion", "choices": [{"index": 0, "message": message}]}
-        )
+    """The tests' chat-completions server (tiered_memory.testing's FakeLlm), answering LLM_REPLY, in
+    a process of its own; its delay is set by POST /control {"delay_s": x}, and GET /stats reads
+    the size of every request."""
+    llm = FakeLlm(behaviour=Behaviour(text=LLM_REPLY))
 
     async def control(request: web.Request) -> web.Response:
-        state["delay_s"] = float((await request.json())["delay_s"])
-        return web.json_response({"delay_s": state["delay_s"]})
+        llm.behaviour.delay_s = float((await request.json())["delay_s"])
+        return web.json_response({"delay_s": llm.behaviour.delay_s})
 
     async def stats(_request: web.Request) -> web.Response:
-        return web.json_response({"calls": state["calls"]})
+        calls = [{"bytes": r["bytes"], "user_chars": len(r["body"]["messages"][-1]["content"])} for r in llm.requests]
+        return web.json_response({"calls": calls})
 
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", complete)
+    app = llm.app()
     app.router.add_post("/control", control)
     app.router.add_get("/stats", stats)
     return app

@@ -6,11 +6,7 @@ server's options (token, tenant, user), and a daemon's refusal coming back as a 
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
-import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,10 +18,10 @@ from mcp.client.session import IncomingMessage
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult, TextContent, Tool
 
-from tests.faults import free_port
 from tests.integrations.conftest import LiveDaemon
 from tiered_memory.client import AsyncClient, NotFound
 from tiered_memory.integrations.mcp import Options, build_server, is_loopback, run
+from tiered_memory.testing import ChildProcess, command, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -139,30 +135,21 @@ def http_server(live_daemon: LiveDaemon, tmp_path_factory: pytest.TempPathFactor
     """The server on streamable HTTP, once per module: the operator's unrestricted token from the
     environment, acting in the tenant's namespace by --tenant, for no user in particular."""
     port = free_port()
-    log_path = tmp_path_factory.mktemp("mcp-http") / "mcp.log"
-    env = os.environ | {"TIERED_MEMORY_TOKEN": live_daemon.operator_token}
     args = ["--url", live_daemon.url, "--tenant", live_daemon.tenant, "--transport", "http", "--port", str(port)]
-    with log_path.open("ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "tiered_memory", "mcp", *args], env=env, stdout=log, stderr=log)
+    server = ChildProcess(
+        command("mcp", *args),
+        port=port,
+        env={"TIERED_MEMORY_TOKEN": live_daemon.operator_token},
+        log_path=tmp_path_factory.mktemp("mcp-http") / "mcp.log",
+        name="the MCP server",
+        ready_path=None,  # listening is ready: it has nothing to ask without a session
+        ready_timeout_s=30,
+    )
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"the MCP server did not listen:\n{log_path.read_text()}")
-            time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}/mcp"
+        server.start_blocking()
+        yield f"{server.base}/mcp"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        server.stop(timeout_s=15)
 
 
 async def test_stdio_serves_the_six_tools_through_a_conversation(live_daemon: LiveDaemon, tmp_path: Path) -> None:

@@ -8,29 +8,19 @@ touched, and a daemon given by URL cannot be restarted (its reconnect probes are
 
 from __future__ import annotations
 
-import asyncio
 import os
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 import aiohttp
 import redis
 
+from tiered_memory.testing import DaemonProcess
+
 
 class DaemonFailed(RuntimeError):
-    """The child daemon did not start or stop as it should."""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    """A daemon given by URL was asked to restart. (A child daemon that does not start raises
+    tiered_memory.testing.ChildFailed.)"""
 
 
 # Only these pass from the caller's environment: the daemon is configured by the run alone.
@@ -72,13 +62,10 @@ class ChildDaemon(Target):
         log_path: Path | None = None,
     ) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix=f"tm-eval-{run_id}-")
-        port = _free_port()
-        self.base = f"http://127.0.0.1:{port}"
         self.restartable = True
         self.redis_url = redis_url
         self.prefix = f"tmeval{run_id}"
-        env = {k: os.environ[k] for k in _PASSED if k in os.environ}
-        env |= {"HOST": "127.0.0.1", "PORT": str(port), "DATA_DIR": self._tmp.name, "LOG_LEVEL": "WARNING"}
+        env = {"HOST": "127.0.0.1", "DATA_DIR": self._tmp.name, "LOG_LEVEL": "WARNING"}
         env |= {"LOG_FORMAT": "json", "SWEEP_INTERVAL_SECONDS": "3600"}
         if redis_url:
             env |= {"REDIS_URL": redis_url, "REDIS_KEY_PREFIX": self.prefix}
@@ -86,31 +73,20 @@ class ChildDaemon(Target):
             env |= {"DATABASE_URL": database_url, "AUTO_MIGRATE": "true"}
         env |= extra_env or {}
         self.summary_every = int(env.get("SUMMARY_EVERY_N_TURNS", "3"))
-        self._env = env
-        self._log_path = log_path or Path(self._tmp.name) / "daemon.log"
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._process = DaemonProcess(
+            env,
+            log_path or Path(self._tmp.name) / "daemon.log",
+            environ={k: os.environ[k] for k in _PASSED if k in os.environ},
+        )
+        self.base = self._process.base
 
     async def start(self, http: aiohttp.ClientSession) -> None:
-        with self._log_path.open("ab") as log:
-            self._proc = subprocess.Popen(  # noqa: ASYNC220 - started once, waited for below
-                [sys.executable, "-m", "tiered_memory", "serve"], env=self._env, stderr=log, stdout=log
-            )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                async with http.get(self.base + "/readyz") as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            if self._proc.poll() is not None:
-                raise DaemonFailed(f"daemon exited with {self._proc.returncode} at start-up; see {self._log_path}")
-            await asyncio.sleep(0.1)
-        raise DaemonFailed("daemon was not ready within 60 s")
+        """Start it and wait until /readyz answers 200 (within 60 s, else ChildFailed)."""
+        await self._process.start(http)
 
     async def restart(self, http: aiohttp.ClientSession) -> None:
         """Stop, lose this run's Redis keys (the in-process cache dies with the process), start."""
-        await self._terminate()
+        await self._process.shutdown()
         self.flush_hot()
         await self.start(http)
 
@@ -124,18 +100,7 @@ class ChildDaemon(Target):
         finally:
             r.close()
 
-    async def _terminate(self) -> None:
-        if self._proc is None:
-            return
-        self._proc.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.to_thread(self._proc.wait, 60)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
-        self._proc = None
-
     async def stop(self) -> None:
-        await self._terminate()
+        await self._process.shutdown()
         self.flush_hot()
         self._tmp.cleanup()

@@ -12,11 +12,10 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests.conftest import _EXTRACTOR, _TEXT_POOLS, memory_of, new_sid
-from tiered_memory.app import build_hot, build_store, build_tagger
+from tests.conftest import memory_of, new_sid
+from tests.embedded import DENTIST_TURNS, embedded
 from tiered_memory.errors import Forbidden
 from tiered_memory.history import History
-from tiered_memory.metrics import Metrics
 from tiered_memory.model import (
     Caller,
     ContextRequest,
@@ -29,24 +28,13 @@ from tiered_memory.model import (
     Tier,
 )
 from tiered_memory.reads import ContextAnswer, SessionReads
-from tiered_memory.settings import Settings
-from tiered_memory.text_lane import TextLane
 from tiered_memory.tier_errors import TierErrors
 from tiered_memory.tiers.hot import HotTier
 from tiered_memory.tiers.sql_store import SqlStore
 from tiered_memory.tiers.sql_users import SqlUsers
 
 ACME = Caller(tenant="acme")
-_TURNS = [
-    ("My name is Dana Whitfield and I need to move my dentist appointment.", "Sure, Dana. Which day suits you?"),
-    ("Thursday the 14th after 3 pm would be best.", "I have 3:30 pm on Thursday the 14th with Dr. Okafor."),
-    ("That works. Please text the confirmation to 555-0142.", "Done: a confirmation goes to 555-0142."),
-    ("Also, does my plan cover a cleaning this year?", "Yes, your Silver plan covers two cleanings a year."),
-    ("Can I bring my son Leo to the same visit?", "Yes, Leo can have a check-up right after yours, at 4 pm."),
-    ("Great. Is parking free at the Elm Street office?", "Parking at Elm Street is free for the first two hours."),
-    ("Do I need to bring my insurance card?", "Please bring the card and a photo ID to the front desk."),
-    ("Thanks, that is everything for today.", "You are welcome, Dana. See you on Thursday the 14th."),
-]
+_TURNS = DENTIST_TURNS
 
 
 @dataclass
@@ -59,42 +47,29 @@ class Parts:
 
 @pytest.fixture
 async def parts(tmp_path: Path) -> AsyncIterator[Parts]:
-    """SessionReads over a migrated SQLite file and the in-process hot tier, composed as
-    MemoryService does, on the text workers every test of the run shares (tests/conftest.py)."""
-    settings = Settings.from_env({"DATA_DIR": str(tmp_path)})
-    registry = CollectorRegistry()
-    metrics = Metrics(registry)
-    store = build_store(settings, metrics)
-    await store.migrate()
-    hot = build_hot(settings, metrics)
-    text = TextLane(
-        settings.text_workers, tenant_queue_bytes=settings.text_queue_bytes, extractor=_EXTRACTOR, pools=_TEXT_POOLS
-    )
-    await text.start()
-    errors = TierErrors(metrics.tier_errors)
-    history = History(
-        store,
-        hot.postings,
-        text,
-        sql_error=functools.partial(errors.count, "sql"),
-        hot_error=functools.partial(errors.count, "hot"),
-    )
-    reads = SessionReads(
-        settings=settings,
-        store=store,
-        users=SqlUsers(store),
-        hot=hot,
-        history=history,
-        text=text,
-        tagger=build_tagger(settings),
-        metrics=metrics,
-        clock=time.time,
-    )
-    yield Parts(store, hot, reads, registry)
-    await history.aclose()
-    await text.aclose()
-    await hot.aclose()
-    await store.aclose()
+    """SessionReads over the embedded stores, composed as MemoryService does."""
+    async with embedded(tmp_path) as e:
+        errors = TierErrors(e.metrics.tier_errors)
+        history = History(
+            e.store,
+            e.hot.postings,
+            e.text,
+            sql_error=functools.partial(errors.count, "sql"),
+            hot_error=functools.partial(errors.count, "hot"),
+        )
+        reads = SessionReads(
+            settings=e.settings,
+            store=e.store,
+            users=SqlUsers(e.store),
+            hot=e.hot,
+            history=history,
+            text=e.text,
+            tagger=e.tagger,
+            metrics=e.metrics,
+            clock=time.time,
+        )
+        yield Parts(e.store, e.hot, reads, e.registry)
+        await history.aclose()
 
 
 async def play(store: SqlStore, key: str, turns: list[tuple[str, str]], *, caller: Caller = ACME) -> None:

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests.conftest import _EXTRACTOR, _TEXT_POOLS, new_sid
-from tiered_memory.app import build_hot, build_job, build_store, build_tagger
+from tests.conftest import new_sid
+from tests.embedded import DENTIST_TURNS, embedded
+from tiered_memory.app import build_job
 from tiered_memory.errors import Forbidden, NotFound
-from tiered_memory.metrics import Metrics
 from tiered_memory.model import (
     AppendOutcome,
     Caller,
@@ -26,17 +26,11 @@ from tiered_memory.model import (
     SummarySource,
 )
 from tiered_memory.service import MemoryService
-from tiered_memory.settings import Settings
-from tiered_memory.text_lane import TextLane
 from tiered_memory.tiers.hot import HotTier
 from tiered_memory.tiers.sql_store import SqlStore
 
 ACME = Caller(tenant="acme")
-_TURNS = [
-    ("My name is Dana Whitfield and I need to move my dentist appointment.", "Sure, Dana. Which day suits you?"),
-    ("Thursday the 14th after 3 pm would be best.", "I have 3:30 pm on Thursday the 14th with Dr. Okafor."),
-    ("That works. Please text the confirmation to 555-0142.", "Done: a confirmation goes to 555-0142."),
-]
+_TURNS = DENTIST_TURNS[:3]
 
 
 @dataclass
@@ -50,28 +44,16 @@ class Parts:
 @pytest.fixture
 async def parts(tmp_path: Path) -> AsyncIterator[Parts]:
     """A MemoryService composed as app.py does (summaries every 3 turns, persisted at close from
-    2), over a migrated SQLite file and the in-process hot tier, on the text workers every test of
-    the run shares (tests/conftest.py). Background summaries are waited for at the end."""
-    settings = Settings.from_env({"DATA_DIR": str(tmp_path)})
-    registry = CollectorRegistry()
-    metrics = Metrics(registry)
-    store = build_store(settings, metrics)
-    await store.migrate()
-    hot = build_hot(settings, metrics)
-    text = TextLane(
-        settings.text_workers, tenant_queue_bytes=settings.text_queue_bytes, extractor=_EXTRACTOR, pools=_TEXT_POOLS
-    )
-    await text.start()
-    tagger = build_tagger(settings)
-    job = build_job(settings, store=store, hot=hot, text=text, tagger=tagger, llm=None, metrics=metrics)
-    service = MemoryService(settings=settings, store=store, hot=hot, job=job, text=text, tagger=tagger, metrics=metrics)
-    yield Parts(service, store, hot, registry)
-    await service.aclose()
-    await service.summaries.drain(10.0)
-    await service.rebuilds.drain(10.0)
-    await text.aclose()
-    await hot.aclose()
-    await store.aclose()
+    2), over the embedded stores. Background summaries are waited for at the end."""
+    async with embedded(tmp_path) as e:
+        job = build_job(e.settings, store=e.store, hot=e.hot, text=e.text, tagger=e.tagger, llm=None, metrics=e.metrics)
+        service = MemoryService(
+            settings=e.settings, store=e.store, hot=e.hot, job=job, text=e.text, tagger=e.tagger, metrics=e.metrics
+        )
+        yield Parts(service, e.store, e.hot, e.registry)
+        await service.aclose()
+        await service.summaries.drain(10.0)
+        await service.rebuilds.drain(10.0)
 
 
 def user(key: str, n: int, content: str) -> NewMessage:

@@ -11,22 +11,14 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests.conftest import _EXTRACTOR, _TEXT_POOLS, new_sid
-from tiered_memory.app import build_hot, build_store, build_tagger
-from tiered_memory.metrics import Metrics
+from tests.conftest import new_sid
+from tests.embedded import DENTIST_TURNS, embedded
 from tiered_memory.model import NewMessage, Role, SummarySource
-from tiered_memory.settings import Settings
 from tiered_memory.summary_job import JobResult, Outcome, SummaryJob
-from tiered_memory.text_lane import TextLane
 from tiered_memory.tiers.hot import HotTier
 from tiered_memory.tiers.sql_store import SqlStore
 
-_TURNS = [
-    ("My name is Dana Whitfield and I need to move my dentist appointment.", "Sure, Dana. Which day suits you?"),
-    ("Thursday the 14th after 3 pm would be best.", "I have 3:30 pm on Thursday the 14th with Dr. Okafor."),
-    ("That works. Please text the confirmation to 555-0142.", "Done: a confirmation goes to 555-0142."),
-    ("Also, does my plan cover a cleaning this year?", "Yes, your Silver plan covers two cleanings a year."),
-]
+_TURNS = DENTIST_TURNS[:4]
 
 
 @dataclass
@@ -39,33 +31,20 @@ class Parts:
 
 @pytest.fixture
 async def parts(tmp_path: Path) -> AsyncIterator[Parts]:
-    """A SummaryJob over a migrated SQLite file and the in-process hot tier, composed as app.py
-    does, on the text workers every test of the run shares (tests/conftest.py)."""
-    settings = Settings.from_env({"DATA_DIR": str(tmp_path)})
-    registry = CollectorRegistry()
-    metrics = Metrics(registry)
-    store = build_store(settings, metrics)
-    await store.migrate()
-    hot = build_hot(settings, metrics)
-    text = TextLane(
-        settings.text_workers, tenant_queue_bytes=settings.text_queue_bytes, extractor=_EXTRACTOR, pools=_TEXT_POOLS
-    )
-    await text.start()
-    job = SummaryJob(
-        store=store,
-        hot=hot,
-        text=text,
-        tagger=build_tagger(settings),
-        llm=None,
-        metrics=metrics,
-        max_chars=settings.summary_max_chars,
-        lock_ttl_s=30.0,
-        batch_turns=settings.compression_batch_turns,
-    )
-    yield Parts(store, hot, job, registry)
-    await text.aclose()
-    await hot.aclose()
-    await store.aclose()
+    """A SummaryJob over the embedded stores, composed as app.py does."""
+    async with embedded(tmp_path) as e:
+        job = SummaryJob(
+            store=e.store,
+            hot=e.hot,
+            text=e.text,
+            tagger=e.tagger,
+            llm=None,
+            metrics=e.metrics,
+            max_chars=e.settings.summary_max_chars,
+            lock_ttl_s=30.0,
+            batch_turns=e.settings.compression_batch_turns,
+        )
+        yield Parts(e.store, e.hot, job, e.registry)
 
 
 async def play(store: SqlStore, sid: str, turns: list[tuple[str, str]], *, first: int = 1) -> None:

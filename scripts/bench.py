@@ -31,13 +31,12 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from benchkit import phases, report
+from benchkit.run import Bench, Plan
+
+from tiered_memory.testing import ChildFailed
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
-from benchkit import phases, report  # noqa: E402
-from benchkit.run import Bench, Plan  # noqa: E402
-
-from tiered_memory.testing import ChildFailed  # noqa: E402
 
 
 def environment() -> dict[str, Any]:

@@ -41,15 +41,17 @@ from urllib.parse import urlparse
 import aiohttp
 import pymysql
 import redis
+from benchkit import procs
+
+from tiered_memory.settings import Settings
+from tiered_memory.testing import (
+    ZH_12_TURNS,
+    ChildFailed,
+    free_port,
+)
+from tiered_memory.tiers.keys import Keys
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
-from benchkit import procs  # noqa: E402
-
-from tests.conversations import ZH_12_TURNS  # noqa: E402
-from tiered_memory.settings import Settings  # noqa: E402
-from tiered_memory.testing import ChildFailed, free_port  # noqa: E402
-from tiered_memory.tiers.keys import Keys  # noqa: E402
 
 PREFIX = "cap"
 EVERY_N = 3

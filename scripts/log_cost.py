@@ -11,12 +11,10 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
 import orjson
 import structlog
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tiered_memory.logging import configure_logging
 
 _FIELDS = {

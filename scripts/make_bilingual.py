@@ -14,11 +14,8 @@ Deterministic (fixed seed): rerunning it rewrites the same file. Run from the re
 from __future__ import annotations
 
 import random
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tiered_memory.eval.dataset import Conversation, Probe, dump_jsonl, last_mention
 

@@ -38,14 +38,12 @@ from urllib.parse import urlparse
 import aiohttp
 import redis.asyncio as aioredis
 
-# The conversation is the tests' own, and the fake LLM theirs too (tiered_memory.testing): one
-# place fakes the wire.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import soak_report as rep  # scripts/ is sys.path[0] when this file runs
+# scripts/ is sys.path[0] when this file runs. The conversation is the tests' own, and the fake
+# LLM theirs too (tiered_memory.testing): one place fakes the wire.
+import soak_report as rep
 
-from tests.conversations import ZH_12_TURNS
 from tiered_memory.settings import Settings
-from tiered_memory.testing import Behaviour, ChildFailed, DaemonProcess, FakeLlm, free_port
+from tiered_memory.testing import ZH_12_TURNS, Behaviour, ChildFailed, DaemonProcess, FakeLlm, free_port
 
 # A structured payload the daemon accepts (SUMMARY_FORMAT=structured is the default).
 LLM_OK = json.dumps(

@@ -48,9 +48,7 @@ from typing import Any
 import aiohttp
 import redis
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.conversations import ZH_12_TURNS
-from tiered_memory.testing import DaemonProcess, free_port
+from tiered_memory.testing import ZH_12_TURNS, DaemonProcess, free_port
 
 # This run's own tokens, made at start (a token is 16 characters at least).
 NORMAL_TOKEN = secrets.token_hex(12)

@@ -36,13 +36,10 @@ import aiohttp
 import redis
 from aiohttp import web
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from tests.conversations import ZH_12_TURNS
+from tiered_memory.testing import ZH_12_TURNS, free_port
 
 # ChildDaemon: this script's name for the shared launcher.
 from tiered_memory.testing import DaemonProcess as ChildDaemon
-from tiered_memory.testing import free_port
 
 
 def collect(port: int, stop: Event, out: Queue[dict[str, int]]) -> None:

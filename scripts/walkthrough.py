@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 import tempfile
 import uuid
 from pathlib import Path
@@ -28,11 +27,9 @@ from typing import Any
 import aiohttp
 import redis
 
-# The scripted conversation is the one the tests use, so the walkthrough shows what they check.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.conversations import ZH_12_TURNS as TURNS
-from tests.conversations import ZH_EARLY_EVIDENCE as EARLY_EVIDENCE
 from tiered_memory.settings import Settings
+from tiered_memory.testing import ZH_12_TURNS as TURNS
+from tiered_memory.testing import ZH_EARLY_EVIDENCE as EARLY_EVIDENCE
 from tiered_memory.testing import ChildFailed, DaemonProcess, free_port
 from tiered_memory.tiers.sql_engine import create_engine
 from tiered_memory.tiers.sql_store import SqlStore

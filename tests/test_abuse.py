@@ -12,9 +12,8 @@ from pathlib import Path
 import aiohttp
 
 from tests.conftest import Daemon, await_job, new_sid, play
-from tests.conversations import ZH_12_TURNS
 from tiered_memory.app_keys import HOT_KEY
-from tiered_memory.testing import Behaviour, DaemonProcess, FakeLlm, processes
+from tiered_memory.testing import ZH_12_TURNS, Behaviour, DaemonProcess, FakeLlm, processes
 
 
 async def test_a_request_id_is_echoed_only_when_harmless(daemon: Daemon) -> None:

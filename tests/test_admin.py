@@ -20,9 +20,8 @@ import redis
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tests.conftest import Daemon, backend_environment, new_sid, own_database, play
-from tests.conversations import ZH_12_TURNS
 from tiered_memory.model import NewMessage, Role
-from tiered_memory.testing import free_port, read_terminal
+from tiered_memory.testing import ZH_12_TURNS, free_port, read_terminal
 from tiered_memory.tiers.sql_maintenance import SqlMaintenance
 from tiered_memory.tiers.sql_schema import sessions
 

@@ -15,9 +15,9 @@ from sqlalchemy import event as sa_event
 from yarl import URL
 
 from tests.conftest import Daemon, memory_of, new_sid, play, tag_chars
-from tests.conversations import ZH_12_TURNS, ZH_EARLY_EVIDENCE
 from tiered_memory.app_keys import HOT_KEY
 from tiered_memory.model import NewMessage, Role
+from tiered_memory.testing import ZH_12_TURNS, ZH_EARLY_EVIDENCE
 
 _JSON = {"Content-Type": "application/json"}
 

@@ -15,8 +15,8 @@ import pytest
 from sqlalchemy import event as sa_event
 
 from tests.conftest import Daemon, new_sid, play
-from tests.conversations import ZH_12_TURNS
 from tiered_memory.app_keys import HOT_KEY
+from tiered_memory.testing import ZH_12_TURNS
 
 ADMIN = "admin-token-0123456789abcdef"
 ACME = "acme-token-0123456789abcdef"

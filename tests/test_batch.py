@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import Daemon, new_sid
-from tests.conversations import ZH_12_TURNS, ZH_EARLY_EVIDENCE
 from tests.test_admin import cli
+from tiered_memory.testing import ZH_12_TURNS, ZH_EARLY_EVIDENCE
 
 
 def _messages(turns: list[tuple[str, str]], prefix: str = "m") -> list[dict[str, Any]]:

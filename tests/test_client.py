@@ -17,7 +17,6 @@ from urllib.parse import urlparse
 import pytest
 
 from tests.conftest import Daemon, RealServers, new_sid, sql_rows
-from tests.conversations import ZH_12_TURNS
 from tests.faults import TcpProxy, proxied
 from tiered_memory.client import (
     AsyncClient,
@@ -32,7 +31,7 @@ from tiered_memory.client import (
     Unauthorized,
     Unavailable,
 )
-from tiered_memory.testing import Behaviour, FakeLlm, free_port
+from tiered_memory.testing import ZH_12_TURNS, Behaviour, FakeLlm, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "client-test-token-0123456789"

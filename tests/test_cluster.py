@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator
 import pytest
 
 from tests.conftest import Daemon, RealServers, new_sid, play, sql_rows
-from tests.conversations import ZH_12_TURNS, ZH_EARLY_EVIDENCE
 from tests.failover import kill_master_under_load
 from tests.test_crash import Gateway
 from tests.topologies import RedisClusterProcesses
+from tiered_memory.testing import ZH_12_TURNS, ZH_EARLY_EVIDENCE
 from tiered_memory.tiers.keys import Keys
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]

@@ -8,7 +8,6 @@ import itertools
 
 import pytest
 
-from tests.conversations import ZH_12_TURNS
 from tiered_memory.condense import clauses, condense, is_phatic, keys
 from tiered_memory.context_policy import ORIGINS, Candidates, Selection, choose, lagging_digest
 from tiered_memory.eval.command import shipped_set
@@ -17,6 +16,7 @@ from tiered_memory.model import Message, Role
 from tiered_memory.notes import features
 from tiered_memory.summarize.extractive import Extractor
 from tiered_memory.summarize.facts import render
+from tiered_memory.testing import ZH_12_TURNS
 
 _BUDGETS = (150, 200, 300, 600, 1000, 2000, 4000)
 

@@ -6,8 +6,8 @@ import pymysql
 import pytest
 
 from tests.conftest import Daemon, RealServers, new_sid, play
-from tests.conversations import ZH_12_TURNS, ZH_EARLY_EVIDENCE
 from tiered_memory.errors import ConfigError
+from tiered_memory.testing import ZH_12_TURNS, ZH_EARLY_EVIDENCE
 
 
 async def test_sql_down_refuses_appends_with_retry_after() -> None:

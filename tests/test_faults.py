@@ -15,9 +15,8 @@ from urllib.parse import urlparse
 import pytest
 
 from tests.conftest import Daemon, RealServers, new_sid, play, sql_rows
-from tests.conversations import ZH_12_TURNS, ZH_EARLY_EVIDENCE
 from tests.faults import RedisProcess, TcpProxy, proxied
-from tiered_memory.testing import FakeLlm
+from tiered_memory.testing import ZH_12_TURNS, ZH_EARLY_EVIDENCE, FakeLlm
 
 pytestmark = pytest.mark.real
 

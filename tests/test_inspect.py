@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from tests.conftest import Daemon, memory_of, new_sid, play
-from tests.conversations import ZH_12_TURNS
 from tiered_memory.api_inspect import CONTENT_SECURITY_POLICY
 from tiered_memory.context_policy import ORIGINS
 from tiered_memory.settings import Settings
+from tiered_memory.testing import ZH_12_TURNS
 
 ACME = "acme-token-" + uuid.uuid4().hex[:12]
 BETA = "beta-token-" + uuid.uuid4().hex[:12]

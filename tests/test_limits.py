@@ -9,8 +9,8 @@ import asyncio
 import pytest
 
 from tests.conftest import Daemon, new_sid, play
-from tests.conversations import ZH_12_TURNS
 from tiered_memory.client import AsyncClient, Client
+from tiered_memory.testing import ZH_12_TURNS
 
 
 async def _status(daemon: Daemon, sid: str, body: dict[str, object]) -> tuple[int, dict[str, object]]:

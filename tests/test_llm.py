@@ -17,14 +17,13 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from tests.conftest import Daemon, new_sid, play
-from tests.conversations import EN_3_TURNS, MIXED_3_TURNS, ZH_12_TURNS, ZH_EARLY_EVIDENCE
 from tests.test_tools import _order_turn
 from tiered_memory.errors import LlmFailed
 from tiered_memory.language import Language, conversation_language, language_of
 from tiered_memory.metrics import Metrics
 from tiered_memory.model import Message, Role
 from tiered_memory.summarize.llm import LlmSummarizer, default_prompt, load_prompts
-from tiered_memory.testing import Behaviour, FakeLlm
+from tiered_memory.testing import EN_3_TURNS, MIXED_3_TURNS, ZH_12_TURNS, ZH_EARLY_EVIDENCE, Behaviour, FakeLlm
 
 
 def _messages(turns: Sequence[tuple[str, str]] = ZH_12_TURNS[:3]) -> list[Message]:

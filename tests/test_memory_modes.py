@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Daemon, memory_of, new_sid, play, rebuild, tag_chars
-from tests.conversations import ZH_12_TURNS
-from tiered_memory.testing import Behaviour, FakeLlm
+from tiered_memory.testing import ZH_12_TURNS, Behaviour, FakeLlm
 
 
 async def _with(env: dict[str, str], **extra: str) -> Daemon:

@@ -25,7 +25,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from tests.conftest import Daemon, play
-from tests.conversations import ZH_12_TURNS
+from tiered_memory.testing import ZH_12_TURNS
 
 _METHODS = {"get", "put", "post", "delete", "patch", "head", "options", "trace"}
 # Examples per operation, generation mode and choice of ids (generated or seeded): few enough that

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Daemon, new_sid, play
-from tests.conversations import ZH_12_TURNS
+from tiered_memory.testing import ZH_12_TURNS
 
 
 async def _patch(daemon: Daemon, sid: str, mid: str, body: dict[str, Any], status: int = 200) -> dict[str, Any]:

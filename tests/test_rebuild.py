@@ -16,10 +16,9 @@ from typing import Any
 import pytest
 
 from tests.conftest import Daemon, RealServers, await_job, new_sid, play
-from tests.conversations import ZH_12_TURNS
 from tiered_memory.app_keys import HOT_KEY
 from tiered_memory.model import JobState, RebuildJob
-from tiered_memory.testing import Behaviour, FakeLlm
+from tiered_memory.testing import ZH_12_TURNS, Behaviour, FakeLlm
 
 
 def llm_env(env: dict[str, str], llm: FakeLlm, **extra: str) -> dict[str, str]:

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 from tests.conftest import Daemon, new_sid, play, tag_chars
-from tests.conversations import ZH_12_TURNS
 from tests.test_api import sql_statements
 from tests.test_text_lane import _slow
 from tiered_memory.app_keys import HOT_KEY, TEXT_KEY
 from tiered_memory.summarize.extractive import Extractor
+from tiered_memory.testing import ZH_12_TURNS
 from tiered_memory.text_lane import Ticket
 from tiered_memory.tiers.postings import STALE, pack
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Daemon, new_sid, play
-from tests.conversations import ZH_12_TURNS
+from tiered_memory.testing import ZH_12_TURNS
 
 _TRACKER = {"kb_topic": "活力健", "keywords": ["价格", "用法"], "turn": 2}
 

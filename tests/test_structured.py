@@ -10,9 +10,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import Daemon, new_sid, play
-from tests.conversations import ZH_12_TURNS
 from tiered_memory.summarize.payload import check_text, looks_like_answer, planning_history
-from tiered_memory.testing import Behaviour, FakeLlm
+from tiered_memory.testing import ZH_12_TURNS, Behaviour, FakeLlm
 
 
 async def _daemon(env: dict[str, str], llm: FakeLlm, **extra: str) -> Daemon:

@@ -32,8 +32,7 @@ from benchkit.loadgen import Stats
 from benchkit.procs import BenchFailed, Child
 from benchkit.servers import naive_keys
 from benchkit.workload import contexts, ok, once, recalls
-from tests.conversations import ZH_12_TURNS
-from tiered_memory.testing import free_port
+from tiered_memory.testing import ZH_12_TURNS, free_port
 from tiered_memory.tiers.sql_engine import create_engine
 
 CONCURRENCIES = (1, 64)

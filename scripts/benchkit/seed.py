@@ -16,8 +16,8 @@ import redis.asyncio as aioredis
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tests.conversations import ZH_12_TURNS
 from tiered_memory.model import Summary, SummarySource
+from tiered_memory.testing import ZH_12_TURNS
 from tiered_memory.tiers.codec import encode_summary
 from tiered_memory.tiers.keys import Keys
 from tiered_memory.tiers.sql_schema import conversation_summaries, messages, sessions

@@ -10,7 +10,7 @@ from typing import Any
 
 from benchkit import loadgen
 from benchkit.seed import USER_ID
-from tests.conversations import ZH_12_TURNS
+from tiered_memory.testing import ZH_12_TURNS
 
 # An answer from the tier the measurement is about (a hot read that fell to SQL does not count).
 SUMMARY_FROM = {tier: f'"tier":"{tier}"'.encode() for tier in ("hot", "warm", "cold")}

@@ -27,6 +27,7 @@ from tiered_memory.tiers.hot import HotExpiries, RecentBound
 from tiered_memory.tiers.hot_cache import HotCache, cache_invalidator
 from tiered_memory.tiers.keys import Keys
 from tiered_memory.tiers.postings import SESSION_BYTES
+from tiered_memory.tiers.redis_argv import AppendArgs, BackfillArgs, Ttls
 from tiered_memory.tiers.redis_buckets import RedisBuckets
 from tiered_memory.tiers.redis_jobs import RedisJobs
 from tiered_memory.tiers.redis_link import RedisLink
@@ -403,25 +404,15 @@ class RedisHot:
     ) -> None:
         sid = message.session_id
         dirty = sid in self._dirty
-        args: list[bytes | str | int | float] = [
+        args = AppendArgs(
             encode_message(message),
             message.seq,
-            # Counters are SQL's values, set rather than incremented, so a lost or repeated
-            # write can never make them drift.
-            counters.turn_count,
-            counters.message_count,
-            counters.last_activity,
-            counters.content_chars,
-            self._recent.most,
-            self._history_ttl,
-            self._summary_ttl,
-            "1" if dirty else "0",
-            counters.owner.tenant,
-            counters.owner.user_id or "",
+            counters,
             len(message.content),
-            self._recent.least,
-            self._recent.chars,
-        ]
+            self._recent,
+            Ttls(self._history_ttl, self._summary_ttl),
+            dirty,
+        ).argv()
 
         async def op() -> object:
             keys = [self._keys.recent(sid), self._keys.state(sid), self._keys.summary(sid)]
@@ -466,22 +457,15 @@ class RedisHot:
         recent: Sequence[Message] | None,
     ) -> None:
         keys = [self._keys.summary(session_id), self._keys.recent(session_id), self._keys.state(session_id)]
-        args: list[bytes | str | int | float] = [
+        kept = self._recent.keep(recent) if recent is not None else ()
+        args = BackfillArgs(
             encode_summary(summary) if summary else b"",
             summary.version if summary else 0,
-            self._summary_ttl,
-            counters.message_count,
-            counters.turn_count,
-            counters.last_activity,
-            self._history_ttl,
-            "1" if recent is not None else "0",
-            counters.content_chars,
-            counters.owner.tenant,
-            counters.owner.user_id or "",
-        ]
-        kept = self._recent.keep(recent) if recent is not None else ()
-        args.append(sum(m.size for m in kept))
-        args.extend(encode_message(m) for m in kept)
+            counters,
+            Ttls(self._history_ttl, self._summary_ttl),
+            [encode_message(m) for m in kept] if recent is not None else None,
+            sum(m.size for m in kept),
+        ).argv()
 
         async def op() -> object:
             return await self._script(self._backfill, keys, args)

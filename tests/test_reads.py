@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -14,8 +13,8 @@ from prometheus_client import CollectorRegistry
 
 from tests.conftest import memory_of, new_sid
 from tests.embedded import DENTIST_TURNS, embedded
+from tiered_memory.app import build_history, build_reads
 from tiered_memory.errors import Forbidden
-from tiered_memory.history import History
 from tiered_memory.model import (
     Caller,
     ContextRequest,
@@ -28,10 +27,8 @@ from tiered_memory.model import (
     Tier,
 )
 from tiered_memory.reads import ContextAnswer, SessionReads
-from tiered_memory.tier_errors import TierErrors
 from tiered_memory.tiers.hot import HotTier
 from tiered_memory.tiers.sql_store import SqlStore
-from tiered_memory.tiers.sql_users import SqlUsers
 
 ACME = Caller(tenant="acme")
 _TURNS = DENTIST_TURNS
@@ -49,18 +46,10 @@ class Parts:
 async def parts(tmp_path: Path) -> AsyncIterator[Parts]:
     """SessionReads over the embedded stores, composed as MemoryService does."""
     async with embedded(tmp_path) as e:
-        errors = TierErrors(e.metrics.tier_errors)
-        history = History(
-            e.store,
-            e.hot.postings,
-            e.text,
-            sql_error=functools.partial(errors.count, "sql"),
-            hot_error=functools.partial(errors.count, "hot"),
-        )
-        reads = SessionReads(
-            settings=e.settings,
+        history = build_history(e.settings, store=e.store, hot=e.hot, text=e.text, metrics=e.metrics)
+        reads = build_reads(
+            e.settings,
             store=e.store,
-            users=SqlUsers(e.store),
             hot=e.hot,
             history=history,
             text=e.text,

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from tests.conftest import new_sid
 from tests.embedded import DENTIST_TURNS, embedded
-from tiered_memory.app import build_job
+from tiered_memory.app import build_job, build_service
 from tiered_memory.errors import Forbidden, NotFound
 from tiered_memory.model import (
     AppendOutcome,
@@ -47,8 +47,8 @@ async def parts(tmp_path: Path) -> AsyncIterator[Parts]:
     2), over the embedded stores. Background summaries are waited for at the end."""
     async with embedded(tmp_path) as e:
         job = build_job(e.settings, store=e.store, hot=e.hot, text=e.text, tagger=e.tagger, llm=None, metrics=e.metrics)
-        service = MemoryService(
-            settings=e.settings, store=e.store, hot=e.hot, job=job, text=e.text, tagger=e.tagger, metrics=e.metrics
+        service = build_service(
+            e.settings, store=e.store, hot=e.hot, job=job, text=e.text, tagger=e.tagger, metrics=e.metrics
         )
         yield Parts(service, e.store, e.hot, e.registry)
         await service.aclose()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 
 import aiohttp
@@ -40,11 +41,13 @@ from tiered_memory.auth import auth_middleware
 from tiered_memory.delivery import Delivery, DeliverySettings
 from tiered_memory.edge import deadline_middleware, observe, tracing_middleware
 from tiered_memory.errors import ConfigError, SqlUnavailable
+from tiered_memory.history import History
 from tiered_memory.inspection import Inspection
 from tiered_memory.local_guard import local_guard_middleware
 from tiered_memory.metrics import Metrics
 from tiered_memory.openapi import load_document
 from tiered_memory.rate_limit import rate_limit_middleware
+from tiered_memory.reads import SessionReads
 from tiered_memory.retention import INTERVAL_S as RETENTION_INTERVAL_S
 from tiered_memory.retention import RetentionJob
 from tiered_memory.service import MemoryService
@@ -55,6 +58,7 @@ from tiered_memory.summarize.scheduler import Periodic
 from tiered_memory.summarize.topics import TopicTagger, load_keyword_groups
 from tiered_memory.summary_job import SummaryJob
 from tiered_memory.text_lane import Pools, TextLane
+from tiered_memory.tier_errors import TierErrors
 from tiered_memory.tiers.hot import HotTier
 from tiered_memory.tiers.keys import Keys
 from tiered_memory.tiers.memory_hot import MemoryHot
@@ -66,6 +70,7 @@ from tiered_memory.tiers.sql_outbox import SqlOutbox
 from tiered_memory.tiers.sql_replica import Replica
 from tiered_memory.tiers.sql_schema import SCHEMA_VERSION
 from tiered_memory.tiers.sql_store import SqlStore
+from tiered_memory.tiers.sql_users import SqlUsers
 from tiered_memory.tracing import Tracing, exporting, shut_down_within
 
 log = structlog.get_logger("tiered_memory.app")
@@ -184,6 +189,77 @@ def build_job(
     )
 
 
+def build_history(settings: Settings, *, store: SqlStore, hot: HotTier, text: TextLane, metrics: Metrics) -> History:
+    """Older raw turns and recall over the session's postings, its failures counted by tier."""
+    errors = TierErrors(metrics.tier_errors)
+    return History(
+        store,
+        hot.postings,
+        text,
+        sql_error=functools.partial(errors.count, "sql"),
+        hot_error=functools.partial(errors.count, "hot"),
+        question_unindexed=metrics.questions_unindexed.inc,
+        session_max_bytes=settings.recall_max_bytes,
+        pending_max_bytes=settings.text_queue_bytes,
+        index_dropped=metrics.text_work_refused.inc,
+    )
+
+
+def build_reads(
+    settings: Settings,
+    *,
+    store: SqlStore,
+    hot: HotTier,
+    history: History,
+    text: TextLane,
+    tagger: TopicTagger,
+    metrics: Metrics,
+    clock: Callable[[], float] = time.time,
+) -> SessionReads:
+    """The tier walk of load_best_summary and context."""
+    return SessionReads(
+        settings=settings,
+        store=store,
+        users=SqlUsers(store),
+        hot=hot,
+        history=history,
+        text=text,
+        tagger=tagger,
+        metrics=metrics,
+        clock=clock,
+    )
+
+
+def build_service(
+    settings: Settings,
+    *,
+    store: SqlStore,
+    hot: HotTier,
+    job: SummaryJob,
+    text: TextLane,
+    tagger: TopicTagger,
+    metrics: Metrics,
+    clock: Callable[[], float] = time.time,
+) -> MemoryService:
+    """Every operation of the daemon, over the tiers: its history (older turns, recall) and its
+    reads (the tier walk) made here, so that this module is where the daemon is put together."""
+    history = build_history(settings, store=store, hot=hot, text=text, metrics=metrics)
+    reads = build_reads(
+        settings, store=store, hot=hot, history=history, text=text, tagger=tagger, metrics=metrics, clock=clock
+    )
+    return MemoryService(
+        settings=settings,
+        store=store,
+        hot=hot,
+        job=job,
+        history=history,
+        reads=reads,
+        tagger=tagger,
+        metrics=metrics,
+        clock=clock,
+    )
+
+
 async def _check_schema(store: SqlStore) -> None:
     """Refuse to start on a reachable database that was never migrated (every write would fail);
     start anyway when SQL is unreachable, since reads can still be served from Redis."""
@@ -294,14 +370,8 @@ async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
         metrics=app[METRICS_KEY],
         tracing=app[TRACING_KEY],
     )
-    service = MemoryService(
-        settings=settings,
-        store=app[STORE_KEY],
-        hot=app[HOT_KEY],
-        job=job,
-        text=text,
-        tagger=tagger,
-        metrics=app[METRICS_KEY],
+    service = build_service(
+        settings, store=app[STORE_KEY], hot=app[HOT_KEY], job=job, text=text, tagger=tagger, metrics=app[METRICS_KEY]
     )
     app[SERVICE_KEY] = service
     app[INSPECTION_KEY] = Inspection(store=app[STORE_KEY], hot=app[HOT_KEY])

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
@@ -48,7 +47,6 @@ from tiered_memory.settings import Settings
 from tiered_memory.summarize.scheduler import SingleFlight
 from tiered_memory.summarize.topics import TopicTagger
 from tiered_memory.summary_job import LOCK_WAIT_S, JobResult, Outcome, SummaryJob
-from tiered_memory.text_lane import TextLane
 from tiered_memory.tier_errors import TierErrors
 from tiered_memory.tiers.buckets import tenant_bucket, tenant_rate, units
 from tiered_memory.tiers.hot import HotTier
@@ -88,27 +86,19 @@ class MemoryService:
         store: SqlStore,
         hot: HotTier,
         job: SummaryJob,
-        text: TextLane,
+        history: History,
+        reads: SessionReads,
         tagger: TopicTagger,
         metrics: Metrics,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        """The parts are composed by app.py (`build_service`), the one place that does."""
         self._s = settings
         self._hot = hot
         self._metrics = metrics
         self._errors = TierErrors(metrics.tier_errors)
         self._rates = settings.rate_limits
-        self._history = History(
-            store,
-            hot.postings,
-            text,
-            sql_error=functools.partial(self._errors.count, "sql"),
-            hot_error=functools.partial(self._errors.count, "hot"),
-            question_unindexed=metrics.questions_unindexed.inc,
-            session_max_bytes=settings.recall_max_bytes,
-            pending_max_bytes=settings.text_queue_bytes,
-            index_dropped=metrics.text_work_refused.inc,
-        )
+        self._history = history
         self._store = store
         self._job = job
         self._tagger = tagger
@@ -117,17 +107,7 @@ class MemoryService:
         self._erasures = Erasures(
             self._users, hot, forget=self._history.forget, stream=settings.events_stream, clock=clock
         )
-        self._reads = SessionReads(
-            settings=settings,
-            store=store,
-            users=self._users,
-            hot=hot,
-            history=self._history,
-            text=text,
-            tagger=tagger,
-            metrics=metrics,
-            clock=clock,
-        )
+        self._reads = reads
         self.summaries = SingleFlight(self._summarize, on_pending=metrics.pending_summarizations.set)
         # Sessions a client closed whose next background pass makes their summary again with the
         # LLM (a close answers with the deterministic merge, never waiting for the LLM).

@@ -25,7 +25,7 @@ from tiered_memory.errors import Conflict, LlmFailed, SqlUnavailable
 from tiered_memory.language import as_spoken
 from tiered_memory.metrics import Metrics
 from tiered_memory.model import Message, SessionInfo, Slice, Summary, SummarySource, key_tenant
-from tiered_memory.summarize.extractive import Extractor
+from tiered_memory.summarize.extractive import Extraction, Extractor
 from tiered_memory.summarize.llm import LlmSummarizer
 from tiered_memory.summarize.payload import rule_payload
 from tiered_memory.summarize.topics import TopicTagger
@@ -295,32 +295,16 @@ class SummaryJob:
         llm: LlmSummarizer | None,
     ) -> tuple[Summary, Slice | None]:
         """The summary of turns 1..target from `prev` (covering 1..covered) and the messages of
-        turns covered+1..target, with the slice recording that step."""
+        turns covered+1..target, with the slice recording that step: the rule-based merge, made
+        again by the LLM when there is one and it answers."""
         # A reply that was stopped, failed or never finished streaming is not an answer.
         new = for_summary(as_spoken([m for m in rows if m.answered]))
         ticket = Ticket(key_tenant(session_id), text_bytes(new))
-        extraction = await self._text.call(
-            ticket,
-            Extractor.extract,
-            new,
-            previous_structured=prev.structured if prev else None,
-            # The LLM's text is carried into the rule-based merge; a deterministic text is already
-            # in the structured facts.
-            previous_text=prev.text if prev and (prev.source is SummarySource.LLM or not prev.structured) else None,
-            max_chars=self._max_chars,
-        )
-        prev_payload = prev.structured.get("payload") if prev else None
-        payload = rule_payload(
-            text=extraction.text,
-            structured=extraction.structured,
-            new=new,
-            topics=extraction.topics,
-            previous=prev_payload,
-            max_chars=self._max_chars,
-        )
+        extraction, payload = await self._rule_merge(ticket, prev, new)
         text, source = extraction.text, SummarySource.DETERMINISTIC
         if llm is not None and new:
             try:
+                prev_payload = prev.structured.get("payload") if prev else None
                 text, payload = await self._ask(session_id, llm, prev, prev_payload, new, payload)
                 source = SummarySource.LLM
             except LlmFailed as exc:
@@ -346,21 +330,59 @@ class SummaryJob:
         summary = next_version(made, prev)
         if not rows:
             return summary, None
-        # The slice's own digest covers just this range, so it reads on its own.
+        slice_llm = llm if source is SummarySource.LLM else None
+        return summary, await self._slice(ticket, new, rows, covered=covered, summary=summary, llm=slice_llm)
+
+    async def _rule_merge(
+        self, ticket: Ticket, prev: Summary | None, new: list[Message]
+    ) -> tuple[Extraction, dict[str, Any]]:
+        """The deterministic merge of `new` into `prev`: the extractor's text and facts, and the
+        structured payload built from them."""
+        extraction = await self._text.call(
+            ticket,
+            Extractor.extract,
+            new,
+            previous_structured=prev.structured if prev else None,
+            # The LLM's text is carried into the rule-based merge; a deterministic text is already
+            # in the structured facts.
+            previous_text=prev.text if prev and (prev.source is SummarySource.LLM or not prev.structured) else None,
+            max_chars=self._max_chars,
+        )
+        payload = rule_payload(
+            text=extraction.text,
+            structured=extraction.structured,
+            new=new,
+            topics=extraction.topics,
+            previous=prev.structured.get("payload") if prev else None,
+            max_chars=self._max_chars,
+        )
+        return extraction, payload
+
+    async def _slice(
+        self,
+        ticket: Ticket,
+        new: list[Message],
+        rows: list[Message],
+        *,
+        covered: int,
+        summary: Summary,
+        llm: LlmSummarizer | None,
+    ) -> Slice:
+        """The slice of one merge step: its own digest of just this range (so it reads on its
+        own), which messages it covers, and, made by the LLM (`llm`), with which prompt."""
         digest = await self._text.call(ticket, Extractor.extract, new, max_chars=min(_SLICE_CHARS, self._max_chars))
-        piece = Slice(
+        return Slice(
             from_turn=covered + 1,
-            to_turn=target,
+            to_turn=summary.covered_turns,
             first_seq=rows[0].seq,
             last_seq=rows[-1].seq,
             text=digest.text,
-            source=source,
+            source=summary.source,
             summary_version=summary.version,
-            created_at=now,
-            model=llm.model if source is SummarySource.LLM and llm else None,
-            prompt_id=llm.prompt_id_for(new) if source is SummarySource.LLM and llm else None,
+            created_at=summary.updated_at,
+            model=llm.model if llm else None,
+            prompt_id=llm.prompt_id_for(new) if llm else None,
         )
-        return summary, piece
 
     async def _ask(
         self,

@@ -93,7 +93,7 @@ async def kill_master_under_load(
             down.set()
             await asyncio.to_thread(kill_and_wait_for_promotion)
             recovered.set()
-            await asyncio.wait_for(asyncio.gather(*load), timeout=120)
+            await asyncio.wait_for(asyncio.gather(*load), timeout=100)
         finally:
             for task in load:
                 task.cancel()

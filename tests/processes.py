@@ -18,6 +18,6 @@ async def run_cli(env: dict[str, str], *args: str) -> tuple[int, str, str]:
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
-    out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=100)
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()

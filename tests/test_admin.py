@@ -49,7 +49,7 @@ def cli(*args: str, env: dict[str, str], stderr_tty: bool = False) -> tuple[int,
     full_env = os.environ | env | {"LOG_FORMAT": "auto"}
     cmd = [sys.executable, "-m", "tiered_memory", *args]
     if not stderr_tty:
-        done = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=300, check=False)
+        done = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=100, check=False)
         return done.returncode, done.stdout, done.stderr
     master, slave = pty.openpty()
     with subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=slave) as proc:
@@ -255,6 +255,8 @@ async def test_a_session_active_again_part_way_through_its_purge_is_kept(daemon:
         if await daemon.store.count_messages(sid) < 150:
             break
         await asyncio.sleep(0.001)
+    else:
+        raise AssertionError("the purge deleted nothing within 3000 looks")
     await daemon.post(sid, "user", "我又回来了", message_id="m-back")
     done = await purging
     assert not done.complete

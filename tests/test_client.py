@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from urllib.parse import urlparse
@@ -321,12 +322,27 @@ async def test_a_503_is_retried_after_its_retry_after(real_servers: RealServers)
                 rows = sql_rows(real_servers.mysql_url, "SELECT COUNT(*) FROM messages WHERE session_id=%s", sid)
                 assert rows == [(1,)]
                 sql.cut()
+                started = time.monotonic()
                 with pytest.raises(Unavailable) as gave_up:
                     await mem.append(sid, "user", "再说一句")
                 assert (gave_up.value.status, gave_up.value.retry_after) == (503, 1.0)
+                # Two retries, each after the 503's Retry-After of 1 s (the backoff alone would
+                # have waited at most 0.01 and 0.02 s).
+                assert time.monotonic() - started >= 2.0
         finally:
             sql.heal()
             await d.stop()
+
+
+async def test_the_retry_delay_honours_retry_after_within_the_bound() -> None:
+    """The wait before a retry: jittered within the doubling backoff, at least a 503's
+    Retry-After, and never past max_backoff."""
+    async with AsyncClient("http://127.0.0.1:1", backoff=0.1, max_backoff=5.0) as mem:
+        for attempt in range(4):
+            assert 0 <= mem._delay(attempt, None) <= 0.1 * 2**attempt
+            assert 1.0 <= mem._delay(attempt, 1.0) <= 5.0
+            assert mem._delay(attempt, 30.0) == 5.0
+        assert mem._delay(10, None) <= 5.0
 
 
 async def test_unreachable_and_hung_daemons() -> None:

@@ -142,9 +142,13 @@ async def test_redis_fault_falls_through_breaker_opens_and_hot_refills(
             redis_proxy.blackhole()
         else:
             redis_proxy.delay_s = 0.5
-        faulted = time.monotonic()  # the breaker opens after this
+        faulted, dialled = time.monotonic(), redis_proxy.accepted  # the breaker opens after this
         await play(d, sid, ZH_12_TURNS[3:5])
         assert _gauge(d, "tiered_memory_breaker_state", dependency="redis") == 2
+        if fault == "hung":
+            # The connection that went silent was dropped and another dialled: a client that
+            # kept waiting on it would stall every call behind the first.
+            assert redis_proxy.accepted > dialled
 
         # Open: ten requests (twenty Redis calls without a breaker), and only the probes, one
         # per reset period, reach Redis: none at all when the ten take less than a period. A
@@ -370,10 +374,12 @@ async def test_summary_lost_to_an_sql_outage_is_retried(
             return (_gauge(d, "tiered_memory_summarizations_total", source="llm", outcome="failed") or 0) >= 1
 
         await _eventually(failed)
+        query = "SELECT covered_turns FROM conversation_summaries WHERE session_id=%s"
+        # The failed pass wrote nothing: what SQL holds after healing is the retry's.
+        assert sql_rows(sql_url, query, sid) == []
         sql_proxy.heal()
 
         async def written() -> bool:
-            query = "SELECT covered_turns FROM conversation_summaries WHERE session_id=%s"
             return sql_rows(sql_url, query, sid) == [(3,)]
 
         await _eventually(written)

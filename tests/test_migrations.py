@@ -229,7 +229,7 @@ def run_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]
         env=os.environ | env,
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=100,  # under the test's own 120 s, so that this one says what hung
         check=False,
     )
 

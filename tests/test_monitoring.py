@@ -47,7 +47,7 @@ def promtool() -> str:
 
 
 def _run(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=100, check=False)
 
 
 def _alert_rules() -> list[dict[str, Any]]:

@@ -21,7 +21,7 @@ def _walk(args: list[str]) -> list[dict[str, object]]:
         [sys.executable, str(ROOT / "scripts" / "walkthrough.py"), *args],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=100,  # under the test's own 120 s, so that this one says what hung
         check=False,
     )
     steps = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]

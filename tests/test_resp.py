@@ -136,11 +136,15 @@ async def test_a_blackholed_server_times_out_and_the_connection_is_replaced(priv
         mux = _mux("127.0.0.1", proxy.port, timeout_s=0.3)
         try:
             await mux.execute(("SET", "k", "before"))
+            opened = proxy.accepted
             proxy.blackhole()
             for _ in range(3):
                 with pytest.raises(TimeoutError):
                     async with asyncio.timeout(0.5):
                         await mux.execute(("GET", "k"))
+            # The silent connection was dropped and another dialled while the server stayed
+            # silent (a client that kept waiting on the old one would open none).
+            assert proxy.accepted > opened
             proxy.heal()
             with private_redis.client() as r:
                 r.set("k", "after")

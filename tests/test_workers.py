@@ -10,6 +10,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import RealServers, new_sid
 from tiered_memory.errors import ConfigError
@@ -41,6 +42,22 @@ async def _until_children(pid: int, count: int, exclude: set[int] | None = None)
     raise AssertionError(f"expected {count} workers, have {_children(pid)}")
 
 
+async def _appends_served(http: aiohttp.ClientSession, base: str) -> int:
+    """The appends answered 201 by the worker that answers this scrape."""
+    async with http.get(f"{base}/metrics") as resp:
+        text = await resp.text()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = sample.labels
+            if (
+                sample.name == "tiered_memory_request_duration_seconds_count"
+                and labels.get("route") == "/v1/sessions/{session_id}/messages"
+                and (labels.get("method"), labels.get("status")) == ("POST", "201")
+            ):
+                return int(sample.value)
+    return 0
+
+
 async def test_two_workers_share_a_port_restart_a_dead_one_and_stop_on_sigterm(
     real_servers: RealServers, tmp_path: Path
 ) -> None:
@@ -67,6 +84,10 @@ async def test_two_workers_share_a_port_restart_a_dead_one_and_stop_on_sigterm(
         async with http.get(f"{base}/v1/sessions/{sid}") as resp:
             info = await resp.json()
         assert (info["turn_count"], info["message_count"]) == (10, 20)
+        # Each worker counts the appends it served in its own registry. Any scrape showing a
+        # part of the twenty means both served (one worker alone would show 20, the other 0).
+        served = {await _appends_served(http, base) for _ in range(12)}
+        assert any(0 < n < 20 for n in served), served
 
         victim = next(iter(workers))
         os.kill(victim, signal.SIGKILL)

@@ -16,9 +16,9 @@ from __future__ import annotations
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
+from tiered_memory.addresses import host_name, is_loopback
 from tiered_memory.auth import OPEN_PATHS
 from tiered_memory.errors import MisdirectedRequest, UnsupportedMedia
-from tiered_memory.settings import host_name, is_loopback
 
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 

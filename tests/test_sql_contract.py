@@ -435,12 +435,10 @@ async def test_unreachable_server_is_sql_unavailable() -> None:
     await dead.aclose()
 
 
-async def test_concurrent_migrations_all_succeed(request: pytest.FixtureRequest, tmp_path: Path) -> None:
+async def test_concurrent_migrations_all_succeed(real_servers: RealServers, postgres_url: str, tmp_path: Path) -> None:
     """Four replicas migrating one fresh database at once all succeed (SQLite, MariaDB and
     PostgreSQL)."""
-    servers: RealServers = request.getfixturevalue("real_servers")
-    postgres: str = request.getfixturevalue("postgres_url")
-    with own_database(servers.mysql_url) as mariadb, own_database(postgres) as postgresql:
+    with own_database(real_servers.mysql_url) as mariadb, own_database(postgres_url) as postgresql:
         for url in (f"sqlite+aiosqlite:///{tmp_path / 'mig.sqlite3'}", mariadb, postgresql):
             stores = [SqlStore(create_engine(url), timeout_s=30) for _ in range(4)]
             versions = await asyncio.gather(*(s.migrate() for s in stores))

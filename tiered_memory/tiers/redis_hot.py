@@ -231,6 +231,8 @@ class RedisHot:
         self._keys = keys
         self._summary_ttl = summary_ttl_s
         self._history_ttl = history_ttl_s
+        # Made once: every append and backfill passes them to its script.
+        self._ttls = Ttls(history_ttl_s, summary_ttl_s)
         self._recent = recent
         self._put_summary = Script.of(_PUT_SUMMARY_LUA)
         self._unlock = Script.of(_UNLOCK_LUA)
@@ -410,7 +412,7 @@ class RedisHot:
             counters,
             len(message.content),
             self._recent,
-            Ttls(self._history_ttl, self._summary_ttl),
+            self._ttls,
             dirty,
         ).argv()
 
@@ -462,7 +464,7 @@ class RedisHot:
             encode_summary(summary) if summary else b"",
             summary.version if summary else 0,
             counters,
-            Ttls(self._history_ttl, self._summary_ttl),
+            self._ttls,
             [encode_message(m) for m in kept] if recent is not None else None,
             sum(m.size for m in kept),
         ).argv()

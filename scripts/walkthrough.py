@@ -27,6 +27,7 @@ from typing import Any
 import aiohttp
 import redis
 
+from tiered_memory.model import SessionKey
 from tiered_memory.settings import Settings
 from tiered_memory.testing import ZH_12_TURNS as TURNS
 from tiered_memory.testing import ZH_EARLY_EVIDENCE as EARLY_EVIDENCE
@@ -113,7 +114,7 @@ async def walk(args: argparse.Namespace) -> None:
             # The hot tier first: a restarted daemon's start-up sweep would otherwise find the
             # session's summary missing and make it again before the read below.
             await lose_hot(http)
-            await store.delete_summary(sid)
+            await store.delete_summary(SessionKey(sid))
             _, cold = await call(http, "GET", summary_url)
             kept = [e for e in EARLY_EVIDENCE if e in (cold["summary"] or "")]
             step("warm row deleted too", tier=cold["tier"], early_evidence_kept=kept, summary=cold["summary"])

@@ -43,6 +43,7 @@ from tests.replication import replication  # noqa: F401 - the fixture, for every
 from tests.topologies import RedisClusterProcesses
 from tiered_memory.app import create_app
 from tiered_memory.app_keys import HOT_KEY, SERVICE_KEY, STORE_KEY, TEXT_KEY
+from tiered_memory.model import SessionKey
 from tiered_memory.service import MemoryService
 from tiered_memory.settings import Settings
 from tiered_memory.summarize.extractive import Extractor
@@ -481,8 +482,9 @@ def tag_chars(messages: list[dict[str, Any]]) -> int:
     return len(system) - len(memory_of(system)) - system.index('<memory note="') if '<memory note="' in system else 0
 
 
-def new_sid() -> str:
-    return f"s-{uuid.uuid4().hex[:12]}"
+def new_sid() -> SessionKey:
+    """A new session id: in the tenant-less namespace it is also the session's stored key."""
+    return SessionKey(f"s-{uuid.uuid4().hex[:12]}")
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from yarl import URL
 
 from tests.conftest import Daemon, memory_of, new_sid, play, tag_chars
 from tiered_memory.app_keys import HOT_KEY
-from tiered_memory.model import NewMessage, Role
+from tiered_memory.model import NewMessage, Role, SessionKey
 from tiered_memory.testing import ZH_12_TURNS, ZH_EARLY_EVIDENCE
 
 _JSON = {"Content-Type": "application/json"}
@@ -293,7 +293,7 @@ async def test_other_user_is_forbidden(daemon: Daemon) -> None:
     assert (await daemon.get(f"/v1/sessions/{sid}"))["message_count"] == 1
 
 
-async def _hot_keys(daemon: Daemon, sid: str) -> list[str]:
+async def _hot_keys(daemon: Daemon, sid: SessionKey) -> list[str]:
     """The hot tier's keys of a session: Redis keys, or the parts of the in-process entry."""
     if daemon.settings.redis_url:
         r = redis.Redis.from_url(daemon.settings.redis_url)

@@ -16,6 +16,7 @@ from sqlalchemy import event as sa_event
 
 from tests.conftest import Daemon, new_sid, play
 from tiered_memory.app_keys import HOT_KEY
+from tiered_memory.model import SessionKey
 from tiered_memory.testing import ZH_12_TURNS
 
 ADMIN = "admin-token-0123456789abcdef"
@@ -113,7 +114,7 @@ async def snapshot(d: Daemon, sid: str, tenant: str | None = "acme") -> dict[str
         "slices": await get(f"/v1/sessions/{sid}/slices"),
         "summary": {k: summary[k] for k in ("summary", "version", "covered_turns", "turn_count")},
         "context": (await get(f"/v1/sessions/{sid}/context"))["messages"],
-        "rows": await d.store.count_messages(sid if tenant is None else f"{tenant}/{sid}"),
+        "rows": await d.store.count_messages(SessionKey(sid if tenant is None else f"{tenant}/{sid}")),
     }
 
 
@@ -401,7 +402,7 @@ async def test_a_hot_entry_outside_its_namespace_is_never_shown(authed: Daemon) 
     await owned_conversation(authed, sid)
     assert authed.app is not None
     hot = authed.app[HOT_KEY]
-    cached = await hot.read_session(f"acme/{sid}")
+    cached = await hot.read_session(SessionKey(f"acme/{sid}"))
     assert cached.owner is not None
     assert cached.summary is not None
     counters = cached.counters
@@ -452,4 +453,4 @@ async def test_a_rebuild_job_is_read_as_its_session_is(authed: Daemon) -> None:
         resp = await authed.http.post(f"/v1/sessions/{sid}/summary/rebuild", headers=headers)
         assert (resp.status, await resp.json()) == (403, FORBIDDEN), headers
     assert authed.app is not None
-    assert await authed.app[HOT_KEY].jobs.holder(f"acme/{sid}") is None
+    assert await authed.app[HOT_KEY].jobs.holder(SessionKey(f"acme/{sid}")) is None

@@ -10,16 +10,16 @@ from tiered_memory.context import (
     hot_window_complete,
     window,
 )
-from tiered_memory.model import Message, Role
+from tiered_memory.model import Message, Role, SessionKey
 
 
 def conv(n_turns: int, trailing_user: bool = False) -> list[Message]:
     out = []
     for t in range(1, n_turns + 1):
-        out.append(Message("s", 2 * t - 1, t, Role.USER, f"u{t}", f"u{t}", 0.0))
-        out.append(Message("s", 2 * t, t, Role.ASSISTANT, f"a{t}", f"a{t}", 0.0))
+        out.append(Message(SessionKey("s"), 2 * t - 1, t, Role.USER, f"u{t}", f"u{t}", 0.0))
+        out.append(Message(SessionKey("s"), 2 * t, t, Role.ASSISTANT, f"a{t}", f"a{t}", 0.0))
     if trailing_user:
-        out.append(Message("s", 2 * n_turns + 1, n_turns + 1, Role.USER, "pending", "p", 0.0))
+        out.append(Message(SessionKey("s"), 2 * n_turns + 1, n_turns + 1, Role.USER, "pending", "p", 0.0))
     return out
 
 
@@ -34,7 +34,7 @@ def test_window_keeps_the_last_turns_and_the_one_in_progress() -> None:
 def test_alternate_starts_with_user_and_joins_runs() -> None:
     """Leading assistant messages are dropped; consecutive messages of one role are joined."""
     msgs = conv(2)[1:]
-    msgs.insert(2, Message("s", 9, 2, Role.USER, "again", "x", 0.0))
+    msgs.insert(2, Message(SessionKey("s"), 9, 2, Role.USER, "again", "x", 0.0))
     assert alternate(msgs) == [
         ChatMessage("user", "u2\nagain"),
         ChatMessage("assistant", "a2"),
@@ -64,7 +64,7 @@ def test_how_long_ago_in_minutes_hours_and_days() -> None:
 
 def test_a_hot_list_is_whole_from_the_first_message_to_the_count() -> None:
     """Whole: it starts at seq 1, ends at the count SQL reported, and lacks none between."""
-    ms = [Message("s", seq, (seq + 1) // 2, Role.USER, "x", f"m{seq}", 0.0) for seq in range(1, 5)]
+    ms = [Message(SessionKey("s"), seq, (seq + 1) // 2, Role.USER, "x", f"m{seq}", 0.0) for seq in range(1, 5)]
     assert hot_list_whole(ms, message_count=4)
     assert not hot_list_whole(ms, message_count=5)
     assert not hot_list_whole(ms[1:], message_count=4)

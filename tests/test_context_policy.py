@@ -12,7 +12,7 @@ from tiered_memory.condense import clauses, condense, is_phatic, keys
 from tiered_memory.context_policy import ORIGINS, Candidates, Selection, choose, lagging_digest
 from tiered_memory.eval.command import shipped_set
 from tiered_memory.eval.dataset import load_jsonl
-from tiered_memory.model import Message, Role
+from tiered_memory.model import Message, Role, SessionKey
 from tiered_memory.notes import features
 from tiered_memory.summarize.extractive import Extractor
 from tiered_memory.summarize.facts import render
@@ -26,7 +26,7 @@ def _messages(turns: list[tuple[str, str]]) -> list[Message]:
     for t, (user, assistant) in enumerate(turns, 1):
         for role, text in ((Role.USER, user), (Role.ASSISTANT, assistant)):
             seq = len(out) + 1
-            out.append(Message("s", seq, t, role, text, f"m{seq}", 0.0))
+            out.append(Message(SessionKey("s"), seq, t, role, text, f"m{seq}", 0.0))
     return out
 
 
@@ -148,7 +148,7 @@ def test_the_parts_are_the_system_text_by_origin(extractor: Extractor) -> None:
         messages = _messages(list(conv.turns))
         lang = "zh" if conv.session.startswith("zh") else "en"
         c = _candidates(messages, extractor, lang)
-        note = Message("s", 0, 1, Role.SYSTEM, "call transferred to billing", "n0", 0.0)
+        note = Message(SessionKey("s"), 0, 1, Role.SYSTEM, "call transferred to billing", "n0", 0.0)
         asked = dataclasses.replace(
             c, snippets=[messages[:2]], terms=list(keys(messages[0].content))[:3], events=[note]
         )

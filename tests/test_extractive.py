@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tiered_memory.model import Message, Role
+from tiered_memory.model import Message, Role, SessionKey
 from tiered_memory.summarize.extractive import Extraction, Extractor
 
 ZH_TURNS = [
@@ -57,7 +57,7 @@ def conversation(turns: Sequence[tuple[str, str]], first_turn: int = 1) -> list[
         turn = first_turn + offset
         for role, content in ((Role.USER, user), (Role.ASSISTANT, assistant)):
             seq = 2 * turn - (1 if role is Role.USER else 0)
-            messages.append(Message("s1", seq, turn, role, content, f"m{seq}", float(seq)))
+            messages.append(Message(SessionKey("s1"), seq, turn, role, content, f"m{seq}", float(seq)))
     return messages
 
 

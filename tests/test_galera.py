@@ -28,7 +28,7 @@ from tests.conftest import new_sid
 from tests.galera import GaleraCluster
 from tests.processes import run_cli
 from tiered_memory.errors import Conflict, SqlUnavailable
-from tiered_memory.model import AppendResult, NewMessage, Role, Summary, SummarySource
+from tiered_memory.model import AppendResult, NewMessage, Role, SessionKey, Summary, SummarySource
 from tiered_memory.tiers.sql_engine import create_engine
 from tiered_memory.tiers.sql_schema import SCHEMA_VERSION
 from tiered_memory.tiers.sql_store import SqlStore
@@ -71,7 +71,7 @@ async def stores(cluster: GaleraCluster, database: str) -> AsyncIterator[list[Sq
             await store.aclose()
 
 
-def message(sid: str, k: int, mid: str) -> NewMessage:
+def message(sid: SessionKey, k: int, mid: str) -> NewMessage:
     """The k-th message of a conversation: a question on even k, its answer on odd k."""
     role = Role.USER if k % 2 == 0 else Role.ASSISTANT
     return NewMessage(sid, role, f"{role.value} {k}", mid, "u1")
@@ -153,7 +153,7 @@ async def test_three_replicas_migrate_through_three_nodes_at_once(cluster: Galer
         assert cluster.rows(i, database, "SELECT version_num FROM alembic_version") == [(f"{SCHEMA_VERSION:04d}",)]
 
 
-def round_robin(sids: list[str], per_session: int) -> list[tuple[int, NewMessage]]:
+def round_robin(sids: list[SessionKey], per_session: int) -> list[tuple[int, NewMessage]]:
     """`per_session` messages for each session, the sessions interleaved, each with the node
     it goes through: the three in turn."""
     news = [message(sid, k, f"{sid}-{k}") for k in range(per_session) for sid in sids]
@@ -199,7 +199,7 @@ async def test_appends_to_the_same_sessions_through_three_nodes_are_stored_once_
     assert sorted(by_session) == sorted(sids)
     for sid, mine in by_session.items():
         assert sorted(mid for _, mid, _, _ in mine) == sorted(f"{sid}-{k}" for k in range(60))
-        info = await stores[1].get_session(sid)
+        info = await stores[1].get_session(SessionKey(sid))
         assert info is not None
         assert info.message_count == 60
         assert info.turn_count == completed_turns([role for _, _, _, role in mine])
@@ -259,7 +259,7 @@ class Writer:
     each sent again after a failure (same message_id) until it is acknowledged, until `stop`."""
 
     store: SqlStore
-    sids: list[str]
+    sids: list[SessionKey]
     # what was sent and acknowledged, by message_id
     acked: dict[str, tuple[NewMessage, AppendResult]] = dataclasses.field(default_factory=dict)
     # (when it began, when it failed, the error) of each attempt that failed
@@ -272,7 +272,7 @@ class Writer:
     async def run(self, stop: asyncio.Event) -> None:
         await asyncio.gather(*(self._converse(sid, stop) for sid in self.sids))
 
-    async def _converse(self, sid: str, stop: asyncio.Event) -> None:
+    async def _converse(self, sid: SessionKey, stop: asyncio.Event) -> None:
         k = 0
         while not stop.is_set():
             new = message(sid, k, f"{sid}-{k}")

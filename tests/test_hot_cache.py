@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import RealServers, new_sid
 from tests.faults import RedisProcess
 from tests.test_crash import _env
-from tiered_memory.model import Message, Owner, Role, SessionCounters
+from tiered_memory.model import Message, Owner, Role, SessionCounters, SessionKey
 from tiered_memory.testing import DaemonProcess, FakeLlm, processes
 from tiered_memory.tiers.hot import RecentBound
 from tiered_memory.tiers.hot_cache import HotCache
@@ -50,7 +50,7 @@ async def pair(private_redis: RedisProcess) -> AsyncIterator[tuple[RedisHot, Red
         await b.aclose()
 
 
-async def _append(hot: RedisHot, sid: str, seq: int) -> None:
+async def _append(hot: RedisHot, sid: SessionKey, seq: int) -> None:
     m = Message(sid, seq, (seq + 1) // 2, Role.USER if seq % 2 else Role.ASSISTANT, f"m{seq}", f"id{seq}", 1.0)
     await hot.record_append(m, SessionCounters(seq // 2, seq, float(seq), _OWNER, seq))
 
@@ -132,18 +132,18 @@ def test_a_read_that_raced_a_change_is_not_kept() -> None:
     """A read whose session changed while it was in flight (an invalidation, a write of ours, a
     reset) answers its caller but is not kept."""
     cache: HotCache[object] = HotCache(10)
-    stamp = cache.stamp("s")
-    cache.changed("s")
-    cache.put("s", "session", "old", stamp)
-    assert cache.get("s", "session") is None
-    stamp = cache.stamp("s")
+    stamp = cache.stamp(SessionKey("s"))
+    cache.changed(SessionKey("s"))
+    cache.put(SessionKey("s"), "session", "old", stamp)
+    assert cache.get(SessionKey("s"), "session") is None
+    stamp = cache.stamp(SessionKey("s"))
     cache.reset()
-    cache.put("s", "session", "old", stamp)
-    assert cache.get("s", "session") is None
-    stamp = cache.stamp("s")
-    cache.changed("other")
-    cache.put("s", "session", "new", stamp)
-    assert cache.get("s", "session") == "new"
+    cache.put(SessionKey("s"), "session", "old", stamp)
+    assert cache.get(SessionKey("s"), "session") is None
+    stamp = cache.stamp(SessionKey("s"))
+    cache.changed(SessionKey("other"))
+    cache.put(SessionKey("s"), "session", "new", stamp)
+    assert cache.get(SessionKey("s"), "session") == "new"
 
 
 async def test_two_processes_never_read_what_the_other_just_replaced(

@@ -11,7 +11,7 @@ import redis
 
 from tests.conftest import RealServers, new_sid, redis_flush_prefix
 from tiered_memory.errors import HotUnavailable
-from tiered_memory.model import Message, Owner, Role, SessionCounters, Summary, SummarySource
+from tiered_memory.model import Message, Owner, Role, SessionCounters, SessionKey, Summary, SummarySource
 from tiered_memory.tiers.codec import encode_message
 from tiered_memory.tiers.hot import HotExpiries, HotTier, RecentBound
 from tiered_memory.tiers.keys import Keys
@@ -67,7 +67,7 @@ async def _tier_of(request: pytest.FixtureRequest, recent: RecentBound) -> Async
     redis_flush_prefix(servers.redis_url, prefix)
 
 
-def msg(sid: str, seq: int, role: Role = Role.USER) -> Message:
+def msg(sid: SessionKey, seq: int, role: Role = Role.USER) -> Message:
     return Message(sid, seq, (seq + 1) // 2, role, f"内容 {seq}", f"m{seq}", 1.5 * seq, "u1")
 
 
@@ -111,11 +111,11 @@ async def by_chars(request: pytest.FixtureRequest) -> AsyncIterator[HotTier]:
         yield tier
 
 
-def said(sid: str, seq: int) -> Message:
+def said(sid: SessionKey, seq: int) -> Message:
     return dataclasses.replace(msg(sid, seq), content=TEXTS[(seq - 1) % len(TEXTS)])
 
 
-async def _append_all(hot: HotTier, sid: str, seqs: range) -> None:
+async def _append_all(hot: HotTier, sid: SessionKey, seqs: range) -> None:
     for seq in seqs:
         await hot.record_append(said(sid, seq), SessionCounters(seq // 2, seq, 1.0, OWNER))
         kept = CHARS.keep([said(sid, s) for s in range(1, seq + 1)])
@@ -156,7 +156,7 @@ def test_recent_bound_keeps_the_newest_and_knows_its_room() -> None:
     """keep: the newest `most`, then from the oldest while the rest still hold `chars`, never
     below `least`; has_room: whether one more in front would be kept. Chars 0 bounds by count."""
     texts = ["aaaa", "bb", "cccccc", "d", "ee"]
-    ms = [dataclasses.replace(msg("s", i + 1), content=t) for i, t in enumerate(texts)]
+    ms = [dataclasses.replace(msg(SessionKey("s"), i + 1), content=t) for i, t in enumerate(texts)]
     assert [m.content for m in RecentBound(least=1, most=5, chars=8).keep(ms)] == ["cccccc", "d", "ee"]
     assert [m.content for m in RecentBound(least=4, most=5, chars=3).keep(ms)] == ["bb", "cccccc", "d", "ee"]
     assert [m.content for m in RecentBound(least=1, most=2, chars=100).keep(ms)] == ["d", "ee"]
@@ -252,21 +252,21 @@ async def test_memory_ttls_and_bound() -> None:
     SUMMARY_TTL, like Redis, and evicts the least recently used session past its bound."""
     clock = Clock()
     hot = MemoryHot(max_sessions=2, summary_ttl_s=100, history_ttl_s=10, recent=RECENT, clock=clock)
-    await hot.record_append(msg("a", 1), SessionCounters(0, 1, 1.0, OWNER))
-    await hot.put_summary("a", summary(1))
+    await hot.record_append(msg(SessionKey("a"), 1), SessionCounters(0, 1, 1.0, OWNER))
+    await hot.put_summary(SessionKey("a"), summary(1))
     clock.now += 11
-    snap = await hot.read_session("a")
+    snap = await hot.read_session(SessionKey("a"))
     assert snap.recent == ()
     assert snap.summary == summary(1)
     assert snap.turn_count == 0
     assert snap.owner == OWNER
     clock.now += 90
-    assert (await hot.read_session("a")).summary is None
-    for sid in ("x", "y", "z"):
+    assert (await hot.read_session(SessionKey("a"))).summary is None
+    for sid in map(SessionKey, ("x", "y", "z")):
         await hot.put_summary(sid, dataclasses.replace(summary(1), text=sid))
     assert len(hot) == 2
-    assert (await hot.read_summary("x"))[0] is None
-    assert (await hot.read_summary("z"))[0] is not None
+    assert (await hot.read_summary(SessionKey("x")))[0] is None
+    assert (await hot.read_summary(SessionKey("z")))[0] is not None
 
 
 async def test_memory_bound_in_bytes() -> None:
@@ -279,17 +279,19 @@ async def test_memory_bound_in_bytes() -> None:
     token = await hot.try_lock("locked", 60)
     for n in range(150):
         for seq in range(1, 13):
-            m = dataclasses.replace(msg(f"s{n}", seq), content=long)
+            m = dataclasses.replace(msg(SessionKey(f"s{n}"), seq), content=long)
             await hot.record_append(m, SessionCounters(0, seq, 1.0, OWNER))
         assert hot.bytes <= 16 * 2**20
     assert len(hot) < 150
-    assert (await hot.read_session("s0")).recent == ()
-    assert len((await hot.read_session("s149")).recent) == len(RECENT.keep([msg("s149", s) for s in range(1, 13)]))
+    assert (await hot.read_session(SessionKey("s0"))).recent == ()
+    assert len((await hot.read_session(SessionKey("s149"))).recent) == len(
+        RECENT.keep([msg(SessionKey("s149"), s) for s in range(1, 13)])
+    )
     assert not await hot.try_lock("locked", 60)  # a held summary lock is never evicted
     assert token is not None
     held = hot.bytes
-    await hot.delete("s149")
-    await hot.invalidate("s148")
+    await hot.delete(SessionKey("s149"))
+    await hot.invalidate(SessionKey("s148"))
     assert hot.bytes < held - 2 * 32_000
     await hot.aclose()
     assert hot.bytes == 0

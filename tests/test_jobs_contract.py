@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import new_sid
 from tests.test_hot_contract import RECENT, _tier_of
-from tiered_memory.model import JobState, RebuildJob, SummarySource
+from tiered_memory.model import JobState, RebuildJob, SessionKey, SummarySource
 from tiered_memory.tiers.hot import HotTier
 from tiered_memory.tiers.jobs import JobStore
 from tiered_memory.tiers.keys import Keys
@@ -105,5 +105,5 @@ async def test_a_record_expires_after_its_ttl(hot: HotTier) -> None:
 def test_job_keys_are_hash_tagged_by_session() -> None:
     """A job's record and its session's lease carry the session's hash tag (one cluster slot)."""
     keys = Keys("tm")
-    assert keys.rebuild("acme/call-1", "ab" * 16) == "tm:{acme/call-1}:rebuild:" + "ab" * 16
-    assert keys.rebuild_lease("acme/call-1") == "tm:{acme/call-1}:rebuild-lease"
+    assert keys.rebuild(SessionKey("acme/call-1"), "ab" * 16) == "tm:{acme/call-1}:rebuild:" + "ab" * 16
+    assert keys.rebuild_lease(SessionKey("acme/call-1")) == "tm:{acme/call-1}:rebuild-lease"

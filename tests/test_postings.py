@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 
 from tests.conftest import RealServers, new_sid, redis_flush_prefix
-from tiered_memory.model import Message, MessageStatus, Role
+from tiered_memory.model import Message, MessageStatus, Role, SessionKey
 from tiered_memory.recall import around, best_turns, search
 from tiered_memory.tiers.hot import RecentBound
 from tiered_memory.tiers.keys import Keys
@@ -64,12 +64,12 @@ async def stores(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Postings
     redis_flush_prefix(servers.redis_url, prefix)
 
 
-def _turn(sid: str, seq: int, text: str, status: MessageStatus = MessageStatus.COMPLETED) -> Message:
+def _turn(sid: SessionKey, seq: int, text: str, status: MessageStatus = MessageStatus.COMPLETED) -> Message:
     role = Role.USER if seq % 2 else Role.ASSISTANT
     return Message(sid, seq, (seq + 1) // 2, role, text, f"m{seq}", 1.0, status=status)
 
 
-def _batch(sid: str, first: int, texts: list[str], read_at: float = 1.0) -> PostingsBatch:
+def _batch(sid: SessionKey, first: int, texts: list[str], read_at: float = 1.0) -> PostingsBatch:
     messages = [_turn(sid, first + i, t) for i, t in enumerate(texts)]
     return pack(messages, [t.split() for t in texts], read_at=read_at)
 
@@ -148,22 +148,22 @@ async def test_forget_drops_the_postings(stores: tuple[PostingsStore, PostingsSt
 async def test_process_memory_drops_the_least_recently_asked_session() -> None:
     """All sessions' postings in process memory stay within their bound, the least recently
     asked dropped first; the newest stays even alone over it."""
-    batches = {f"s{n}": _batch(f"s{n}", 1, [f"alpha beta gamma {n}"]) for n in range(4)}
-    each = batches["s0"].size
+    batches = {SessionKey(f"s{n}"): _batch(SessionKey(f"s{n}"), 1, [f"alpha beta gamma {n}"]) for n in range(4)}
+    each = batches[SessionKey("s0")].size
     assert all(b.size == each for b in batches.values())
     store = MemoryPostings(max_bytes=3 * each, session_max_bytes=100 * each)
-    for sid in ("s0", "s1", "s2"):
+    for sid in map(SessionKey, ("s0", "s1", "s2")):
         await store.add(sid, batches[sid])
-    await store.read("s0", ())  # now the most recently asked
-    await store.add("s3", batches["s3"])
+    await store.read(SessionKey("s0"), ())  # now the most recently asked
+    await store.add(SessionKey("s3"), batches[SessionKey("s3")])
     indexed = {sid: (await store.read(sid, ())).last_seq for sid in batches}
     assert indexed == {"s0": 1, "s1": 0, "s2": 1, "s3": 1}
     assert store.size == 3 * each
-    big = _batch("big", 1, ["word " * 60 + "other " * 60])
+    big = _batch(SessionKey("big"), 1, ["word " * 60 + "other " * 60])
     assert big.size > 3 * each
-    await store.add("big", big)
+    await store.add(SessionKey("big"), big)
     assert (len(store), store.size) == (1, big.size)
-    await store.forget("big")
+    await store.forget(SessionKey("big"))
     assert (len(store), store.size) == (0, 0)
 
 
@@ -214,7 +214,7 @@ async def test_process_memory_keeps_no_entry_for_postings_that_do_not_start() ->
     """After a restart, appends past the session's start find no postings in process memory:
     they are refused without leaving an empty entry behind."""
     store = MemoryPostings(max_bytes=10_000, session_max_bytes=10_000)
-    assert await store.add("s", _batch("s", 5, ["late append"])) == 0
+    assert await store.add(SessionKey("s"), _batch(SessionKey("s"), 5, ["late append"])) == 0
     assert len(store) == 0
 
 

@@ -21,7 +21,7 @@ from tiered_memory.api_input import parse_message
 from tiered_memory.context import alternate, compose
 from tiered_memory.context_policy import Candidates, choose
 from tiered_memory.errors import InvalidInput
-from tiered_memory.model import Message, MessageStatus, NewMessage, Role
+from tiered_memory.model import Message, MessageStatus, NewMessage, Role, SessionKey
 from tiered_memory.quoting import frame_chars
 from tiered_memory.summarize.extractive import Extractor
 
@@ -89,7 +89,7 @@ def test_parse_message_accepts_or_refuses_with_invalid_input(body: dict[str, Any
     exception, and what is accepted keeps every documented constraint."""
     refused: str | None = None
     try:
-        new = parse_message("s-1", body, max_bytes=max_bytes)
+        new = parse_message(SessionKey("s-1"), body, max_bytes=max_bytes)
     except InvalidInput as exc:
         refused = str(exc)
     if refused is not None:
@@ -167,7 +167,7 @@ def _messages(items: list[tuple[tuple[Role, MessageStatus], str]], first_seq: in
         turn += role is Role.USER
         out.append(
             Message(
-                "s",
+                SessionKey("s"),
                 seq,
                 turn,
                 role,

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import Daemon, RealServers, new_sid, play
 from tests.replication import ReplicationPair
-from tiered_memory.model import NewMessage, Role, Summary, SummarySource
+from tiered_memory.model import NewMessage, Role, SessionKey, Summary, SummarySource
 from tiered_memory.testing import free_port
 from tiered_memory.tiers.sql_engine import create_engine
 from tiered_memory.tiers.sql_replica import COOL_DOWN_S, PIN_S, Replica
@@ -78,7 +78,7 @@ async def replicated_store(
         await store.aclose()
 
 
-async def say(store: SqlStore, sid: str, first: int, count: int) -> None:
+async def say(store: SqlStore, sid: SessionKey, first: int, count: int) -> None:
     """Messages `first`..`first+count-1` of session `sid`, user and assistant in turn, whose
     content is `m<seq>` (seqs start at 1 and follow commit order)."""
     for seq in range(first, first + count):
@@ -86,7 +86,7 @@ async def say(store: SqlStore, sid: str, first: int, count: int) -> None:
         await store.append(NewMessage(sid, role, f"m{seq}", f"id{seq}", "u1"), now=time.time())
 
 
-async def seqs(store: SqlStore, sid: str) -> list[int]:
+async def seqs(store: SqlStore, sid: SessionKey) -> list[int]:
     return [m.seq for m in await store.recent_messages(sid, 100, replica=True)]
 
 

@@ -22,6 +22,7 @@ from tiered_memory.model import (
     Owner,
     Role,
     SessionCounters,
+    SessionKey,
     Summary,
     SummarySource,
     Tier,
@@ -61,7 +62,7 @@ async def parts(tmp_path: Path) -> AsyncIterator[Parts]:
         await history.aclose()
 
 
-async def play(store: SqlStore, key: str, turns: list[tuple[str, str]], *, caller: Caller = ACME) -> None:
+async def play(store: SqlStore, key: SessionKey, turns: list[tuple[str, str]], *, caller: Caller = ACME) -> None:
     """Commit each (user, assistant) pair to SQL only (the hot tier knows nothing of them)."""
     now = time.time() - 2 * len(turns)
     for n, (user, assistant) in enumerate(turns, 1):
@@ -71,7 +72,7 @@ async def play(store: SqlStore, key: str, turns: list[tuple[str, str]], *, calle
         )
 
 
-async def store_summary(store: SqlStore, key: str, text: str, covered_turns: int) -> Summary:
+async def store_summary(store: SqlStore, key: SessionKey, text: str, covered_turns: int) -> Summary:
     """Write version 1 of the session's warm summary, covering turns 1..covered_turns."""
     now = time.time()
     summary = Summary(text, covered_turns, 1, SummarySource.DETERMINISTIC, now, now)

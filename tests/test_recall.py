@@ -14,6 +14,7 @@ from tests.conftest import Daemon, new_sid, play, tag_chars
 from tests.test_api import sql_statements
 from tests.test_text_lane import _slow
 from tiered_memory.app_keys import HOT_KEY, TEXT_KEY
+from tiered_memory.model import SessionKey
 from tiered_memory.summarize.extractive import Extractor
 from tiered_memory.testing import ZH_12_TURNS
 from tiered_memory.text_lane import Ticket
@@ -28,7 +29,7 @@ def _text(ctx: dict[str, Any]) -> str:
     return "\n".join(m["content"] for m in ctx["messages"])
 
 
-async def _long_session(daemon: Daemon) -> str:
+async def _long_session(daemon: Daemon) -> SessionKey:
     sid = new_sid()
     await play(daemon, sid, [*ZH_12_TURNS[:3], *_DRIFT])
     await daemon.settle()
@@ -181,7 +182,7 @@ async def test_context_fills_its_budget_with_older_raw_turns(daemon: Daemon) -> 
     assert whole["messages"][0]["content"] == ZH_12_TURNS[0][0]
 
 
-async def _indexed(daemon: Daemon, sid: str) -> None:
+async def _indexed(daemon: Daemon, sid: SessionKey) -> None:
     """Wait until the session's postings hold every message (they are added in the background)."""
     assert daemon.app is not None
     postings = daemon.app[HOT_KEY].postings

@@ -17,7 +17,7 @@ from redis.exceptions import ResponseError
 
 from tests.faults import RedisProcess, proxied
 from tiered_memory.breaker import CircuitBreaker
-from tiered_memory.model import HotSession
+from tiered_memory.model import HotSession, SessionKey
 from tiered_memory.tiers.hot import RecentBound
 from tiered_memory.tiers.keys import Keys
 from tiered_memory.tiers.redis_hot import RedisHot
@@ -244,8 +244,8 @@ async def test_the_hot_tier_counts_a_busy_loop_as_no_redis_failure(private_redis
         breaker=breaker,
     )
     try:
-        await hot.read_session("s")
-        found = await _blocked_loop_read(lambda: hot.read_session("s"), 0.4)
+        await hot.read_session(SessionKey("s"))
+        found = await _blocked_loop_read(lambda: hot.read_session(SessionKey("s")), 0.4)
         assert isinstance(found, HotSession)
         assert breaker.allow()
     finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from tiered_memory.model import SessionKey
 from tiered_memory.summarize.scheduler import SingleFlight
 
 
@@ -25,10 +26,10 @@ async def test_one_run_at_a_time_and_a_rerun_for_late_requests() -> None:
         running -= 1
 
     flight = SingleFlight(job)
-    flight.schedule("s")
+    flight.schedule(SessionKey("s"))
     await started.wait()
     for _ in range(5):
-        flight.schedule("s")
+        flight.schedule(SessionKey("s"))
     assert flight.pending == 1
     gate.set()
     await flight.drain(5)
@@ -46,9 +47,9 @@ async def test_a_failing_job_does_not_stop_the_key() -> None:
             raise RuntimeError("boom")
 
     flight = SingleFlight(job)
-    flight.schedule("s")
+    flight.schedule(SessionKey("s"))
     await flight.drain(5)
-    flight.schedule("s")
+    flight.schedule(SessionKey("s"))
     await flight.drain(5)
     assert calls == 2
     assert flight.pending == 0
@@ -61,8 +62,8 @@ async def test_drain_cancels_what_outlives_the_grace() -> None:
         await asyncio.sleep(60)
 
     flight = SingleFlight(job)
-    flight.schedule("a")
-    flight.schedule("b")
+    flight.schedule(SessionKey("a"))
+    flight.schedule(SessionKey("b"))
     await asyncio.sleep(0)
     assert await flight.drain(0.05) == 2
     assert flight.pending == 0

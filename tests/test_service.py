@@ -23,6 +23,7 @@ from tiered_memory.model import (
     NewMessage,
     Owner,
     Role,
+    SessionKey,
     SummarySource,
 )
 from tiered_memory.service import MemoryService
@@ -56,15 +57,15 @@ async def parts(tmp_path: Path) -> AsyncIterator[Parts]:
         await service.rebuilds.drain(10.0)
 
 
-def user(key: str, n: int, content: str) -> NewMessage:
+def user(key: SessionKey, n: int, content: str) -> NewMessage:
     return NewMessage(key, Role.USER, content, f"u{n}", "u1")
 
 
-def assistant(key: str, n: int, content: str) -> NewMessage:
+def assistant(key: SessionKey, n: int, content: str) -> NewMessage:
     return NewMessage(key, Role.ASSISTANT, content, f"a{n}", "u1")
 
 
-async def play(service: MemoryService, key: str, turns: list[tuple[str, str]]) -> list[AppendOutcome]:
+async def play(service: MemoryService, key: SessionKey, turns: list[tuple[str, str]]) -> list[AppendOutcome]:
     """Append each (user, assistant) pair as ACME; every append's outcome, in order."""
     outcomes = []
     for n, (question, answer) in enumerate(turns, 1):

@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tests.conftest import RealServers, new_sid, own_database
 from tiered_memory.errors import Conflict, Forbidden, SqlUnavailable
-from tiered_memory.model import Caller, NewMessage, Owner, Role, Summary, SummarySource
+from tiered_memory.model import Caller, NewMessage, Owner, Role, SessionKey, Summary, SummarySource
 from tiered_memory.testing import free_port
 from tiered_memory.tiers.sql_engine import create_engine
 from tiered_memory.tiers.sql_maintenance import SqlMaintenance
@@ -45,11 +45,11 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
     await s.aclose()
 
 
-def new(sid: str, role: Role, content: str, mid: str, user: str | None = "u1") -> NewMessage:
+def new(sid: SessionKey, role: Role, content: str, mid: str, user: str | None = "u1") -> NewMessage:
     return NewMessage(sid, role, content, mid, user)
 
 
-async def turns(store: SqlStore, sid: str, n: int) -> None:
+async def turns(store: SqlStore, sid: SessionKey, n: int) -> None:
     for i in range(1, n + 1):
         await store.append(new(sid, Role.USER, f"问题{i}", f"u{i}"), now=float(i))
         await store.append(new(sid, Role.ASSISTANT, f"回答{i}", f"a{i}"), now=float(i) + 0.5)

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from tests.conftest import new_sid
 from tests.embedded import DENTIST_TURNS, embedded
-from tiered_memory.model import NewMessage, Role, SummarySource
+from tiered_memory.model import NewMessage, Role, SessionKey, SummarySource
 from tiered_memory.summary_job import JobResult, Outcome, SummaryJob
 from tiered_memory.tiers.hot import HotTier
 from tiered_memory.tiers.sql_store import SqlStore
@@ -47,7 +47,7 @@ async def parts(tmp_path: Path) -> AsyncIterator[Parts]:
         yield Parts(e.store, e.hot, job, e.registry)
 
 
-async def play(store: SqlStore, sid: str, turns: list[tuple[str, str]], *, first: int = 1) -> None:
+async def play(store: SqlStore, sid: SessionKey, turns: list[tuple[str, str]], *, first: int = 1) -> None:
     """Commit each (user, assistant) pair to SQL only, as turns first, first+1, …"""
     for n, (user, assistant) in enumerate(turns, first):
         await store.append(NewMessage(sid, Role.USER, user, f"u{n}", "u1"), now=float(2 * n))

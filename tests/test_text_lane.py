@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tiered_memory.errors import Overloaded
-from tiered_memory.model import Message, Role
+from tiered_memory.model import Message, Role, SessionKey
 from tiered_memory.summarize.extractive import Extractor
 from tiered_memory.text_lane import TextLane, TextQueueFull, Ticket, text_bytes
 
@@ -154,7 +154,7 @@ async def test_summaries_and_indexing_run_through_the_lane_in_threads_too() -> N
     text = TextLane(0, tenant_queue_bytes=1 << 20)
     await text.start()
     try:
-        messages = [Message("s", 1, 1, Role.USER, "我叫王小明，订单4471明天到", "m1", 0.0)]
+        messages = [Message(SessionKey("s"), 1, 1, Role.USER, "我叫王小明，订单4471明天到", "m1", 0.0)]
         extraction = await text.call(Ticket("", text_bytes(messages)), Extractor.extract, messages, max_chars=200)
         assert "4471" in extraction.text
         _, pid = await text.call(Ticket("", 1), _slow, "a", 0)

@@ -17,7 +17,7 @@ from tests.conftest import Daemon, new_sid, tag_chars
 from tiered_memory.context import alternate, compose
 from tiered_memory.context_policy import Candidates, choose
 from tiered_memory.dialogue import shown_and_events, tool_fields
-from tiered_memory.model import Message, Role
+from tiered_memory.model import Message, Role, SessionKey
 from tiered_memory.quoting import frame_chars
 from tiered_memory.testing import Behaviour, FakeLlm
 
@@ -321,7 +321,7 @@ def _dialogue(data: Any) -> list[Message]:
     turn = 0
 
     def add(role: Role, content: str, **tool: Any) -> None:
-        out.append(Message("s", len(out) + 1, max(turn, 1), role, content, f"m{len(out) + 1}", 0.0, **tool))
+        out.append(Message(SessionKey("s"), len(out) + 1, max(turn, 1), role, content, f"m{len(out) + 1}", 0.0, **tool))
 
     late: list[str] = []
     for n in range(data.draw(st.integers(1, 8), label="turns")):

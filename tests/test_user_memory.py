@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from tests.conftest import Daemon, memory_of, new_sid, tag_chars
 from tests.processes import run_cli
 from tests.test_auth import ACME, ADMIN, OTHER, bearer
+from tiered_memory.model import SessionKey
 from tiered_memory.tiers.sql_schema import outbox_events
 from tiered_memory.tiers.sql_users import SqlUsers
 
@@ -380,7 +381,7 @@ async def test_an_erasure_stopped_part_way_is_finished_by_the_sweeper(authed: Da
     # What a crash leaves: the erasure recorded, one session's messages gone and its row still there.
     users = SqlUsers(authed.store)
     await users.request_erasure("acme", ua, now=1.0)
-    assert await users.erase_content(f"acme/{mine[0]}") == 6
+    assert await users.erase_content(SessionKey(f"acme/{mine[0]}")) == 6
     status, body = await call(authed, "GET", f"/v1/users/{ua}/erasure", alice)
     assert status == 200
     assert body["state"] == "running"

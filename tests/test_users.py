@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from tiered_memory.model import Summary, SummarySource
+from tiered_memory.model import SessionKey, Summary, SummarySource
 from tiered_memory.users import (
     FACT,
     PREFERENCE,
@@ -115,9 +115,9 @@ def test_a_rendered_profile_fits_any_room_by_leaving_out_the_least_said() -> Non
 
 
 def test_the_earlier_session_named_by_the_new_one_is_carried() -> None:
-    tokyo = Earlier("u/s1", summary("Flight to Tokyo booked.", topics=("Tokyo", "flight")), 10.0)
-    laptop = Earlier("u/s2", summary("Laptop screen repair.", topics=("laptop", "screen repair")), 20.0)
-    zh = Earlier("u/s3", summary("活力健的剂量。", topics=("活力健", "剂量")), 5.0)
+    tokyo = Earlier(SessionKey("u/s1"), summary("Flight to Tokyo booked.", topics=("Tokyo", "flight")), 10.0)
+    laptop = Earlier(SessionKey("u/s2"), summary("Laptop screen repair.", topics=("laptop", "screen repair")), 20.0)
+    zh = Earlier(SessionKey("u/s3"), summary("活力健的剂量。", topics=("活力健", "剂量")), 5.0)
     newest_first = [laptop, tokyo, zh]
     assert best_by_topic(newest_first, "Any news about my flights to Tokyo?") is tokyo
     assert best_by_topic(newest_first, "The screen repair of my laptop is late") is laptop
@@ -128,7 +128,7 @@ def test_the_earlier_session_named_by_the_new_one_is_carried() -> None:
 
 
 def test_carried_memory_uses_the_reconnect_phrasing_within_its_room() -> None:
-    earlier = Earlier("u/s1", summary("用户订了去东京的机票，确认号 TK7731。用户偏好靠窗座位。"), 1000.0)
+    earlier = Earlier(SessionKey("u/s1"), summary("用户订了去东京的机票，确认号 TK7731。用户偏好靠窗座位。"), 1000.0)
     p = merged(Profile(), summary(facts=["确认号 TK7731"], prefs=["素食"]), session="u/s1", now=1000.0)
     made = carried_text(earlier, p, room=400, now=1000.0 + 3 * 86400, lang="zh", templates=TEMPLATES)
     assert made.text.startswith("用户上次（3天前）的对话摘要：用户订了去东京的机票")

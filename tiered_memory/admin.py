@@ -24,7 +24,7 @@ from tiered_memory.app import build_hot, build_job, build_llm, build_store, buil
 from tiered_memory.dialogue import tool_fields
 from tiered_memory.errors import Conflict, HotUnavailable, SqlUnavailable, TierUnavailable
 from tiered_memory.metrics import Metrics
-from tiered_memory.model import Message, SessionInfo, Slice, Summary
+from tiered_memory.model import Message, SessionInfo, SessionKey, Slice, Summary
 from tiered_memory.progress import Progress
 from tiered_memory.retention import DAY_S, purge
 from tiered_memory.settings import Settings
@@ -155,12 +155,12 @@ def _message_json(m: Message) -> dict[str, Any]:
     }
 
 
-async def _hot_view(tools: Tools, session_id: str) -> dict[str, Any]:
+async def _hot_view(tools: Tools, key: SessionKey) -> dict[str, Any]:
     if tools.hot.backend == "memory":
         # The in-process cache lives inside the daemon: another process cannot see it.
         return {"backend": "memory", "visible": False}
     try:
-        hot = await tools.hot.read_session(session_id)
+        hot = await tools.hot.read_session(key)
     except HotUnavailable as exc:
         return {"backend": tools.hot.backend, "visible": False, "error": str(exc)}
     return {
@@ -202,24 +202,24 @@ async def check_stores(settings: Settings, *, out: TextIO = sys.stdout) -> int:
     return 0 if ok else 1
 
 
-async def inspect(settings: Settings, session_id: str, *, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+async def inspect(settings: Settings, key: SessionKey, *, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     """Everything the tiers hold about one session: tiers present, counters, summary and its
     watermark, slices, the summary's kept versions, and the lag (completed turns the summary does
     not cover)."""
     async with open_tools(settings) as tools:
         try:
-            summary, info = await tools.store.get_summary(session_id)
+            summary, info = await tools.store.get_summary(key)
             if info is None:
-                return fail(err, f"session {session_id!r} does not exist")
-            slices = await tools.store.slices(session_id)
-            stored = await tools.store.count_messages(session_id)
-            versions = await tools.store.summary_versions(session_id)
+                return fail(err, f"session {key!r} does not exist")
+            slices = await tools.store.slices(key)
+            stored = await tools.store.count_messages(key)
+            versions = await tools.store.summary_versions(key)
         except SqlUnavailable as exc:
             return fail(err, f"inspect failed: {exc}")
-        hot = await _hot_view(tools, session_id)
+        hot = await _hot_view(tools, key)
     covered = summary.covered_turns if summary else 0
     report = {
-        "session_id": session_id,
+        "session_id": key,
         **_session_json(info),
         "closed": info.closed,
         "tiers": {
@@ -241,22 +241,22 @@ async def inspect(settings: Settings, session_id: str, *, out: TextIO = sys.stdo
 # --- rebuild ----------------------------------------------------------------------------------
 
 
-async def rebuild(settings: Settings, session_id: str, *, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+async def rebuild(settings: Settings, key: SessionKey, *, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     """Recompute a session's slices and summary from its messages (the cold tier), with the
     current prompt and model: what a POST /summary/rebuild job does, here in the foreground (no
     job record, outside the daemon's SUMMARY_CONCURRENCY; the summary lock still applies)."""
     async with open_tools(settings) as tools, summary_job(tools) as job:
         try:
-            if await tools.store.get_session(session_id) is None:
-                return fail(err, f"session {session_id!r} does not exist")
-            rebuilt = await job.rebuild(session_id)
+            if await tools.store.get_session(key) is None:
+                return fail(err, f"session {key!r} does not exist")
+            rebuilt = await job.rebuild(key)
         except (SqlUnavailable, Conflict) as exc:
             return fail(err, f"rebuild failed: {exc}")
     summary = rebuilt.summary
     print(
         compact_json(
             {
-                "session_id": session_id,
+                "session_id": key,
                 "covered_turns": summary.covered_turns if summary else 0,
                 "version": summary.version if summary else 0,
                 "source": summary.source.value if summary else None,
@@ -283,8 +283,8 @@ async def rebuild_stale(settings: Settings, *, out: TextIO = sys.stdout, err: Te
             progress = progress_bar("rebuild", total, err)
             after = ""
             while page := await tools.maintenance.lagging_sessions(**rule, after=after, limit=_STALE_PAGE):
-                for session_id in page:
-                    result = await job.run(session_id)
+                for key in page:
+                    result = await job.run(key)
                     outcomes[result.outcome.value] += 1
                     progress.advance()
                 after = page[-1]
@@ -298,14 +298,14 @@ async def rebuild_stale(settings: Settings, *, out: TextIO = sys.stdout, err: Te
 # --- export -----------------------------------------------------------------------------------
 
 
-async def export(settings: Settings, session_id: str, *, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+async def export(settings: Settings, key: SessionKey, *, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     """One JSON document with every message, the summary and the slices of a session (for a data
     subject's request), written as it is read: a page of messages at a time in memory."""
     async with open_tools(settings) as tools:
         try:
-            summary, info = await tools.store.get_summary(session_id)
+            summary, info = await tools.store.get_summary(key)
             if info is None:
-                return fail(err, f"session {session_id!r} does not exist")
+                return fail(err, f"session {key!r} does not exist")
             progress = progress_bar("export", info.message_count, err)
             await write_session(tools.store, info, summary, out=out, progress=progress)
             out.write("\n")
@@ -323,17 +323,17 @@ async def write_session(
     """A session as one JSON object (its bookkeeping, summary, slices and every message), written
     as it is read, a page of messages at a time. Raises SqlUnavailable part-way: the document is
     then cut short."""
-    session_id = info.session_id
-    slices = await store.slices(session_id)
+    key = info.session_id
+    slices = await store.slices(key)
     out.write(
-        f'{{"session_id":{compact_json(session_id)},"exported_at":{time.time()},'
+        f'{{"session_id":{compact_json(key)},"exported_at":{time.time()},'
         f'"session":{compact_json(_session_json(info))},'
         f'"summary":{compact_json(_summary_json(summary) if summary else None)},'
         f'"slices":{compact_json([_slice_json(s) for s in slices])},"messages":['
     )
     after, separator = 0, "\n"
     while True:
-        page = await store.messages_by_seq(session_id, first_seq=after + 1, last_seq=_LAST_SEQ, limit=_EXPORT_PAGE)
+        page = await store.messages_by_seq(key, first_seq=after + 1, last_seq=_LAST_SEQ, limit=_EXPORT_PAGE)
         for m in page:
             out.write(separator + compact_json(_message_json(m)))
             separator = ",\n"

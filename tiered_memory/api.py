@@ -9,7 +9,6 @@ stored key; the service checks the Caller against the session's owner.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -65,9 +64,8 @@ async def post_message(request: web.Request) -> web.Response:
     api_input.check_query(request)
     service = request.app[SERVICE_KEY]
     sid = api_input.session_id(request)
-    new = api_input.parse_message(sid, await _body(request), max_bytes=request.app[SETTINGS_KEY].max_message_bytes)
-    caller = api_input.caller(request, new.user_id)
-    new = dataclasses.replace(new, session_id=caller.session_key(sid), user_id=caller.user_id)
+    max_bytes = request.app[SETTINGS_KEY].max_message_bytes
+    caller, (new,) = api_input.callers_messages(request, sid, await _body(request), max_bytes=max_bytes)
     outcome = await service.append(new, caller=caller)
     r = outcome.result
     return reply(
@@ -86,12 +84,8 @@ async def post_batch(request: web.Request) -> web.Response:
     api_input.check_query(request)
     sid = api_input.session_id(request)
     body = await _body(request)
-    news = api_input.parse_batch(sid, body, max_bytes=request.app[SETTINGS_KEY].max_message_bytes)
-    user_ids = {m.user_id for m in news if m.user_id is not None}
-    if len(user_ids) > 1:
-        raise InvalidInput("messages: expected one user_id for the batch's messages")
-    caller = api_input.caller(request, next(iter(user_ids), None))
-    news = [dataclasses.replace(m, session_id=caller.session_key(sid), user_id=caller.user_id) for m in news]
+    max_bytes = request.app[SETTINGS_KEY].max_message_bytes
+    caller, news = api_input.callers_messages(request, sid, body, max_bytes=max_bytes, batch=True)
     outcome = await request.app[SERVICE_KEY].append_batch(news, caller=caller)
     results = outcome.results
     created = any(not r.duplicate for r in results)
@@ -257,9 +251,7 @@ async def post_turn(request: web.Request) -> web.Response:
     body.setdefault("role", "user")
     if body["role"] != "user":
         raise InvalidInput("role: a turn starts with the user's message; expected 'user'")
-    new = api_input.parse_message(sid, body, max_bytes=settings.max_message_bytes)
-    caller = api_input.caller(request, new.user_id)
-    new = dataclasses.replace(new, session_id=caller.session_key(sid), user_id=caller.user_id)
+    caller, (new,) = api_input.callers_messages(request, sid, body, max_bytes=settings.max_message_bytes)
     want = ContextRequest(
         _max_chars(request),
         system_prompt=system_prompt,

@@ -10,7 +10,7 @@ import asyncio
 import json
 import re
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
@@ -18,7 +18,17 @@ from aiohttp import web
 
 from tiered_memory.auth import PRINCIPAL_KEY, valid_tenant
 from tiered_memory.errors import BodyTimeout, Forbidden, InvalidInput
-from tiered_memory.model import USER_MEMORY_MODES, Caller, Channel, MessageStatus, NewMessage, Patch, Role, UserMemory
+from tiered_memory.model import (
+    USER_MEMORY_MODES,
+    Caller,
+    Channel,
+    MessageStatus,
+    NewMessage,
+    Patch,
+    Role,
+    SessionKey,
+    UserMemory,
+)
 
 # `{` and `}` are excluded so a session id can never break the Redis hash tag it is wrapped in.
 # Both are used with fullmatch: `$` also matches before a trailing newline, which let "a\n" in.
@@ -162,7 +172,7 @@ class SessionCall:
     caller: Caller
 
     @property
-    def key(self) -> str:
+    def key(self) -> SessionKey:
         """The stored session's key, in the caller's tenant."""
         return self.caller.session_key(self.sid)
 
@@ -174,7 +184,7 @@ def session_call(request: web.Request, *allowed: str) -> SessionCall:
     return SessionCall(session_id(request), caller(request))
 
 
-def parse_message(session_id: str, body: dict[str, Any], *, max_bytes: int) -> NewMessage:
+def parse_message(key: SessionKey, body: dict[str, Any], *, max_bytes: int) -> NewMessage:
     """Validate an append body; raises InvalidInput naming the first bad field."""
     unknown = sorted(set(body) - _MESSAGE_FIELDS)
     if unknown:
@@ -202,7 +212,7 @@ def parse_message(session_id: str, body: dict[str, Any], *, max_bytes: int) -> N
         raise InvalidInput("name: expected on a 'tool' message only, 1-64 ASCII letters, digits, _ or -")
     message_id = _optional_str(body, "message_id", _MESSAGE_ID) or uuid.uuid4().hex
     return NewMessage(
-        session_id=session_id,
+        session_id=key,
         role=Role(role),
         content=content,
         message_id=message_id,
@@ -213,6 +223,25 @@ def parse_message(session_id: str, body: dict[str, Any], *, max_bytes: int) -> N
         tool_call_id=tool_call_id,
         name=name,
     )
+
+
+def callers_messages(
+    request: web.Request, sid: str, body: dict[str, Any], *, max_bytes: int, batch: bool = False
+) -> tuple[Caller, list[NewMessage]]:
+    """An append body (a message, or with `batch` a batch of them) and its caller, checked in
+    that order (a bad body is named before a bad header). The body may state the user, who is
+    part of the caller, so its messages are parsed under the tenant-less key first and then
+    given the caller's key and user."""
+    parsed = Caller().session_key(sid)
+    if batch:
+        news = parse_batch(parsed, body, max_bytes=max_bytes)
+    else:
+        news = [parse_message(parsed, body, max_bytes=max_bytes)]
+    user_ids = {m.user_id for m in news if m.user_id is not None}
+    if len(user_ids) > 1:
+        raise InvalidInput("messages: expected one user_id for the batch's messages")
+    who = caller(request, next(iter(user_ids), None))
+    return who, [replace(m, session_id=who.session_key(sid), user_id=who.user_id) for m in news]
 
 
 def _tool_calls(value: object, role: object, max_bytes: int) -> str:
@@ -370,7 +399,7 @@ def if_match(request: web.Request) -> int | None:
 BATCH_MAX = 500
 
 
-def parse_batch(session_id: str, body: dict[str, Any], *, max_bytes: int) -> list[NewMessage]:
+def parse_batch(key: SessionKey, body: dict[str, Any], *, max_bytes: int) -> list[NewMessage]:
     """Validate a bulk append: `{"messages": [...]}`, 1 to BATCH_MAX messages as for one append;
     raises InvalidInput naming the first bad message by its index."""
     unknown = sorted(set(body) - {"messages"})
@@ -385,7 +414,7 @@ def parse_batch(session_id: str, body: dict[str, Any], *, max_bytes: int) -> lis
         if not isinstance(item, dict):
             raise InvalidInput(f"messages[{i}]: expected a JSON object")
         try:
-            out.append(parse_message(session_id, item, max_bytes=max_bytes))
+            out.append(parse_message(key, item, max_bytes=max_bytes))
         except InvalidInput as exc:
             raise InvalidInput(f"messages[{i}].{exc}") from None
     ids = [m.message_id for m in out]

@@ -18,6 +18,7 @@ import urllib.request
 from collections.abc import Sequence
 
 from tiered_memory.errors import ConfigError, SqlUnavailable
+from tiered_memory.model import SessionKey
 from tiered_memory.settings import Settings
 
 # The admin commands address SQL and Redis directly, where a tenant's session lives under its tenant.
@@ -212,11 +213,11 @@ def _admin(settings: Settings, args: argparse.Namespace) -> int:
     if args.command == "check":
         return asyncio.run(admin.check_stores(settings))
     if args.command == "inspect":
-        return asyncio.run(admin.inspect(settings, args.session_id))
+        return asyncio.run(admin.inspect(settings, SessionKey(args.session_id)))
     if args.command == "rebuild":
         if args.all_stale:
             return asyncio.run(admin.rebuild_stale(settings))
-        return asyncio.run(admin.rebuild(settings, args.session_id))
+        return asyncio.run(admin.rebuild(settings, SessionKey(args.session_id)))
     if args.command == "import":
         from pathlib import Path
 
@@ -232,7 +233,7 @@ def _admin(settings: Settings, args: argparse.Namespace) -> int:
             out = stack.enter_context(open(args.output, "w", encoding="utf-8")) if args.output else sys.stdout
             if args.user is not None:
                 return asyncio.run(admin_users.export_user(settings, args.tenant, args.user, out=out))
-            return asyncio.run(admin.export(settings, args.session_id, out=out))
+            return asyncio.run(admin.export(settings, SessionKey(args.session_id), out=out))
     if args.user is not None:
         return asyncio.run(admin_users.purge_user(settings, args.tenant, args.user, batch=max(1, args.batch)))
     return asyncio.run(

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import structlog
 
 from tiered_memory.errors import Conflict, HotUnavailable
+from tiered_memory.model import SessionKey
 from tiered_memory.progress import Progress
 from tiered_memory.tiers.hot import HotTier
 from tiered_memory.tiers.sql_users import SqlUsers
@@ -54,7 +55,7 @@ class Erasures:
         users: SqlUsers,
         hot: HotTier,
         *,
-        forget: Callable[[str], None],
+        forget: Callable[[SessionKey], None],
         stream: str | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -111,7 +112,7 @@ class Erasures:
         log.info("user_erased", tenant=tenant, sessions=done.sessions, messages=done.messages, finished=done.finished)
         return done
 
-    async def _session(self, key: str) -> tuple[bool, int]:
+    async def _session(self, key: SessionKey) -> tuple[bool, int]:
         """One session: its messages and slices in batches, its hot keys (and this process's
         postings), then the rest with its row, and its hot keys again: whether its row was still
         there, and the messages removed. The hot keys go before the row, so that a failure leaves

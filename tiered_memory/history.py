@@ -26,7 +26,7 @@ import structlog
 
 from tiered_memory.context import OLDER_MAX_MESSAGES
 from tiered_memory.errors import HotUnavailable, Overloaded, SqlUnavailable
-from tiered_memory.model import Message, key_tenant
+from tiered_memory.model import Message, SessionKey, key_tenant
 from tiered_memory.recall import RecallMatch, around, best_turns, search
 from tiered_memory.summarize.extractive import Extractor
 from tiered_memory.text_lane import TextLane, TextQueueFull, Ticket, text_bytes
@@ -132,7 +132,7 @@ class History:
             del self._pending_bytes[tenant]
             try:
                 packs = await self._packs(batch, tenant)
-                runs: dict[str, list[PostingsBatch]] = {}
+                runs: dict[SessionKey, list[PostingsBatch]] = {}
                 for m, b in sorted(zip(batch, packs, strict=True), key=lambda mb: (mb[0].session_id, mb[0].seq)):
                     runs.setdefault(m.session_id, []).append(b)
                 await asyncio.gather(*(self._add_run(sid, run) for sid, run in runs.items()))
@@ -143,7 +143,7 @@ class History:
                 # indexer goes on with the next appends, and the next question catches up.
                 log.exception("recall_index_failed", tenant=tenant, messages=len(batch))
 
-    async def _add_run(self, session_id: str, run: list[PostingsBatch]) -> None:
+    async def _add_run(self, key: SessionKey, run: list[PostingsBatch]) -> None:
         """Add a session's appended messages (a batch each, in seq order), a batch per stretch
         of consecutive seqs. Each was read when committed: a delete or a patch after that makes
         the batch stale."""
@@ -154,14 +154,14 @@ class History:
             batch = merged(run[start:i])
             start = i
             try:
-                last = await self._postings.add(session_id, batch)
+                last = await self._postings.add(key, batch)
             except HotUnavailable:
                 self._hot_error("recall_add")
                 return
             if 0 <= last < batch.first_seq - 1 <= last + _REORDERED:
                 # Appends of one session that reached this queue out of order: the ones between
                 # are committed, and a catch-up reads them now rather than at the next question.
-                self._build(self._postings, session_id, batch.last_seq)
+                self._build(self._postings, key, batch.last_seq)
 
     async def aclose(self) -> None:
         """Stop adding appends and catching up (what is left is caught up from SQL by the next
@@ -175,21 +175,21 @@ class History:
             with contextlib.suppress(asyncio.CancelledError, SqlUnavailable, HotUnavailable):
                 await task
 
-    def forget(self, session_id: str) -> None:
+    def forget(self, session: SessionKey) -> None:
         """Stop any catch-up of a deleted session (it would put the deleted session's postings
         back) and drop this process's own postings of it; the hot tier's go with its entry."""
-        for key in [k for k in self._builds if k[1] == session_id]:
-            self._builds.pop(key).cancel()
-        tenant = key_tenant(session_id)
+        for build in [k for k in self._builds if k[1] == session]:
+            self._builds.pop(build).cancel()
+        tenant = key_tenant(session)
         if tenant in self._pending:
-            kept = [m for m in self._pending[tenant] if m.session_id != session_id]
+            kept = [m for m in self._pending[tenant] if m.session_id != session]
             self._pending[tenant] = kept
             self._pending_bytes[tenant] = text_bytes(kept)
-        self._local.drop(session_id)
+        self._local.drop(session)
 
     async def older(
         self,
-        session_id: str,
+        key: SessionKey,
         recent: Sequence[Message],
         available: Sequence[Message],
         room: int,
@@ -219,7 +219,7 @@ class History:
         want = min(most, start - 1, math.ceil(1.25 * lacking / mean) + 2)
         try:
             rows = await self._store.messages_by_seq(
-                session_id, first_seq=start - want, last_seq=start - 1, limit=want, replica=True
+                key, first_seq=start - want, last_seq=start - 1, limit=want, replica=True
             )
         except SqlUnavailable:
             self._sql_error("read_older")
@@ -227,15 +227,15 @@ class History:
         return _newest_holding([*rows, *older], room)
 
     async def snippets(
-        self, session_id: str, question: str, message_count: int, *, before_seq: int, seen: Sequence[Message]
+        self, key: SessionKey, question: str, message_count: int, *, before_seq: int, seen: Sequence[Message]
     ) -> tuple[list[str], list[list[Message]]]:
         """The question's search terms and the turns before `before_seq` that best match it, best
         first (no turns when the postings are not caught up in time or cannot be read: a question
         never fails a context)."""
         try:
-            terms = await self._question_terms(question, session_id)
+            terms = await self._question_terms(question, key)
         except (Overloaded, BrokenProcessPool) as exc:
-            log.warning("question_terms_failed", session_key=session_id, error=str(exc))
+            log.warning("question_terms_failed", session_key=key, error=str(exc))
             return [], []
         if not terms:
             return terms, []
@@ -244,7 +244,7 @@ class History:
         check = next((m for m in reversed(seen) if m.answered), None)
         try:
             found = await self._searchable(
-                session_id, terms, message_count, wait_s=self._question_wait_s, check=check, enough=before_seq - 1
+                key, terms, message_count, wait_s=self._question_wait_s, check=check, enough=before_seq - 1
             )
         except SqlUnavailable:
             return terms, []  # counted by _built
@@ -264,19 +264,19 @@ class History:
         lacking = [seq for seq in around(hits) if seq not in messages]
         if lacking:
             try:
-                messages |= await store.messages(session_id, lacking)
+                messages |= await store.messages(key, lacking)
             except HotUnavailable:
                 self._hot_error("recall_read")
                 return terms, []
         return terms, best_turns(hits, messages, most=_SNIPPET_TURNS)
 
-    async def matches(self, session_id: str, query: str, message_count: int, k: int) -> list[RecallMatch]:
+    async def matches(self, key: SessionKey, query: str, message_count: int, k: int) -> list[RecallMatch]:
         """The k messages that best match `query` (BM25), best first, each with the raw messages
         of its turn and the slice that covers it. Raises SqlUnavailable."""
-        terms = await self._question_terms(query, session_id)
+        terms = await self._question_terms(query, key)
         if not terms:
             return []
-        found = await self._searchable(session_id, terms, message_count, wait_s=None)
+        found = await self._searchable(key, terms, message_count, wait_s=None)
         if found is None:
             return []  # the session was deleted meanwhile
         store, read = found
@@ -284,16 +284,16 @@ class History:
         if not hits:
             return []
         try:
-            messages = await store.messages(session_id, around(hits))
+            messages = await store.messages(key, around(hits))
         except HotUnavailable:
             self._hot_error("recall_read")
             messages = {}
-        slices = await self._store.slices(session_id, replica=True)
+        slices = await self._store.slices(key, replica=True)
         out = []
         for seq, score in hits:
             turn = [m for m in messages.values() if m.turn == messages[seq].turn] if seq in messages else []
             if not turn:
-                turn = await self._store.messages_by_seq(session_id, first_seq=seq, last_seq=seq, limit=1, replica=True)
+                turn = await self._store.messages_by_seq(key, first_seq=seq, last_seq=seq, limit=1, replica=True)
             covering = next((s for s in slices if s.first_seq <= seq <= s.last_seq), None)
             out.append(
                 RecallMatch(
@@ -308,7 +308,7 @@ class History:
 
     async def _searchable(
         self,
-        session_id: str,
+        key: SessionKey,
         terms: Sequence[str],
         message_count: int,
         *,
@@ -327,21 +327,21 @@ class History:
         needed = message_count if enough is None else min(enough, message_count)
         for store in (self._postings, self._local):
             try:
-                read = await store.read(session_id, terms, doc=check.seq if check is not None else None)
-                if store is self._postings and session_id in self._local:
+                read = await store.read(key, terms, doc=check.seq if check is not None else None)
+                if store is self._postings and key in self._local:
                     # Postings of its own, kept while the hot tier was down, would be stale by the
                     # next outage (no delete or patch reaches them).
-                    self._local.drop(session_id)
+                    self._local.drop(key)
                 if check is not None and read.doc is not None and read.doc.message_id != check.message_id:
-                    await self._drop(store, session_id)
+                    await self._drop(store, key)
                     read = PostingsRead(0, 0, 0, False)
                 if read.last_seq >= needed or read.full:
                     if not read.last_seq and message_count:
                         # None at all (lost, or dropped just now): appends are added only to
                         # postings that end just before them, so they are caught up meanwhile.
-                        self._build(store, session_id, message_count)
+                        self._build(store, key, message_count)
                     return store, read
-                build = asyncio.shield(self._build(store, session_id, message_count))
+                build = asyncio.shield(self._build(store, key, message_count))
                 try:
                     await (build if wait_s is None else asyncio.wait_for(build, wait_s))
                 except TimeoutError:
@@ -350,15 +350,15 @@ class History:
                     if _cancelling():
                         raise
                     return None  # the session was deleted meanwhile (forget)
-                return store, await store.read(session_id, terms)
+                return store, await store.read(key, terms)
             except HotUnavailable:
                 self._hot_error("recall_read")
         return None
 
-    async def _question_terms(self, question: str, session_id: str) -> list[str]:
+    async def _question_terms(self, question: str, key: SessionKey) -> list[str]:
         # Urgent: a request waits on it alone (a trip to a worker costs about 0.3 ms; the serving
         # process keeps no dictionary of its own).
-        ticket = Ticket(key_tenant(session_id), len(question.encode("utf-8")), urgent=True)
+        ticket = Ticket(key_tenant(key), len(question.encode("utf-8")), urgent=True)
         return await self._text.call(ticket, Extractor.search_terms, question)
 
     async def _packs(self, messages: Sequence[Message], tenant: str) -> list[PostingsBatch]:
@@ -384,16 +384,16 @@ class History:
 
         return merged(await asyncio.gather(*map(call, _parts(rows, _CALL_BYTES))))
 
-    async def _drop(self, store: PostingsStore, session_id: str) -> None:
+    async def _drop(self, store: PostingsStore, key: SessionKey) -> None:
         with contextlib.suppress(HotUnavailable):
-            await store.forget(session_id)
+            await store.forget(key)
 
-    def _build(self, store: PostingsStore, session_id: str, message_count: int) -> asyncio.Task[None]:
+    def _build(self, store: PostingsStore, session: SessionKey, message_count: int) -> asyncio.Task[None]:
         """The catch-up of the session's postings in `store` under way, else a new one."""
-        key = (id(store), session_id)
+        key = (id(store), session)
         build = self._builds.get(key)
         if build is None:
-            build = asyncio.create_task(self._caught_up(store, session_id, message_count), name="recall-index")
+            build = asyncio.create_task(self._caught_up(store, session, message_count), name="recall-index")
             self._builds[key] = build
             build.add_done_callback(lambda done: self._built(key, done))
         return build
@@ -413,17 +413,17 @@ class History:
         elif error is not None:
             log.error("recall_index_failed", session_key=key[1], exc_info=error)
 
-    async def _caught_up(self, store: PostingsStore, session_id: str, message_count: int) -> None:
+    async def _caught_up(self, store: PostingsStore, key: SessionKey, message_count: int) -> None:
         """Add to the session's postings in `store` the messages up to `message_count` they lack,
         read from SQL. Another replica catching up the same session at once adds each batch once
         (the store takes only the batch that continues the postings): this one goes on from
         wherever the postings are. Raises SqlUnavailable, HotUnavailable."""
-        read = await store.read(session_id, ())
+        read = await store.read(key, ())
         last = read.last_seq
         while last < message_count and not read.full:
             read_at = time.time()
             rows = await self._store.messages_by_seq(
-                session_id,
+                key,
                 first_seq=last + 1,
                 last_seq=message_count,
                 limit=_INDEX_BATCH,
@@ -432,13 +432,13 @@ class History:
             rows = _holding_bytes(rows, _INDEX_BATCH_BYTES)
             if not rows or rows[0].seq != last + 1:
                 break  # deleted meanwhile, or a gap in seq (not expected): what is there is right
-            added = await store.add(session_id, await self._packed(rows, key_tenant(session_id), read_at=read_at))
+            added = await store.add(key, await self._packed(rows, key_tenant(key), read_at=read_at))
             if added == STALE:
                 break  # forgotten (deleted, or changed) after the read: the next question reads again
             if added == rows[-1].seq:
                 last = added
                 continue
-            read = await store.read(session_id, ())
+            read = await store.read(key, ())
             if read.last_seq <= last and not read.full:
                 break  # the store took nothing, and nobody else moved it on
             last = read.last_seq

@@ -23,7 +23,7 @@ from typing import TextIO
 from tiered_memory.admin import compact_json, fail, open_tools, progress_bar
 from tiered_memory.api_input import BATCH_MAX, SESSION_ID, parse_message
 from tiered_memory.errors import Conflict, Forbidden, InvalidInput, SqlUnavailable
-from tiered_memory.model import TENANT_SEPARATOR, NewMessage
+from tiered_memory.model import TENANT_SEPARATOR, NewMessage, SessionKey
 from tiered_memory.settings import Settings
 
 
@@ -39,13 +39,13 @@ class BadLine(ValueError):
     """A line that is not a message; its number says where."""
 
 
-def _session_key(value: object) -> str:
+def _session_key(value: object) -> SessionKey:
     if not isinstance(value, str):
         raise InvalidInput("session_id: expected a string")
     tenant, sep, sid = value.rpartition(TENANT_SEPARATOR)
     if not SESSION_ID.fullmatch(sid) or (sep and not tenant):
         raise InvalidInput("session_id: expected a session id, or <tenant>/<id>")
-    return value
+    return SessionKey(value)
 
 
 def _lines(path: Path, max_bytes: int) -> Iterator[tuple[int, NewMessage]]:

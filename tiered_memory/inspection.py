@@ -16,7 +16,7 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 from tiered_memory.errors import HotUnavailable, NotFound
-from tiered_memory.model import Caller, HotSession, SessionInfo, Summary
+from tiered_memory.model import Caller, HotSession, SessionInfo, SessionKey, Summary
 from tiered_memory.reads import authorize
 from tiered_memory.tiers.hot import HotExpiries, HotTier
 from tiered_memory.tiers.sql_history import SummaryVersion
@@ -58,7 +58,7 @@ class Inspection:
         self._hot = hot
         self._clock = clock
 
-    async def session(self, session_key: str, *, caller: Caller, versions: int = 20) -> SessionInspection:
+    async def session(self, session_key: SessionKey, *, caller: Caller, versions: int = 20) -> SessionInspection:
         """The session's bookkeeping, warm summary and its last `versions` versions, its stored
         message count and its hot entry. Raises NotFound, Forbidden (not the caller's) or
         SqlUnavailable; a hot tier that fails is shown as such, not raised."""
@@ -77,7 +77,7 @@ class Inspection:
             now=self._clock(),
         )
 
-    async def _hot_view(self, session_key: str) -> HotView:
+    async def _hot_view(self, session_key: SessionKey) -> HotView:
         try:
             return HotView(await self._hot.read_session(session_key), await self._hot.expiries(session_key))
         except HotUnavailable as exc:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NewType
 
 
 class Role(enum.StrEnum):
@@ -67,6 +67,12 @@ USER_MEMORY_MODES: tuple[UserMemory, ...] = ("off", "profile", "last_session", "
 # Between a tenant and a session id in a stored session key (Caller.session_key).
 TENANT_SEPARATOR = "/"
 
+# A session as it is stored: `<tenant>/<session id>`, or the id itself in the tenant-less namespace
+# (Caller.session_key). Below the HTTP edge a session is named by its key (`key` parameters, the
+# `session_key` log field); the id a caller knows it by lives only at the edge (api, client,
+# integrations), where `session_id` means that id.
+SessionKey = NewType("SessionKey", str)
+
 
 def key_tenant(key: str) -> str:
     """The tenant whose namespace a stored session key is in ('' for none)."""
@@ -97,16 +103,16 @@ class Caller:
     tenant: str | None = None
     user_id: str | None = None
 
-    def session_key(self, session_id: str) -> str:
+    def session_key(self, session_id: str) -> SessionKey:
         """Where the session a caller names by `session_id` is stored: a tenant's sessions live
         under `<tenant>/<session_id>`, so each tenant has its own namespace of ids. Two tenants may
         use the same id without meeting, and a tenant cannot tell whether another one uses an id
         (with one namespace, "someone else's" answers 403 where "nobody's" answers empty or 404).
         A caller of no tenant names the stored key itself; `/` is in no session id the API
         accepts, so the namespaces cannot overlap."""
-        return session_id if self.tenant is None else f"{self.tenant}{TENANT_SEPARATOR}{session_id}"
+        return SessionKey(session_id if self.tenant is None else f"{self.tenant}{TENANT_SEPARATOR}{session_id}")
 
-    def session_id(self, key: str) -> str:
+    def session_id(self, key: SessionKey) -> str:
         """The id this caller knows the session stored under `key` by (the inverse of session_key)."""
         if self.tenant is None:
             return key
@@ -128,7 +134,7 @@ class Caller:
 class NewMessage:
     """A message as a gateway hands it in, validated but not yet stored."""
 
-    session_id: str
+    session_id: SessionKey
     role: Role
     content: str
     message_id: str
@@ -179,7 +185,7 @@ class Message:
     """A stored message. `seq` numbers a session's messages 1, 2, 3… in commit order;
     `turn` is the turn it belongs to (a user message opens turn n, the assistant reply closes it)."""
 
-    session_id: str
+    session_id: SessionKey
     seq: int
     turn: int
     role: Role
@@ -245,7 +251,7 @@ class SessionCounters:
 class SessionInfo:
     """The durable bookkeeping of one session, as the SQL tier keeps it."""
 
-    session_id: str
+    session_id: SessionKey
     user_id: str | None
     turn_count: int
     message_count: int
@@ -306,7 +312,7 @@ class Slice:
 class SummaryAnswer:
     """The answer of `load_best_summary`: the best summary found and where it came from."""
 
-    session_id: str
+    session_id: SessionKey
     tier: Tier
     summary: Summary | None
     turn_count: int
@@ -413,7 +419,7 @@ class PatchOutcome:
 class CloseResult:
     """`persisted`: the warm row covers every turn; `cached`: Redis holds that summary too."""
 
-    session_id: str
+    session_id: SessionKey
     persisted: bool
     cached: bool
     turn_count: int

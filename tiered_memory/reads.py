@@ -43,6 +43,7 @@ from tiered_memory.model import (
     Owner,
     Role,
     SessionInfo,
+    SessionKey,
     SessionState,
     Summary,
     SummaryAnswer,
@@ -161,57 +162,53 @@ class SessionReads:
         # Each summary's facts, loaded once (None: not the extractor's), by (session, summary stamp).
         self._books: Lru[tuple[str, tuple[int, float]], tuple[FactBook | None]] = Lru(1024)
 
-    async def load_best_summary(self, session_id: str, *, caller: Caller) -> SummaryAnswer:
+    async def load_best_summary(self, key: SessionKey, *, caller: Caller) -> SummaryAnswer:
         """Hot summary → warm row (backfilling hot) → deterministic extraction from messages → none.
 
         The owner comes from the same hot round trip; only when the hot tier does not know it is
         SQL asked, and for a restricted caller that answer is required (SqlUnavailable otherwise).
         Raises Forbidden when the session is not the caller's.
         """
-        summary, turns, owner = await self._errors.hot(
-            "read_summary", self._hot.read_summary(session_id), (None, None, None)
-        )
-        if owner is not None and not _in_namespace(owner, session_id):
+        summary, turns, owner = await self._errors.hot("read_summary", self._hot.read_summary(key), (None, None, None))
+        if owner is not None and not _in_namespace(owner, key):
             summary, turns, owner = None, None, None
         if owner is not None:
             authorize(caller, owner)
         if summary is not None:
             info: SessionInfo | None = None
             if owner is None and not caller.unrestricted:
-                info = await self._store.get_session(session_id, replica=True)
+                info = await self._store.get_session(key, replica=True)
                 if info is None:
                     # SQL knows no such session: the cached summary is an orphan, shown to nobody.
-                    return self._answer(session_id, Tier.NONE, None, 0)
+                    return self._answer(key, Tier.NONE, None, 0)
                 authorize(caller, info.owner)
             elif turns is None:
                 # The counters expired before the summary did; SQL knows the turn count.
-                info = await self._sql_session(session_id)
+                info = await self._sql_session(key)
             if info is not None:
                 # Counters and owner back into the hot tier, so that the next read needs no SQL.
                 await self._backfill(info, summary=None, recent=None)
                 turns = info.turn_count
-            return self._answer(session_id, Tier.HOT, summary, summary.covered_turns if turns is None else turns)
-        answer, info = await self._summary_below_hot(session_id, caller)
+            return self._answer(key, Tier.HOT, summary, summary.covered_turns if turns is None else turns)
+        answer, info = await self._summary_below_hot(key, caller)
         if info is not None and (answer.tier is Tier.WARM or owner is None):
             await self._backfill(info, summary=answer.summary if answer.tier is Tier.WARM else None, recent=None)
         return answer
 
     async def _summary_below_hot(
-        self, session_id: str, caller: Caller, *, cold: bool = True
+        self, key: SessionKey, caller: Caller, *, cold: bool = True
     ) -> tuple[SummaryAnswer, SessionInfo | None]:
         """The warm row, else the cold extraction (unless not `cold`), else none; with the
         session SQL returned. Raises Forbidden when SQL says the session is not the caller's."""
-        summary, info = await self._errors.sql(
-            "read_summary", self._store.get_summary(session_id, replica=True), (None, None)
-        )
+        summary, info = await self._errors.sql("read_summary", self._store.get_summary(key, replica=True), (None, None))
         if info is None:
-            return self._answer(session_id, Tier.NONE, None, 0), None
+            return self._answer(key, Tier.NONE, None, 0), None
         authorize(caller, info.owner)
         if summary is not None:
-            return self._answer(session_id, Tier.WARM, summary, info.turn_count), info
+            return self._answer(key, Tier.WARM, summary, info.turn_count), info
         extracted = await self._cold_summary(info) if cold else None
         tier = Tier.NONE if extracted is None else Tier.COLD
-        return self._answer(session_id, tier, extracted, info.turn_count), info
+        return self._answer(key, tier, extracted, info.turn_count), info
 
     async def _backfill(self, info: SessionInfo, *, summary: Summary | None, recent: list[Message] | None) -> None:
         await self._errors.hot(
@@ -219,7 +216,7 @@ class SessionReads:
         )
 
     async def _keep_older(
-        self, session_id: str, info: SessionInfo | None, hot: HotSession, messages: list[Message]
+        self, key: SessionKey, info: SessionInfo | None, hot: HotSession, messages: list[Message]
     ) -> None:
         """Put older messages a context read from SQL into the hot list, in front of what it
         holds, so that the next context of the session reads them from the hot tier (a list that
@@ -234,9 +231,7 @@ class SessionReads:
         counters = hot.counters
         if counters is None or not messages or messages[-1].seq != counters.message_count:
             return
-        await self._errors.hot(
-            "backfill", self._hot.backfill(session_id, counters, summary=None, recent=messages), None
-        )
+        await self._errors.hot("backfill", self._hot.backfill(key, counters, summary=None, recent=messages), None)
 
     async def _cold_summary(self, info: SessionInfo) -> Summary | None:
         messages = await self._errors.sql("read_messages", self._cold_messages(info), None)
@@ -266,18 +261,18 @@ class SessionReads:
             messages = head + [m for m in tail if m.seq > last_head]
         return [m for m in messages if m.turn <= info.turn_count]
 
-    def _answer(self, session_id: str, tier: Tier, summary: Summary | None, turns: int) -> SummaryAnswer:
+    def _answer(self, key: SessionKey, tier: Tier, summary: Summary | None, turns: int) -> SummaryAnswer:
         self._metrics.summary_loads.labels(tier.value).inc()
         if summary is not None:
             self._metrics.summary_lag.observe(max(0, turns - summary.covered_turns))
-        return SummaryAnswer(session_id=session_id, tier=tier, summary=summary, turn_count=turns)
+        return SummaryAnswer(session_id=key, tier=tier, summary=summary, turn_count=turns)
 
-    async def _sql_session(self, session_id: str) -> SessionInfo | None:
-        return await self._errors.sql("read_session", self._store.get_session(session_id, replica=True), None)
+    async def _sql_session(self, key: SessionKey) -> SessionInfo | None:
+        return await self._errors.sql("read_session", self._store.get_session(key, replica=True), None)
 
     async def context(
         self,
-        session_id: str,
+        key: SessionKey,
         want: ContextRequest,
         *,
         caller: Caller,
@@ -299,14 +294,14 @@ class SessionReads:
         Raises Forbidden when the session is not the caller's.
         """
         max_chars, question, excluded = want.max_chars, want.question, want.exclude_message_id
-        hot = await self._errors.hot("read_session", self._hot.read_session(session_id), _NO_HOT)
-        if hot.owner is not None and not _in_namespace(hot.owner, session_id):
+        hot = await self._errors.hot("read_session", self._hot.read_session(key), _NO_HOT)
+        if hot.owner is not None and not _in_namespace(hot.owner, key):
             hot = _NO_HOT
         known: SessionInfo | None = None
         if hot.owner is not None:
             authorize(caller, hot.owner)
         elif not caller.unrestricted:
-            known = await self._store.get_session(session_id, replica=True)
+            known = await self._store.get_session(key, replica=True)
             if known is None:
                 # SQL knows no such session: whatever the cache still holds is shown to nobody.
                 hot = _NO_HOT
@@ -315,7 +310,7 @@ class SessionReads:
 
         keep = 0 if self._s.memory_mode == "none" else self._s.keep_recent_turns
         (answer, warm_info), (available, info, rows) = await asyncio.gather(
-            self._context_summary(session_id, caller, hot, max_chars), self._window_rows(session_id, hot, known, keep)
+            self._context_summary(key, caller, hot, max_chars), self._window_rows(key, hot, known, keep)
         )
         if excluded is not None:
             # A retried load-then-append: its message is stored already and comes back as the question.
@@ -328,16 +323,16 @@ class SessionReads:
         recent = window(available, turn_count=turn_count, keep_recent_turns=keep)
         walked = _Walked(hot=hot, answer=answer, info=sql_info, available=available, turn_count=turn_count)
         shown, recent, terms, snippets = await self._material(
-            session_id, walked, recent, max_chars=max_chars, question=question, exclude_message_id=excluded
+            key, walked, recent, max_chars=max_chars, question=question, exclude_message_id=excluded
         )
-        carried = await self._carried(session_id, walked, shown, want.user_memory or "off", want.user_id, question)
-        candidates = self._candidates(session_id, walked, shown, terms, snippets, carried, question)
+        carried = await self._carried(key, walked, shown, want.user_memory or "off", want.user_id, question)
+        candidates = self._candidates(key, walked, shown, terms, snippets, carried, question)
         chosen = choose(candidates, max_chars)
         parts = self._with_digest(walked, candidates, chosen, max_chars=max_chars)
         memory_text = "\n".join(text for _, text in parts) or None
         raw = alternate(chosen.raw)
         messages = compose(memory_text, raw, max_chars=max_chars, lang=candidates.lang)
-        shaped = self._shaped(session_id, walked, recent, messages, system_prompt=want.system_prompt, question=question)
+        shaped = self._shaped(key, walked, recent, messages, system_prompt=want.system_prompt, question=question)
         explained = Explained(cut_parts(parts, memory_room(raw, max_chars)), tuple(chosen.raw), chosen.layout)
         shaped = dataclasses.replace(shaped, explained=explained)
         if carried is not None and carried.shown and carried.shown[-1].text and "carried" in chosen.chars:
@@ -350,7 +345,7 @@ class SessionReads:
 
     async def _carried(
         self,
-        session_id: str,
+        session: SessionKey,
         walked: _Walked,
         shown: list[Message],
         mode: UserMemory,
@@ -371,7 +366,7 @@ class SessionReads:
         wanted = {"profile": 0, "last_session": 1, "topic": TOPIC_CANDIDATES}[mode]
         found = await self._errors.sql(
             "read_user_memory",
-            self._users.carried(key_tenant(session_id), user, exclude=session_id, profile=True, earlier=wanted),
+            self._users.carried(key_tenant(session), user, exclude=session, profile=True, earlier=wanted),
             None,
         )
         if found is None:
@@ -393,34 +388,34 @@ class SessionReads:
         return Carried(mode, chosen, profile if profile is not None and profile.items else None)
 
     async def _context_summary(
-        self, session_id: str, caller: Caller, hot: HotSession, max_chars: int
+        self, key: SessionKey, caller: Caller, hot: HotSession, max_chars: int
     ) -> tuple[SummaryAnswer, SessionInfo | None]:
         """The summary a context shows, and the SQL session when SQL was asked."""
         if self._s.memory_mode != "summary":
-            return SummaryAnswer(session_id, Tier.NONE, None, hot.turn_count or 0), None
+            return SummaryAnswer(key, Tier.NONE, None, hot.turn_count or 0), None
         if hot.summary is not None:
             turns = hot.turn_count if hot.turn_count is not None else hot.summary.covered_turns
-            return self._answer(session_id, Tier.HOT, hot.summary, turns), None
+            return self._answer(key, Tier.HOT, hot.summary, turns), None
         whole = hot_list_whole(hot.recent, message_count=hot.message_count)
         if whole and content_chars(m for m in hot.recent if m.answered) <= max_chars:
             # The context will be the whole conversation, raw: a summary would not be shown,
             # and a young session's (none yet, its first LLM call still out) would be
             # extracted from SQL on every request until it lands.
-            return self._answer(session_id, Tier.NONE, None, hot.turn_count or 0), None
+            return self._answer(key, Tier.NONE, None, hot.turn_count or 0), None
         # A warm row may be there (the hot summary evicted); an extraction is not made on a
         # request for a session the hot list holds whole: the policy condenses its raw turns
         # itself, until the summary job's summary lands.
-        return await self._summary_below_hot(session_id, caller, cold=not whole)
+        return await self._summary_below_hot(key, caller, cold=not whole)
 
     async def _window_rows(
-        self, session_id: str, hot: HotSession, known: SessionInfo | None, keep: int
+        self, key: SessionKey, hot: HotSession, known: SessionInfo | None, keep: int
     ) -> tuple[list[Message], SessionInfo | None, list[Message] | None]:
         """Messages from the window's first turn (hot list, or SQL with one turn more), the SQL
         session when SQL was asked (`known` when the caller's check already asked it), and the
         rows to backfill."""
 
         async def sql_session() -> SessionInfo | None:
-            return known if known is not None else await self._sql_session(session_id)
+            return known if known is not None else await self._sql_session(key)
 
         if keep == 0:
             return [], known if hot.turn_count is not None else await sql_session(), None
@@ -438,7 +433,7 @@ class SessionReads:
         known_seq = max(info.message_count, hot.message_count or 0)
         rows = await self._errors.sql(
             "read_recent",
-            self._store.messages_in_turns(session_id, after_turn=first - 2, replica=True, known_seq=known_seq),
+            self._store.messages_in_turns(key, after_turn=first - 2, replica=True, known_seq=known_seq),
             None,
         )
         if rows is None:
@@ -447,7 +442,7 @@ class SessionReads:
 
     async def _material(
         self,
-        session_id: str,
+        key: SessionKey,
         walked: _Walked,
         recent: list[Message],
         *,
@@ -462,19 +457,19 @@ class SessionReads:
             return recent, recent, [], []
         hot, info, available = walked.hot, walked.info, walked.available
         covered = walked.answer.summary.covered_turns if walked.answer.summary else 0
-        recent = await self._with_gap(session_id, covered, walked.turn_count, recent, available)
+        recent = await self._with_gap(key, covered, walked.turn_count, recent, available)
         count = info.message_count if info else hot.message_count
         terms: list[str] = []
         snippets: list[list[Message]] = []
         if question and recent and count:
             terms, snippets = await self._history.snippets(
-                session_id, question, count, before_seq=recent[0].seq, seen=available
+                key, question, count, before_seq=recent[0].seq, seen=available
             )
         if not self._s.context_older_turns:
             return recent, recent, terms, snippets
         # Older raw turns for the policy to condense or take the key points of.
         before_window = await self._history.older(
-            session_id,
+            key,
             recent,
             available,
             older_chars(max_chars, content_chars(recent)),
@@ -485,12 +480,12 @@ class SessionReads:
         # Only while the hot list has room: once it holds what the default budget reads, a larger
         # budget's older turns come from SQL on each read (one indexed read).
         if fetched and exclude_message_id is None and self._hot.recent.has_room(available):
-            await self._keep_older(session_id, info, hot, [*fetched, *available])
+            await self._keep_older(key, info, hot, [*fetched, *available])
         return [*before_window, *recent], recent, terms, snippets
 
     def _candidates(
         self,
-        session_id: str,
+        key: SessionKey,
         walked: _Walked,
         shown: list[Message],
         terms: list[str],
@@ -511,14 +506,14 @@ class SessionReads:
         # A summary's version and write time tell it apart, even from one of a deleted session
         # that had the same id.
         stamp = (summary.version, summary.updated_at) if summary is not None else (0, 0.0)
-        book = self._book(session_id, stamp, summary)
+        book = self._book(key, stamp, summary)
         names, salient = book.terms() if book is not None else (frozenset(), frozenset())
 
         def views(m: Message) -> View:
-            return self._notes.view((session_id, m.seq, stamp), remembered(m), salient, names)
+            return self._notes.view((key, m.seq, stamp), remembered(m), salient, names)
 
         def text_features(text: str) -> frozenset[str]:
-            return self._notes.features((session_id, stamp), text, salient, names)
+            return self._notes.features((key, stamp), text, salient, names)
 
         last = walked.info.last_activity if walked.info else walked.hot.last_activity
         return Candidates(
@@ -552,14 +547,14 @@ class SessionReads:
 
         return render
 
-    def _book(self, session_id: str, stamp: tuple[int, float], summary: Summary | None) -> FactBook | None:
+    def _book(self, key: SessionKey, stamp: tuple[int, float], summary: Summary | None) -> FactBook | None:
         """The extractor's facts of `summary`, loaded once per summary; None for an LLM's summary
         (its text, not the extractor's facts beside it, is the memory) or without one."""
         if summary is None or not summary.structured or summary.source is not SummarySource.DETERMINISTIC:
             return None
-        found = self._books.get((session_id, stamp))
+        found = self._books.get((key, stamp))
         if found is None:
-            found = self._books.put((session_id, stamp), (FactBook.load(summary.structured),))
+            found = self._books.put((key, stamp), (FactBook.load(summary.structured),))
         return found[0]
 
     def _with_digest(
@@ -577,7 +572,7 @@ class SessionReads:
 
     def _shaped(
         self,
-        session_id: str,
+        key: SessionKey,
         walked: _Walked,
         recent: list[Message],
         messages: list[ChatMessage],
@@ -594,7 +589,7 @@ class SessionReads:
         returned = sum(m.size for m in messages)
         payload = summary.structured.get("payload") if summary else None
         return ContextAnswer(
-            session_id=session_id,
+            session_id=key,
             summary_tier=walked.answer.tier,
             summary=summary.text if summary else None,
             covered_turns=summary.covered_turns if summary else 0,
@@ -644,7 +639,7 @@ class SessionReads:
         return facts
 
     async def _with_gap(
-        self, session_id: str, covered: int, turn_count: int, recent: list[Message], available: list[Message]
+        self, key: SessionKey, covered: int, turn_count: int, recent: list[Message], available: list[Message]
     ) -> list[Message]:
         """The window with the turns covered+1 … (window start - 1) in front of it: turns the
         summary does not hold yet (it lags behind a slow LLM) and that left the window."""
@@ -656,7 +651,7 @@ class SessionReads:
             return recent
         gap = [m for m in available if covered < m.turn < first]
         if not gap or gap[0].turn != covered + 1:
-            read = self._store.messages_in_turns(session_id, after_turn=covered, through_turn=first - 1, replica=True)
+            read = self._store.messages_in_turns(key, after_turn=covered, through_turn=first - 1, replica=True)
             found = await self._errors.sql("read_gap", read, None)
             if found is None:
                 return recent

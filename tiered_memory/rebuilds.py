@@ -30,7 +30,7 @@ import structlog
 
 from tiered_memory.errors import Conflict, HotUnavailable, NotFound, Overloaded, SqlUnavailable
 from tiered_memory.metrics import Metrics
-from tiered_memory.model import JobState, RebuildJob
+from tiered_memory.model import JobState, RebuildJob, SessionKey
 from tiered_memory.summarize.scheduler import drain
 from tiered_memory.summary_job import Rebuilt, SummaryJob
 from tiered_memory.tier_errors import TierErrors
@@ -85,13 +85,13 @@ class _Run:
     def __init__(
         self,
         jobs: JobStore,
-        session_id: str,
+        key: SessionKey,
         job: RebuildJob,
         *,
         clock: Callable[[], float],
         hot_failed: Callable[[], None],
     ) -> None:
-        self.session_id = session_id
+        self.session_id = key
         self.job = job
         self._jobs = jobs
         self._clock = clock
@@ -178,7 +178,7 @@ class Rebuilds:
         """Jobs queued or running in this process."""
         return len(self._tasks)
 
-    async def start(self, session_id: str) -> Started:
+    async def start(self, key: SessionKey) -> Started:
         """Start a rebuild of the session, or answer with its live one. Raises HotUnavailable
         (nothing started: the guard and the state other replicas read live there), Overloaded
         when this process has `max_pending` jobs going, and Conflict when a live job's record
@@ -186,7 +186,7 @@ class Rebuilds:
         for _ in range(_START_TRIES):
             if self._max_pending is not None and len(self._tasks) >= self._max_pending:
                 # No job is started that this process would not run; a live one is still answered.
-                holder_id = await self._jobs.holder(session_id)
+                holder_id = await self._jobs.holder(key)
                 if holder_id is None:
                     raise Overloaded(
                         f"this process has {self._max_pending} rebuilds queued or running"
@@ -194,12 +194,12 @@ class Rebuilds:
                     )
             else:
                 job = RebuildJob(secrets.token_hex(16), JobState.QUEUED, queued_at=self._clock())
-                holder_id = await self._jobs.start(session_id, job, lease_s=self._lease, ttl_s=self._ttl)
+                holder_id = await self._jobs.start(key, job, lease_s=self._lease, ttl_s=self._ttl)
                 if holder_id is None:
-                    self._launch(_Run(self._jobs, session_id, job, clock=self._clock, hot_failed=self._hot_failed))
-                    log.info("rebuild_queued", session_key=session_id, job_id=job.job_id)
+                    self._launch(_Run(self._jobs, key, job, clock=self._clock, hot_failed=self._hot_failed))
+                    log.info("rebuild_queued", session_key=key, job_id=job.job_id)
                     return Started(job, True)
-            found, live = await self._jobs.read(session_id, holder_id)
+            found, live = await self._jobs.read(key, holder_id)
             if found is not None and live:
                 return Started(found, False)
         raise Conflict("a rebuild of this session is starting; try again")
@@ -207,10 +207,10 @@ class Rebuilds:
     def _hot_failed(self) -> None:
         self._errors.count("hot", "rebuild_job")
 
-    async def get(self, session_id: str, job_id: str) -> RebuildJob:
+    async def get(self, key: SessionKey, job_id: str) -> RebuildJob:
         """The job as it is now. Raises NotFound for a job of another session, one never started,
         or one that ended more than RECORD_TTL_S ago; HotUnavailable."""
-        job, live = await self._jobs.read(session_id, job_id)
+        job, live = await self._jobs.read(key, job_id)
         if job is None:
             raise NotFound("no such rebuild of this session (none was started, or it ended over an hour ago)")
         return observed(job, live)
@@ -246,7 +246,7 @@ class Rebuilds:
 
     async def _work(self, run: _Run) -> RebuildJob:
         """The rebuild itself, its failures turned into the job's reason."""
-        session_id = run.session_id
+        key = run.session_id
 
         @contextlib.asynccontextmanager
         async def slot() -> AsyncIterator[None]:
@@ -257,23 +257,23 @@ class Rebuilds:
                 yield
 
         try:
-            if await self._store.get_session(session_id) is None:
+            if await self._store.get_session(key) is None:
                 return run.failed("not_found")
-            return run.done(await self._job.rebuild(session_id, gate=slot))
+            return run.done(await self._job.rebuild(key, gate=slot))
         except Conflict:
             # A delete that came in between also ends in the summary write's refusal.
-            return run.failed("not_found" if await self._deleted(session_id) else "conflict")
+            return run.failed("not_found" if await self._deleted(key) else "conflict")
         except SqlUnavailable:
             return run.failed("sql_unavailable")
         except Overloaded:
             return run.failed("overloaded")
         except Exception:
-            log.exception("rebuild_failed", session_key=session_id, job_id=run.job.job_id)
+            log.exception("rebuild_failed", session_key=key, job_id=run.job.job_id)
             return run.failed("internal")
 
-    async def _deleted(self, session_id: str) -> bool:
+    async def _deleted(self, key: SessionKey) -> bool:
         try:
-            return await self._store.get_session(session_id) is None
+            return await self._store.get_session(key) is None
         except SqlUnavailable:
             return False
 

@@ -58,8 +58,8 @@ async def purge(
     and the next run takes the rest)."""
     report = PurgeReport()
     while page := await maintenance.inactive_sessions(before=before, limit=_PAGE):
-        for session_id in page:
-            done = await maintenance.purge_session(session_id, before=before)
+        for key in page:
+            done = await maintenance.purge_session(key, before=before)
             report.messages += done.messages
             report.slices += done.slices
             if not done.complete:
@@ -67,7 +67,7 @@ async def purge(
             else:
                 report.sessions += 1
                 try:
-                    await hot.delete(session_id)
+                    await hot.delete(key)
                 except HotUnavailable:
                     report.hot_errors += 1
             progress.advance()

@@ -34,6 +34,7 @@ from tiered_memory.model import (
     PatchOutcome,
     RebuildJob,
     SessionInfo,
+    SessionKey,
     SessionState,
     Slice,
     Summary,
@@ -239,37 +240,37 @@ class MemoryService:
             and result.turn_count % self._s.summary_every_n_turns == 0
         )
 
-    async def _summarize(self, session_id: str) -> None:
+    async def _summarize(self, key: SessionKey) -> None:
         """A background pass, within SUMMARY_CONCURRENCY. Another replica holding the lock may
         have started before our latest turn was committed, so wait for it and look again rather
         than assume it covers everything. The wait happens outside the concurrency slot, so it
         blocks no other session."""
         # A close asked for the LLM's summary of what it merged deterministically; kept through
         # the retries while another replica holds the lock.
-        refine = session_id in self._refine
-        self._refine.discard(session_id)
-        result = await self._job.run_waiting(session_id, gate=lambda: self._slots, refine=refine)
+        refine = key in self._refine
+        self._refine.discard(key)
+        result = await self._job.run_waiting(key, gate=lambda: self._slots, refine=refine)
         if result.outcome is Outcome.LOCKED:
-            log.info("summary_locked_elsewhere", session_key=session_id)
+            log.info("summary_locked_elsewhere", session_key=key)
             return
-        await self._released(session_id)
+        await self._released(key)
 
-    async def _released(self, session_id: str) -> None:
+    async def _released(self, key: SessionKey) -> None:
         """After a closed session's last pass: its held final-summary event goes out with the
         summary SQL holds (a pass that wrote released it already, in its transaction; one that
         wrote nothing, the LLM having failed, leaves it to this). A release lost to an outage
         or a crash is the sweeper's (`release_stale`)."""
-        if session_id not in self._final_pending or session_id in self._refine:
+        if key not in self._final_pending or key in self._refine:
             # A refine is still to run (asked for while this pass was waiting for the lock): the
             # final summary is its.
             return
-        self._final_pending.discard(session_id)
+        self._final_pending.discard(key)
         try:
-            await self._store.release_final(session_id, now=self._clock())
+            await self._store.release_final(key, now=self._clock())
         except SqlUnavailable as exc:
-            log.warning("final_event_not_released", session_key=session_id, error=str(exc))
+            log.warning("final_event_not_released", session_key=key, error=str(exc))
 
-    async def _close_pass(self, session_id: str, *, answering: bool) -> JobResult:
+    async def _close_pass(self, key: SessionKey, *, answering: bool) -> JobResult:
         """The summary pass of a close. One that a caller waits for (`answering`) never waits on
         the LLM: it merges the turns the background passes have not covered yet with the
         deterministic extractor (on top of what the LLM wrote before, whose text it carries), so
@@ -281,10 +282,10 @@ class MemoryService:
         # Started now, so it sees every turn committed before close. It does not queue behind
         # background summaries; the summary lock still keeps it the only writer.
         wait_s = _CLOSE_LOCK_WAIT_S if answering else LOCK_WAIT_S
-        result = await self._job.run_waiting(session_id, wait_s=wait_s, use_llm=not answering)
+        result = await self._job.run_waiting(key, wait_s=wait_s, use_llm=not answering)
         if result.outcome is Outcome.LOCKED:
-            self.summaries.schedule(session_id)
-            log.info("close_summary_left_to_background", session_key=session_id)
+            self.summaries.schedule(key)
+            log.info("close_summary_left_to_background", session_key=key)
         return result
 
     async def aclose(self) -> None:
@@ -295,51 +296,51 @@ class MemoryService:
             await asyncio.wait(set(self._writes), timeout=self._s.shutdown_grace_seconds)
         await self._history.aclose()
 
-    async def close(self, session_id: str, *, caller: Caller, reason: str = "client") -> CloseResult:
+    async def close(self, key: SessionKey, *, caller: Caller, reason: str = "client") -> CloseResult:
         """`_close`, run whole (`_whole`)."""
-        return await self._whole(self._close(session_id, caller=caller, reason=reason))
+        return await self._whole(self._close(key, caller=caller, reason=reason))
 
-    async def _close(self, session_id: str, *, caller: Caller, reason: str = "client") -> CloseResult:
+    async def _close(self, key: SessionKey, *, caller: Caller, reason: str = "client") -> CloseResult:
         """Persist the final summary to both tiers (summarizing the uncovered turns now) when the
         session has at least SUMMARY_MIN_TURNS_TO_PERSIST turns, and mark it closed. Idempotent.
 
         `persisted` means the warm row covers every turn; `cached` that Redis holds it too.
         Raises NotFound, or Forbidden when the session is not the caller's.
         """
-        info = await self._owned_session(session_id, caller)
+        info = await self._owned_session(key, caller)
         persisted = cached = refine = left = False
         if self._s.summaries_enabled and info.turn_count >= max(1, self._s.summary_min_turns_to_persist):
-            result = await self._close_pass(session_id, answering=reason == "client")
+            result = await self._close_pass(key, answering=reason == "client")
             left = result.outcome is Outcome.LOCKED  # a pass runs on after close
-            after = await self._store.get_session(session_id)
+            after = await self._store.get_session(key)
             persisted = after is not None and after.covered_turns >= info.turn_count
             # A pass locked out by another process's may still see SQL cover every turn (that
             # pass wrote meanwhile); the hot copy is then made sure of here, so every close of
             # the session answers alike.
-            cached = persisted and (result.hot_written or (left and await self._job.cache_stored(session_id)))
+            cached = persisted and (result.hot_written or (left and await self._job.cache_stored(key)))
             # A short call may never have reached a cadence point: its summary is the extractor's.
             # The LLM makes it again in the background (the job decides whether it is short
             # enough and not the LLM's already).
             refine = persisted and reason == "client" and self._s.llm_enabled
         # With a pass still to come, the final summary's event is held until it ends.
         last_pass = refine or left
-        if await self._store.close_session(session_id, reason=reason, now=self._clock(), final=not last_pass):
+        if await self._store.close_session(key, reason=reason, now=self._clock(), final=not last_pass):
             self._metrics.sessions_closed.labels(reason).inc()
-            log.info("session_closed", session_key=session_id, reason=reason, persisted=persisted, cached=cached)
+            log.info("session_closed", session_key=key, reason=reason, persisted=persisted, cached=cached)
             if last_pass:
                 # Scheduled only now: a pass that ended before the close committed would find no
                 # held event to release.
-                self._final_pending.add(session_id)
+                self._final_pending.add(key)
                 if refine:
-                    self._refine.add(session_id)
-                self.summaries.schedule(session_id)
-        return CloseResult(session_id, persisted, cached, info.turn_count)
+                    self._refine.add(key)
+                self.summaries.schedule(key)
+        return CloseResult(key, persisted, cached, info.turn_count)
 
-    async def patch_message(self, session_id: str, message_id: str, patch: Patch, *, caller: Caller) -> PatchOutcome:
+    async def patch_message(self, key: SessionKey, message_id: str, patch: Patch, *, caller: Caller) -> PatchOutcome:
         """`_patch_message`, run whole (`_whole`)."""
-        return await self._whole(self._patch_message(session_id, message_id, patch, caller=caller))
+        return await self._whole(self._patch_message(key, message_id, patch, caller=caller))
 
-    async def _patch_message(self, session_id: str, message_id: str, patch: Patch, *, caller: Caller) -> PatchOutcome:
+    async def _patch_message(self, key: SessionKey, message_id: str, patch: Patch, *, caller: Caller) -> PatchOutcome:
         """Correct a stored message while no summary covers it (sql_patch.py), holding the
         session's summary lock so that no summary reads it meanwhile; then the hot tier forgets
         what it cached of the session (its recent list and recall postings held the old text) and
@@ -347,26 +348,26 @@ class MemoryService:
         repeated patch changes nothing and answers the same. Raises NotFound, Forbidden, Conflict,
         InvalidInput, SqlUnavailable, and HotUnavailable when the hot tier could not forget (the
         patch is in SQL: a retry, which changes nothing more, clears it)."""
-        async with self._job.holding(session_id):
-            result = await self._store.patch_message(session_id, message_id, patch, caller=caller)
+        async with self._job.holding(key):
+            result = await self._store.patch_message(key, message_id, patch, caller=caller)
         # Even a repeated patch: its first may have answered 503 with the hot tier still holding
         # the old text.
-        await self._forget_cached(session_id, result.session_bytes)
+        await self._forget_cached(key, result.session_bytes)
         due = (
             self._s.summaries_enabled
             and result.completed_turn
             and result.turn_count % self._s.summary_every_n_turns == 0
         )
         if due:
-            self.summaries.schedule(session_id)
-        log.info("message_patched", session_key=session_id, message_id=message_id, changed=result.changed)
+            self.summaries.schedule(key)
+        log.info("message_patched", session_key=key, message_id=message_id, changed=result.changed)
         return PatchOutcome(result, due)
 
-    async def delete_message(self, session_id: str, message_id: str, *, caller: Caller) -> None:
+    async def delete_message(self, key: SessionKey, message_id: str, *, caller: Caller) -> None:
         """`_delete_message`, run whole (`_whole`)."""
-        return await self._whole(self._delete_message(session_id, message_id, caller=caller))
+        return await self._whole(self._delete_message(key, message_id, caller=caller))
 
-    async def _delete_message(self, session_id: str, message_id: str, *, caller: Caller) -> None:
+    async def _delete_message(self, key: SessionKey, message_id: str, *, caller: Caller) -> None:
         """Remove the session's newest message while no summary covers its turn (sql_patch.py),
         holding the session's summary lock as a patch does; then the hot tier forgets what it
         cached of the session (its recent list, counters and recall postings held the message).
@@ -374,14 +375,14 @@ class MemoryService:
         SqlUnavailable, and HotUnavailable when the hot tier could not forget. The hot tier forgets
         on a NotFound for the message too: a delete that answered 503 after SQL removed the
         message is completed by its retry."""
-        async with self._job.holding(session_id):
-            deleted = await self._store.delete_newest(session_id, message_id, caller=caller)
-        await self._forget_cached(session_id, deleted.session_bytes)
+        async with self._job.holding(key):
+            deleted = await self._store.delete_newest(key, message_id, caller=caller)
+        await self._forget_cached(key, deleted.session_bytes)
         if deleted.message is None:
             raise NotFound(f"the session has no message {message_id!r}")
-        log.info("message_deleted", session_key=session_id, message_id=message_id, seq=deleted.message.seq)
+        log.info("message_deleted", session_key=key, message_id=message_id, seq=deleted.message.seq)
 
-    async def _forget_cached(self, session_id: str, session_bytes: int) -> None:
+    async def _forget_cached(self, key: SessionKey, session_bytes: int) -> None:
         """After a message changed in SQL (patched, taken back): the hot tier forgets what it
         cached of the session (its recent list, summary and recall postings held the message), and
         the tenant pays for the postings' catch-up from SQL at the next question, up to
@@ -389,72 +390,74 @@ class MemoryService:
         catch-up after postings expired or Redis was lost is the daemon's own.) Raises
         HotUnavailable when the hot tier could not forget: the change is in SQL, and a retry of
         the request forgets again."""
-        self._history.forget(session_id)
+        self._history.forget(key)
         with self._errors.counted("hot", "invalidate"):
-            await self._hot.invalidate(session_id)
-        await self._charge(key_tenant(session_id), min(session_bytes, self._s.recall_max_bytes))
+            await self._hot.invalidate(key)
+        await self._charge(key_tenant(key), min(session_bytes, self._s.recall_max_bytes))
 
-    async def delete(self, session_id: str, *, caller: Caller) -> None:
+    async def delete(self, key: SessionKey, *, caller: Caller) -> None:
         """`_delete`, run whole (`_whole`)."""
-        return await self._whole(self._delete(session_id, caller=caller))
+        return await self._whole(self._delete(key, caller=caller))
 
-    async def _delete(self, session_id: str, *, caller: Caller) -> None:
+    async def _delete(self, key: SessionKey, *, caller: Caller) -> None:
         """Remove a session from every tier, SQL first. Raises HotUnavailable when Redis could not
         be cleared: the caller must retry (delete is idempotent) rather than leave a deleted
         conversation readable from the cache until its TTL. Raises Forbidden, deleting nothing,
         when the session is not the caller's (checked under the session-row lock)."""
-        await self._store.delete_session(session_id, caller=caller)
-        self._history.forget(session_id)
+        await self._store.delete_session(key, caller=caller)
+        self._history.forget(key)
         with self._errors.counted("hot", "delete"):
-            await self._hot.delete(session_id)
+            await self._hot.delete(key)
 
-    async def reset_summary(self, session_id: str, *, caller: Caller) -> None:
+    async def reset_summary(self, key: SessionKey, *, caller: Caller) -> None:
         """Forget a session's summary in both tiers and keep its messages. The sweeper then builds
         a new one from the cold tier at the next cadence point (with the current prompt and model).
         Raises NotFound for an unknown session, Forbidden (changing nothing) when it is not the
         caller's, HotUnavailable when Redis could not be cleared."""
-        if not await self._store.delete_summary(session_id, caller=caller):
+        if not await self._store.delete_summary(key, caller=caller):
             raise NotFound("the session does not exist")
         # The whole hot entry: it is a cache, and the next read refills it from SQL.
         with self._errors.counted("hot", "delete"):
-            await self._hot.delete(session_id)
+            await self._hot.delete(key)
 
-    async def start_rebuild(self, session_id: str, *, caller: Caller) -> Started:
+    async def start_rebuild(self, key: SessionKey, *, caller: Caller) -> Started:
         """Start recomputing every slice and the summary from the messages, COMPRESSION_BATCH_TURNS
         turns per slice, with the current prompt and model, as a job (rebuilds.py); or answer with
         the session's rebuild still going. Run whole (`_whole`): a job that took the session's
         lease is launched even when the request is cancelled. Raises NotFound, Forbidden,
         SqlUnavailable, HotUnavailable, Overloaded, Conflict; nothing is started then."""
-        await self._owned_session(session_id, caller)
-        return await self._whole(self.rebuilds.start(session_id))
+        await self._owned_session(key, caller)
+        return await self._whole(self.rebuilds.start(key))
 
-    async def rebuild_job(self, session_id: str, job_id: str, *, caller: Caller) -> RebuildJob:
+    async def rebuild_job(self, key: SessionKey, job_id: str, *, caller: Caller) -> RebuildJob:
         """A rebuild job of the session as it is now. Raises NotFound (the session or the job),
         Forbidden, SqlUnavailable, HotUnavailable."""
-        await self._owned_session(session_id, caller)
-        return await self.rebuilds.get(session_id, job_id)
+        await self._owned_session(key, caller)
+        return await self.rebuilds.get(key, job_id)
 
     # --- reads ----------------------------------------------------------------------------
 
     async def slices(
-        self, session_id: str, *, caller: Caller, from_turn: int = 1, limit: int | None = None
+        self, key: SessionKey, *, caller: Caller, from_turn: int = 1, limit: int | None = None
     ) -> list[Slice]:
         """The session's summarizations that end at `from_turn` or later (at most `limit`), oldest
         first, each leading back to its messages."""
-        await self._owned_session(session_id, caller)
-        return await self._store.slices(session_id, from_turn=from_turn, limit=limit, replica=True)
+        await self._owned_session(key, caller)
+        return await self._store.slices(key, from_turn=from_turn, limit=limit, replica=True)
 
     async def messages(
-        self, session_id: str, *, caller: Caller, first_seq: int, last_seq: int, limit: int, max_bytes: int
+        self, key: SessionKey, *, caller: Caller, first_seq: int, last_seq: int, limit: int, max_bytes: int
     ) -> list[Message]:
         """Raw messages by seq range, from the cold tier (the source of truth): read as far as the
         first that takes their text past `max_bytes`, and one more."""
-        await self._owned_session(session_id, caller)
+        await self._owned_session(key, caller)
         return await self._store.messages_by_seq(
-            session_id, first_seq=first_seq, last_seq=last_seq, limit=limit, max_bytes=max_bytes, replica=True
+            key, first_seq=first_seq, last_seq=last_seq, limit=limit, max_bytes=max_bytes, replica=True
         )
 
-    async def user_summaries(self, user_id: str, *, caller: Caller, limit: int) -> list[tuple[str, int, Summary]]:
+    async def user_summaries(
+        self, user_id: str, *, caller: Caller, limit: int
+    ) -> list[tuple[SessionKey, int, Summary]]:
         """The user's most recent session summaries (warm tier), newest first; for a caller
         restricted to a tenant, of that tenant's sessions only. Raises Forbidden when the caller
         speaks for another user."""
@@ -499,75 +502,75 @@ class MemoryService:
             raise NotFound("no erasure of this user was asked for")
         return found
 
-    async def session(self, session_id: str, *, caller: Caller) -> SessionInfo:
+    async def session(self, key: SessionKey, *, caller: Caller) -> SessionInfo:
         """The session's bookkeeping. Raises NotFound, or Forbidden when it is not the caller's."""
-        return await self._owned_session(session_id, caller)
+        return await self._owned_session(key, caller)
 
-    async def _owned_session(self, session_id: str, caller: Caller) -> SessionInfo:
+    async def _owned_session(self, key: SessionKey, caller: Caller) -> SessionInfo:
         # The owner never changes: a replica's copy of the row answers (its None is asked again).
-        info = await self._store.get_session(session_id, replica=True)
+        info = await self._store.get_session(key, replica=True)
         if info is None:
             raise NotFound("the session does not exist")
         authorize(caller, info.owner)
         return info
 
-    async def load_best_summary(self, session_id: str, *, caller: Caller) -> SummaryAnswer:
+    async def load_best_summary(self, key: SessionKey, *, caller: Caller) -> SummaryAnswer:
         """Hot summary → warm row (backfilling hot) → deterministic extraction → none (see reads.py)."""
-        return await self._reads.load_best_summary(session_id, caller=caller)
+        return await self._reads.load_best_summary(key, caller=caller)
 
-    async def context(self, session_id: str, want: ContextRequest, *, caller: Caller) -> ContextAnswer:
+    async def context(self, key: SessionKey, want: ContextRequest, *, caller: Caller) -> ContextAnswer:
         """Summary plus recent and older turns within max_chars (see reads.py), led by what the
         session carries over from its user's earlier sessions (`user_memory`, USER_MEMORY by
         default; `user_id`: the user of a session not stored yet), and the gateway's state: from
         the hot tier, or SQL when the hot tier lost it (then cached again); left out (None) when
         neither answers."""
         want = dataclasses.replace(want, user_memory=want.user_memory or self._s.user_memory)
-        answer = await self._reads.context(session_id, want, caller=caller)
+        answer = await self._reads.context(key, want, caller=caller)
         if answer.state is None and answer.turn_count + len(answer.messages) > 0:
-            state = await self._errors.sql("get_state", self._store.get_state(session_id), None)
+            state = await self._errors.sql("get_state", self._store.get_state(key), None)
             if state is None:
                 return answer
-            await self._cache_state(session_id, state)
+            await self._cache_state(key, state)
             answer = dataclasses.replace(answer, state=state)
         return answer
 
-    async def get_state(self, session_id: str, *, caller: Caller) -> SessionState:
+    async def get_state(self, key: SessionKey, *, caller: Caller) -> SessionState:
         """The gateway's state of a session (version 0, None when it has none), from SQL.
         Raises NotFound, Forbidden, SqlUnavailable."""
-        await self._owned_session(session_id, caller)
-        return await self._store.get_state(session_id)
+        await self._owned_session(key, caller)
+        return await self._store.get_state(key)
 
     async def put_state(
-        self, session_id: str, value: dict[str, Any], *, if_match: int | None, caller: Caller
+        self, key: SessionKey, value: dict[str, Any], *, if_match: int | None, caller: Caller
     ) -> SessionState:
         """`_put_state`, run whole (`_whole`)."""
-        return await self._whole(self._put_state(session_id, value, if_match=if_match, caller=caller))
+        return await self._whole(self._put_state(key, value, if_match=if_match, caller=caller))
 
     async def _put_state(
-        self, session_id: str, value: dict[str, Any], *, if_match: int | None, caller: Caller
+        self, key: SessionKey, value: dict[str, Any], *, if_match: int | None, caller: Caller
     ) -> SessionState:
         """Store the gateway's state as its next version (only over `if_match` when given), SQL
         first, then the hot tier. Raises NotFound, Forbidden, Conflict (precondition_failed),
         SqlUnavailable."""
-        state = await self._store.put_state(session_id, value, if_match=if_match, now=self._clock(), caller=caller)
-        await self._cache_state(session_id, state)
+        state = await self._store.put_state(key, value, if_match=if_match, now=self._clock(), caller=caller)
+        await self._cache_state(key, state)
         return state
 
-    async def _cache_state(self, session_id: str, state: SessionState) -> None:
+    async def _cache_state(self, key: SessionKey, state: SessionState) -> None:
         # A failed write leaves an older state cached (it carries its version): counted, and
         # tried once more, as for a summary.
         for attempt in range(2):
             # put_state answers a bool either way: None is the hot tier failing.
-            if await self._errors.hot("put_state", self._hot.put_state(session_id, state), None) is not None:
+            if await self._errors.hot("put_state", self._hot.put_state(key, state), None) is not None:
                 return
             if attempt == 0:
                 await asyncio.sleep(_HOT_RETRY_S)
 
-    async def recall(self, session_id: str, *, caller: Caller, query: str, k: int) -> list[RecallMatch]:
+    async def recall(self, key: SessionKey, *, caller: Caller, query: str, k: int) -> list[RecallMatch]:
         """The k messages that best match `query` (BM25), best first, each with the raw messages
         of its turn and the slice that covers it. Raises NotFound, Forbidden, SqlUnavailable."""
-        info = await self._owned_session(session_id, caller)
-        return await self._history.matches(session_id, query, info.message_count, k)
+        info = await self._owned_session(key, caller)
+        return await self._history.matches(key, query, info.message_count, k)
 
     # --- health and background ------------------------------------------------------------
 

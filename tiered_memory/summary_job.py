@@ -24,7 +24,7 @@ from tiered_memory.dialogue import for_summary
 from tiered_memory.errors import Conflict, LlmFailed, SqlUnavailable
 from tiered_memory.language import as_spoken
 from tiered_memory.metrics import Metrics
-from tiered_memory.model import Message, SessionInfo, Slice, Summary, SummarySource, key_tenant
+from tiered_memory.model import Message, SessionInfo, SessionKey, Slice, Summary, SummarySource, key_tenant
 from tiered_memory.summarize.extractive import Extraction, Extractor
 from tiered_memory.summarize.llm import LlmSummarizer
 from tiered_memory.summarize.payload import rule_payload
@@ -131,7 +131,7 @@ class SummaryJob:
         self._lock_ttl = lock_ttl_s
         self._clock = clock
 
-    async def run(self, session_id: str, *, use_llm: bool = True, refine: bool = False) -> JobResult:
+    async def run(self, key: SessionKey, *, use_llm: bool = True, refine: bool = False) -> JobResult:
         """One pass; never raises for store or LLM failures (they are counted and logged, and
         the sweeper finds the session again because its watermark did not move). With
         use_llm=False the deterministic extractor merges, whatever LLM is configured.
@@ -144,16 +144,16 @@ class SummaryJob:
         Traced in a trace of its own, linked to the request that scheduled it (the pass outlives
         the request)."""
         if not self._tracing.enabled:
-            return await self._run(session_id, use_llm=use_llm, refine=refine)
-        with self._tracing.linked_root("summary job", {"tiered_memory.session_key": session_id}) as span:
-            result = await self._run(session_id, use_llm=use_llm, refine=refine)
+            return await self._run(key, use_llm=use_llm, refine=refine)
+        with self._tracing.linked_root("summary job", {"tiered_memory.session_key": key}) as span:
+            result = await self._run(key, use_llm=use_llm, refine=refine)
             if span is not None:
                 span.set_attribute("tiered_memory.outcome", result.outcome.value)
             return result
 
     async def run_waiting(
         self,
-        session_id: str,
+        key: SessionKey,
         *,
         wait_s: float = LOCK_WAIT_S,
         gate: Gate | None = None,
@@ -168,37 +168,37 @@ class SummaryJob:
         deadline = loop.time() + wait_s
         while True:
             async with gate() if gate is not None else contextlib.nullcontext():
-                result = await self.run(session_id, use_llm=use_llm, refine=refine)
+                result = await self.run(key, use_llm=use_llm, refine=refine)
             if result.outcome is not Outcome.LOCKED or loop.time() >= deadline:
                 return result
             await asyncio.sleep(LOCK_RETRY_S)
 
-    async def _run(self, session_id: str, *, use_llm: bool, refine: bool) -> JobResult:
+    async def _run(self, key: SessionKey, *, use_llm: bool, refine: bool) -> JobResult:
         # Without Redis ("") the lock cannot span replicas; the SQL version check still keeps a
         # concurrent writer from overwriting a newer summary.
-        token = await self._errors.hot("lock", self._hot.try_lock(session_id, self._lock_ttl), "")
+        token = await self._errors.hot("lock", self._hot.try_lock(key, self._lock_ttl), "")
         if token is None:
             return JobResult(Outcome.LOCKED)
         try:
-            return await self._run_locked(session_id, token, self._llm if use_llm else None, refine=refine)
+            return await self._run_locked(key, token, self._llm if use_llm else None, refine=refine)
         except SqlUnavailable as exc:
             source = SummarySource.LLM if self._llm and use_llm else SummarySource.DETERMINISTIC
             self._errors.count("sql", "summarize")
             self._metrics.summarizations.labels(source.value, "failed").inc()
-            log.warning("summary_failed", session_key=session_id, error=str(exc))
+            log.warning("summary_failed", session_key=key, error=str(exc))
             return JobResult(Outcome.FAILED)
         except TextQueueFull:
             # The tenant's text work is at its bound: this pass waits for the next sweep.
             self._metrics.summarizations.labels(SummarySource.DETERMINISTIC.value, "deferred").inc()
-            log.info("summary_deferred", session_key=session_id)
+            log.info("summary_deferred", session_key=key)
             return JobResult(Outcome.FAILED)
         finally:
-            await self._unlock(session_id, token)
+            await self._unlock(key, token)
 
     async def _run_locked(
-        self, session_id: str, token: str, llm: LlmSummarizer | None, *, refine: bool = False
+        self, key: SessionKey, token: str, llm: LlmSummarizer | None, *, refine: bool = False
     ) -> JobResult:
-        prev, info = await self._store.get_summary(session_id)
+        prev, info = await self._store.get_summary(key)
         if info is None:
             return JobResult(Outcome.NO_SESSION)
         covered = prev.covered_turns if prev else 0
@@ -206,8 +206,8 @@ class SummaryJob:
         if target <= covered:
             short = 0 < target <= self._batch
             if refine and short and llm is not None and prev is not None and prev.source is not SummarySource.LLM:
-                return await self._refine(session_id, token, prev, info.user_id, target, llm)
-            cached = prev is not None and await self._cache(session_id, prev)
+                return await self._refine(key, token, prev, info.user_id, target, llm)
+            cached = prev is not None and await self._cache(key, prev)
             return JobResult(Outcome.UP_TO_DATE, hot_written=cached)
         started = time.perf_counter()
         # A backlog (hours of LLM outage, a bulk import) is read a page of turns at a time, not
@@ -217,33 +217,31 @@ class SummaryJob:
         start = covered
         while start < target:
             if start > covered:
-                await self._keep_lock(session_id, token)
+                await self._keep_lock(key, token)
             end = min(start + page, target)
-            rows = await self._store.messages_in_turns(session_id, after_turn=start, through_turn=end)
+            rows = await self._store.messages_in_turns(key, after_turn=start, through_turn=end)
             summary, more = await self._merge_batches(
-                session_id, token, summary, rows, covered=start, target=end, llm=llm, stored=prev
+                key, token, summary, rows, covered=start, target=end, llm=llm, stored=prev
             )
             pieces += more
             start = end
         assert summary is not None
         source = summary.source
-        if not await self._store.put_summary(
-            session_id, summary, user_id=info.user_id, turn_count=target, slices=pieces
-        ):
+        if not await self._store.put_summary(key, summary, user_id=info.user_id, turn_count=target, slices=pieces):
             self._metrics.summarizations.labels(source.value, "stale").inc()
-            log.info("summary_stale", session_key=session_id, version=summary.version)
+            log.info("summary_stale", session_key=key, version=summary.version)
             return JobResult(Outcome.STALE)
-        cached = await self._cache(session_id, summary)
-        if cached and await self._store.get_session(session_id) is None:
+        cached = await self._cache(key, summary)
+        if cached and await self._store.get_session(key) is None:
             # Deleted between our SQL write and our hot write: take the hot copy back out.
             # (DELETE clears SQL before Redis, so either it or this check removes it.)
-            await self._forget(session_id)
+            await self._forget(key)
             return JobResult(Outcome.NO_SESSION)
         self._metrics.summarizations.labels(source.value, "ok").inc()
         self._metrics.summarization_seconds.labels(source.value).observe(time.perf_counter() - started)
         log.info(
             "summary_written",
-            session_key=session_id,
+            session_key=key,
             source=source.value,
             covered_turns=target,
             new_turns=target - covered,
@@ -253,7 +251,7 @@ class SummaryJob:
 
     async def _merge_batches(
         self,
-        session_id: str,
+        key: SessionKey,
         token: str,
         prev: Summary | None,
         rows: list[Message],
@@ -272,11 +270,11 @@ class SummaryJob:
         start = covered
         while start < target:
             if start > covered:
-                await self._keep_lock(session_id, token)
+                await self._keep_lock(key, token)
             end = min(start + self._batch, target)
             batch = [m for m in rows if start < m.turn <= end]
             async with gate() if gate is not None else contextlib.nullcontext():
-                running, piece = await self._merge(session_id, running, batch, covered=start, target=end, llm=llm)
+                running, piece = await self._merge(key, running, batch, covered=start, target=end, llm=llm)
             if piece:
                 pieces.append(piece)
             start = end
@@ -286,7 +284,7 @@ class SummaryJob:
 
     async def _merge(
         self,
-        session_id: str,
+        key: SessionKey,
         prev: Summary | None,
         rows: list[Message],
         *,
@@ -299,20 +297,20 @@ class SummaryJob:
         again by the LLM when there is one and it answers."""
         # A reply that was stopped, failed or never finished streaming is not an answer.
         new = for_summary(as_spoken([m for m in rows if m.answered]))
-        ticket = Ticket(key_tenant(session_id), text_bytes(new))
+        ticket = Ticket(key_tenant(key), text_bytes(new))
         extraction, payload = await self._rule_merge(ticket, prev, new)
         text, source = extraction.text, SummarySource.DETERMINISTIC
         if llm is not None and new:
             try:
                 prev_payload = prev.structured.get("payload") if prev else None
-                text, payload = await self._ask(session_id, llm, prev, prev_payload, new, payload)
+                text, payload = await self._ask(key, llm, prev, prev_payload, new, payload)
                 source = SummarySource.LLM
             except LlmFailed as exc:
                 # Rejected or failed: the rule-based merge above stands, and the reason is counted.
                 self._metrics.llm_failures.labels(exc.reason).inc()
                 # While the breaker is open every summary lands here; the opening was logged.
                 level = log.debug if exc.reason == "circuit_open" else log.warning
-                level("llm_summary_failed", session_key=session_id, reason=exc.reason, error=str(exc))
+                level("llm_summary_failed", session_key=key, reason=exc.reason, error=str(exc))
         now = self._clock()
         made = Summary(
             text=text,
@@ -386,7 +384,7 @@ class SummaryJob:
 
     async def _ask(
         self,
-        session_id: str,
+        key: SessionKey,
         llm: LlmSummarizer,
         prev: Summary | None,
         prev_payload: Mapping[str, Any] | None,
@@ -396,37 +394,37 @@ class SummaryJob:
         """The LLM's summary text and payload of `new` merged into `prev` (in the text format, the
         rule-based `payload` with the LLM's text). Raises LlmFailed."""
         # The summarizer logs what grounding drops; this names the session on those lines.
-        with structlog.contextvars.bound_contextvars(session_key=session_id):
+        with structlog.contextvars.bound_contextvars(session_key=key):
             if self._format == "structured":
                 merged = await llm.summarize_structured(prev_payload, new)
                 return merged["summary"], merged
             text = await llm.summarize(prev.text if prev else None, new)
             return text, {**payload, "summary": text}
 
-    async def rebuild(self, session_id: str, *, gate: Gate | None = None) -> Rebuilt:
+    async def rebuild(self, key: SessionKey, *, gate: Gate | None = None) -> Rebuilt:
         """Recompute every slice and the summary from the cold tier, COMPRESSION_BATCH_TURNS at a
         time (after a prompt or model change), each batch inside `gate` when one is given (a
         SUMMARY_CONCURRENCY slot: a long rebuild lets other summaries run between its batches).
         Raises SqlUnavailable, or Conflict when another summarizer holds the lock or wrote meanwhile."""
-        token = await self._lock_or_raise(session_id)
+        token = await self._lock_or_raise(key)
         try:
-            prev, info = await self._store.get_summary(session_id)
+            prev, info = await self._store.get_summary(key)
             if info is None or info.turn_count == 0:
                 return Rebuilt(None, 0)
-            final, pieces = await self._remade(session_id, token, prev, info.turn_count, self._llm, gate)
+            final, pieces = await self._remade(key, token, prev, info.turn_count, self._llm, gate)
             if not await self._store.put_summary(
-                session_id, final, user_id=info.user_id, turn_count=info.turn_count, slices=pieces, replace_slices=True
+                key, final, user_id=info.user_id, turn_count=info.turn_count, slices=pieces, replace_slices=True
             ):
                 raise Conflict("the summary changed while it was being rebuilt; try again")
-            await self._cache(session_id, final)
-            log.info("summary_rebuilt", session_key=session_id, slices=len(pieces), version=final.version)
+            await self._cache(key, final)
+            log.info("summary_rebuilt", session_key=key, slices=len(pieces), version=final.version)
             return Rebuilt(final, len(pieces))
         finally:
-            await self._unlock(session_id, token)
+            await self._unlock(key, token)
 
     async def _remade(
         self,
-        session_id: str,
+        key: SessionKey,
         token: str,
         prev: Summary | None,
         turns: int,
@@ -435,95 +433,95 @@ class SummaryJob:
     ) -> tuple[Summary, list[Slice]]:
         """Every slice and the summary of turns 1..`turns` made anew, from nothing, but as the
         next version of `prev` (so that caches take it)."""
-        rows = await self._store.messages_in_turns(session_id, after_turn=0, through_turn=turns)
+        rows = await self._store.messages_in_turns(key, after_turn=0, through_turn=turns)
         return await self._merge_batches(
-            session_id, token, None, rows, covered=0, target=turns, llm=llm, stored=prev, gate=gate
+            key, token, None, rows, covered=0, target=turns, llm=llm, stored=prev, gate=gate
         )
 
     async def _refine(
-        self, session_id: str, token: str, prev: Summary, user_id: str | None, turns: int, llm: LlmSummarizer
+        self, key: SessionKey, token: str, prev: Summary, user_id: str | None, turns: int, llm: LlmSummarizer
     ) -> JobResult:
         """`prev`, the extractor's, made again by the LLM; written only when the LLM answered."""
         started = time.perf_counter()
-        final, pieces = await self._remade(session_id, token, prev, turns, llm)
+        final, pieces = await self._remade(key, token, prev, turns, llm)
         if final.source is not SummarySource.LLM:
             # The LLM failed again (counted by _merge): the summary stands as it is.
-            return JobResult(Outcome.UP_TO_DATE, hot_written=await self._cache(session_id, prev))
+            return JobResult(Outcome.UP_TO_DATE, hot_written=await self._cache(key, prev))
         if not await self._store.put_summary(
-            session_id, final, user_id=user_id, turn_count=turns, slices=pieces, replace_slices=True
+            key, final, user_id=user_id, turn_count=turns, slices=pieces, replace_slices=True
         ):
             self._metrics.summarizations.labels(final.source.value, "stale").inc()
             return JobResult(Outcome.STALE)
-        cached = await self._cache(session_id, final)
-        if cached and await self._store.get_session(session_id) is None:
+        cached = await self._cache(key, final)
+        if cached and await self._store.get_session(key) is None:
             # Deleted between our SQL write and our hot write (as in _run_locked).
-            await self._forget(session_id)
+            await self._forget(key)
             return JobResult(Outcome.NO_SESSION)
         self._metrics.summarizations.labels(final.source.value, "ok").inc()
         self._metrics.summarization_seconds.labels(final.source.value).observe(time.perf_counter() - started)
-        log.info("summary_refined", session_key=session_id, covered_turns=turns, version=final.version)
+        log.info("summary_refined", session_key=key, covered_turns=turns, version=final.version)
         return JobResult(Outcome.WRITTEN, hot_written=cached)
 
-    async def _keep_lock(self, session_id: str, token: str) -> None:
+    async def _keep_lock(self, key: SessionKey, token: str) -> None:
         # The lock lasts about one LLM call; a backlog of several batches renews it before each
         # further batch, so another replica does not start on the same turns meanwhile.
         if not token:
             return
         # A hot tier that fails is counted, not taken for a lost lock.
-        if not await self._errors.hot("lock", self._hot.extend_lock(session_id, token, self._lock_ttl), True):
-            log.warning("summary_lock_lost", session_key=session_id)
+        if not await self._errors.hot("lock", self._hot.extend_lock(key, token, self._lock_ttl), True):
+            log.warning("summary_lock_lost", session_key=key)
 
     @contextlib.asynccontextmanager
-    async def holding(self, session_id: str) -> AsyncIterator[None]:
+    async def holding(self, key: SessionKey) -> AsyncIterator[None]:
         """The session's summary lock, held around a change of messages a summary would read
         (a patch): no summary reads them meanwhile. Raises Conflict when a summary keeps it."""
-        token = await self._lock_or_raise(session_id)
+        token = await self._lock_or_raise(key)
         try:
             yield
         finally:
-            await self._unlock(session_id, token)
+            await self._unlock(key, token)
 
-    async def _unlock(self, session_id: str, token: str) -> None:
+    async def _unlock(self, key: SessionKey, token: str) -> None:
         # "" means the lock could not be taken because Redis was down: nothing to release.
         if not token:
             return
-        await self._errors.hot("unlock", self._hot.unlock(session_id, token), None)
+        await self._errors.hot("unlock", self._hot.unlock(key, token), None)
 
-    async def _lock_or_raise(self, session_id: str) -> str:
+    async def _lock_or_raise(self, key: SessionKey) -> str:
         deadline = asyncio.get_running_loop().time() + LOCK_WAIT_S
         while True:
-            token = await self._errors.hot("lock", self._hot.try_lock(session_id, self._lock_ttl), "")
+            token = await self._errors.hot("lock", self._hot.try_lock(key, self._lock_ttl), "")
             if token is not None:
                 return token
             if asyncio.get_running_loop().time() >= deadline:
                 raise Conflict("a summary of this session is being made; try again")
             await asyncio.sleep(LOCK_RETRY_S)
 
-    async def cache_stored(self, session_id: str) -> bool:
+    async def cache_stored(self, key: SessionKey) -> bool:
         """Copy the summary SQL holds into the hot tier, without the summary lock: the hot
         write keeps a newer cached version, so a writer holding the lock loses nothing. True
         when the hot tier holds it (or a newer one). For a close whose pass found another
         writer's lock: its answer says whether Redis holds the summary, whichever process
         wrote it and whenever that process's own hot write lands."""
-        prev, info = await self._store.get_summary(session_id)
+        prev, info = await self._store.get_summary(key)
         if prev is None or info is None:
             return False
-        cached = await self._cache(session_id, prev)
-        if cached and await self._store.get_session(session_id) is None:
+        cached = await self._cache(key, prev)
+        if cached and await self._store.get_session(key) is None:
             # Deleted meanwhile (as in _run_locked).
-            await self._forget(session_id)
+            await self._forget(key)
             return False
         return cached
 
-    async def _cache(self, session_id: str, summary: Summary) -> bool:
+    async def _cache(self, key: SessionKey, summary: Summary) -> bool:
         for attempt in range(2):
             # put_summary answers a bool either way: None is the hot tier failing.
-            if await self._errors.hot("put_summary", self._hot.put_summary(session_id, summary), None) is not None:
+            if await self._errors.hot("put_summary", self._hot.put_summary(key, summary), None) is not None:
                 return True
             if attempt == 0:
                 await asyncio.sleep(_HOT_RETRY_S)
-        log.warning("summary_not_cached", session_key=session_id, version=summary.version)
+        log.warning("summary_not_cached", session_key=key, version=summary.version)
         return False
 
-    async def _forget(self, session_id: str) -> None:
-        await self._errors.hot("delete", self._hot.delete(session_id), None)
+    async def _forget(self, key: SessionKey) -> None:
+        await self._errors.hot("delete", self._hot.delete(key), None)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tiered_memory.context import ago
-from tiered_memory.model import Summary
+from tiered_memory.model import SessionKey, Summary
 from tiered_memory.quoting import quoted
 from tiered_memory.summarize.facts import lead
 
@@ -84,7 +84,7 @@ class Profile:
 class Earlier:
     """An earlier session of the user: its stored key, its summary and its last activity."""
 
-    session_key: str
+    session_key: SessionKey
     summary: Summary
     last_activity: float
 

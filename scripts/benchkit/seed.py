@@ -16,7 +16,7 @@ import redis.asyncio as aioredis
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tiered_memory.model import Summary, SummarySource
+from tiered_memory.model import SessionKey, Summary, SummarySource
 from tiered_memory.testing import ZH_12_TURNS
 from tiered_memory.tiers.codec import encode_summary
 from tiered_memory.tiers.keys import Keys
@@ -134,9 +134,11 @@ async def hot_summaries(
     for i in range(0, len(session_ids), _CHUNK):
         async with client.pipeline(transaction=False) as p:
             for sid in session_ids[i : i + _CHUNK]:
-                p.set(keys.summary(sid), encoded, ex=ttl_s)
-                p.hset(keys.state(sid), mapping={"turns": turns, "msgs": 2 * turns, "last": now, "chars": 0})
-                p.expire(keys.state(sid), ttl_s)
+                p.set(keys.summary(SessionKey(sid)), encoded, ex=ttl_s)
+                p.hset(
+                    keys.state(SessionKey(sid)), mapping={"turns": turns, "msgs": 2 * turns, "last": now, "chars": 0}
+                )
+                p.expire(keys.state(SessionKey(sid)), ttl_s)
             await p.execute()
 
 

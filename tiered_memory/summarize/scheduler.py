@@ -14,6 +14,8 @@ from typing import Any
 
 import structlog
 
+from tiered_memory.model import SessionKey
+
 log = structlog.get_logger("tiered_memory.scheduler")
 
 
@@ -29,19 +31,19 @@ class SingleFlight:
 
     def __init__(
         self,
-        job: Callable[[str], Awaitable[None]],
+        job: Callable[[SessionKey], Awaitable[None]],
         *,
         on_pending: Callable[[int], None] = lambda _n: None,
     ) -> None:
         self._job = job
-        self._flights: dict[str, _Flight] = {}
+        self._flights: dict[SessionKey, _Flight] = {}
         self._on_pending = on_pending
 
     @property
     def pending(self) -> int:
         return len(self._flights)
 
-    def schedule(self, key: str) -> None:
+    def schedule(self, key: SessionKey) -> None:
         """Ask for a run of key's job; returns at once."""
         flight = self._flights.get(key)
         if flight is None:
@@ -50,7 +52,7 @@ class SingleFlight:
         else:
             flight.rerun = True
 
-    async def _loop(self, key: str) -> None:
+    async def _loop(self, key: SessionKey) -> None:
         # The flight is registered right after this task is created, before it first runs.
         await asyncio.sleep(0)
         flight = self._flights[key]

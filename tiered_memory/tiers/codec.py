@@ -14,6 +14,7 @@ from tiered_memory.model import (
     MessageStatus,
     RebuildJob,
     Role,
+    SessionKey,
     SessionState,
     Summary,
     SummarySource,
@@ -41,7 +42,7 @@ def message_to_dict(m: Message) -> dict[str, Any]:
 
 def message_from_dict(d: dict[str, Any]) -> Message:
     return Message(
-        session_id=str(d["sid"]),
+        session_id=SessionKey(str(d["sid"])),
         seq=int(d["seq"]),
         turn=int(d["turn"]),
         role=Role(d["role"]),

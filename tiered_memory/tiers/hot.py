@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from tiered_memory.model import HotSession, Message, Owner, SessionCounters, SessionState, Summary
+from tiered_memory.model import HotSession, Message, Owner, SessionCounters, SessionKey, SessionState, Summary
 from tiered_memory.tiers.buckets import Buckets
 from tiered_memory.tiers.jobs import JobStore
 from tiered_memory.tiers.postings import PostingsStore
@@ -88,11 +88,11 @@ class HotTier(Protocol):
         """The sessions' rebuild jobs: their records and leases, read by every replica."""
         ...
 
-    async def read_summary(self, session_id: str) -> tuple[Summary | None, int | None, Owner | None]:
+    async def read_summary(self, key: SessionKey) -> tuple[Summary | None, int | None, Owner | None]:
         """The cached summary, turn count and owner of a session (any may be missing)."""
         ...
 
-    async def read_session(self, session_id: str) -> HotSession:
+    async def read_session(self, key: SessionKey) -> HotSession:
         """Summary, recent messages (ordered by seq), counters and owner, in one round trip."""
         ...
 
@@ -110,18 +110,18 @@ class HotTier(Protocol):
         first message (seq 1) drops any summary cached under its key: none can precede it."""
         ...
 
-    async def put_summary(self, session_id: str, summary: Summary) -> bool:
+    async def put_summary(self, key: SessionKey, summary: Summary) -> bool:
         """Cache a summary unless a newer version is already cached; True when written."""
         ...
 
-    async def put_state(self, session_id: str, state: SessionState) -> bool:
+    async def put_state(self, key: SessionKey, state: SessionState) -> bool:
         """Cache the gateway's state of a session (read back in `read_session`) unless a newer
         version is cached, and only beside counters the hot tier holds; True when written."""
         ...
 
     async def backfill(
         self,
-        session_id: str,
+        key: SessionKey,
         counters: SessionCounters,
         *,
         summary: Summary | None,
@@ -132,7 +132,7 @@ class HotTier(Protocol):
         append newer than this SQL read has already reached the hot tier."""
         ...
 
-    async def delete(self, session_id: str) -> None:
+    async def delete(self, key: SessionKey) -> None:
         """Forget everything about a session."""
         ...
 
@@ -141,24 +141,24 @@ class HotTier(Protocol):
         user's erasure); the entries removed. 0 where the tier keeps no streams."""
         ...
 
-    async def invalidate(self, session_id: str) -> None:
+    async def invalidate(self, key: SessionKey) -> None:
         """Forget what is cached of a session (recent list, summary, counters, recall postings)
         after SQL changed under it, so that the next read refills it; its lock stays."""
         ...
 
-    async def try_lock(self, session_id: str, ttl_seconds: float) -> str | None:
+    async def try_lock(self, name: str, ttl_seconds: float) -> str | None:
         """Take the session's summarization lock; a token when taken, None when someone holds it."""
         ...
 
-    async def extend_lock(self, session_id: str, token: str, ttl_seconds: float) -> bool:
+    async def extend_lock(self, name: str, token: str, ttl_seconds: float) -> bool:
         """Give the lock ttl_seconds more if this token still holds it; False when it does not."""
         ...
 
-    async def unlock(self, session_id: str, token: str) -> None:
+    async def unlock(self, name: str, token: str) -> None:
         """Release the lock if this token still holds it."""
         ...
 
-    async def expiries(self, session_id: str) -> HotExpiries:
+    async def expiries(self, key: SessionKey) -> HotExpiries:
         """How long the session's entries have left (the inspector shows the TTLs)."""
         ...
 

@@ -19,6 +19,7 @@ from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
 from tiered_memory.lru import Lru
+from tiered_memory.model import SessionKey
 
 V = TypeVar("V")
 
@@ -36,32 +37,32 @@ class HotCache(Generic[V]):
         self._clock = 0
         self._floor = 0
 
-    def get(self, session_id: str, kind: Hashable) -> V | None:
-        entry = self._entries.get(session_id)
+    def get(self, key: SessionKey, kind: Hashable) -> V | None:
+        entry = self._entries.get(key)
         return None if entry is None else entry.get(kind)
 
-    def stamp(self, session_id: str) -> int:
+    def stamp(self, key: SessionKey) -> int:
         """The session's change stamp now: take it before a read is sent."""
-        return self._changes.get(session_id, self._floor)
+        return self._changes.get(key, self._floor)
 
-    def put(self, session_id: str, kind: Hashable, value: V, stamp: int) -> None:
+    def put(self, key: SessionKey, kind: Hashable, value: V, stamp: int) -> None:
         """Keep `value` if nothing changed the session since `stamp` was taken."""
-        if self.stamp(session_id) != stamp:
+        if self.stamp(key) != stamp:
             return
-        entry = self._entries.get(session_id)
+        entry = self._entries.get(key)
         if entry is None:
-            entry = self._entries.put(session_id, {})
+            entry = self._entries.put(key, {})
         entry[kind] = value
 
-    def changed(self, session_id: str) -> None:
+    def changed(self, key: SessionKey) -> None:
         """The session changed (an invalidation, or a write of ours): its reads go, and reads in
         flight are not kept."""
         self._clock += 1
         if len(self._changes) >= self._max_changes:
             self._changes.clear()
             self._floor = self._clock
-        self._changes[session_id] = self._clock
-        self._entries.pop(session_id)
+        self._changes[key] = self._clock
+        self._entries.pop(key)
 
     def reset(self) -> None:
         """Everything may have changed (a connection dropped or reconnected, a FLUSHDB)."""
@@ -85,6 +86,6 @@ def cache_invalidator(cache: HotCache[V]) -> Callable[[list[str] | None], None]:
         for key in keys:
             start, end = key.find("{"), key.find("}")
             if 0 <= start < end:
-                cache.changed(key[start + 1 : end])
+                cache.changed(SessionKey(key[start + 1 : end]))
 
     return invalidate

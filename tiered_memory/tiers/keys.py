@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tiered_memory.model import SessionKey
+
 
 @dataclass(frozen=True, slots=True)
 class Keys:
@@ -18,52 +20,52 @@ class Keys:
 
     prefix: str = "tm"
 
-    def recent(self, session_id: str) -> str:
+    def recent(self, key: SessionKey) -> str:
         """List of the most recent messages (JSON), oldest first, trimmed on every push."""
-        return f"{self.prefix}:{{{session_id}}}:recent"
+        return f"{self.prefix}:{{{key}}}:recent"
 
-    def summary(self, session_id: str) -> str:
+    def summary(self, key: SessionKey) -> str:
         """The current summary (JSON)."""
-        return f"{self.prefix}:{{{session_id}}}:summary"
+        return f"{self.prefix}:{{{key}}}:summary"
 
-    def state(self, session_id: str) -> str:
+    def state(self, key: SessionKey) -> str:
         """Hash: turn count, message count and last activity as SQL last reported them."""
-        return f"{self.prefix}:{{{session_id}}}:state"
+        return f"{self.prefix}:{{{key}}}:state"
 
-    def lock(self, session_id: str) -> str:
+    def lock(self, name: str) -> str:
         """Summarization lock: one summarizer per session across every replica."""
-        return f"{self.prefix}:{{{session_id}}}:lock"
+        return f"{self.prefix}:{{{name}}}:lock"
 
-    def recall(self, session_id: str) -> str:
+    def recall(self, key: SessionKey) -> str:
         """Hash: the session's recall postings and the messages they point at (postings.py)."""
-        return f"{self.prefix}:{{{session_id}}}:recall"
+        return f"{self.prefix}:{{{key}}}:recall"
 
-    def recall_floor(self, session_id: str) -> str:
+    def recall_floor(self, key: SessionKey) -> str:
         """When the session's recall postings were last forgotten (deleted, or its messages
         changed): a batch read before that is refused (redis_postings.py)."""
-        return f"{self.prefix}:{{{session_id}}}:recall-floor"
+        return f"{self.prefix}:{{{key}}}:recall-floor"
 
-    def rebuild(self, session_id: str, job_id: str) -> str:
+    def rebuild(self, key: SessionKey, job_id: str) -> str:
         """One rebuild job's record (JSON): every job of a session under its own id, so that a
         later job never hides an earlier one's answer from whoever polls it (rebuilds.py)."""
-        return f"{self.prefix}:{{{session_id}}}:rebuild:{job_id}"
+        return f"{self.prefix}:{{{key}}}:rebuild:{job_id}"
 
-    def rebuild_lease(self, session_id: str) -> str:
+    def rebuild_lease(self, key: SessionKey) -> str:
         """The id of the session's live rebuild job, expiring unless its process renews it: one
         rebuild per session across replicas, and a job whose process died is seen to be lost."""
-        return f"{self.prefix}:{{{session_id}}}:rebuild-lease"
+        return f"{self.prefix}:{{{key}}}:rebuild-lease"
 
     def rate(self, name: str) -> str:
         """Hash: a token bucket (`tenant:<name>` or `token:<id>`) every replica draws on."""
         return f"{self.prefix}:rate:{{{name}}}"
 
-    def all_of(self, session_id: str) -> tuple[str, ...]:
+    def all_of(self, key: SessionKey) -> tuple[str, ...]:
         return (
-            self.recent(session_id),
-            self.summary(session_id),
-            self.state(session_id),
-            self.lock(session_id),
-            self.recall(session_id),
+            self.recent(key),
+            self.summary(key),
+            self.state(key),
+            self.lock(key),
+            self.recall(key),
         )
 
     def pattern(self) -> str:

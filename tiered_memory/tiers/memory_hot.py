@@ -16,7 +16,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from tiered_memory.model import HotSession, Message, Owner, SessionCounters, SessionState, Summary
+from tiered_memory.model import HotSession, Message, Owner, SessionCounters, SessionKey, SessionState, Summary
 from tiered_memory.tiers.buckets import MemoryBuckets
 from tiered_memory.tiers.hot import HotExpiries, RecentBound
 from tiered_memory.tiers.jobs import MemoryJobs
@@ -109,12 +109,12 @@ class MemoryHot:
         """What the sessions' entries are estimated to hold (the recall postings apart)."""
         return self._bytes
 
-    def _drop(self, session_id: str) -> None:
-        entry = self._entries.pop(session_id, None)
+    def _drop(self, key: str) -> None:
+        entry = self._entries.pop(key, None)
         if entry is not None:
             self._bytes -= entry.weight
 
-    def _settle(self, session_id: str, entry: _Entry) -> None:
+    def _settle(self, key: str, entry: _Entry) -> None:
         """Weigh an entry after a change, then evict the least recently used others while the
         cache holds more than its bounds. The entry just written stays, whatever it weighs, and so
         does one whose summary lock is held (dropping it would let a second summary pass start)."""
@@ -122,7 +122,7 @@ class MemoryHot:
         self._bytes += weight - entry.weight
         entry.weight = weight
         while len(self._entries) > self._max or self._bytes > self._max_bytes:
-            victim = next((k for k, e in self._entries.items() if k != session_id and e.lock_token is None), None)
+            victim = next((k for k, e in self._entries.items() if k != key and e.lock_token is None), None)
             if victim is None:
                 return
             self._drop(victim)
@@ -139,8 +139,8 @@ class MemoryHot:
     def jobs(self) -> MemoryJobs:
         return self._jobs
 
-    def _get(self, session_id: str) -> _Entry | None:
-        entry = self._entries.get(session_id)
+    def _get(self, key: str) -> _Entry | None:
+        entry = self._entries.get(key)
         if entry is None:
             return None
         now = self._clock()
@@ -161,31 +161,31 @@ class MemoryHot:
         if entry.lock_until <= now:
             entry.lock_token = None
         if not entry.recent and entry.summary is None and entry.turns is None and entry.lock_token is None:
-            self._drop(session_id)
+            self._drop(key)
             return None
-        self._entries.move_to_end(session_id)
+        self._entries.move_to_end(key)
         if expired:
-            self._settle(session_id, entry)  # what expired weighs nothing now
+            self._settle(key, entry)  # what expired weighs nothing now
         return entry
 
-    def _get_or_create(self, session_id: str) -> _Entry:
-        entry = self._get(session_id)
+    def _get_or_create(self, key: str) -> _Entry:
+        entry = self._get(key)
         if entry is None:
             entry = _Entry()
-            self._entries[session_id] = entry
-            self._settle(session_id, entry)
+            self._entries[key] = entry
+            self._settle(key, entry)
         return entry
 
     @property
     def recent(self) -> RecentBound:
         return self._recent
 
-    async def read_summary(self, session_id: str) -> tuple[Summary | None, int | None, Owner | None]:
-        entry = self._get(session_id)
+    async def read_summary(self, key: SessionKey) -> tuple[Summary | None, int | None, Owner | None]:
+        entry = self._get(key)
         return (entry.summary, entry.turns, entry.owner) if entry else (None, None, None)
 
-    async def read_session(self, session_id: str) -> HotSession:
-        entry = self._get(session_id)
+    async def read_session(self, key: SessionKey) -> HotSession:
+        entry = self._get(key)
         if entry is None:
             return HotSession(summary=None, recent=(), turn_count=None, message_count=None, last_activity=None)
         return HotSession(
@@ -229,36 +229,36 @@ class MemoryHot:
         entry.state_until = now + self._summary_ttl
         self._settle(message.session_id, entry)
 
-    async def put_state(self, session_id: str, state: SessionState) -> bool:
-        entry = self._get(session_id)
+    async def put_state(self, key: SessionKey, state: SessionState) -> bool:
+        entry = self._get(key)
         if entry is None or entry.turns is None:
             return False
         if entry.gateway_state is not None and entry.gateway_state.version > state.version:
             return False
         entry.gateway_state = state
-        self._settle(session_id, entry)
+        self._settle(key, entry)
         return True
 
-    async def put_summary(self, session_id: str, summary: Summary) -> bool:
-        entry = self._get_or_create(session_id)
+    async def put_summary(self, key: SessionKey, summary: Summary) -> bool:
+        entry = self._get_or_create(key)
         if entry.summary is not None and entry.summary.version > summary.version:
             return False
         entry.summary = summary
         entry.summary_until = self._clock() + self._summary_ttl
-        self._settle(session_id, entry)
+        self._settle(key, entry)
         return True
 
     async def backfill(
         self,
-        session_id: str,
+        key: SessionKey,
         counters: SessionCounters,
         *,
         summary: Summary | None,
         recent: Sequence[Message] | None,
     ) -> None:
         if summary is not None:
-            await self.put_summary(session_id, summary)
-        entry = self._get_or_create(session_id)
+            await self.put_summary(key, summary)
+        entry = self._get_or_create(key)
         if entry.msgs is not None and entry.msgs > counters.message_count:
             return
         now = self._clock()
@@ -267,46 +267,46 @@ class MemoryHot:
             entry.recent_until = now + self._history_ttl
         _count(entry, counters)
         entry.state_until = now + self._summary_ttl
-        self._settle(session_id, entry)
+        self._settle(key, entry)
 
-    async def delete(self, session_id: str) -> None:
-        self._drop(session_id)
-        self._postings.drop(session_id)
+    async def delete(self, key: SessionKey) -> None:
+        self._drop(key)
+        self._postings.drop(key)
 
     async def remove_from_stream(self, stream: str, fields: Mapping[str, str]) -> int:
         return 0  # EVENTS_STREAM needs Redis: there is none here
 
-    async def invalidate(self, session_id: str) -> None:
-        self._postings.drop(session_id)
-        entry = self._entries.get(session_id)
+    async def invalidate(self, key: SessionKey) -> None:
+        self._postings.drop(key)
+        entry = self._entries.get(key)
         if entry is not None:
             # Only the lock stays (an empty entry is dropped by the next _get).
-            self._drop(session_id)
-            self._entries[session_id] = kept = _Entry(lock_token=entry.lock_token, lock_until=entry.lock_until)
-            self._settle(session_id, kept)
+            self._drop(key)
+            self._entries[key] = kept = _Entry(lock_token=entry.lock_token, lock_until=entry.lock_until)
+            self._settle(key, kept)
 
-    async def try_lock(self, session_id: str, ttl_seconds: float) -> str | None:
-        entry = self._get_or_create(session_id)
+    async def try_lock(self, name: str, ttl_seconds: float) -> str | None:
+        entry = self._get_or_create(name)
         if entry.lock_token is not None:
             return None
         entry.lock_token = secrets.token_hex(8)
         entry.lock_until = self._clock() + ttl_seconds
         return entry.lock_token
 
-    async def extend_lock(self, session_id: str, token: str, ttl_seconds: float) -> bool:
-        entry = self._get(session_id)
+    async def extend_lock(self, name: str, token: str, ttl_seconds: float) -> bool:
+        entry = self._get(name)
         if entry is None or entry.lock_token != token:
             return False
         entry.lock_until = self._clock() + ttl_seconds
         return True
 
-    async def unlock(self, session_id: str, token: str) -> None:
-        entry = self._entries.get(session_id)
+    async def unlock(self, name: str, token: str) -> None:
+        entry = self._entries.get(name)
         if entry is not None and entry.lock_token == token:
             entry.lock_token = None
 
-    async def expiries(self, session_id: str) -> HotExpiries:
-        entry = self._get(session_id)
+    async def expiries(self, key: SessionKey) -> HotExpiries:
+        entry = self._get(key)
         if entry is None:
             return HotExpiries(summary_s=None, recent_s=None, counters_s=None)
         now = self._clock()

@@ -28,7 +28,7 @@ from typing import Protocol
 import orjson
 
 from tiered_memory.lru import Lru
-from tiered_memory.model import Channel, Message, MessageStatus, Role
+from tiered_memory.model import Channel, Message, MessageStatus, Role, SessionKey
 
 ENTRY = struct.Struct("<IHH")
 """One posting: seq, the term's frequency in the message, the message's length in terms."""
@@ -187,12 +187,12 @@ def encode_doc(m: Message) -> bytes:
     return orjson.dumps(doc)
 
 
-def decode_doc(session_id: str, seq: int, data: bytes) -> Message:
+def decode_doc(key: SessionKey, seq: int, data: bytes) -> Message:
     """The message of `encode_doc`; ValueError, TypeError or KeyError when `data` is not one."""
     turn, role, content, message_id, created_at, user_id, channel, status, *tool = orjson.loads(data)
     tool_calls, tool_call_id, name = tool or ("", None, None)
     return Message(
-        session_id=session_id,
+        session_id=key,
         seq=seq,
         turn=int(turn),
         role=Role(role),
@@ -212,22 +212,22 @@ class PostingsStore(Protocol):
     """Where the postings live. Every method is one round trip; a backend that fails raises
     HotUnavailable, like the hot tier it belongs to."""
 
-    async def read(self, session_id: str, terms: Sequence[str], *, doc: int | None = None) -> PostingsRead:
+    async def read(self, key: SessionKey, terms: Sequence[str], *, doc: int | None = None) -> PostingsRead:
         """The counters, the postings of `terms` (empty: the counters only) and the message at seq
         `doc` (to check that the postings are the session's)."""
         ...
 
-    async def messages(self, session_id: str, seqs: Sequence[int]) -> dict[int, Message]:
+    async def messages(self, key: SessionKey, seqs: Sequence[int]) -> dict[int, Message]:
         """The indexed messages among `seqs`, by seq."""
         ...
 
-    async def add(self, session_id: str, batch: PostingsBatch) -> int:
+    async def add(self, key: SessionKey, batch: PostingsBatch) -> int:
         """Append `batch` if it continues the postings and keeps them within the session's bound
         (else mark them full); the last seq indexed afterwards, or STALE when the batch was read
         before the session's postings were last forgotten."""
         ...
 
-    async def forget(self, session_id: str) -> None:
+    async def forget(self, key: SessionKey) -> None:
         """Drop the session's postings, and refuse every batch read before now (a catch-up or an
         append in flight would put the old messages back)."""
         ...
@@ -270,37 +270,37 @@ class MemoryPostings:
     def __contains__(self, session_id: object) -> bool:
         return session_id in self._sessions
 
-    def _get(self, session_id: str) -> _Session | None:
-        found = self._sessions.get(session_id)
+    def _get(self, key: SessionKey) -> _Session | None:
+        found = self._sessions.get(key)
         if found is not None:
-            self._sessions.move_to_end(session_id)
+            self._sessions.move_to_end(key)
         return found
 
-    async def read(self, session_id: str, terms: Sequence[str], *, doc: int | None = None) -> PostingsRead:
-        found = self._get(session_id)
+    async def read(self, key: SessionKey, terms: Sequence[str], *, doc: int | None = None) -> PostingsRead:
+        found = self._get(key)
         if found is None:
             return PostingsRead(0, 0, 0, False)
         keys = {term_key(t) for t in terms}
         postings = {t: bytes(found.postings[t]) for t in keys if t in found.postings}
         kept = found.messages.get(doc) if doc is not None else None
-        message = decode_doc(session_id, doc, kept) if doc is not None and kept is not None else None
+        message = decode_doc(key, doc, kept) if doc is not None and kept is not None else None
         return PostingsRead(found.last_seq, found.docs, found.terms, found.full, postings, message)
 
-    async def messages(self, session_id: str, seqs: Sequence[int]) -> dict[int, Message]:
-        found = self._get(session_id)
+    async def messages(self, key: SessionKey, seqs: Sequence[int]) -> dict[int, Message]:
+        found = self._get(key)
         if found is None:
             return {}
-        return {s: decode_doc(session_id, s, found.messages[s]) for s in seqs if s in found.messages}
+        return {s: decode_doc(key, s, found.messages[s]) for s in seqs if s in found.messages}
 
-    async def add(self, session_id: str, batch: PostingsBatch) -> int:
-        floor = self._floors.get(session_id)
+    async def add(self, key: SessionKey, batch: PostingsBatch) -> int:
+        floor = self._floors.get(key)
         if floor is not None and batch.read_at < floor:
             return STALE
-        found = self._get(session_id)
+        found = self._get(key)
         if found is None:
             if batch.first_seq != 1:
                 return 0  # an entry only for postings that start at the session's start
-            found = self._sessions[session_id] = _Session()
+            found = self._sessions[key] = _Session()
         if found.full or batch.first_seq != found.last_seq + 1:
             return found.last_seq
         size = batch.size
@@ -320,16 +320,16 @@ class MemoryPostings:
             self._size -= gone.size
         return found.last_seq
 
-    async def forget(self, session_id: str) -> None:
-        self.drop(session_id)
+    async def forget(self, key: SessionKey) -> None:
+        self.drop(key)
 
     def clear(self) -> None:
         self._sessions.clear()
         self._size = 0
 
-    def drop(self, session_id: str) -> None:
+    def drop(self, key: SessionKey) -> None:
         """forget, for a caller outside the event loop's tasks."""
-        self._floors.put(session_id, self._clock())
-        gone = self._sessions.pop(session_id, None)
+        self._floors.put(key, self._clock())
+        gone = self._sessions.pop(key, None)
         if gone is not None:
             self._size -= gone.size

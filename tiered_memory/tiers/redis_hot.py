@@ -14,7 +14,7 @@ from typing import TypeVar, cast
 
 from tiered_memory.breaker import CircuitBreaker
 from tiered_memory.errors import HotUnavailable
-from tiered_memory.model import HotSession, Message, Owner, SessionCounters, SessionState, Summary
+from tiered_memory.model import HotSession, Message, Owner, SessionCounters, SessionKey, SessionState, Summary
 from tiered_memory.tiers.codec import (
     decode_message,
     decode_summary,
@@ -305,65 +305,65 @@ class RedisHot:
             recall_max_bytes=recall_max_bytes,
         )
 
-    async def _drop_if_dirty(self, session_id: str) -> bool:
+    async def _drop_if_dirty(self, key: SessionKey) -> bool:
         """Drop the hot entry of a session this process failed to write; True when it did."""
-        if session_id not in self._dirty:
+        if key not in self._dirty:
             return False
 
         async def op() -> object:
             # Not the lock: a summarization elsewhere may hold it.
             k = self._keys
-            return await self._command("DEL", k.recent(session_id), k.summary(session_id), k.state(session_id))
+            return await self._command("DEL", k.recent(key), k.summary(key), k.state(key))
 
-        with self._writing(session_id):
+        with self._writing(key):
             await self._call(op)
-        self._dirty.discard(session_id)
+        self._dirty.discard(key)
         return True
 
     def _cached(self) -> HotCache[object] | None:
         """The read cache, while Redis tells us what changes (never otherwise)."""
         return self._cache if self._cache is not None and self._mux is not None and self._mux.tracking else None
 
-    async def _through_cache(self, session_id: str, kind: str, op: Callable[[], Awaitable[T]]) -> T:
+    async def _through_cache(self, key: SessionKey, kind: str, op: Callable[[], Awaitable[T]]) -> T:
         cache = self._cached()
         if cache is None:
             return await self._call(op)
-        found = cache.get(session_id, kind)
+        found = cache.get(key, kind)
         if found is not None:
             # Another replica may have changed the session and answered its caller, who now
             # asks here: its invalidation is on the way. The barrier waits for it (one PING on
             # the invalidation connection per event-loop tick), then the entry is looked up again.
             assert self._mux is not None
             if await self._mux.barrier() and self._cached() is cache:
-                found = cache.get(session_id, kind)
+                found = cache.get(key, kind)
                 if found is not None:
                     return cast(T, found)
-        stamp = cache.stamp(session_id)
+        stamp = cache.stamp(key)
         result = await self._call(op)
         if self._cached() is cache:
-            cache.put(session_id, kind, result, stamp)
+            cache.put(key, kind, result, stamp)
         return result
 
     @contextlib.contextmanager
-    def _writing(self, session_id: str) -> Iterator[None]:
+    def _writing(self, key: SessionKey) -> Iterator[None]:
         """Around a write of ours: the session's cached reads go before it is sent, and reads in
         flight are not kept, before or after it is answered (its invalidation may come later)."""
         if self._cache is not None:
-            self._cache.changed(session_id)
+            self._cache.changed(key)
         try:
             yield
         finally:
             if self._cache is not None:
-                self._cache.changed(session_id)
+                self._cache.changed(key)
 
-    async def read_summary(self, session_id: str) -> tuple[Summary | None, int | None, Owner | None]:
-        if await self._drop_if_dirty(session_id):
+    async def read_summary(self, key: SessionKey) -> tuple[Summary | None, int | None, Owner | None]:
+        if await self._drop_if_dirty(key):
             return None, None, None
 
         async def op() -> tuple[Summary | None, int | None, Owner | None]:
             raw_summary, state = await self._read(
-                ("GET", self._keys.summary(session_id)),
-                ("HMGET", self._keys.state(session_id), "turns", "tenant", "uid"),
+                ("GET", self._keys.summary(key)),
+                ("HMGET", self._keys.state(key), "turns", "tenant", "uid"),
             )
             raw_turns, tenant, uid = _fields(state, 3)
             return (
@@ -372,17 +372,17 @@ class RedisHot:
                 _owner(tenant, uid),
             )
 
-        return await self._through_cache(session_id, "summary", op)
+        return await self._through_cache(key, "summary", op)
 
-    async def read_session(self, session_id: str) -> HotSession:
-        if await self._drop_if_dirty(session_id):
+    async def read_session(self, key: SessionKey) -> HotSession:
+        if await self._drop_if_dirty(key):
             return HotSession(summary=None, recent=(), turn_count=None, message_count=None, last_activity=None)
 
         async def op() -> HotSession:
             raw_summary, raw_recent, state = await self._read(
-                ("GET", self._keys.summary(session_id)),
-                ("LRANGE", self._keys.recent(session_id), 0, -1),
-                ("HMGET", self._keys.state(session_id), "turns", "msgs", "last", "chars", "tenant", "uid", "gv", "gs"),
+                ("GET", self._keys.summary(key)),
+                ("LRANGE", self._keys.recent(key), 0, -1),
+                ("HMGET", self._keys.state(key), "turns", "msgs", "last", "chars", "tenant", "uid", "gv", "gs"),
             )
             turns, msgs, last, chars, tenant, uid, gv, gs = _fields(state, 8)
             recent = sorted((decode_message(_bytes(r)) for r in _fields(raw_recent)), key=lambda m: m.seq)
@@ -397,7 +397,7 @@ class RedisHot:
                 state=state_of(gv, gs),
             )
 
-        return await self._through_cache(session_id, "session", op)
+        return await self._through_cache(key, "session", op)
 
     async def record_append(
         self,
@@ -430,35 +430,33 @@ class RedisHot:
         if dirty:
             self._dirty.discard(sid)
 
-    async def put_state(self, session_id: str, state: SessionState) -> bool:
+    async def put_state(self, key: SessionKey, state: SessionState) -> bool:
         async def op() -> object:
-            return await self._script(
-                self._put_state, [self._keys.state(session_id)], [state.version, encode_state(state)]
-            )
+            return await self._script(self._put_state, [self._keys.state(key)], [state.version, encode_state(state)])
 
-        with self._writing(session_id):
+        with self._writing(key):
             return bool(await self._call(op))
 
-    async def put_summary(self, session_id: str, summary: Summary) -> bool:
+    async def put_summary(self, key: SessionKey, summary: Summary) -> bool:
         async def op() -> object:
             return await self._script(
                 self._put_summary,
-                [self._keys.summary(session_id)],
+                [self._keys.summary(key)],
                 [encode_summary(summary), summary.version, self._summary_ttl],
             )
 
-        with self._writing(session_id):
+        with self._writing(key):
             return bool(await self._call(op))
 
     async def backfill(
         self,
-        session_id: str,
+        key: SessionKey,
         counters: SessionCounters,
         *,
         summary: Summary | None,
         recent: Sequence[Message] | None,
     ) -> None:
-        keys = [self._keys.summary(session_id), self._keys.recent(session_id), self._keys.state(session_id)]
+        keys = [self._keys.summary(key), self._keys.recent(key), self._keys.state(key)]
         kept = self._recent.keep(recent) if recent is not None else ()
         args = BackfillArgs(
             encode_summary(summary) if summary else b"",
@@ -472,31 +470,31 @@ class RedisHot:
         async def op() -> object:
             return await self._script(self._backfill, keys, args)
 
-        with self._writing(session_id):
+        with self._writing(key):
             await self._call(op)
 
-    async def delete(self, session_id: str) -> None:
+    async def delete(self, key: SessionKey) -> None:
         async def op() -> None:
-            others = [k for k in self._keys.all_of(session_id) if k != self._keys.recall(session_id)]
-            await self._read(*forget_commands(self._keys, session_id, self._history_ttl, also=others))
+            others = [k for k in self._keys.all_of(key) if k != self._keys.recall(key)]
+            await self._read(*forget_commands(self._keys, key, self._history_ttl, also=others))
 
-        with self._writing(session_id):
+        with self._writing(key):
             await self._call(op)
 
-    async def invalidate(self, session_id: str) -> None:
+    async def invalidate(self, key: SessionKey) -> None:
         async def op() -> None:
             k = self._keys
-            cached = [k.recent(session_id), k.summary(session_id), k.state(session_id)]
-            await self._read(*forget_commands(k, session_id, self._history_ttl, also=cached))
+            cached = [k.recent(key), k.summary(key), k.state(key)]
+            await self._read(*forget_commands(k, key, self._history_ttl, also=cached))
 
         try:
-            with self._writing(session_id):
+            with self._writing(key):
                 await self._call(op)
         except HotUnavailable:
             # What is cached may show a message SQL no longer holds (patched, or taken back and
             # its seq reused): this process's next append refreshes the session from SQL.
             if len(self._dirty) < _DIRTY_MAX:
-                self._dirty.add(session_id)
+                self._dirty.add(key)
             raise
 
     async def add_to_stream(self, stream: str, fields: Mapping[str, str], *, max_len: int) -> None:
@@ -537,32 +535,32 @@ class RedisHot:
         answer = await self._command("XDEL", stream, *entry_ids)
         return answer if isinstance(answer, int) else 0
 
-    async def try_lock(self, session_id: str, ttl_seconds: float) -> str | None:
+    async def try_lock(self, name: str, ttl_seconds: float) -> str | None:
         token = secrets.token_hex(8)
 
         async def op() -> object:
-            return await self._command("SET", self._keys.lock(session_id), token, "NX", "PX", int(ttl_seconds * 1000))
+            return await self._command("SET", self._keys.lock(name), token, "NX", "PX", int(ttl_seconds * 1000))
 
         return token if await self._call(op) else None
 
-    async def extend_lock(self, session_id: str, token: str, ttl_seconds: float) -> bool:
+    async def extend_lock(self, name: str, token: str, ttl_seconds: float) -> bool:
         async def op() -> object:
-            return await self._script(self._extend, [self._keys.lock(session_id)], [token, int(ttl_seconds * 1000)])
+            return await self._script(self._extend, [self._keys.lock(name)], [token, int(ttl_seconds * 1000)])
 
         return bool(await self._call(op))
 
-    async def unlock(self, session_id: str, token: str) -> None:
+    async def unlock(self, name: str, token: str) -> None:
         async def op() -> object:
-            return await self._script(self._unlock, [self._keys.lock(session_id)], [token])
+            return await self._script(self._unlock, [self._keys.lock(name)], [token])
 
         await self._call(op)
 
-    async def expiries(self, session_id: str) -> HotExpiries:
+    async def expiries(self, key: SessionKey) -> HotExpiries:
         async def op() -> HotExpiries:
             found = await self._read(
-                ("PTTL", self._keys.summary(session_id)),
-                ("PTTL", self._keys.recent(session_id)),
-                ("PTTL", self._keys.state(session_id)),
+                ("PTTL", self._keys.summary(key)),
+                ("PTTL", self._keys.recent(key)),
+                ("PTTL", self._keys.state(key)),
             )
             # PTTL: -2 for a missing key, -1 for one without an expiry (not written by this daemon).
             left = [ms / 1000 if isinstance(ms, int) and ms >= 0 else None for ms in found]

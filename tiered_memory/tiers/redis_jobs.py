@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from tiered_memory.model import RebuildJob
+from tiered_memory.model import RebuildJob, SessionKey
 from tiered_memory.tiers.codec import decode_job, encode_job
 from tiered_memory.tiers.keys import Keys
 from tiered_memory.tiers.redis_link import RedisLink
@@ -53,14 +53,14 @@ class RedisJobs:
         self._renew = Script.of(_RENEW_LUA)
         self._finish = Script.of(_FINISH_LUA)
 
-    def _keys_of(self, session_id: str, job_id: str) -> list[str]:
-        return [self._keys.rebuild_lease(session_id), self._keys.rebuild(session_id, job_id)]
+    def _keys_of(self, key: SessionKey, job_id: str) -> list[str]:
+        return [self._keys.rebuild_lease(key), self._keys.rebuild(key, job_id)]
 
-    async def start(self, session_id: str, job: RebuildJob, *, lease_s: float, ttl_s: float) -> str | None:
+    async def start(self, key: SessionKey, job: RebuildJob, *, lease_s: float, ttl_s: float) -> str | None:
         args: list[Arg] = [job.job_id, encode_job(job), _ms(lease_s), math.ceil(ttl_s)]
 
         async def op() -> str | None:
-            answer = await self._link.script(self._start, self._keys_of(session_id, job.job_id), args)
+            answer = await self._link.script(self._start, self._keys_of(key, job.job_id), args)
             if answer is None:
                 return None
             if not isinstance(answer, bytes):
@@ -69,24 +69,24 @@ class RedisJobs:
 
         return await self._link.call(op)
 
-    async def renew(self, session_id: str, job: RebuildJob, *, lease_s: float, ttl_s: float) -> bool:
+    async def renew(self, key: SessionKey, job: RebuildJob, *, lease_s: float, ttl_s: float) -> bool:
         args: list[Arg] = [job.job_id, encode_job(job), _ms(lease_s), math.ceil(ttl_s)]
 
         async def op() -> object:
-            return await self._link.script(self._renew, self._keys_of(session_id, job.job_id), args)
+            return await self._link.script(self._renew, self._keys_of(key, job.job_id), args)
 
         return bool(await self._link.call(op))
 
-    async def finish(self, session_id: str, job: RebuildJob, *, ttl_s: float) -> None:
+    async def finish(self, key: SessionKey, job: RebuildJob, *, ttl_s: float) -> None:
         args: list[Arg] = [job.job_id, encode_job(job), math.ceil(ttl_s)]
 
         async def op() -> object:
-            return await self._link.script(self._finish, self._keys_of(session_id, job.job_id), args)
+            return await self._link.script(self._finish, self._keys_of(key, job.job_id), args)
 
         await self._link.call(op)
 
-    async def read(self, session_id: str, job_id: str) -> tuple[RebuildJob | None, bool]:
-        lease, record = self._keys_of(session_id, job_id)
+    async def read(self, key: SessionKey, job_id: str) -> tuple[RebuildJob | None, bool]:
+        lease, record = self._keys_of(key, job_id)
 
         async def op() -> tuple[RebuildJob | None, bool]:
             raw, holder = await self._link.read(("GET", record), ("GET", lease))
@@ -96,9 +96,9 @@ class RedisJobs:
 
         return await self._link.call(op)
 
-    async def holder(self, session_id: str) -> str | None:
+    async def holder(self, key: SessionKey) -> str | None:
         async def op() -> str | None:
-            answer = await self._link.command("GET", self._keys.rebuild_lease(session_id))
+            answer = await self._link.command("GET", self._keys.rebuild_lease(key))
             if answer is not None and not isinstance(answer, bytes):
                 raise TypeError("expected a bulk string from GET")
             return answer.decode() if answer is not None else None

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from tiered_memory.model import Message
+from tiered_memory.model import Message, SessionKey
 from tiered_memory.tiers.keys import Keys
 from tiered_memory.tiers.postings import PostingsBatch, PostingsRead, decode_doc, doc_field, term_field, term_key
 from tiered_memory.tiers.redis_link import RedisLink
@@ -71,35 +71,35 @@ class RedisPostings:
         self._session_max = session_max_bytes
         self._add = Script.of(_ADD_LUA)
 
-    async def read(self, session_id: str, terms: Sequence[str], *, doc: int | None = None) -> PostingsRead:
+    async def read(self, key: SessionKey, terms: Sequence[str], *, doc: int | None = None) -> PostingsRead:
         asked = list(dict.fromkeys(map(term_key, terms)))
         # The asked message's field first (absent: `last` again), then the terms'.
         head = ["last", "docs", "terms", "full", doc_field(doc) if doc is not None else "last"]
 
         async def op() -> PostingsRead:
-            reply = await self._link.command("HMGET", self._keys.recall(session_id), *head, *map(term_field, asked))
+            reply = await self._link.command("HMGET", self._keys.recall(key), *head, *map(term_field, asked))
             if not isinstance(reply, list) or len(reply) != len(head) + len(asked):
                 raise TypeError("expected an array from HMGET")
             last, docs, total, full, kept = reply[: len(head)]
             postings = {t: v for t, v in zip(asked, reply[len(head) :], strict=True) if isinstance(v, bytes)}
-            message = decode_doc(session_id, doc, kept) if doc is not None and isinstance(kept, bytes) else None
+            message = decode_doc(key, doc, kept) if doc is not None and isinstance(kept, bytes) else None
             return PostingsRead(_int(last), _int(docs), _int(total), full == b"1", postings, message)
 
         return await self._link.call(op)
 
-    async def messages(self, session_id: str, seqs: Sequence[int]) -> dict[int, Message]:
+    async def messages(self, key: SessionKey, seqs: Sequence[int]) -> dict[int, Message]:
         if not seqs:
             return {}
 
         async def op() -> dict[int, Message]:
-            reply = await self._link.command("HMGET", self._keys.recall(session_id), *map(doc_field, seqs))
+            reply = await self._link.command("HMGET", self._keys.recall(key), *map(doc_field, seqs))
             if not isinstance(reply, list) or len(reply) != len(seqs):
                 raise TypeError("expected an array from HMGET")
-            return {s: decode_doc(session_id, s, v) for s, v in zip(seqs, reply, strict=True) if isinstance(v, bytes)}
+            return {s: decode_doc(key, s, v) for s, v in zip(seqs, reply, strict=True) if isinstance(v, bytes)}
 
         return await self._link.call(op)
 
-    async def add(self, session_id: str, batch: PostingsBatch) -> int:
+    async def add(self, key: SessionKey, batch: PostingsBatch) -> int:
         args: list[Arg] = [
             batch.first_seq,
             batch.last_seq,
@@ -116,7 +116,7 @@ class RedisPostings:
             args += [doc_field(seq), doc]
 
         async def op() -> int:
-            keys = [self._keys.recall(session_id), self._keys.recall_floor(session_id)]
+            keys = [self._keys.recall(key), self._keys.recall_floor(key)]
             answer = await self._link.script(self._add, keys, args)
             if not isinstance(answer, int):
                 raise TypeError("expected an integer from the postings script")
@@ -124,19 +124,19 @@ class RedisPostings:
 
         return await self._link.call(op)
 
-    async def forget(self, session_id: str) -> None:
+    async def forget(self, key: SessionKey) -> None:
         async def op() -> object:
-            return await self._link.read(*forget_commands(self._keys, session_id, self._ttl))
+            return await self._link.read(*forget_commands(self._keys, key, self._ttl))
 
         await self._link.call(op)
 
 
-def forget_commands(keys: Keys, session_id: str, ttl_s: int, *, also: Sequence[str] = ()) -> list[Command]:
+def forget_commands(keys: Keys, key: SessionKey, ttl_s: int, *, also: Sequence[str] = ()) -> list[Command]:
     """The commands that forget a session's postings (and the keys `also`), in one round trip:
     the floor first, so that a batch read before now and arriving in between is refused, then
     the hash."""
-    floor = ("SET", keys.recall_floor(session_id), repr(time.time()), "EX", ttl_s)
-    return [floor, ("DEL", keys.recall(session_id), *also)]
+    floor = ("SET", keys.recall_floor(key), repr(time.time()), "EX", ttl_s)
+    return [floor, ("DEL", keys.recall(key), *also)]
 
 
 def _int(value: object) -> int:

@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tiered_memory.errors import Conflict, Forbidden
-from tiered_memory.model import AppendResult, Caller, Message, NewMessage, Owner, next_turn
+from tiered_memory.model import AppendResult, Caller, Message, NewMessage, Owner, SessionKey, next_turn
 from tiered_memory.tiers.codec import dumps_text, loads
 from tiered_memory.tiers.group_commit import Outcome
 from tiered_memory.tiers.sql_rows import append_result_of, message_row, row_to_message
@@ -167,7 +167,7 @@ async def store_batch(
 
 
 async def _lock(
-    conn: AsyncConnection, st: AppendStatements, sids: list[str], mids: list[str]
+    conn: AsyncConnection, st: AppendStatements, sids: list[SessionKey], mids: list[str]
 ) -> tuple[dict[str, _Session], dict[tuple[str, str], tuple[Message, bool]]]:
     """The sessions `sids` that exist, locked, and their messages stored under `mids`."""
     state: dict[str, _Session] = {}

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from tiered_memory.model import Summary
+from tiered_memory.model import SessionKey, Summary
 from tiered_memory.tiers.sql_schema import summary_versions as sv
 
 
@@ -28,7 +28,7 @@ class SummaryVersion:
     created_at: float
 
 
-async def record_version(conn: AsyncConnection, session_id: str, summary: Summary, *, keep: int) -> None:
+async def record_version(conn: AsyncConnection, key: SessionKey, summary: Summary, *, keep: int) -> None:
     """Keep `summary` as a version of the session's, and drop those older than the newest `keep`
     (none kept when `keep` is 0). A version number seen already (a rebuild that started the
     versions again) replaces the rows it had."""
@@ -36,13 +36,13 @@ async def record_version(conn: AsyncConnection, session_id: str, summary: Summar
         return
     await conn.execute(
         sv.delete().where(
-            sv.c.session_id == session_id,
+            sv.c.session_id == key,
             sa.or_(sv.c.version >= summary.version, sv.c.version <= summary.version - keep),
         )
     )
     await conn.execute(
         sv.insert().values(
-            session_id=session_id,
+            session_id=key,
             version=summary.version,
             summary=summary.text,
             source=summary.source.value,
@@ -52,15 +52,15 @@ async def record_version(conn: AsyncConnection, session_id: str, summary: Summar
     )
 
 
-async def versions(conn: AsyncConnection, session_id: str, *, limit: int) -> list[SummaryVersion]:
+async def versions(conn: AsyncConnection, key: SessionKey, *, limit: int) -> list[SummaryVersion]:
     """The session's stored versions, newest first, at most `limit`."""
-    q = sa.select(sv).where(sv.c.session_id == session_id).order_by(sv.c.version.desc(), sv.c.id.desc()).limit(limit)
+    q = sa.select(sv).where(sv.c.session_id == key).order_by(sv.c.version.desc(), sv.c.id.desc()).limit(limit)
     return [
         SummaryVersion(int(r.version), r.summary, r.source, int(r.covered_turns), float(r.created_at))
         for r in (await conn.execute(q)).all()
     ]
 
 
-async def forget_versions(conn: AsyncConnection, session_id: str) -> None:
+async def forget_versions(conn: AsyncConnection, key: SessionKey) -> None:
     """Remove the session's versions (its summary is deleted, or its content erased)."""
-    await conn.execute(sv.delete().where(sv.c.session_id == session_id))
+    await conn.execute(sv.delete().where(sv.c.session_id == key))

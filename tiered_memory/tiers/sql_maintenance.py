@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from tiered_memory.model import SessionKey
 from tiered_memory.tiers.sql_history import forget_versions
 from tiered_memory.tiers.sql_schema import conversation_summaries as cs
 from tiered_memory.tiers.sql_schema import messages as msgs
@@ -27,7 +28,7 @@ class Purged:
     """What one session's purge removed; `complete` is False when the session became active
     again part-way, and keeps its session row, summary and remaining messages."""
 
-    session_id: str
+    session_id: SessionKey
     messages: int
     slices: int
     complete: bool
@@ -55,63 +56,60 @@ class SqlMaintenance:
 
         return await self._store.read(op)
 
-    async def inactive_sessions(self, *, before: float, limit: int) -> list[str]:
+    async def inactive_sessions(self, *, before: float, limit: int) -> list[SessionKey]:
         """Up to `limit` sessions inactive since `before`, the longest inactive first (served by
         the index on last_activity). Purged sessions drop out, so the next call returns the next."""
 
-        async def op(conn: AsyncConnection) -> list[str]:
+        async def op(conn: AsyncConnection) -> list[SessionKey]:
             q = (
                 sa.select(sessions.c.session_id)
                 .where(sessions.c.last_activity < before)
                 .order_by(sessions.c.last_activity, sessions.c.session_id)
                 .limit(limit)
             )
-            return [r.session_id for r in (await conn.execute(q)).all()]
+            return [SessionKey(r.session_id) for r in (await conn.execute(q)).all()]
 
         return await self._store.read(op)
 
-    async def purge_session(self, session_id: str, *, before: float) -> Purged:
+    async def purge_session(self, key: SessionKey, *, before: float) -> Purged:
         """Delete a session inactive since `before`: its messages and slices `batch` rows per
         transaction (oldest first), then its summary and session row. Every transaction rechecks,
         under the session-row lock, that the session is still inactive; raises SqlUnavailable."""
         removed = {"messages": 0, "slices": 0}
-        self._store.changed(session_id, deleted=True)
+        self._store.changed(key, deleted=True)
         for name, table in (("messages", msgs), ("slices", summary_slices)):
-            batch = functools.partial(self._delete_batch, table=table, session_id=session_id, before=before)
+            batch = functools.partial(self._delete_batch, table=table, key=key, before=before)
             while True:
                 n = await self._store.transaction(batch)
                 if n < 0:
-                    return Purged(session_id, removed["messages"], removed["slices"], complete=False)
+                    return Purged(key, removed["messages"], removed["slices"], complete=False)
                 removed[name] += n
                 if n < self._batch:
                     break
 
         async def last(conn: AsyncConnection) -> bool:
-            if not await _still_inactive(conn, session_id, before):
+            if not await _still_inactive(conn, key, before):
                 return False
-            await conn.execute(cs.delete().where(cs.c.session_id == session_id))
-            await forget_versions(conn, session_id)
-            await conn.execute(session_state.delete().where(session_state.c.session_id == session_id))
-            await conn.execute(sessions.delete().where(sessions.c.session_id == session_id))
+            await conn.execute(cs.delete().where(cs.c.session_id == key))
+            await forget_versions(conn, key)
+            await conn.execute(session_state.delete().where(session_state.c.session_id == key))
+            await conn.execute(sessions.delete().where(sessions.c.session_id == key))
             # Its events not delivered yet hold its summary: retention keeps none of it.
-            await conn.execute(outbox_events.delete().where(outbox_events.c.subject == session_id))
+            await conn.execute(outbox_events.delete().where(outbox_events.c.subject == key))
             return True
 
         done = await self._store.transaction(last)
-        return Purged(session_id, removed["messages"], removed["slices"], complete=done)
+        return Purged(key, removed["messages"], removed["slices"], complete=done)
 
-    async def _delete_batch(self, conn: AsyncConnection, *, table: sa.Table, session_id: str, before: float) -> int:
+    async def _delete_batch(self, conn: AsyncConnection, *, table: sa.Table, key: SessionKey, before: float) -> int:
         """Delete up to `batch` rows of the session from `table`; -1 when it is active again."""
-        if not await _still_inactive(conn, session_id, before):
+        if not await _still_inactive(conn, key, before):
             return -1
         ids = [
             r.id
             for r in (
                 await conn.execute(
-                    sa.select(table.c.id)
-                    .where(table.c.session_id == session_id)
-                    .order_by(table.c.id)
-                    .limit(self._batch)
+                    sa.select(table.c.id).where(table.c.session_id == key).order_by(table.c.id).limit(self._batch)
                 )
             ).all()
         ]
@@ -132,11 +130,13 @@ class SqlMaintenance:
 
         return await self._store.read(op)
 
-    async def lagging_sessions(self, *, every_n: int, min_turns_to_persist: int, after: str, limit: int) -> list[str]:
+    async def lagging_sessions(
+        self, *, every_n: int, min_turns_to_persist: int, after: str, limit: int
+    ) -> list[SessionKey]:
         """The next `limit` lagging sessions in session-id order after `after` (keyset paging: a
         session that stays behind, say while another process holds its lock, is not returned twice)."""
 
-        async def op(conn: AsyncConnection) -> list[str]:
+        async def op(conn: AsyncConnection) -> list[SessionKey]:
             q = (
                 sa.select(sessions.c.session_id)
                 .select_from(sessions.outerjoin(cs, cs.c.session_id == sessions.c.session_id))
@@ -147,17 +147,17 @@ class SqlMaintenance:
                 .order_by(sessions.c.session_id)
                 .limit(limit)
             )
-            return [r.session_id for r in (await conn.execute(q)).all()]
+            return [SessionKey(r.session_id) for r in (await conn.execute(q)).all()]
 
         return await self._store.read(op)
 
 
-async def _still_inactive(conn: AsyncConnection, session_id: str, before: float) -> bool:
+async def _still_inactive(conn: AsyncConnection, key: SessionKey, before: float) -> bool:
     # Appends lock this row too and move last_activity: once one commits, the purge stops.
     row = (
         await conn.execute(
             sa.select(sessions.c.session_id)
-            .where(sessions.c.session_id == session_id, sessions.c.last_activity < before)
+            .where(sessions.c.session_id == key, sessions.c.last_activity < before)
             .with_for_update()
         )
     ).one_or_none()

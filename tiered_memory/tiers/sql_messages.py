@@ -12,7 +12,7 @@ from typing import Any, Protocol, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from tiered_memory.model import Message
+from tiered_memory.model import Message, SessionKey
 from tiered_memory.tiers.sql_dialect import OctetLength
 from tiered_memory.tiers.sql_rows import row_to_message
 from tiered_memory.tiers.sql_schema import messages as msgs
@@ -30,7 +30,7 @@ class _Reader(Protocol):
 
     async def session_read(
         self,
-        session_id: str,
+        key: SessionKey,
         op: Callable[[AsyncConnection], Awaitable[T]],
         *,
         replica: bool = False,
@@ -46,30 +46,30 @@ class MessageReads:
     API, never for the summary job's, which must see every turn it covers."""
 
     async def first_messages(
-        self: _Reader, session_id: str, limit: int, *, replica: bool = False, known_seq: int = 0
+        self: _Reader, key: SessionKey, limit: int, *, replica: bool = False, known_seq: int = 0
     ) -> list[Message]:
         """The first `limit` messages of a session, oldest first."""
 
         async def op(conn: AsyncConnection) -> list[Message]:
-            q = sa.select(msgs).where(msgs.c.session_id == session_id).order_by(msgs.c.id).limit(limit)
+            q = sa.select(msgs).where(msgs.c.session_id == key).order_by(msgs.c.id).limit(limit)
             return [row_to_message(r) for r in (await conn.execute(q)).all()]
 
-        return await self.session_read(session_id, op, replica=replica, known_seq=known_seq)
+        return await self.session_read(key, op, replica=replica, known_seq=known_seq)
 
     async def recent_messages(
-        self: _Reader, session_id: str, limit: int, *, replica: bool = False, known_seq: int = 0
+        self: _Reader, key: SessionKey, limit: int, *, replica: bool = False, known_seq: int = 0
     ) -> list[Message]:
         """The last `limit` messages of a session, oldest first."""
 
         async def op(conn: AsyncConnection) -> list[Message]:
-            q = sa.select(msgs).where(msgs.c.session_id == session_id).order_by(msgs.c.id.desc()).limit(limit)
+            q = sa.select(msgs).where(msgs.c.session_id == key).order_by(msgs.c.id.desc()).limit(limit)
             return [row_to_message(r) for r in reversed((await conn.execute(q)).all())]
 
-        return await self.session_read(session_id, op, replica=replica, known_seq=known_seq)
+        return await self.session_read(key, op, replica=replica, known_seq=known_seq)
 
     async def messages_in_turns(
         self: _Reader,
-        session_id: str,
+        key: SessionKey,
         *,
         after_turn: int,
         through_turn: int | None = None,
@@ -89,7 +89,7 @@ class MessageReads:
         async def op(conn: AsyncConnection) -> list[Message]:
             if after_turn < 1:
                 # Every turn from the first: one forward read of the whole session.
-                q = sa.select(msgs).where(msgs.c.session_id == session_id)
+                q = sa.select(msgs).where(msgs.c.session_id == key)
                 if through_turn is not None:
                     q = q.where(msgs.c.turn <= through_turn)
                 return [row_to_message(r) for r in (await conn.execute(q.order_by(msgs.c.id))).all()]
@@ -97,7 +97,7 @@ class MessageReads:
             before_id: int | None = None
             page = _TAIL_PAGE
             while True:
-                q = sa.select(msgs).where(msgs.c.session_id == session_id)
+                q = sa.select(msgs).where(msgs.c.session_id == key)
                 if before_id is not None:
                     q = q.where(msgs.c.id < before_id)
                 rows = (await conn.execute(q.order_by(msgs.c.id.desc()).limit(page))).all()
@@ -109,11 +109,11 @@ class MessageReads:
                 page = min(page * 4, _TAIL_PAGE_MAX)
             return [row_to_message(r) for r in reversed(newest_first) if through_turn is None or r.turn <= through_turn]
 
-        return await self.session_read(session_id, op, replica=replica, known_seq=known_seq)
+        return await self.session_read(key, op, replica=replica, known_seq=known_seq)
 
     async def messages_by_seq(
         self: _Reader,
-        session_id: str,
+        key: SessionKey,
         *,
         first_seq: int,
         last_seq: int,
@@ -131,7 +131,7 @@ class MessageReads:
 
         def in_range(q: sa.Select[Any]) -> sa.Select[Any]:
             return (
-                q.where(msgs.c.session_id == session_id, msgs.c.seq >= first_seq, msgs.c.seq <= last_seq)
+                q.where(msgs.c.session_id == key, msgs.c.seq >= first_seq, msgs.c.seq <= last_seq)
                 .order_by(msgs.c.id)
                 .limit(limit)
             )
@@ -144,11 +144,11 @@ class MessageReads:
             q = in_range(sa.select(msgs)).where(msgs.c.seq <= last)
             return [row_to_message(r) for r in (await conn.execute(q)).all()]
 
-        return await self.session_read(session_id, op, replica=replica)
+        return await self.session_read(key, op, replica=replica)
 
-    async def count_messages(self: _Reader, session_id: str) -> int:
+    async def count_messages(self: _Reader, key: SessionKey) -> int:
         async def op(conn: AsyncConnection) -> int:
-            q = sa.select(sa.func.count()).select_from(msgs).where(msgs.c.session_id == session_id)
+            q = sa.select(sa.func.count()).select_from(msgs).where(msgs.c.session_id == key)
             return int((await conn.execute(q)).scalar() or 0)
 
         return await self.read(op)

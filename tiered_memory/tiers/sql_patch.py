@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tiered_memory.errors import Conflict, Forbidden, InvalidInput, NotFound
-from tiered_memory.model import Caller, Message, MessageStatus, Owner, Patch, PatchResult, Role
+from tiered_memory.model import Caller, Message, MessageStatus, Owner, Patch, PatchResult, Role, SessionKey
 from tiered_memory.tiers.codec import dumps_text, loads
 from tiered_memory.tiers.sql_append import OPEN_CALLS_MAX
 from tiered_memory.tiers.sql_rows import row_to_message
@@ -65,12 +65,12 @@ def plan(
 
 
 async def patch_message(
-    conn: AsyncConnection, session_id: str, message_id: str, patch: Patch, caller: Caller
+    conn: AsyncConnection, key: SessionKey, message_id: str, patch: Patch, caller: Caller
 ) -> PatchResult:
     """Apply `patch` to the stored message, inside the caller's transaction. Raises NotFound,
     Forbidden (changing nothing) and what `plan` raises."""
-    s = await _locked_session(conn, session_id, caller)
-    row = await _message_row(conn, session_id, message_id)
+    s = await _locked_session(conn, key, caller)
+    row = await _message_row(conn, key, message_id)
     if row is None:
         raise NotFound(f"the session has no message {message_id!r}")
     stored, completes = row_to_message(row), bool(row.completes_turn)
@@ -80,7 +80,7 @@ async def patch_message(
         completes=completes,
         newest=stored.seq == int(s.message_count),
         question_waits=bool(s.pending_user),
-        covered_turns=await _covered_turns(conn, session_id),
+        covered_turns=await _covered_turns(conn, key),
     )
     if patched == stored:
         return PatchResult(
@@ -99,7 +99,7 @@ async def patch_message(
     turn_count = patched.turn if finished else int(s.turn_count)
     if finished:
         values |= {"turn_count": turn_count, "pending_user": 0}
-    await conn.execute(sessions.update().where(sessions.c.session_id == session_id).values(**values))
+    await conn.execute(sessions.update().where(sessions.c.session_id == key).values(**values))
     size = int(s.content_bytes) + len(patched.content.encode()) - len(stored.content.encode())
     return PatchResult(patched, turn_count, changed=True, completed_turn=finished, session_bytes=size)
 
@@ -114,15 +114,15 @@ class Deleted:
     session_bytes: int
 
 
-async def delete_newest(conn: AsyncConnection, session_id: str, message_id: str, caller: Caller) -> Deleted:
+async def delete_newest(conn: AsyncConnection, key: SessionKey, message_id: str, caller: Caller) -> Deleted:
     """Remove the session's newest message, inside the caller's transaction, and take the
     session's counters back to what they were before it was appended: a turn it completed is open
     again with its question waiting, and the tool calls it made or answered are as they were.
     Its seq is the next append's again. Raises NotFound (the session), Forbidden, and Conflict
     (`already_summarized` once a summary covers its turn; `conflict` when it is not the newest),
     changing nothing."""
-    s = await _locked_session(conn, session_id, caller)
-    row = await _message_row(conn, session_id, message_id)
+    s = await _locked_session(conn, key, caller)
+    row = await _message_row(conn, key, message_id)
     if row is None:
         return Deleted(None, int(s.content_bytes))
     m = row_to_message(row)
@@ -130,7 +130,7 @@ async def delete_newest(conn: AsyncConnection, session_id: str, message_id: str,
         raise Conflict(
             f"message {message_id!r} is message {m.seq} of {s.message_count}: only the session's newest can be removed"
         )
-    covered = await _covered_turns(conn, session_id)
+    covered = await _covered_turns(conn, key)
     if m.turn <= covered:
         raise Conflict(
             f"message {message_id!r} is in turn {m.turn}, which the summary covers (turns 1-{covered}):"
@@ -147,16 +147,16 @@ async def delete_newest(conn: AsyncConnection, session_id: str, message_id: str,
         # It answered the turn's question, which waits again.
         values |= {"turn_count": m.turn - 1, "pending_user": 1}
     elif m.role is Role.USER:
-        values["pending_user"] = int(await _question_before(conn, session_id, m))
+        values["pending_user"] = int(await _question_before(conn, key, m))
     # Any other message left the counters as they were (sql_append._turns).
     if m.tool_calls or m.tool_call_id is not None:
-        values["open_tool_calls"] = await _open_calls_before(conn, session_id, m.seq)
+        values["open_tool_calls"] = await _open_calls_before(conn, key, m.seq)
     await conn.execute(msgs.delete().where(msgs.c.id == row.id))
-    await conn.execute(sessions.update().where(sessions.c.session_id == session_id).values(**values))
+    await conn.execute(sessions.update().where(sessions.c.session_id == key).values(**values))
     return Deleted(m, int(s.content_bytes) - size)
 
 
-async def _locked_session(conn: AsyncConnection, session_id: str, caller: Caller) -> sa.Row[*tuple[Any, ...]]:
+async def _locked_session(conn: AsyncConnection, key: SessionKey, caller: Caller) -> sa.Row[*tuple[Any, ...]]:
     """The session's row, locked until the transaction ends. Raises NotFound, or Forbidden when
     it is not the caller's (checked under the lock)."""
     s = (
@@ -169,7 +169,7 @@ async def _locked_session(conn: AsyncConnection, session_id: str, caller: Caller
                 sessions.c.pending_user,
                 sessions.c.content_bytes,
             )
-            .where(sessions.c.session_id == session_id)
+            .where(sessions.c.session_id == key)
             .with_for_update()
         )
     ).one_or_none()
@@ -180,16 +180,14 @@ async def _locked_session(conn: AsyncConnection, session_id: str, caller: Caller
     return s
 
 
-async def _message_row(conn: AsyncConnection, session_id: str, message_id: str) -> sa.Row[*tuple[Any, ...]] | None:
+async def _message_row(conn: AsyncConnection, key: SessionKey, message_id: str) -> sa.Row[*tuple[Any, ...]] | None:
     return (
-        await conn.execute(sa.select(msgs).where(msgs.c.session_id == session_id, msgs.c.message_id == message_id))
+        await conn.execute(sa.select(msgs).where(msgs.c.session_id == key, msgs.c.message_id == message_id))
     ).one_or_none()
 
 
-async def _covered_turns(conn: AsyncConnection, session_id: str) -> int:
-    covered = (
-        await conn.execute(sa.select(cs.c.covered_turns).where(cs.c.session_id == session_id))
-    ).scalar_one_or_none()
+async def _covered_turns(conn: AsyncConnection, key: SessionKey) -> int:
+    covered = (await conn.execute(sa.select(cs.c.covered_turns).where(cs.c.session_id == key))).scalar_one_or_none()
     return int(covered or 0)
 
 
@@ -198,7 +196,7 @@ async def _covered_turns(conn: AsyncConnection, session_id: str) -> int:
 _TURN_PAGE = 32
 
 
-async def _question_before(conn: AsyncConnection, session_id: str, m: Message) -> bool:
+async def _question_before(conn: AsyncConnection, key: SessionKey, m: Message) -> bool:
     """Whether a user message precedes `m` in its turn: whether a question was waiting before `m`
     was appended (only a reply that completes the turn clears it, and that ends the turn)."""
     before = m.seq
@@ -206,7 +204,7 @@ async def _question_before(conn: AsyncConnection, session_id: str, m: Message) -
         rows = (
             await conn.execute(
                 sa.select(msgs.c.seq, msgs.c.turn, msgs.c.role)
-                .where(msgs.c.session_id == session_id, msgs.c.seq < before)
+                .where(msgs.c.session_id == key, msgs.c.seq < before)
                 .order_by(msgs.c.seq.desc())
                 .limit(_TURN_PAGE)
             )
@@ -221,14 +219,14 @@ async def _question_before(conn: AsyncConnection, session_id: str, m: Message) -
         before = int(rows[-1].seq)
 
 
-async def _open_calls_before(conn: AsyncConnection, session_id: str, seq: int) -> str | None:
+async def _open_calls_before(conn: AsyncConnection, key: SessionKey, seq: int) -> str | None:
     """The session's open tool calls (`sessions.open_tool_calls`) as they were before message
     `seq`: its tool traffic replayed as the appends kept them (sql_append), so that their order and
     their bound are the same. Reads the session's tool messages, only when a tool message is removed."""
     rows = await conn.execute(
         sa.select(msgs.c.tool_calls, msgs.c.tool_call_id)
         .where(
-            msgs.c.session_id == session_id,
+            msgs.c.session_id == key,
             msgs.c.seq < seq,
             sa.or_(msgs.c.tool_calls.is_not(None), msgs.c.tool_call_id.is_not(None)),
         )

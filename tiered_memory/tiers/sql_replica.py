@@ -33,6 +33,7 @@ import sqlalchemy as sa
 import structlog
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from tiered_memory.model import SessionKey
 from tiered_memory.tiers.sql_schema import sessions
 
 log = structlog.get_logger("tiered_memory.tiers.sql_replica")
@@ -83,34 +84,34 @@ class Replica:
         # The replica's lag by its own account (lag_seconds), None before the first poll.
         self.lag: float | None = None
 
-    def wrote(self, session_id: str, seq: int) -> None:
+    def wrote(self, key: SessionKey, seq: int) -> None:
         """The session's message `seq` committed on the primary."""
-        if seq > self._written.get(session_id, 0):
-            self._written[session_id] = seq
-        self._written.move_to_end(session_id)
+        if seq > self._written.get(key, 0):
+            self._written[key] = seq
+        self._written.move_to_end(key)
         while len(self._written) > _REMEMBERED:
             self._written.popitem(last=False)
 
-    def changed(self, session_id: str, *, deleted: bool = False) -> None:
+    def changed(self, key: SessionKey, *, deleted: bool = False) -> None:
         """This process changed the session other than by an append (`deleted`: removed it, so
         its seqs may start again from 1): its reads skip the replica until it has applied that."""
         if deleted:
-            self._written.pop(session_id, None)
-        self._pinned[session_id] = self._clock() + max(PIN_S, self.lag or 0.0)
-        self._pinned.move_to_end(session_id)
+            self._written.pop(key, None)
+        self._pinned[key] = self._clock() + max(PIN_S, self.lag or 0.0)
+        self._pinned.move_to_end(key)
         while len(self._pinned) > _REMEMBERED:
             self._pinned.popitem(last=False)
 
-    def _usable(self, session_id: str) -> bool:
+    def _usable(self, key: SessionKey) -> bool:
         now = self._clock()
         if now < self._down_until or (self.lag is not None and not 0 <= self.lag <= PIN_S):
             return False
-        until = self._pinned.get(session_id)
+        until = self._pinned.get(key)
         if until is None:
             return True
         if now < until:
             return False
-        del self._pinned[session_id]
+        del self._pinned[key]
         return True
 
     def fell_back(self) -> None:
@@ -118,7 +119,7 @@ class Replica:
 
     async def read(
         self,
-        session_id: str,
+        key: SessionKey,
         op: Callable[[AsyncConnection], Awaitable[T]],
         *,
         known_seq: int = 0,
@@ -126,13 +127,13 @@ class Replica:
     ) -> T:
         """`op` on the replica when its copy of the session is at least at the newest seq known
         (this process's own write, or `known_seq`) and `trust` takes its answer; Behind otherwise."""
-        if not self._usable(session_id):
+        if not self._usable(key):
             raise Behind
-        needed = max(known_seq, self._written.get(session_id, 0))
+        needed = max(known_seq, self._written.get(key, 0))
         try:
             async with asyncio.timeout(self._timeout), self._engine.connect() as conn:
                 if needed:
-                    q = sa.select(sessions.c.message_count).where(sessions.c.session_id == session_id)
+                    q = sa.select(sessions.c.message_count).where(sessions.c.session_id == key)
                     seen = (await conn.execute(q)).scalar()
                     if seen is None or int(seen) < needed:
                         raise Behind

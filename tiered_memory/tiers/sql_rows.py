@@ -13,6 +13,7 @@ from tiered_memory.model import (
     MessageStatus,
     Role,
     SessionInfo,
+    SessionKey,
     Slice,
     Summary,
     SummarySource,
@@ -90,9 +91,9 @@ def row_to_summary(r: sa.Row[*tuple[Any, ...]]) -> Summary:
     )
 
 
-def slice_values(session_id: str, s: Slice) -> dict[str, Any]:
+def slice_values(key: SessionKey, s: Slice) -> dict[str, Any]:
     return {
-        "session_id": session_id,
+        "session_id": key,
         "from_turn": s.from_turn,
         "to_turn": s.to_turn,
         "first_seq": s.first_seq,

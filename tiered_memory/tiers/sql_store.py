@@ -29,6 +29,7 @@ from tiered_memory.model import (
     Patch,
     PatchResult,
     SessionInfo,
+    SessionKey,
     SessionState,
     Slice,
     Summary,
@@ -236,7 +237,7 @@ class SqlStore(MessageReads):
 
     async def session_read(
         self,
-        session_id: str,
+        key: SessionKey,
         op: Callable[[AsyncConnection], Awaitable[T]],
         *,
         replica: bool = False,
@@ -248,7 +249,7 @@ class SqlStore(MessageReads):
         takes its answer, else on the primary (sql_replica.py)."""
         if replica and self.replica is not None:
             try:
-                return await self.replica.read(session_id, op, known_seq=known_seq, trust=trust)
+                return await self.replica.read(key, op, known_seq=known_seq, trust=trust)
             except Behind:
                 self.replica.fell_back()
         return await self.read(op)
@@ -289,7 +290,7 @@ class SqlStore(MessageReads):
         return await self._bounded(attempt, named_after=body)
 
     async def _session_write(
-        self, session_id: str, body: Callable[[AsyncConnection], Awaitable[T]], *, deleted: bool = False
+        self, key: SessionKey, body: Callable[[AsyncConnection], Awaitable[T]], *, deleted: bool = False
     ) -> T:
         """`_transaction`, for a change to one session other than an append: the replica's reads
         of the session go to the primary until the replica has surely applied it (sql_replica.py);
@@ -297,13 +298,13 @@ class SqlStore(MessageReads):
         try:
             return await self._transaction(body)
         finally:
-            self.changed(session_id, deleted=deleted)
+            self.changed(key, deleted=deleted)
 
-    def changed(self, session_id: str, *, deleted: bool = False) -> None:
+    def changed(self, key: SessionKey, *, deleted: bool = False) -> None:
         """A session changed other than by an append (also through `transaction`, by erasure and
         retention): its reads skip the replica for a while (sql_replica.Replica.changed)."""
         if self.replica is not None:
-            self.replica.changed(session_id, deleted=deleted)
+            self.replica.changed(key, deleted=deleted)
 
     def _insert_if_absent(self, table: sa.Table, values: dict[str, Any]) -> sa.Executable:
         return insert_if_absent(self._dialect, table, values)
@@ -392,23 +393,23 @@ class SqlStore(MessageReads):
 
     # --- sessions -------------------------------------------------------------------------
 
-    async def get_session(self, session_id: str, *, replica: bool = False, known_seq: int = 0) -> SessionInfo | None:
+    async def get_session(self, key: SessionKey, *, replica: bool = False, known_seq: int = 0) -> SessionInfo | None:
         """The session's row (None: no such session; a replica's None is asked of the primary)."""
 
         async def op(conn: AsyncConnection) -> SessionInfo | None:
             q = (
                 sa.select(sessions, cs.c.covered_turns)
                 .select_from(sessions.outerjoin(cs, cs.c.session_id == sessions.c.session_id))
-                .where(sessions.c.session_id == session_id)
+                .where(sessions.c.session_id == key)
             )
             row = (await conn.execute(q)).one_or_none()
             return None if row is None else row_to_session(row, int(row.covered_turns or 0))
 
         return await self.session_read(
-            session_id, op, replica=replica, known_seq=known_seq, trust=lambda found: found is not None
+            key, op, replica=replica, known_seq=known_seq, trust=lambda found: found is not None
         )
 
-    async def close_session(self, session_id: str, *, reason: str, now: float, final: bool = True) -> bool:
+    async def close_session(self, key: SessionKey, *, reason: str, now: float, final: bool = True) -> bool:
         """Mark a session closed; False when it was already closed or does not exist. With event
         sinks, `session.closed` (with the summary at close) and `summary.final` go to the outbox in
         the same transaction, the final one held unless `final` (a last pass still to run releases
@@ -417,37 +418,35 @@ class SqlStore(MessageReads):
         async def body(conn: AsyncConnection) -> bool:
             result = await conn.execute(
                 sessions.update()
-                .where(sessions.c.session_id == session_id, sessions.c.closed_at.is_(None))
+                .where(sessions.c.session_id == key, sessions.c.closed_at.is_(None))
                 .values(closed_at=now, close_reason=reason)
             )
             if result.rowcount and self.sinks:
-                await self._closed_events(conn, session_id, reason=reason, now=now, final=final)
+                await self._closed_events(conn, key, reason=reason, now=now, final=final)
             return bool(result.rowcount)
 
-        return await self._session_write(session_id, body)
+        return await self._session_write(key, body)
 
     async def _closed_events(
-        self, conn: AsyncConnection, session_id: str, *, reason: str, now: float, final: bool
+        self, conn: AsyncConnection, key: SessionKey, *, reason: str, now: float, final: bool
     ) -> None:
-        q = sessions_with_summaries().where(sessions.c.session_id == session_id)
+        q = sessions_with_summaries().where(sessions.c.session_id == key)
         row = (await conn.execute(q)).one()
         summary = row_to_summary(row) if row.summary is not None else None
         payload = summary_payload(summary, turn_count=int(row.turn_count))
 
         def event(kind: str, said: dict[str, Any]) -> Event:
-            return Event(new_event_id(), kind, row.tenant, session_id, row.user_id, said, now)
+            return Event(new_event_id(), kind, row.tenant, key, row.user_id, said, now)
 
         await add_event(conn, self.sinks, event(SESSION_CLOSED, {**payload, "reason": reason}))
         await add_event(conn, self.sinks, event(SUMMARY_FINAL, payload), held=not final)
 
-    async def _lock_accessible(self, conn: AsyncConnection, session_id: str, caller: Caller) -> bool:
+    async def _lock_accessible(self, conn: AsyncConnection, key: SessionKey, caller: Caller) -> bool:
         """Lock the session row; False when there is none, Forbidden when the caller may not touch it.
         Under the lock, the owner checked is the owner of the rows then changed."""
         row = (
             await conn.execute(
-                sa.select(sessions.c.tenant, sessions.c.user_id)
-                .where(sessions.c.session_id == session_id)
-                .with_for_update()
+                sa.select(sessions.c.tenant, sessions.c.user_id).where(sessions.c.session_id == key).with_for_update()
             )
         ).one_or_none()
         if row is None:
@@ -457,59 +456,55 @@ class SqlStore(MessageReads):
         return True
 
     async def patch_message(
-        self, session_id: str, message_id: str, patch: Patch, *, caller: Caller = _ANYONE
+        self, key: SessionKey, message_id: str, patch: Patch, *, caller: Caller = _ANYONE
     ) -> PatchResult:
         """Correct a stored message while no summary covers it (sql_patch.py). Raises NotFound,
         Forbidden, Conflict, InvalidInput, changing nothing."""
-        return await self._session_write(
-            session_id, lambda conn: patch_message(conn, session_id, message_id, patch, caller)
-        )
+        return await self._session_write(key, lambda conn: patch_message(conn, key, message_id, patch, caller))
 
-    async def delete_newest(self, session_id: str, message_id: str, *, caller: Caller = _ANYONE) -> Deleted:
+    async def delete_newest(self, key: SessionKey, message_id: str, *, caller: Caller = _ANYONE) -> Deleted:
         """Take back the session's newest message while no summary covers its turn (sql_patch.py).
         Raises NotFound (the session), Forbidden, Conflict, changing nothing."""
-        return await self._session_write(session_id, lambda conn: delete_newest(conn, session_id, message_id, caller))
+        return await self._session_write(key, lambda conn: delete_newest(conn, key, message_id, caller))
 
-    async def delete_session(self, session_id: str, *, caller: Caller = _ANYONE) -> None:
+    async def delete_session(self, key: SessionKey, *, caller: Caller = _ANYONE) -> None:
         """Remove a session's messages, summary and bookkeeping; nothing happens when it is absent.
         Raises Forbidden, deleting nothing, when the caller may not access the session."""
 
         async def body(conn: AsyncConnection) -> None:
-            await self._lock_accessible(conn, session_id, caller)
-            await conn.execute(msgs.delete().where(msgs.c.session_id == session_id))
-            await conn.execute(summary_slices.delete().where(summary_slices.c.session_id == session_id))
-            await conn.execute(cs.delete().where(cs.c.session_id == session_id))
-            await forget_versions(conn, session_id)
-            await conn.execute(session_state.delete().where(session_state.c.session_id == session_id))
-            await conn.execute(sessions.delete().where(sessions.c.session_id == session_id))
+            await self._lock_accessible(conn, key, caller)
+            await conn.execute(msgs.delete().where(msgs.c.session_id == key))
+            await conn.execute(summary_slices.delete().where(summary_slices.c.session_id == key))
+            await conn.execute(cs.delete().where(cs.c.session_id == key))
+            await forget_versions(conn, key)
+            await conn.execute(session_state.delete().where(session_state.c.session_id == key))
+            await conn.execute(sessions.delete().where(sessions.c.session_id == key))
             # Its events not delivered yet tell of what is deleted now: they go too.
-            await conn.execute(outbox_events.delete().where(outbox_events.c.subject == session_id))
+            await conn.execute(outbox_events.delete().where(outbox_events.c.subject == key))
 
-        await self._session_write(session_id, body, deleted=True)
+        await self._session_write(key, body, deleted=True)
 
-    async def get_state(self, session_id: str) -> SessionState:
+    async def get_state(self, key: SessionKey) -> SessionState:
         """The gateway's state of a session (version 0 and None when it has none)."""
 
         async def op(conn: AsyncConnection) -> SessionState:
-            q = sa.select(session_state.c.state, session_state.c.version).where(
-                session_state.c.session_id == session_id
-            )
+            q = sa.select(session_state.c.state, session_state.c.version).where(session_state.c.session_id == key)
             row = (await conn.execute(q)).one_or_none()
             return SessionState(0, None) if row is None else SessionState(int(row.version), json.loads(row.state))
 
         return await self.read(op)
 
     async def put_state(
-        self, session_id: str, state: dict[str, Any], *, if_match: int | None, now: float, caller: Caller = _ANYONE
+        self, key: SessionKey, state: dict[str, Any], *, if_match: int | None, now: float, caller: Caller = _ANYONE
     ) -> SessionState:
         """Store the gateway's state of a session as its next version; with `if_match`, only over
         that version (0: only when there is none). Raises NotFound (no session), Forbidden, and
         Conflict (code `precondition_failed`) when the stored version is another."""
 
         async def body(conn: AsyncConnection) -> SessionState:
-            if not await self._lock_accessible(conn, session_id, caller):
+            if not await self._lock_accessible(conn, key, caller):
                 raise NotFound("the session does not exist")
-            q = sa.select(session_state.c.version).where(session_state.c.session_id == session_id)
+            q = sa.select(session_state.c.version).where(session_state.c.session_id == key)
             current = int((await conn.execute(q)).scalar_one_or_none() or 0)
             if if_match is not None and if_match != current:
                 raise Conflict(
@@ -518,20 +513,18 @@ class SqlStore(MessageReads):
                 )
             values = {"state": json.dumps(state, ensure_ascii=False), "version": current + 1, "updated_at": now}
             if current:
-                await conn.execute(
-                    session_state.update().where(session_state.c.session_id == session_id).values(**values)
-                )
+                await conn.execute(session_state.update().where(session_state.c.session_id == key).values(**values))
             else:
-                await conn.execute(session_state.insert().values(session_id=session_id, **values))
+                await conn.execute(session_state.insert().values(session_id=key, **values))
             return SessionState(current + 1, state)
 
-        return await self._session_write(session_id, body)
+        return await self._session_write(key, body)
 
-    async def sessions_due(self, *, every_n: int, min_turns_to_persist: int, limit: int) -> list[str]:
+    async def sessions_due(self, *, every_n: int, min_turns_to_persist: int, limit: int) -> list[SessionKey]:
         """Sessions whose summary is behind: a cadence point (every_n) passed the watermark, or a
         closed session with turns the summary does not cover yet. Found again after a crash."""
 
-        async def op() -> list[str]:
+        async def op() -> list[SessionKey]:
             q = (
                 sa.select(sessions.c.session_id)
                 .select_from(sessions.outerjoin(cs, cs.c.session_id == sessions.c.session_id))
@@ -539,34 +532,34 @@ class SqlStore(MessageReads):
                 .limit(limit)
             )
             async with self._engine.connect() as conn:
-                return [r.session_id for r in (await conn.execute(q)).all()]
+                return [SessionKey(r.session_id) for r in (await conn.execute(q)).all()]
 
         return await self._bounded(op)
 
-    async def idle_sessions(self, *, idle_before: float, limit: int) -> list[str]:
+    async def idle_sessions(self, *, idle_before: float, limit: int) -> list[SessionKey]:
         """Open sessions with no activity since `idle_before` (epoch seconds)."""
 
-        async def op() -> list[str]:
+        async def op() -> list[SessionKey]:
             q = (
                 sa.select(sessions.c.session_id)
                 .where(sessions.c.closed_at.is_(None), sessions.c.last_activity < idle_before)
                 .limit(limit)
             )
             async with self._engine.connect() as conn:
-                return [r.session_id for r in (await conn.execute(q)).all()]
+                return [SessionKey(r.session_id) for r in (await conn.execute(q)).all()]
 
         return await self._bounded(op)
 
     # --- warm: summaries ------------------------------------------------------------------
 
     async def get_summary(
-        self, session_id: str, *, replica: bool = False, known_seq: int = 0
+        self, key: SessionKey, *, replica: bool = False, known_seq: int = 0
     ) -> tuple[Summary | None, SessionInfo | None]:
         """The stored summary and the session's current bookkeeping, in one query (a replica that
         does not know the session is not trusted: the primary is asked)."""
 
         async def op(conn: AsyncConnection) -> tuple[Summary | None, SessionInfo | None]:
-            q = sessions_with_summaries().where(sessions.c.session_id == session_id)
+            q = sessions_with_summaries().where(sessions.c.session_id == key)
             row = (await conn.execute(q)).one_or_none()
             if row is None:
                 return None, None
@@ -574,12 +567,12 @@ class SqlStore(MessageReads):
             return summary, row_to_session(row, summary.covered_turns if summary else 0)
 
         return await self.session_read(
-            session_id, op, replica=replica, known_seq=known_seq, trust=lambda found: found[1] is not None
+            key, op, replica=replica, known_seq=known_seq, trust=lambda found: found[1] is not None
         )
 
     async def put_summary(
         self,
-        session_id: str,
+        key: SessionKey,
         summary: Summary,
         *,
         user_id: str | None,
@@ -611,7 +604,7 @@ class SqlStore(MessageReads):
             alive = (
                 await conn.execute(
                     sa.select(sessions.c.tenant, sessions.c.user_id, sessions.c.turn_count, sessions.c.closed_at)
-                    .where(sessions.c.session_id == session_id)
+                    .where(sessions.c.session_id == key)
                     .with_for_update()
                 )
             ).one_or_none()
@@ -620,25 +613,21 @@ class SqlStore(MessageReads):
             if summary.version == 1:
                 try:
                     async with conn.begin_nested():
-                        await conn.execute(
-                            cs.insert().values(session_id=session_id, created_at=summary.created_at, **values)
-                        )
+                        await conn.execute(cs.insert().values(session_id=key, created_at=summary.created_at, **values))
                 except sa.exc.IntegrityError:
                     return False
             else:
                 result = await conn.execute(
-                    cs.update()
-                    .where(cs.c.session_id == session_id, cs.c.version == summary.version - 1)
-                    .values(**values)
+                    cs.update().where(cs.c.session_id == key, cs.c.version == summary.version - 1).values(**values)
                 )
                 if not result.rowcount:
                     return False
-            await record_version(conn, session_id, summary, keep=self._summary_history)
+            await record_version(conn, key, summary, keep=self._summary_history)
             # The slices go with the summary they produced, in the same transaction.
             if replace_slices:
-                await conn.execute(summary_slices.delete().where(summary_slices.c.session_id == session_id))
+                await conn.execute(summary_slices.delete().where(summary_slices.c.session_id == key))
             if slices:
-                await conn.execute(summary_slices.insert(), [slice_values(session_id, s) for s in slices])
+                await conn.execute(summary_slices.insert(), [slice_values(key, s) for s in slices])
             if alive.user_id is not None:
                 # The user's profile takes what this summary says, in the same transaction.
                 await merge_profile(
@@ -646,85 +635,83 @@ class SqlStore(MessageReads):
                     self._insert_if_absent,
                     tenant=alive.tenant,
                     user_id=alive.user_id,
-                    session_key=session_id,
+                    session_key=key,
                     summary=summary,
                     now=summary.updated_at,
                 )
             if self.sinks:
-                await self._summary_events(conn, session_id, summary, alive)
+                await self._summary_events(conn, key, summary, alive)
             return True
 
-        return await self._session_write(session_id, body)
+        return await self._session_write(key, body)
 
     async def _summary_events(
-        self, conn: AsyncConnection, session_id: str, summary: Summary, alive: sa.Row[*tuple[Any, ...]]
+        self, conn: AsyncConnection, key: SessionKey, summary: Summary, alive: sa.Row[*tuple[Any, ...]]
     ) -> None:
         """`summary.updated`, and for a closed session's last pass (it covers every turn) the
         release of its held `summary.final`, in the transaction that writes the summary."""
         payload = summary_payload(summary, turn_count=int(alive.turn_count))
-        event = Event(
-            new_event_id(), SUMMARY_UPDATED, alive.tenant, session_id, alive.user_id, payload, summary.updated_at
-        )
+        event = Event(new_event_id(), SUMMARY_UPDATED, alive.tenant, key, alive.user_id, payload, summary.updated_at)
         await add_event(conn, self.sinks, event)
         if alive.closed_at is not None and summary.covered_turns >= int(alive.turn_count):
-            await release_final(conn, session_id, now=summary.updated_at)
+            await release_final(conn, key, now=summary.updated_at)
 
-    async def release_final(self, session_id: str, *, now: float) -> int:
+    async def release_final(self, key: SessionKey, *, now: float) -> int:
         """Release the session's held `summary.final` with the summary stored now (its last pass
         wrote nothing: the LLM failed, or there was nothing left to cover); the rows released."""
         if not self.sinks:
             return 0
-        return await self._transaction(lambda conn: release_final(conn, session_id, now=now))
+        return await self._transaction(lambda conn: release_final(conn, key, now=now))
 
     async def user_summaries(
         self, user_id: str, *, limit: int, tenant: str | None = None
-    ) -> list[tuple[str, int, Summary]]:
+    ) -> list[tuple[SessionKey, int, Summary]]:
         """The user's most recently updated session summaries, newest first, as
         (session_id, turn_count at the summary, summary); served by the (user_id, updated_at) index.
         With `tenant`, only sessions of that tenant."""
 
-        async def op() -> list[tuple[str, int, Summary]]:
+        async def op() -> list[tuple[SessionKey, int, Summary]]:
             async with self._engine.connect() as conn:
                 rows = (await conn.execute(user_summaries_query(user_id, tenant=tenant, limit=limit))).all()
-            return [(r.session_id, int(r.turn_count), row_to_summary(r)) for r in rows]
+            return [(SessionKey(r.session_id), int(r.turn_count), row_to_summary(r)) for r in rows]
 
         return await self._bounded(op)
 
-    async def delete_summary(self, session_id: str, *, caller: Caller = _ANYONE) -> bool:
+    async def delete_summary(self, key: SessionKey, *, caller: Caller = _ANYONE) -> bool:
         """Drop the warm row and its slices; the messages stay. False when the session does not
         exist; raises Forbidden, dropping nothing, when the caller may not access it."""
 
         async def body(conn: AsyncConnection) -> bool:
-            found = await self._lock_accessible(conn, session_id, caller)
-            await conn.execute(summary_slices.delete().where(summary_slices.c.session_id == session_id))
-            await conn.execute(cs.delete().where(cs.c.session_id == session_id))
-            await forget_versions(conn, session_id)
+            found = await self._lock_accessible(conn, key, caller)
+            await conn.execute(summary_slices.delete().where(summary_slices.c.session_id == key))
+            await conn.execute(cs.delete().where(cs.c.session_id == key))
+            await forget_versions(conn, key)
             return found
 
-        return await self._session_write(session_id, body)
+        return await self._session_write(key, body)
 
     async def slices(
-        self, session_id: str, *, from_turn: int = 1, limit: int | None = None, replica: bool = False
+        self, key: SessionKey, *, from_turn: int = 1, limit: int | None = None, replica: bool = False
     ) -> list[Slice]:
         """The session's slices that end at `from_turn` or later (at most `limit`), oldest first."""
 
         async def op(conn: AsyncConnection) -> list[Slice]:
             q = (
                 sa.select(summary_slices)
-                .where(summary_slices.c.session_id == session_id, summary_slices.c.to_turn >= from_turn)
+                .where(summary_slices.c.session_id == key, summary_slices.c.to_turn >= from_turn)
                 .order_by(summary_slices.c.to_turn, summary_slices.c.id)
                 .limit(limit)
             )
             return [row_to_slice(r) for r in (await conn.execute(q)).all()]
 
-        return await self.session_read(session_id, op, replica=replica)
+        return await self.session_read(key, op, replica=replica)
 
-    async def summary_versions(self, session_id: str, *, limit: int = 100) -> list[SummaryVersion]:
+    async def summary_versions(self, key: SessionKey, *, limit: int = 100) -> list[SummaryVersion]:
         """The summary's kept versions (SUMMARY_HISTORY), newest first."""
 
         async def op() -> list[SummaryVersion]:
             async with self._engine.connect() as conn:
-                return await versions(conn, session_id, limit=limit)
+                return await versions(conn, key, limit=limit)
 
         return await self._bounded(op)
 

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tiered_memory.events import USER_ERASED, Event
-from tiered_memory.model import SessionInfo, Summary
+from tiered_memory.model import SessionInfo, SessionKey, Summary
 from tiered_memory.tiers.sql_outbox import add_event, new_event_id
 from tiered_memory.tiers.sql_rows import row_to_session, row_to_summary, sessions_with_summaries
 from tiered_memory.tiers.sql_schema import conversation_summaries as cs
@@ -54,7 +54,7 @@ async def merge_profile(
     *,
     tenant: str,
     user_id: str,
-    session_key: str,
+    session_key: SessionKey,
     summary: Summary,
     now: float,
 ) -> None:
@@ -135,21 +135,22 @@ class SqlUsers:
 
     async def carried(
         self, tenant: str, user_id: str, *, exclude: str, profile: bool, earlier: int
-    ) -> tuple[Profile | None, list[tuple[str, Summary]]]:
+    ) -> tuple[Profile | None, list[tuple[SessionKey, Summary]]]:
         """What a session (`exclude`) of the user may carry over, in one connection: the profile
         (when `profile`) and up to `earlier` of the user's other sessions' summaries, the most
         recently updated first, as (session key, summary)."""
 
-        async def op(conn: AsyncConnection) -> tuple[Profile | None, list[tuple[str, Summary]]]:
+        async def op(conn: AsyncConnection) -> tuple[Profile | None, list[tuple[SessionKey, Summary]]]:
             found: Profile | None = None
             if profile:
                 q = sa.select(user_profiles.c.profile).where(user_profiles.c.user_key == user_key(tenant, user_id))
                 stored = (await conn.execute(q)).scalar_one_or_none()
                 found = None if stored is None else load_profile(json.loads(stored))
-            others: list[tuple[str, Summary]] = []
+            others: list[tuple[SessionKey, Summary]] = []
             if earlier:
                 rows = (await conn.execute(user_summaries_query(user_id, tenant=tenant, limit=earlier + 1))).all()
-                others = [(r.session_id, row_to_summary(r)) for r in rows if r.session_id != exclude][:earlier]
+                kept = [r for r in rows if r.session_id != exclude][:earlier]
+                others = [(SessionKey(r.session_id), row_to_summary(r)) for r in kept]
             return found, others
 
         return await self._store.read(op)
@@ -242,21 +243,21 @@ class SqlUsers:
 
         return int(await self._store.read(op))
 
-    async def session_keys(self, tenant: str, user_id: str, *, limit: int) -> list[str]:
+    async def session_keys(self, tenant: str, user_id: str, *, limit: int) -> list[SessionKey]:
         """Up to `limit` of the user's sessions (erased ones drop out, so the next call returns the next)."""
 
-        async def op(conn: AsyncConnection) -> list[str]:
+        async def op(conn: AsyncConnection) -> list[SessionKey]:
             q = (
                 sa.select(sessions.c.session_id)
                 .where(sessions.c.tenant == tenant, same_user(sessions.c.user_id, user_id))
                 .order_by(sessions.c.created_at, sessions.c.session_id)
                 .limit(limit)
             )
-            return [r.session_id for r in (await conn.execute(q)).all()]
+            return [SessionKey(r.session_id) for r in (await conn.execute(q)).all()]
 
         return await self._store.read(op)
 
-    async def erase_content(self, session_key: str) -> int:
+    async def erase_content(self, session_key: SessionKey) -> int:
         """Delete a session's messages, slices and summary versions, `batch` rows a transaction;
         the messages deleted. The session row stays (and keeps the session on the list of the user's) until
         `erase_session`, which the hot keys' removal comes before."""
@@ -272,14 +273,14 @@ class SqlUsers:
                     break
         return removed
 
-    async def _delete_batch(self, conn: AsyncConnection, *, table: sa.Table, session_key: str) -> int:
+    async def _delete_batch(self, conn: AsyncConnection, *, table: sa.Table, session_key: SessionKey) -> int:
         q = sa.select(table.c.id).where(table.c.session_id == session_key).order_by(table.c.id).limit(self._batch)
         ids = [r.id for r in (await conn.execute(q)).all()]
         if ids:
             await conn.execute(table.delete().where(table.c.id.in_(ids)))
         return len(ids)
 
-    async def erase_session(self, session_key: str) -> tuple[bool, int]:
+    async def erase_session(self, session_key: SessionKey) -> tuple[bool, int]:
         """Delete what is left of a session (messages appended since `erase_content`, its summary,
         state and row) in one transaction under its row lock: whether the row was there (another
         run may have got there first), and the messages deleted."""

@@ -38,12 +38,9 @@ from urllib.parse import urlparse
 import aiohttp
 import redis.asyncio as aioredis
 
-# scripts/ is sys.path[0] when this file runs. The conversation is the tests' own, and the fake
-# LLM theirs too (tiered_memory.testing): one place fakes the wire.
-import soak_report as rep
-
 from tiered_memory.settings import Settings
 from tiered_memory.testing import ZH_12_TURNS, Behaviour, ChildFailed, DaemonProcess, FakeLlm, free_port
+from tools import soak_report as rep
 
 # A structured payload the daemon accepts (SUMMARY_FORMAT=structured is the default).
 LLM_OK = json.dumps(

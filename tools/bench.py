@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from benchkit import phases, report
-from benchkit.run import Bench, Plan
 
 from tiered_memory.testing import ChildFailed
+from tools.benchkit import phases, report
+from tools.benchkit.run import Bench, Plan
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -41,7 +41,6 @@ from urllib.parse import urlparse
 import aiohttp
 import pymysql
 import redis
-from benchkit import procs
 
 from tiered_memory.settings import Settings
 from tiered_memory.testing import (
@@ -50,6 +49,7 @@ from tiered_memory.testing import (
     free_port,
 )
 from tiered_memory.tiers.keys import Keys
+from tools.benchkit import procs
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -89,7 +89,7 @@ async def bench(args: argparse.Namespace, plan: Plan) -> dict[str, Any]:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     doc |= {
-        "command": " ".join(["scripts/bench.py", *sys.argv[1:]]),
+        "command": args.command,
         "backend": "embedded" if args.embedded else "redis+postgresql" if args.postgres_url else "redis+mariadb",
         "seconds": round(time.monotonic() - started, 1),
         "operations": b.figures["operations"],
@@ -114,7 +114,7 @@ def print_report(doc: dict[str, Any]) -> None:
     print(report.targets_table(doc["targets"]))
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "--redis-url", help="Redis to use, under a key prefix of this run (default: a private redis-server)"
@@ -145,7 +145,8 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="write every figure here")
     parser.add_argument("--plot", type=Path, help="write the growth plot here (PNG; needs the bench extra)")
     parser.add_argument("--profile", type=Path, help="record py-spy profiles of the daemon into this directory")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    args.command = " ".join(["scripts/bench.py", *(sys.argv[1:] if argv is None else argv)])
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)
     try:

@@ -427,11 +427,11 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     return doc
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mysql-url", default="mysql+aiomysql://root@127.0.0.1:3306/")
     parser.add_argument("--json", type=Path, default=ROOT / "docs" / "capacity.json")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     try:
         doc = asyncio.run(measure(args))
     except ChildFailed as exc:  # BenchFailed, or a child that did not start
@@ -443,4 +443,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

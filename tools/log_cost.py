@@ -38,8 +38,9 @@ def per_line_us(emit: object, n: int) -> float:
     return (time.perf_counter() - started) / n * 1e6
 
 
-def main() -> None:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 20_000
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    n = int(argv[0]) if argv else 20_000
     devnull = os.open(os.devnull, os.O_WRONLY)
     saved = os.dup(2)
     os.dup2(devnull, 2)  # the daemon logs to stderr
@@ -68,7 +69,8 @@ def main() -> None:
             {"daemon_us": round(daemon, 2), "ceiling_us": round(ceiling, 2), "ratio": round(daemon / ceiling, 2)}
         )
     )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

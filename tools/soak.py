@@ -472,7 +472,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sessions", type=int, default=60, help="sessions, all under way together (default 60)")
     parser.add_argument("--turns", type=int, default=15, help="turns of the longest sessions (default 15)")
@@ -485,7 +485,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="write the report here as JSON too")
     parser.add_argument("--keep", action="store_true", help="keep the database and the daemon log")
     parser.add_argument("--no-faults", action="store_true", help="the same windows with nothing injected: a baseline")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.duration < 20 or min(args.sessions, args.turns, args.concurrency) < 1:
         parser.error("expected --duration of at least 20 and positive --sessions, --turns and --concurrency")
     try:

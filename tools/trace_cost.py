@@ -214,7 +214,7 @@ async def _play_rounds(
             samples[mode] += await drive(http, base, f"r{r}-{mode}", args.concurrency, args.seconds)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--baseline", type=Path, help="a checkout of the code before tracing, run as the ceiling")
     parser.add_argument("--real", action="store_true", help="real Redis + MariaDB instead of the embedded default")
@@ -222,7 +222,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10.0, help="length of one daemon's slice")
     parser.add_argument("--concurrency", type=int, default=8, help="sessions playing at once")
     parser.add_argument("--json", type=Path, help="write the report here")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     report = asyncio.run(measure(args))
     text = json.dumps(report, indent=2)
     print(text)
@@ -233,4 +233,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

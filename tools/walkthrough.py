@@ -139,13 +139,13 @@ async def walk(args: argparse.Namespace) -> None:
     step("ok", backend=backend)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--redis-url", help="hot tier on this Redis (default: in-process)")
     parser.add_argument(
         "--database-url", help="SQL tiers on this mysql+aiomysql:// or postgresql+asyncpg:// URL (default: SQLite)"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     try:
         asyncio.run(walk(args))
     except ChildFailed as exc:

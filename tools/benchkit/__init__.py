@@ -1,1 +1,1 @@
-"""The pieces of scripts/bench.py: load generator, child servers, seeding, report."""
+"""The pieces of tools/bench.py: load generator, child servers, seeding, report."""

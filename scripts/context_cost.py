@@ -1,0 +1,7 @@
+"""Entry point of tools/context_cost.py, what a context read costs on a long session, in one process
+(docs/QUALITY.md); `--help` says how to run it."""
+
+from tools.context_cost import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -4,7 +4,10 @@ and its context is read again and again at each budget. Run it from another chec
 commit) for a before/after on the same machine in the same minute; docs/QUALITY.md has figures.
 
     .venv/bin/python scripts/context_cost.py --turns 80
-    cd /tmp/base && /path/to/checkout/.venv/bin/python /path/to/checkout/scripts/context_cost.py
+    cd /tmp/base && /path/to/checkout/.venv/bin/python -m tools.context_cost
+
+With -m, Python puts the current directory first on sys.path: the package measured is the one in
+/tmp/base, not the installed one (the folder it was imported from is printed on stderr).
 
 The session is the first ten Topical-Chat conversations (long English messages) when
 ../shared/data/ has them, else the shipped bilingual set's longest conversations.
@@ -21,12 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
-# The checkout this runs from, not the installed package: that is the point of a before/after.
-sys.path.insert(0, str(Path.cwd()))
-
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
+import tiered_memory
 from tiered_memory.app import create_app
 from tiered_memory.settings import Settings
 
@@ -89,14 +90,16 @@ async def measure(turns: int, reads: int, budgets: list[int]) -> dict[str, float
         await client.close()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--turns", type=int, default=80)
     p.add_argument("--reads", type=int, default=30)
     p.add_argument("--budgets", type=int, nargs="+", default=[1000, 4000])
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    print(f"measuring tiered_memory from {Path(tiered_memory.__file__).parent}", file=sys.stderr)
     print(json.dumps(asyncio.run(measure(args.turns, args.reads, args.budgets))))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

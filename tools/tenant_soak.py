@@ -50,9 +50,6 @@ import redis
 
 from tiered_memory.testing import ZH_12_TURNS, DaemonProcess, free_port
 
-# This run's own tokens, made at start (a token is 16 characters at least).
-NORMAL_TOKEN = secrets.token_hex(12)
-HOSTILE_TOKEN = secrets.token_hex(12)
 # The review's big session: 100 messages of 32 KB.
 BIG_MESSAGES = 100
 MESSAGE_BYTES = 32_000
@@ -98,13 +95,15 @@ def long_text(rng: random.Random, nbytes: int) -> str:
     return " ".join(out)
 
 
-def play_normal(base: str, sessions: int, pace_s: float, phase: str, seconds: float, out: Queue[Any]) -> None:
+def play_normal(
+    base: str, token: str, sessions: int, pace_s: float, phase: str, seconds: float, out: Queue[Any]
+) -> None:
     """The normal tenant, in a process of its own: timed in the hostile tenant's loop, its
     latencies would count the load generator's own work on 32 KB bodies, which a gateway on
     another machine never waits for."""
 
     async def play() -> Normal:
-        normal = Normal(base, sessions, pace_s)
+        normal = Normal(base, token, sessions, pace_s)
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
             await normal.run(http, phase, seconds)
         return normal
@@ -116,8 +115,9 @@ def play_normal(base: str, sessions: int, pace_s: float, phase: str, seconds: fl
 class Normal:
     """The normal tenant: `sessions` gateways, each turn a `POST …/turns` and the reply."""
 
-    def __init__(self, base: str, sessions: int, pace_s: float) -> None:
+    def __init__(self, base: str, token: str, sessions: int, pace_s: float) -> None:
         self.base = base
+        self.token = token
         self.sessions = sessions
         self.pace_s = pace_s
         self.latencies: list[float] = []
@@ -129,7 +129,7 @@ class Normal:
         await asyncio.gather(*(self._session(http, f"{phase}-{i}", end) for i in range(self.sessions)))
 
     async def _session(self, http: aiohttp.ClientSession, sid: str, end: float) -> None:
-        headers = {"Authorization": f"Bearer {NORMAL_TOKEN}"}
+        headers = {"Authorization": f"Bearer {self.token}"}
         turn = 0
         await asyncio.sleep(random.random() * self.pace_s)
         while time.monotonic() < end:
@@ -158,8 +158,9 @@ class Hostile:
     """The hostile tenant: 32 KB appends from `writers` connections, 32 KB recall questions, and
     first recalls of a 3.2 MB session."""
 
-    def __init__(self, base: str, writers: int, recalls: bool) -> None:
+    def __init__(self, base: str, token: str, writers: int, recalls: bool) -> None:
         self.base = base
+        self.token = token
         self.writers = writers
         self.recalls = recalls
         self.answers: collections.Counter[str] = collections.Counter()
@@ -172,7 +173,7 @@ class Hostile:
 
     @property
     def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {HOSTILE_TOKEN}"}
+        return {"Authorization": f"Bearer {self.token}"}
 
     async def seed(self, http: aiohttp.ClientSession) -> None:
         """The big session, 100 messages of 32 KB (within the tenant's rate: retried on 429)."""
@@ -262,6 +263,7 @@ async def settle(http: aiohttp.ClientSession, base: str, most_s: float = 180) ->
 async def play_phase(
     args: argparse.Namespace,
     daemon: DaemonProcess,
+    normal_token: str,
     hostile: Hostile | None,
     http: aiohttp.ClientSession,
     phase: str,
@@ -274,7 +276,7 @@ async def play_phase(
     # For a profiler to attach to the phase.
     pid = daemon.proc.pid if daemon.proc is not None else None
     print(f"phase {phase}: {args.seconds:g} s, daemon pid {pid}", file=sys.stderr, flush=True)
-    normal_args = (daemon.base, args.sessions, args.pace, phase, args.seconds, played)
+    normal_args = (daemon.base, normal_token, args.sessions, args.pace, phase, args.seconds, played)
     player = multiprocessing.Process(target=play_normal, args=normal_args)
     prober = multiprocessing.Process(target=probe_healthz, args=(int(daemon.env["PORT"]), args.seconds, probes))
     player.start()
@@ -298,11 +300,14 @@ async def play_phase(
 
 async def soak(args: argparse.Namespace) -> dict[str, Any]:
     run_id = uuid.uuid4().hex[:8]
+    # This run's own tokens (a token is 16 characters at least), handed to the normal tenant's
+    # process: a child that imported this module again would make others.
+    tokens = {"normal": secrets.token_hex(12), "hostile": secrets.token_hex(12)}
     port = free_port()
     env = {
         "PORT": str(port),
         "LOG_LEVEL": "warning",
-        "API_TOKENS": f"normal:{NORMAL_TOKEN},hostile:{HOSTILE_TOKEN}",
+        "API_TOKENS": f"normal:{tokens['normal']},hostile:{tokens['hostile']}",
         "RATE_LIMITS": f"hostile={args.hostile_rate}/s",
         "SWEEP_INTERVAL_SECONDS": "5",
     }
@@ -329,7 +334,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
             await daemon.start(http)
-            hostile = Hostile(daemon.base, args.writers, not args.no_recalls)
+            hostile = Hostile(daemon.base, tokens["hostile"], args.writers, not args.no_recalls)
             await hostile.seed(http)
             report["settled_s"] = await settle(http, daemon.base)
             pooled: dict[str, list[float]] = {"calm": [], "hostile": []}
@@ -342,7 +347,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
                     phase = f"{kind}{round_}"
                     player = hostile if kind == "hostile" else None
                     report["phases"][phase] = await play_phase(
-                        args, daemon, player, http, phase, pooled[kind], played, probes
+                        args, daemon, tokens["normal"], player, http, phase, pooled[kind], played, probes
                     )
             report["pooled"] = {kind: percentiles(latencies) for kind, latencies in pooled.items()}
             report["hostile"] = {
@@ -370,7 +375,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--embedded", action="store_true", help="the embedded default instead of Redis + MariaDB")
     # 3 rounds of 30 s: each kind of phase pools 90 s (about 2,700 requests, its p99 the 27th
@@ -391,7 +396,7 @@ def main() -> int:
         metavar="NAME=VALUE",
         help="more of the daemon's environment (an OTLP collector's endpoint: where a slow request waited)",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     report = asyncio.run(soak(args))
     text = json.dumps(report, indent=2)
     print(text)
@@ -414,4 +419,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -27,13 +27,13 @@ import pymysql
 import redis.asyncio as aioredis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from benchkit import loadgen, procs, seed
-from benchkit.loadgen import Stats
-from benchkit.procs import BenchFailed, Child
-from benchkit.servers import naive_keys
-from benchkit.workload import contexts, ok, once, recalls
 from tiered_memory.testing import ZH_12_TURNS, free_port
 from tiered_memory.tiers.sql_engine import create_engine
+from tools.benchkit import loadgen, procs, seed
+from tools.benchkit.loadgen import Stats
+from tools.benchkit.procs import BenchFailed, Child
+from tools.benchkit.servers import naive_keys
+from tools.benchkit.workload import contexts, ok, once, recalls
 
 CONCURRENCIES = (1, 64)
 TURNS = len(ZH_12_TURNS)

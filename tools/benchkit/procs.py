@@ -1,4 +1,4 @@
-"""Child processes of the benchmark: the daemon and the servers of benchkit.servers, started like
+"""Child processes of the benchmark: the daemon and the servers of tools.benchkit.servers, started like
 an operator would start them (tiered_memory.testing's launcher), waited for on /healthz, measured
 through /proc, and stopped."""
 
@@ -12,8 +12,6 @@ from pathlib import Path
 import aiohttp
 
 from tiered_memory.testing import ChildFailed, ChildProcess, command, free_port
-
-SCRIPTS = Path(__file__).resolve().parent.parent
 
 
 class BenchFailed(ChildFailed):
@@ -46,15 +44,12 @@ def listening(pid: int, port: int) -> bool:
 
 class Child(ChildProcess):
     """One child process serving HTTP on `port`, ready once it answers /healthz; `argv` runs it,
-    `env` is added to ours, where benchkit is importable."""
+    `env` is added to ours (tools is importable there as here: the project is installed editable)."""
 
     def __init__(
         self, name: str, argv: list[str], *, port: int, env: dict[str, str] | None = None, workers: int = 1
     ) -> None:
-        pythonpath = f"{SCRIPTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
-        super().__init__(
-            argv, port=port, env=env, environ=os.environ | {"PYTHONPATH": pythonpath}, name=name, ready_path="/healthz"
-        )
+        super().__init__(argv, port=port, env=env, name=name, ready_path="/healthz")
         # With several workers the supervisor serves nothing itself: start() waits until each of
         # its children listens on the port (any one of them may answer /healthz first).
         self.workers = workers
@@ -88,6 +83,6 @@ def children(pid: int) -> list[int]:
 
 
 def server(kind: str, *args: str) -> Child:
-    """One of benchkit.servers' apps on a free port."""
+    """One of tools.benchkit.servers' apps on a free port."""
     port = free_port()
-    return Child(kind, [sys.executable, "-m", "benchkit.servers", kind, "--port", str(port), *args], port=port)
+    return Child(kind, [sys.executable, "-m", "tools.benchkit.servers", kind, "--port", str(port), *args], port=port)

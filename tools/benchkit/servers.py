@@ -1,7 +1,7 @@
 """The child processes of the benchmark other than the daemon itself: the ceiling servers, a
 chat-completions LLM that records what it is sent, and the daemon on a SO_REUSEPORT socket.
 
-    python -m benchkit.servers dict|naive_hot|naive_append|sql_select|fake_llm|daemon --port N ...
+    python -m tools.benchkit.servers dict|naive_hot|naive_append|sql_select|fake_llm|daemon --port N ...
 
 Each ceiling is the least an aiohttp handler can do for the same request, written the obvious
 way with the same libraries as the daemon (redis-py with hiredis, SQLAlchemy async): what the
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -234,14 +233,14 @@ APPS: dict[str, Callable[[argparse.Namespace], web.Application]] = {
 }
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("kind", choices=list(APPS))
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--redis-url")
     parser.add_argument("--sql-url", help="SQLAlchemy URL of the benchmark's database")
     parser.add_argument("--prefix", default="naive", help="key prefix of the naive ceilings")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     app = APPS[args.kind](args)
     # For the parent's start-up wait, on every app.
     app.router.add_get("/healthz", healthz)
@@ -250,4 +249,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -133,12 +133,10 @@ async def hot_summaries(
     now = time.time()
     for i in range(0, len(session_ids), _CHUNK):
         async with client.pipeline(transaction=False) as p:
-            for sid in session_ids[i : i + _CHUNK]:
-                p.set(keys.summary(SessionKey(sid)), encoded, ex=ttl_s)
-                p.hset(
-                    keys.state(SessionKey(sid)), mapping={"turns": turns, "msgs": 2 * turns, "last": now, "chars": 0}
-                )
-                p.expire(keys.state(SessionKey(sid)), ttl_s)
+            for key in map(SessionKey, session_ids[i : i + _CHUNK]):
+                p.set(keys.summary(key), encoded, ex=ttl_s)
+                p.hset(keys.state(key), mapping={"turns": turns, "msgs": 2 * turns, "last": now, "chars": 0})
+                p.expire(keys.state(key), ttl_s)
             await p.execute()
 
 

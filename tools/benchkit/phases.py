@@ -12,11 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchkit import loadgen, procs, report, seed
-from benchkit.loadgen import Stats
-from benchkit.procs import BenchFailed
-from benchkit.run import CONCURRENCIES, TURNS, Bench, Spec, sid_list
-from benchkit.workload import (
+from tiered_memory.testing import free_port
+from tiered_memory.tiers.keys import Keys
+from tiered_memory.tiers.sql_engine import create_engine
+from tools.benchkit import loadgen, procs, report, seed
+from tools.benchkit.loadgen import Stats
+from tools.benchkit.procs import BenchFailed
+from tools.benchkit.run import CONCURRENCIES, TURNS, Bench, Spec, sid_list
+from tools.benchkit.workload import (
     CONTEXT_FROM,
     SUMMARY_FROM,
     answered,
@@ -38,9 +41,6 @@ from benchkit.workload import (
     summaries,
     turns_only,
 )
-from tiered_memory.testing import free_port
-from tiered_memory.tiers.keys import Keys
-from tiered_memory.tiers.sql_engine import create_engine
 
 
 async def main_table(b: Bench) -> None:

@@ -1,0 +1,1 @@
+"""The pieces of tools/bench.py: load generator, child servers, seeding, report."""

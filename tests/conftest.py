@@ -430,11 +430,12 @@ class MakeDaemon(Protocol):
 
 @pytest.fixture
 async def make_daemon() -> AsyncIterator[MakeDaemon]:
-    """Daemons built and started for this test, each stopped at its end, whatever happened (also
-    one the test stopped or restarted itself: stopping twice is harmless). Ask for it after the
-    fixtures its daemons' settings come from (backend_env, fake_llm, …): pytest ends fixtures in
-    the reverse order, so the daemons stop before their databases and LLM go."""
-    async with contextlib.AsyncExitStack() as built:
+    """Daemons built and started for this test, each stopped at its end whatever happened (also
+    one the test stopped or restarted itself: stopping twice is harmless), the last built first,
+    like fixtures. Ask for it after the fixtures its daemons' settings come from (backend_env,
+    fake_llm, …): pytest ends fixtures in the reverse order, so the daemons stop before their
+    databases and LLM go."""
+    async with contextlib.AsyncExitStack() as stops:
 
         async def make(
             env: dict[str, str],
@@ -445,7 +446,7 @@ async def make_daemon() -> AsyncIterator[MakeDaemon]:
             start: bool = True,
         ) -> Daemon:
             d = Daemon(env, headers=headers, tracing=tracing)
-            built.push_async_callback(d.stop)
+            stops.push_async_callback(d.stop)
             if quiet is not None:
                 await d.start_quiet(quiet)
             elif start:

@@ -17,7 +17,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlparse
 
 import asyncpg
@@ -414,12 +414,52 @@ async def fake_llm() -> AsyncIterator[FakeLlm]:
     await llm.stop()
 
 
+class MakeDaemon(Protocol):
+    """The `make_daemon` fixture's callable: a `Daemon` on `env`, started (after a quiet start
+    against `quiet`, when given; not at all with `start=False`, for a test that starts it itself)."""
+
+    async def __call__(
+        self,
+        env: dict[str, str],
+        *,
+        headers: dict[str, str] | None = None,
+        tracing: Tracing | None = None,
+        quiet: FakeLlm | None = None,
+        start: bool = True,
+    ) -> Daemon: ...
+
+
 @pytest.fixture
-async def daemon(backend_env: dict[str, str]) -> AsyncIterator[Daemon]:
-    d = Daemon(backend_env)
-    await d.start()
-    yield d
-    await d.stop()
+async def make_daemon() -> AsyncIterator[MakeDaemon]:
+    """Daemons built and started for this test, each stopped at its end whatever happened (also
+    one the test stopped or restarted itself: stopping twice is harmless), the last built first,
+    like fixtures. Ask for it after the fixtures its daemons' settings come from (backend_env,
+    fake_llm, …): pytest ends fixtures in the reverse order, so the daemons stop before their
+    databases and LLM go."""
+    async with contextlib.AsyncExitStack() as stops:
+
+        async def make(
+            env: dict[str, str],
+            *,
+            headers: dict[str, str] | None = None,
+            tracing: Tracing | None = None,
+            quiet: FakeLlm | None = None,
+            start: bool = True,
+        ) -> Daemon:
+            d = Daemon(env, headers=headers, tracing=tracing)
+            stops.push_async_callback(d.stop)
+            if quiet is not None:
+                await d.start_quiet(quiet)
+            elif start:
+                await d.start()
+            return d
+
+        yield make
+
+
+@pytest.fixture
+async def daemon(backend_env: dict[str, str], make_daemon: MakeDaemon) -> Daemon:
+    return await make_daemon(backend_env)
 
 
 async def play(d: Daemon, sid: str, turns: list[tuple[str, str]]) -> list[dict[str, Any]]:

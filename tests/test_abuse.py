@@ -11,7 +11,7 @@ from pathlib import Path
 
 import aiohttp
 
-from tests.conftest import Daemon, await_job, new_sid, play
+from tests.conftest import Daemon, MakeDaemon, await_job, new_sid, play
 from tiered_memory.app_keys import HOT_KEY
 from tiered_memory.testing import ZH_12_TURNS, Behaviour, DaemonProcess, FakeLlm, processes
 
@@ -78,96 +78,86 @@ async def _dripped(daemon: Daemon, sid: str) -> tuple[bytes, float]:
     return reply, asyncio.get_running_loop().time() - started
 
 
-async def test_a_dripped_body_times_out(backend_env: dict[str, str]) -> None:
+async def test_a_dripped_body_times_out(backend_env: dict[str, str], make_daemon: MakeDaemon) -> None:
     """A body sent a byte at a time past BODY_TIMEOUT_SECONDS is answered 408 at the timeout (and
     the connection closed after aiohttp's lingering), instead of holding a handler as long as the
     client likes."""
-    daemon = Daemon(backend_env | {"BODY_TIMEOUT_SECONDS": "1"})
-    await daemon.start()
-    try:
-        reply, waited = await _dripped(daemon, "s-drip")
-        assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
-        assert b"BODY_TIMEOUT_SECONDS" in reply
-        assert waited < 5  # answered at the timeout, not when the client stopped
-        assert (await daemon.http.get("/v1/sessions/s-drip")).status == 404
-    finally:
-        await daemon.stop()
+    daemon = await make_daemon(backend_env | {"BODY_TIMEOUT_SECONDS": "1"})
+    reply, waited = await _dripped(daemon, "s-drip")
+    assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
+    assert b"BODY_TIMEOUT_SECONDS" in reply
+    assert waited < 5  # answered at the timeout, not when the client stopped
+    assert (await daemon.http.get("/v1/sessions/s-drip")).status == 404
 
 
-async def test_without_tokens_only_json_bodies_sent_to_this_machine_are_served(backend_env: dict[str, str]) -> None:
+async def test_without_tokens_only_json_bodies_sent_to_this_machine_are_served(
+    backend_env: dict[str, str], make_daemon: MakeDaemon
+) -> None:
     """The no-token mode: a `text/plain` body (what a web page may send cross-site without a
     preflight) is 415 and stores nothing; a request to a foreign Host (DNS rebinding) is 421 and
     reads nothing; localhost, a loopback address and an ALLOWED_HOSTS name are served; the probes
     answer any Host."""
-    daemon = Daemon(backend_env | {"ALLOWED_HOSTS": "Memory.Internal"})
-    await daemon.start()
-    try:
-        sid = new_sid()
-        await daemon.post(sid, "user", "my card ends 4242")
-        plain = await daemon.http.post(
-            f"/v1/sessions/{sid}/messages",
-            data=b'{"role":"user","content":"from a web page"}',
-            headers={"Content-Type": "text/plain"},
-        )
-        assert plain.status == 415
-        assert (await plain.json())["error"]["code"] == "unsupported_media_type"
-        assert await daemon.store.count_messages(sid) == 1
-        foreign = await daemon.http.get(f"/v1/sessions/{sid}/messages", headers={"Host": "attacker.example:8080"})
-        assert foreign.status == 421
-        assert "4242" not in await foreign.text()
-        for host in ("localhost:1", "127.0.0.2", "[::1]:8080", "memory.internal", "MEMORY.INTERNAL."):
-            resp = await daemon.http.get(f"/v1/sessions/{sid}/messages", headers={"Host": host})
-            assert resp.status == 200, host
-        for host in ("xn--", "a:b:c", ""):
-            # Malformed names are refused as foreign, never a 500.
-            assert (await daemon.http.get(f"/v1/sessions/{sid}", headers={"Host": host})).status == 421, host
-        assert (await daemon.http.get("/v1/sessions/x", headers={"Host": "::1"})).status == 404
-        assert (await daemon.http.get("/healthz", headers={"Host": "attacker.example"})).status == 200
-    finally:
-        await daemon.stop()
+    daemon = await make_daemon(backend_env | {"ALLOWED_HOSTS": "Memory.Internal"})
+    sid = new_sid()
+    await daemon.post(sid, "user", "my card ends 4242")
+    plain = await daemon.http.post(
+        f"/v1/sessions/{sid}/messages",
+        data=b'{"role":"user","content":"from a web page"}',
+        headers={"Content-Type": "text/plain"},
+    )
+    assert plain.status == 415
+    assert (await plain.json())["error"]["code"] == "unsupported_media_type"
+    assert await daemon.store.count_messages(sid) == 1
+    foreign = await daemon.http.get(f"/v1/sessions/{sid}/messages", headers={"Host": "attacker.example:8080"})
+    assert foreign.status == 421
+    assert "4242" not in await foreign.text()
+    for host in ("localhost:1", "127.0.0.2", "[::1]:8080", "memory.internal", "MEMORY.INTERNAL."):
+        resp = await daemon.http.get(f"/v1/sessions/{sid}/messages", headers={"Host": host})
+        assert resp.status == 200, host
+    for host in ("xn--", "a:b:c", ""):
+        # Malformed names are refused as foreign, never a 500.
+        assert (await daemon.http.get(f"/v1/sessions/{sid}", headers={"Host": host})).status == 421, host
+    assert (await daemon.http.get("/v1/sessions/x", headers={"Host": "::1"})).status == 404
+    assert (await daemon.http.get("/healthz", headers={"Host": "attacker.example"})).status == 200
+    await daemon.stop()
     # Served without tokens on purpose (behind an authenticating gateway): the Host is the
     # gateway's business, unless ALLOWED_HOSTS names some; bodies must still be JSON.
-    daemon = Daemon(backend_env | {"ALLOW_UNAUTHENTICATED": "true"})
-    await daemon.start()
-    try:
-        resp = await daemon.http.get(f"/v1/sessions/{new_sid()}/messages", headers={"Host": "memory.svc"})
-        assert resp.status in (200, 404)
-        resp = await daemon.http.post("/v1/sessions/s-x/messages", data=b"{}", headers={"Content-Type": "text/plain"})
-        assert resp.status == 415
-    finally:
-        await daemon.stop()
+    daemon = await make_daemon(backend_env | {"ALLOW_UNAUTHENTICATED": "true"})
+    resp = await daemon.http.get(f"/v1/sessions/{new_sid()}/messages", headers={"Host": "memory.svc"})
+    assert resp.status in (200, 404)
+    resp = await daemon.http.post("/v1/sessions/s-x/messages", data=b"{}", headers={"Content-Type": "text/plain"})
+    assert resp.status == 415
 
 
-async def test_a_request_past_its_deadline_is_cancelled_with_a_504(backend_env: dict[str, str]) -> None:
+async def test_a_request_past_its_deadline_is_cancelled_with_a_504(
+    backend_env: dict[str, str], make_daemon: MakeDaemon
+) -> None:
     """A request whose handler is still waiting past REQUEST_TIMEOUT_MS (here on a body dripped
     more slowly than the deadline, well within BODY_TIMEOUT_SECONDS) is cancelled and answered 504
     `deadline_exceeded` in about the deadline, and stores nothing."""
-    daemon = Daemon(backend_env | {"REQUEST_TIMEOUT_MS": "500", "BODY_TIMEOUT_SECONDS": "10"})
-    await daemon.start()
-    try:
-        sid = new_sid()
-        reply, waited = await _dripped(daemon, sid)
-        assert reply.startswith(b"HTTP/1.1 504"), reply[:200]
-        assert b"deadline_exceeded" in reply
-        assert waited < 3
-        assert (await daemon.http.get(f"/v1/sessions/{sid}")).status == 404
-    finally:
-        await daemon.stop()
+    daemon = await make_daemon(backend_env | {"REQUEST_TIMEOUT_MS": "500", "BODY_TIMEOUT_SECONDS": "10"})
+    sid = new_sid()
+    reply, waited = await _dripped(daemon, sid)
+    assert reply.startswith(b"HTTP/1.1 504"), reply[:200]
+    assert b"deadline_exceeded" in reply
+    assert waited < 3
+    assert (await daemon.http.get(f"/v1/sessions/{sid}")).status == 404
 
 
-async def test_a_rebuild_stuck_on_a_slow_llm_holds_no_request(backend_env: dict[str, str], fake_llm: FakeLlm) -> None:
+async def test_a_rebuild_stuck_on_a_slow_llm_holds_no_request(
+    backend_env: dict[str, str], fake_llm: FakeLlm, make_daemon: MakeDaemon
+) -> None:
     """A rebuild is a job, not a request: with the LLM taking 4 s a call and a 1.5 s request
     deadline, the POST is answered 202 within the deadline, the job runs past it (it is no request
     the deadline cancels) and ends with the LLM's summary; meanwhile the session's summary lock is
     the job's, and no request of the process is held."""
     env = backend_env | {"LLM_BASE_URL": fake_llm.url, "SUMMARY_MODEL": "m", "REQUEST_TIMEOUT_MS": "1500"}
     env |= {"LLM_TIMEOUT_SECONDS": "10", "SUMMARY_FORMAT": "text"}
-    daemon = Daemon(env)
-    await daemon.start_quiet(fake_llm)
+    daemon = await make_daemon(env, quiet=fake_llm)
+    sid = new_sid()
+    await play(daemon, sid, ZH_12_TURNS[:2])
+    fake_llm.behaviour = Behaviour(delay_s=4.0)
     try:
-        sid = new_sid()
-        await play(daemon, sid, ZH_12_TURNS[:2])
-        fake_llm.behaviour = Behaviour(delay_s=4.0)
         started = asyncio.get_running_loop().time()
         resp = await daemon.http.post(f"/v1/sessions/{sid}/summary/rebuild")
         assert resp.status == 202, await resp.text()
@@ -184,7 +174,6 @@ async def test_a_rebuild_stuck_on_a_slow_llm_holds_no_request(backend_env: dict[
         assert asyncio.get_running_loop().time() - started >= 4.0
     finally:
         fake_llm.behaviour = Behaviour()
-        await daemon.stop()
 
 
 async def _held(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:

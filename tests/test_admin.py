@@ -19,7 +19,7 @@ import pytest
 import redis
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from tests.conftest import Daemon, backend_environment, new_sid, own_database, play
+from tests.conftest import Daemon, MakeDaemon, backend_environment, new_sid, own_database, play
 from tiered_memory.model import NewMessage, Role
 from tiered_memory.testing import ZH_12_TURNS, free_port, read_terminal
 from tiered_memory.tiers.sql_maintenance import SqlMaintenance
@@ -176,29 +176,25 @@ async def test_export_of_a_long_session_is_streamed_with_progress(daemon: Daemon
     assert "\rexport [##############################] 1200/1200" in err
 
 
-async def test_rebuild_all_stale_catches_up_every_lagging_summary(backend_env: dict[str, str]) -> None:
+async def test_rebuild_all_stale_catches_up_every_lagging_summary(
+    backend_env: dict[str, str], make_daemon: MakeDaemon
+) -> None:
     """Sessions recorded while summaries were off (window mode) lag behind; `rebuild --all-stale`
     summarizes each of them, and a second run finds nothing to do."""
-    window = Daemon(backend_env | {"MEMORY_MODE": "window"})
-    await window.start()
+    window = await make_daemon(backend_env | {"MEMORY_MODE": "window"})
     sids = [new_sid() for _ in range(3)]
-    try:
-        for sid in sids:
-            await play(window, sid, ZH_12_TURNS[:4])
-    finally:
-        await window.stop()
+    for sid in sids:
+        await play(window, sid, ZH_12_TURNS[:4])
+    await window.stop()
     code, out, err = await asyncio.to_thread(cli, "rebuild", "--all-stale", env=backend_env)
     assert code == 0, err
     result = json.loads(out)
     assert result["outcomes"].get("written", 0) >= 3
-    d = Daemon(backend_env)
-    await d.start()
-    try:
-        for sid in sids:
-            summary = await d.get(f"/v1/sessions/{sid}/summary")
-            assert (summary["tier"], summary["covered_turns"]) in (("hot", 4), ("warm", 4))
-    finally:
-        await d.stop()
+    d = await make_daemon(backend_env)
+    for sid in sids:
+        summary = await d.get(f"/v1/sessions/{sid}/summary")
+        assert (summary["tier"], summary["covered_turns"]) in (("hot", 4), ("warm", 4))
+    await d.stop()
     progress = [r for r in log_records(err) if r["event"] == "progress"]
     assert progress[-1]["final"] is True
     assert progress[-1]["done"] == progress[-1]["total"] == result["sessions"]
@@ -268,33 +264,28 @@ async def test_a_session_active_again_part_way_through_its_purge_is_kept(daemon:
     assert [m.content for m in newest] == ["我又回来了"]
 
 
-async def test_the_daemon_purges_on_schedule_with_retention_days(backend_env: dict[str, str]) -> None:
+async def test_the_daemon_purges_on_schedule_with_retention_days(
+    backend_env: dict[str, str], make_daemon: MakeDaemon
+) -> None:
     """With RETENTION_DAYS=7 the daemon's first retention pass (at start-up) deletes a session
     inactive for 8 days and keeps one inactive for 6."""
-    d = Daemon(backend_env)
-    await d.start()
+    d = await make_daemon(backend_env)
     stale, recent = new_sid(), new_sid()
-    try:
-        for sid in (stale, recent):
-            await play(d, sid, ZH_12_TURNS[:3])
-        await d.settle()
-        await age(d, stale, 8)
-        await age(d, recent, 6)
-    finally:
-        await d.stop()
-    kept = Daemon(backend_env | {"RETENTION_DAYS": "7"})
-    await kept.start()
-    try:
-        for _ in range(600):
-            if await kept.store.get_session(stale) is None:
-                break
-            await asyncio.sleep(0.05)
-        assert await kept.store.get_session(stale) is None
-        assert await kept.store.count_messages(stale) == 0
-        assert hot_keys(kept, stale) == []
-        assert await kept.store.count_messages(recent) == 6
-    finally:
-        await kept.stop()
+    for sid in (stale, recent):
+        await play(d, sid, ZH_12_TURNS[:3])
+    await d.settle()
+    await age(d, stale, 8)
+    await age(d, recent, 6)
+    await d.stop()
+    kept = await make_daemon(backend_env | {"RETENTION_DAYS": "7"})
+    for _ in range(600):
+        if await kept.store.get_session(stale) is None:
+            break
+        await asyncio.sleep(0.05)
+    assert await kept.store.get_session(stale) is None
+    assert await kept.store.count_messages(stale) == 0
+    assert hot_keys(kept, stale) == []
+    assert await kept.store.count_messages(recent) == 6
 
 
 async def test_one_replica_purges_at_a_time(daemon: Daemon) -> None:

@@ -14,7 +14,7 @@ import redis
 from sqlalchemy import event as sa_event
 from yarl import URL
 
-from tests.conftest import Daemon, memory_of, new_sid, play, tag_chars
+from tests.conftest import Daemon, MakeDaemon, memory_of, new_sid, play, tag_chars
 from tiered_memory.app_keys import HOT_KEY
 from tiered_memory.model import NewMessage, Role, SessionKey
 from tiered_memory.testing import ZH_12_TURNS, ZH_EARLY_EVIDENCE
@@ -113,15 +113,11 @@ async def test_restart_keeps_summary_and_context(daemon: Daemon) -> None:
     assert ctx_after["messages"] == ctx_before["messages"]
 
 
-async def test_context_is_prompt_ordered(backend_env: dict[str, str]) -> None:
+async def test_context_is_prompt_ordered(backend_env: dict[str, str], make_daemon: MakeDaemon) -> None:
     """The context is a system message with the summary, then the last KEEP_RECENT_TURNS turns
     alternating user/assistant from a user message; the same with the hot tier lost."""
-    daemon = Daemon(backend_env | {"CONTEXT_OLDER_TURNS": "false"})
-    await daemon.start()
-    try:
-        await _prompt_ordered(daemon)
-    finally:
-        await daemon.stop()
+    daemon = await make_daemon(backend_env | {"CONTEXT_OLDER_TURNS": "false"})
+    await _prompt_ordered(daemon)
 
 
 async def _prompt_ordered(daemon: Daemon) -> None:
@@ -372,47 +368,38 @@ async def test_health_ready_and_metrics(daemon: Daemon) -> None:
     assert 'route="/v1/sessions/{session_id}/messages"' in text
 
 
-async def test_idle_sessions_are_closed_by_the_sweeper(backend_env: dict[str, str]) -> None:
+async def test_idle_sessions_are_closed_by_the_sweeper(backend_env: dict[str, str], make_daemon: MakeDaemon) -> None:
     """A session nobody closes is closed (and its summary persisted) after SESSION_IDLE_CLOSE_SECONDS."""
-    d = Daemon(backend_env | {"SESSION_IDLE_CLOSE_SECONDS": "1", "SWEEP_INTERVAL_SECONDS": "0.2"})
-    await d.start()
-    try:
-        sid = new_sid()
-        await play(d, sid, ZH_12_TURNS[:2])
-        for _ in range(200):
-            info = await d.get(f"/v1/sessions/{sid}")
-            if info["closed"]:
-                break
-            await asyncio.sleep(0.05)
-        assert info["closed"] is True
-        assert info["covered_turns"] == 2
-    finally:
-        await d.stop()
+    d = await make_daemon(backend_env | {"SESSION_IDLE_CLOSE_SECONDS": "1", "SWEEP_INTERVAL_SECONDS": "0.2"})
+    sid = new_sid()
+    await play(d, sid, ZH_12_TURNS[:2])
+    for _ in range(200):
+        info = await d.get(f"/v1/sessions/{sid}")
+        if info["closed"]:
+            break
+        await asyncio.sleep(0.05)
+    assert info["closed"] is True
+    assert info["covered_turns"] == 2
 
 
-async def test_due_summaries_are_done_at_start_up(backend_env: dict[str, str]) -> None:
+async def test_due_summaries_are_done_at_start_up(backend_env: dict[str, str], make_daemon: MakeDaemon) -> None:
     """Turns committed while no summarizer ran (a crash) are summarized by the next start-up."""
-    d = Daemon(backend_env | {"ENABLE_CONVERSATION_SUMMARY": "false"})
-    await d.start()
+    d = await make_daemon(backend_env | {"ENABLE_CONVERSATION_SUMMARY": "false"})
     sid = new_sid()
     await play(d, sid, ZH_12_TURNS[:6])
     await d.stop()
-    assert (await _summary_after_restart(backend_env, sid))["covered_turns"] == 6
+    restarted = await make_daemon(backend_env | {"SWEEP_INTERVAL_SECONDS": "3600"})
+    assert (await _stored_summary(restarted, sid))["covered_turns"] == 6
 
 
-async def _summary_after_restart(env: dict[str, str], sid: str) -> dict[str, Any]:
-    d = Daemon(env | {"SWEEP_INTERVAL_SECONDS": "3600"})
-    await d.start()
-    try:
-        for _ in range(300):
-            await d.settle()
-            answer = await d.get(f"/v1/sessions/{sid}/summary")
-            if answer["tier"] in ("hot", "warm"):
-                return answer
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"no stored summary after restart: {answer}")
-    finally:
-        await d.stop()
+async def _stored_summary(d: Daemon, sid: str) -> dict[str, Any]:
+    for _ in range(300):
+        await d.settle()
+        answer = await d.get(f"/v1/sessions/{sid}/summary")
+        if answer["tier"] in ("hot", "warm"):
+            return answer
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no stored summary after restart: {answer}")
 
 
 async def test_greetings_and_split_replies_complete_no_turn(daemon: Daemon) -> None:
@@ -435,16 +422,12 @@ async def test_greetings_and_split_replies_complete_no_turn(daemon: Daemon) -> N
     assert ctx["messages"][0] == {"role": "user", "content": ZH_12_TURNS[0][0]}
 
 
-async def test_context_is_hot_again_after_a_hot_loss(backend_env: dict[str, str]) -> None:
+async def test_context_is_hot_again_after_a_hot_loss(backend_env: dict[str, str], make_daemon: MakeDaemon) -> None:
     """After the hot tier is lost, the first context read refills it from SQL (summary, recent
     turns and counters) and the next one is answered by the hot tier without any SQL statement
     (when the budget leaves no room for the older turns, which only SQL has)."""
-    daemon = Daemon(backend_env | {"CONTEXT_OLDER_TURNS": "false"})
-    await daemon.start()
-    try:
-        await _hot_again(daemon)
-    finally:
-        await daemon.stop()
+    daemon = await make_daemon(backend_env | {"CONTEXT_OLDER_TURNS": "false"})
+    await _hot_again(daemon)
 
 
 async def _hot_again(daemon: Daemon) -> None:
@@ -493,56 +476,44 @@ async def test_more_bad_input_is_a_400(daemon: Daemon) -> None:
     assert (await daemon.http.get(f"/v1/sessions/{sid}")).status == 404
 
 
-async def test_message_size_is_counted_in_utf8_bytes(backend_env: dict[str, str]) -> None:
+async def test_message_size_is_counted_in_utf8_bytes(backend_env: dict[str, str], make_daemon: MakeDaemon) -> None:
     """MAX_MESSAGE_BYTES bounds the UTF-8 bytes of content, system_prompt and question: 100 CJK
     characters (300 bytes) fit a 300-byte limit, 101 do not (and the 400 names both sizes)."""
-    d = Daemon(backend_env | {"MAX_MESSAGE_BYTES": "300"})
-    await d.start()
-    try:
-        sid = new_sid()
-        await d.post(sid, "user", "汉" * 100)
-        resp = await d.http.post(f"/v1/sessions/{sid}/messages", json={"role": "user", "content": "汉" * 101})
-        assert resp.status == 400
-        message = (await resp.json())["error"]["message"]
-        assert message.startswith("content: expected at most 300 bytes")
-        assert "got 303" in message
-        resp = await d.http.post(f"/v1/sessions/{sid}/turns", json={"content": "好", "system_prompt": "规" * 101})
-        assert resp.status == 400
-        assert "system_prompt" in (await resp.json())["error"]["message"]
-        resp = await d.http.get(f"/v1/sessions/{sid}/context", params={"question": "问" * 101})
-        assert resp.status == 400
-        assert "question" in (await resp.json())["error"]["message"]
-        assert (await d.get(f"/v1/sessions/{sid}"))["message_count"] == 1
-    finally:
-        await d.stop()
+    d = await make_daemon(backend_env | {"MAX_MESSAGE_BYTES": "300"})
+    sid = new_sid()
+    await d.post(sid, "user", "汉" * 100)
+    resp = await d.http.post(f"/v1/sessions/{sid}/messages", json={"role": "user", "content": "汉" * 101})
+    assert resp.status == 400
+    message = (await resp.json())["error"]["message"]
+    assert message.startswith("content: expected at most 300 bytes")
+    assert "got 303" in message
+    resp = await d.http.post(f"/v1/sessions/{sid}/turns", json={"content": "好", "system_prompt": "规" * 101})
+    assert resp.status == 400
+    assert "system_prompt" in (await resp.json())["error"]["message"]
+    resp = await d.http.get(f"/v1/sessions/{sid}/context", params={"question": "问" * 101})
+    assert resp.status == 400
+    assert "question" in (await resp.json())["error"]["message"]
+    assert (await d.get(f"/v1/sessions/{sid}"))["message_count"] == 1
 
 
-async def test_the_body_limit_follows_the_message_limit(backend_env: dict[str, str]) -> None:
+async def test_the_body_limit_follows_the_message_limit(backend_env: dict[str, str], make_daemon: MakeDaemon) -> None:
     """A body beyond 12 × MAX_MESSAGE_BYTES + 64 KiB is a 413 in the JSON error shape and stores
     nothing; the largest message still fits even when every byte needs a JSON escape."""
-    d = Daemon(backend_env | {"MAX_MESSAGE_BYTES": "100"})
-    await d.start()
-    try:
-        sid = new_sid()
-        body = json.dumps({"role": "user", "content": "a" * (12 * 100 + 64 * 1024)})
-        resp = await d.http.post(
-            f"/v1/sessions/{sid}/messages", data=body, headers={"Content-Type": "application/json"}
-        )
-        assert resp.status == 413
-        assert await resp.json() == {
-            "error": {
-                "code": "request_entity_too_large",
-                "message": f"body: expected at most {12 * 100 + 64 * 1024} bytes",
-            }
+    d = await make_daemon(backend_env | {"MAX_MESSAGE_BYTES": "100"})
+    sid = new_sid()
+    body = json.dumps({"role": "user", "content": "a" * (12 * 100 + 64 * 1024)})
+    resp = await d.http.post(f"/v1/sessions/{sid}/messages", data=body, headers={"Content-Type": "application/json"})
+    assert resp.status == 413
+    assert await resp.json() == {
+        "error": {
+            "code": "request_entity_too_large",
+            "message": f"body: expected at most {12 * 100 + 64 * 1024} bytes",
         }
-        assert (await d.http.get(f"/v1/sessions/{sid}")).status == 404
-        escaped = json.dumps({"content": "\x01" * 100, "system_prompt": "\x02" * 100})
-        resp = await d.http.post(
-            f"/v1/sessions/{sid}/turns", data=escaped, headers={"Content-Type": "application/json"}
-        )
-        assert resp.status == 201, await resp.text()
-    finally:
-        await d.stop()
+    }
+    assert (await d.http.get(f"/v1/sessions/{sid}")).status == 404
+    escaped = json.dumps({"content": "\x01" * 100, "system_prompt": "\x02" * 100})
+    resp = await d.http.post(f"/v1/sessions/{sid}/turns", data=escaped, headers={"Content-Type": "application/json"})
+    assert resp.status == 201, await resp.text()
 
 
 @pytest.mark.parametrize(

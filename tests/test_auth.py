@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,7 @@ import aiohttp
 import pytest
 from sqlalchemy import event as sa_event
 
-from tests.conftest import Daemon, new_sid, play
+from tests.conftest import Daemon, MakeDaemon, new_sid, play
 from tiered_memory.app_keys import HOT_KEY
 from tiered_memory.model import SessionKey
 from tiered_memory.testing import ZH_12_TURNS
@@ -38,16 +37,13 @@ def bearer(token: str, user: str | None = None, tenant: str | None = None) -> di
 
 
 @pytest.fixture
-async def authed(backend_env: dict[str, str], tmp_path: Path) -> AsyncIterator[Daemon]:
+async def authed(backend_env: dict[str, str], tmp_path: Path, make_daemon: MakeDaemon) -> Daemon:
     """A daemon with an unrestricted and an `acme` token in API_TOKENS and an `other` token in
     API_TOKENS_FILE; its helpers speak as `acme`."""
     token_file = tmp_path / "tokens"
     token_file.write_text(f"# tenant tokens\n\nother:{OTHER}\n", encoding="utf-8")
     env = backend_env | {"API_TOKENS": f"{ADMIN}, acme:{ACME}", "API_TOKENS_FILE": str(token_file)}
-    d = Daemon(env, headers=bearer(ACME))
-    await d.start()
-    yield d
-    await d.stop()
+    return await make_daemon(env, headers=bearer(ACME))
 
 
 def session_verbs(sid: str, first_message_id: str) -> list[tuple[str, str, Any]]:

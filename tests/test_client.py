@@ -11,13 +11,12 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
 
-from tests.conftest import Daemon, RealServers, new_sid, sql_rows
+from tests.conftest import Daemon, MakeDaemon, RealServers, new_sid, sql_rows
 from tests.faults import TcpProxy, proxied
 from tiered_memory.client import (
     AsyncClient,
@@ -60,11 +59,8 @@ def routes_seen(d: Daemon) -> set[tuple[str, str]]:
 
 
 @pytest.fixture
-async def authed(backend_env: dict[str, str]) -> AsyncIterator[Daemon]:
-    d = Daemon(backend_env | {"API_TOKENS": f"{TOKEN},acme:{ACME}", "SUMMARY_EVERY_N_TURNS": "3"})
-    await d.start()
-    yield d
-    await d.stop()
+async def authed(backend_env: dict[str, str], make_daemon: MakeDaemon) -> Daemon:
+    return await make_daemon(backend_env | {"API_TOKENS": f"{TOKEN},acme:{ACME}", "SUMMARY_EVERY_N_TURNS": "3"})
 
 
 async def test_every_route_through_the_async_client(authed: Daemon) -> None:
@@ -183,19 +179,21 @@ def rebuilt_outcome(rebuilt: RebuildResult, sid: str) -> RebuildOutcome:
     )
 
 
-async def test_rebuild_summary_waits_for_its_job(backend_env: dict[str, str], fake_llm: FakeLlm) -> None:
+async def test_rebuild_summary_waits_for_its_job(
+    backend_env: dict[str, str], fake_llm: FakeLlm, make_daemon: MakeDaemon
+) -> None:
     """rebuild_summary starts the job and polls it: past `wait_timeout` it raises Timeout while the
     job goes on (start_rebuild then answers that job); a job that fails raises by its code (one
     overtaken by another writer: Conflict); one that is done returns the summary and every slice."""
-    d = Daemon(backend_env | {"LLM_BASE_URL": fake_llm.url, "SUMMARY_MODEL": "m", "SUMMARY_FORMAT": "text"})
-    await d.start_quiet(fake_llm)
+    env = backend_env | {"LLM_BASE_URL": fake_llm.url, "SUMMARY_MODEL": "m", "SUMMARY_FORMAT": "text"}
+    d = await make_daemon(env, quiet=fake_llm)
+    sid = new_sid()
+    for user, assistant in ZH_12_TURNS[:4]:
+        await d.post(sid, "user", user)
+        await d.post(sid, "assistant", assistant)
+    await d.settle()
+    fake_llm.behaviour = Behaviour(delay_s=2.0)
     try:
-        sid = new_sid()
-        for user, assistant in ZH_12_TURNS[:4]:
-            await d.post(sid, "user", user)
-            await d.post(sid, "assistant", assistant)
-        await d.settle()
-        fake_llm.behaviour = Behaviour(delay_s=2.0)
         async with AsyncClient(base_url(d)) as mem:
             with pytest.raises(Timeout):
                 await mem.rebuild_summary(sid, wait_timeout=0.3, poll_interval=0.1)
@@ -221,7 +219,6 @@ async def test_rebuild_summary_waits_for_its_job(backend_env: dict[str, str], fa
                 await mem.rebuild_summary(new_sid())
     finally:
         fake_llm.behaviour = Behaviour()
-        await d.stop()
 
 
 async def test_errors_carry_the_servers_message_and_are_not_retried(authed: Daemon) -> None:

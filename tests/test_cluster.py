@@ -4,11 +4,10 @@ works with a session's keys on one node, and a master killed under load costs no
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 
 import pytest
 
-from tests.conftest import Daemon, RealServers, new_sid, play, sql_rows
+from tests.conftest import Daemon, MakeDaemon, RealServers, new_sid, play, sql_rows
 from tests.failover import kill_master_under_load
 from tests.test_crash import Gateway
 from tests.topologies import RedisClusterProcesses
@@ -32,13 +31,10 @@ def _env(servers: RealServers, cluster: RedisClusterProcesses, prefix: str) -> d
 
 
 @pytest.fixture
-async def cluster_daemon(real_servers: RealServers, redis_cluster: RedisClusterProcesses) -> AsyncIterator[Daemon]:
-    d = Daemon(_env(real_servers, redis_cluster, f"tmt{real_servers.run_id}{uuid.uuid4().hex[:6]}"))
-    await d.start()
-    try:
-        yield d
-    finally:
-        await d.stop()
+async def cluster_daemon(
+    real_servers: RealServers, redis_cluster: RedisClusterProcesses, make_daemon: MakeDaemon
+) -> Daemon:
+    return await make_daemon(_env(real_servers, redis_cluster, f"tmt{real_servers.run_id}{uuid.uuid4().hex[:6]}"))
 
 
 async def test_every_operation_works_on_a_cluster(

@@ -20,7 +20,7 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
-from tests.conftest import Daemon, required_tool
+from tests.conftest import MakeDaemon, required_tool
 from tiered_memory import cli
 from tiered_memory.settings import Settings
 
@@ -215,11 +215,10 @@ def test_dockerfile_copies_only_what_the_context_sends() -> None:
     assert set(env) - {"PATH", "PYTHONUNBUFFERED"} <= _SETTING_NAMES
 
 
-async def test_healthcheck_command_answers_from_a_running_daemon(tmp_path: Path) -> None:
+async def test_healthcheck_command_answers_from_a_running_daemon(tmp_path: Path, make_daemon: MakeDaemon) -> None:
     """The HEALTHCHECK's command, in the image's environment (HOST=0.0.0.0, as a container
     listens), exits 0 while the daemon serves and 1 once it has stopped."""
-    d = Daemon({"DATA_DIR": str(tmp_path / "data")})
-    await d.start()
+    d = await make_daemon({"DATA_DIR": str(tmp_path / "data")})
     (healthcheck,) = [a for _, i, a in _dockerfile() if i == "HEALTHCHECK"]
     command = _exec_form(healthcheck.partition("CMD ")[2])
     binary = str(Path(sys.executable).parent / command[0])
@@ -240,10 +239,8 @@ async def test_healthcheck_command_answers_from_a_running_daemon(tmp_path: Path)
         assert proc.returncode is not None
         return proc.returncode
 
-    try:
-        assert await check() == 0
-    finally:
-        await d.stop()
+    assert await check() == 0
+    await d.stop()
     assert await check() == 1
 
 

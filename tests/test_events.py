@@ -19,7 +19,7 @@ import aiohttp
 import pytest
 import redis
 
-from tests.conftest import Daemon, RealServers, new_sid, redis_flush_prefix, sql_rows
+from tests.conftest import Daemon, MakeDaemon, RealServers, new_sid, redis_flush_prefix, sql_rows
 from tests.processes import run_cli
 from tiered_memory.events import Sink
 from tiered_memory.testing import ChildProcess, DaemonProcess, FakeLlm, free_port, processes
@@ -117,7 +117,7 @@ async def play(d: Daemon, sid: str, turns: int, user: str) -> None:
 
 
 async def test_events_tell_what_happened_signed_and_in_order(
-    backend_env: dict[str, str], receiver: Receiver, fake_llm: FakeLlm, tmp_path: Path
+    backend_env: dict[str, str], receiver: Receiver, fake_llm: FakeLlm, tmp_path: Path, make_daemon: MakeDaemon
 ) -> None:
     """A session summarized, closed and made final by the LLM's last pass, then its user erased:
     the receiver gets each event once per change, a session's in order, the final summary the
@@ -129,35 +129,32 @@ async def test_events_tell_what_happened_signed_and_in_order(
         "SUMMARY_MODEL": "fake",
         "SUMMARY_FORMAT": "text",
     }
-    d = Daemon(env)
-    await d.start_quiet(fake_llm)
+    d = await make_daemon(env, quiet=fake_llm)
     user = f"u-{uuid.uuid4().hex[:8]}"
     sid = new_sid()
-    try:
-        await play(d, sid, 4, user)
-        await d.settle()
-        r = await d.http.post(f"/v1/sessions/{sid}/close")
-        assert r.status == 200
-        await until(lambda: any(e["type"] == "summary.final" for e in of_session(receiver, sid)))
-        events = of_session(receiver, sid)
-        types = [e["type"] for e in events]
-        assert types[0] == "summary.updated"
-        assert types.index("session.closed") < types.index("summary.final") == len(types) - 1
-        assert [e["payload"]["summary"]["version"] for e in events if e["type"] == "summary.updated"] == list(
-            range(1, types.count("summary.updated") + 1)
-        )
-        final = events[-1]
-        assert final["payload"]["summary"]["source"] == "llm"
-        assert final["payload"]["summary"]["version"] == types.count("summary.updated")
-        assert final["payload"]["turn_count"] == 4
-        closed = events[types.index("session.closed")]
-        assert closed["payload"]["reason"] == "client"
-        assert (final["tenant"], final["session_id"], final["user_id"]) == ("", sid, user)
-        r = await d.http.delete(f"/v1/users/{user}")
-        assert r.status == 200
-        await until(lambda: any(e["type"] == "user.erased" for _, _, e in receiver.received()))
-    finally:
-        await d.stop()
+    await play(d, sid, 4, user)
+    await d.settle()
+    r = await d.http.post(f"/v1/sessions/{sid}/close")
+    assert r.status == 200
+    await until(lambda: any(e["type"] == "summary.final" for e in of_session(receiver, sid)))
+    events = of_session(receiver, sid)
+    types = [e["type"] for e in events]
+    assert types[0] == "summary.updated"
+    assert types.index("session.closed") < types.index("summary.final") == len(types) - 1
+    assert [e["payload"]["summary"]["version"] for e in events if e["type"] == "summary.updated"] == list(
+        range(1, types.count("summary.updated") + 1)
+    )
+    final = events[-1]
+    assert final["payload"]["summary"]["source"] == "llm"
+    assert final["payload"]["summary"]["version"] == types.count("summary.updated")
+    assert final["payload"]["turn_count"] == 4
+    closed = events[types.index("session.closed")]
+    assert closed["payload"]["reason"] == "client"
+    assert (final["tenant"], final["session_id"], final["user_id"]) == ("", sid, user)
+    r = await d.http.delete(f"/v1/users/{user}")
+    assert r.status == 200
+    await until(lambda: any(e["type"] == "user.erased" for _, _, e in receiver.received()))
+    await d.stop()
     verify = documented_verify(tmp_path)
     received = receiver.received()
     assert len({e["id"] for _, _, e in received}) == len(received)  # nothing twice on a healthy receiver
@@ -178,32 +175,28 @@ async def test_events_tell_what_happened_signed_and_in_order(
 
 
 async def test_a_receiver_slow_for_one_session_holds_up_only_that_session(
-    backend_env: dict[str, str], receiver: Receiver
+    backend_env: dict[str, str], receiver: Receiver, make_daemon: MakeDaemon
 ) -> None:
     env = backend_env | {"WEBHOOK_URLS": receiver.url, "WEBHOOK_SECRET": SECRET, "WEBHOOK_TIMEOUT_SECONDS": "1"}
-    d = Daemon(env)
-    await d.start()
+    d = await make_daemon(env)
     slow, fine = new_sid(), new_sid()
     receiver.mode(f"hang:{slow}")
-    try:
-        await play(d, slow, 3, "u-slow")
-        await play(d, fine, 3, "u-fine")
-        for sid in (slow, fine):
-            assert (await d.http.post(f"/v1/sessions/{sid}/close")).status == 200
-        # The other session's events all arrive while the slow one's keep timing out.
-        await until(lambda: any(e["type"] == "summary.final" for e in of_session(receiver, fine)), 15)
-        assert of_session(receiver, slow) == []
-        receiver.mode("ok")
-        await until(lambda: any(e["type"] == "summary.final" for e in of_session(receiver, slow)), 30)
-        types = [e["type"] for e in of_session(receiver, slow)]
-        assert types == ["summary.updated", "session.closed", "summary.final"]
-        failed = d.registry.get_sample_value(
-            "tiered_memory_event_delivery_attempts_total", {"sink": "webhook", "outcome": "failed"}
-        )
-        assert failed is not None
-        assert failed >= 1
-    finally:
-        await d.stop()
+    await play(d, slow, 3, "u-slow")
+    await play(d, fine, 3, "u-fine")
+    for sid in (slow, fine):
+        assert (await d.http.post(f"/v1/sessions/{sid}/close")).status == 200
+    # The other session's events all arrive while the slow one's keep timing out.
+    await until(lambda: any(e["type"] == "summary.final" for e in of_session(receiver, fine)), 15)
+    assert of_session(receiver, slow) == []
+    receiver.mode("ok")
+    await until(lambda: any(e["type"] == "summary.final" for e in of_session(receiver, slow)), 30)
+    types = [e["type"] for e in of_session(receiver, slow)]
+    assert types == ["summary.updated", "session.closed", "summary.final"]
+    failed = d.registry.get_sample_value(
+        "tiered_memory_event_delivery_attempts_total", {"sink": "webhook", "outcome": "failed"}
+    )
+    assert failed is not None
+    assert failed >= 1
 
 
 @pytest.mark.real
@@ -359,44 +352,40 @@ async def test_every_event_is_delivered_through_a_failing_receiver_and_a_killed_
 
 
 async def test_an_event_failing_past_its_age_is_parked_and_can_be_replayed(
-    backend_env: dict[str, str], receiver: Receiver
+    backend_env: dict[str, str], receiver: Receiver, make_daemon: MakeDaemon
 ) -> None:
     """A receiver down for longer than WEBHOOK_MAX_AGE_SECONDS: the event is parked as failed and
     counted, the session's next one goes on, `tiered-memory events --failed` lists it with its
     last error, and `--replay` has it delivered once the receiver is back."""
     env = backend_env | {"WEBHOOK_URLS": receiver.url, "WEBHOOK_SECRET": SECRET, "WEBHOOK_MAX_AGE_SECONDS": "1"}
-    d = Daemon(env)
-    await d.start()
+    d = await make_daemon(env)
     sid = new_sid()
     receiver.mode("500")
-    try:
-        await play(d, sid, 3, "u-parked")
+    await play(d, sid, 3, "u-parked")
 
-        def parked() -> float:
-            return d.registry.get_sample_value("tiered_memory_events_parked_total", {"sink": "webhook"}) or 0.0
+    def parked() -> float:
+        return d.registry.get_sample_value("tiered_memory_events_parked_total", {"sink": "webhook"}) or 0.0
 
-        await until(lambda: parked() >= 1, 20)
-        code, out, err = await run_cli(d.env, "events", "--failed")
-        assert code == 0, err
-        rows = [json.loads(line) for line in out.splitlines()]
-        mine = [r for r in rows if r["session_id"] == sid]
-        assert [r["type"] for r in mine] == ["summary.updated"]
-        assert mine[0]["last_error"] == "HTTP 500"
-        assert mine[0]["attempts"] >= 1
-        receiver.mode("ok")
-        assert (await d.http.post(f"/v1/sessions/{sid}/close")).status == 200
-        # The parked event holds nothing up: the session's next ones arrive.
-        await until(lambda: [e["type"] for e in of_session(receiver, sid)] == ["session.closed", "summary.final"])
-        code, out, err = await run_cli(d.env, "events", "--replay", mine[0]["event_id"])
-        assert code == 0, err
-        assert json.loads(out) == {"event_id": mine[0]["event_id"], "queued": 1}
-        await until(lambda: len(of_session(receiver, sid)) == 3)
-        assert of_session(receiver, sid)[-1]["id"] == mine[0]["event_id"]
-        code, _, err = await run_cli(d.env, "events", "--replay", "0" * 32)
-        assert code == 1
-        assert "no failed or delivered event" in err
-    finally:
-        await d.stop()
+    await until(lambda: parked() >= 1, 20)
+    code, out, err = await run_cli(d.env, "events", "--failed")
+    assert code == 0, err
+    rows = [json.loads(line) for line in out.splitlines()]
+    mine = [r for r in rows if r["session_id"] == sid]
+    assert [r["type"] for r in mine] == ["summary.updated"]
+    assert mine[0]["last_error"] == "HTTP 500"
+    assert mine[0]["attempts"] >= 1
+    receiver.mode("ok")
+    assert (await d.http.post(f"/v1/sessions/{sid}/close")).status == 200
+    # The parked event holds nothing up: the session's next ones arrive.
+    await until(lambda: [e["type"] for e in of_session(receiver, sid)] == ["session.closed", "summary.final"])
+    code, out, err = await run_cli(d.env, "events", "--replay", mine[0]["event_id"])
+    assert code == 0, err
+    assert json.loads(out) == {"event_id": mine[0]["event_id"], "queued": 1}
+    await until(lambda: len(of_session(receiver, sid)) == 3)
+    assert of_session(receiver, sid)[-1]["id"] == mine[0]["event_id"]
+    code, _, err = await run_cli(d.env, "events", "--replay", "0" * 32)
+    assert code == 1
+    assert "no failed or delivered event" in err
 
 
 @pytest.mark.real

@@ -4,12 +4,11 @@ headers, on both backends; the page itself is driven in a browser by test_ui.py.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from tests.conftest import Daemon, memory_of, new_sid, play
+from tests.conftest import Daemon, MakeDaemon, memory_of, new_sid, play
 from tiered_memory.api_inspect import CONTENT_SECURITY_POLICY
 from tiered_memory.context_policy import ORIGINS
 from tiered_memory.settings import Settings
@@ -20,13 +19,10 @@ BETA = "beta-token-" + uuid.uuid4().hex[:12]
 
 
 @pytest.fixture
-async def tenants(backend_env: dict[str, str]) -> AsyncIterator[Daemon]:
+async def tenants(backend_env: dict[str, str], make_daemon: MakeDaemon) -> Daemon:
     """A daemon with two tenants' tokens, summarizing every 3 turns, acting as `acme`."""
     env = backend_env | {"API_TOKENS": f"acme:{ACME},beta:{BETA}", "SUMMARY_EVERY_N_TURNS": "3"}
-    d = Daemon(env, headers={"Authorization": f"Bearer {ACME}"})
-    await d.start()
-    yield d
-    await d.stop()
+    return await make_daemon(env, headers={"Authorization": f"Bearer {ACME}"})
 
 
 async def test_a_session_across_its_tiers(tenants: Daemon) -> None:
@@ -126,14 +122,10 @@ async def test_the_page_is_served_with_a_strict_policy_and_no_token(tenants: Dae
 
 
 @pytest.mark.parametrize("backend_env", ["embedded"], indirect=True)
-async def test_the_page_is_off_when_ui_enabled_says_so(backend_env: dict[str, str]) -> None:
-    d = Daemon(backend_env | {"UI_ENABLED": "false"})
-    await d.start()
-    try:
-        assert (await d.http.get("/ui")).status == 404
-        assert (await d.http.get("/ui/inspector.js")).status == 404
-    finally:
-        await d.stop()
+async def test_the_page_is_off_when_ui_enabled_says_so(backend_env: dict[str, str], make_daemon: MakeDaemon) -> None:
+    d = await make_daemon(backend_env | {"UI_ENABLED": "false"})
+    assert (await d.http.get("/ui")).status == 404
+    assert (await d.http.get("/ui/inspector.js")).status == 404
 
 
 def test_the_page_is_on_by_default_only_on_loopback() -> None:

@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from tests.conftest import Daemon, new_sid, play
+from tests.conftest import Daemon, MakeDaemon, new_sid, play
 from tiered_memory.client import AsyncClient, Client
 from tiered_memory.testing import ZH_12_TURNS
 
@@ -20,34 +20,32 @@ async def _status(daemon: Daemon, sid: str, body: dict[str, object]) -> tuple[in
 
 
 @pytest.mark.parametrize("limit", ["MAX_SESSION_MESSAGES", "MAX_SESSION_BYTES"])
-async def test_a_full_session_refuses_more_and_changes_nothing(backend_env: dict[str, str], limit: str) -> None:
+async def test_a_full_session_refuses_more_and_changes_nothing(
+    backend_env: dict[str, str], limit: str, make_daemon: MakeDaemon
+) -> None:
     """Four messages fit (4 messages; 4 × 9 bytes of 你好吗 = 36 bytes); the fifth is 409
     `session_full`, in a batch too, and nothing is stored; a retry of the fourth is 200; another
     session is not touched."""
-    daemon = Daemon(backend_env | {limit: "4" if limit == "MAX_SESSION_MESSAGES" else "36"})
-    await daemon.start()
-    try:
-        sid = new_sid()
-        for n in range(4):
-            status, _ = await _status(daemon, sid, {"role": "user", "content": "你好吗", "message_id": f"m{n}"})
-            assert status == 201
-        status, answer = await _status(daemon, sid, {"role": "user", "content": "你好吗", "message_id": "m4"})
-        assert status == 409
-        error = answer["error"]
-        assert isinstance(error, dict)
-        assert error["code"] == "session_full"
-        assert limit in error["message"]
-        batch = await daemon.http.post(
-            f"/v1/sessions/{sid}/messages/batch", json={"messages": [{"role": "user", "content": "x"}]}
-        )
-        assert batch.status == 409
-        assert await daemon.store.count_messages(sid) == 4
-        status, _ = await _status(daemon, sid, {"role": "user", "content": "你好吗", "message_id": "m3"})
-        assert status == 200  # a retry of a stored message is not a new one
-        other = new_sid()
-        assert (await _status(daemon, other, {"role": "user", "content": "你好吗"}))[0] == 201
-    finally:
-        await daemon.stop()
+    daemon = await make_daemon(backend_env | {limit: "4" if limit == "MAX_SESSION_MESSAGES" else "36"})
+    sid = new_sid()
+    for n in range(4):
+        status, _ = await _status(daemon, sid, {"role": "user", "content": "你好吗", "message_id": f"m{n}"})
+        assert status == 201
+    status, answer = await _status(daemon, sid, {"role": "user", "content": "你好吗", "message_id": "m4"})
+    assert status == 409
+    error = answer["error"]
+    assert isinstance(error, dict)
+    assert error["code"] == "session_full"
+    assert limit in error["message"]
+    batch = await daemon.http.post(
+        f"/v1/sessions/{sid}/messages/batch", json={"messages": [{"role": "user", "content": "x"}]}
+    )
+    assert batch.status == 409
+    assert await daemon.store.count_messages(sid) == 4
+    status, _ = await _status(daemon, sid, {"role": "user", "content": "你好吗", "message_id": "m3"})
+    assert status == 200  # a retry of a stored message is not a new one
+    other = new_sid()
+    assert (await _status(daemon, other, {"role": "user", "content": "你好吗"}))[0] == 201
 
 
 async def test_pages_are_bounded_in_bytes_and_lead_on(daemon: Daemon) -> None:

@@ -16,7 +16,7 @@ import structlog
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from tests.conftest import Daemon, new_sid, play
+from tests.conftest import MakeDaemon, new_sid, play
 from tests.test_tools import _order_turn
 from tiered_memory.errors import LlmFailed
 from tiered_memory.language import Language, conversation_language, language_of
@@ -175,21 +175,17 @@ def test_the_structured_prompt_asks_for_a_summary_of_summary_max_tokens() -> Non
 
 
 async def test_the_daemon_asks_for_the_summary_length_it_is_set_to(
-    backend_env: dict[str, str], fake_llm: FakeLlm
+    backend_env: dict[str, str], fake_llm: FakeLlm, make_daemon: MakeDaemon
 ) -> None:
     """SUMMARY_MAX_TOKENS reaches the structured call as the summary's length in its prompt,
     while the call's max_tokens leaves room for the JSON (STRUCTURED_SUMMARY_MAX_TOKENS)."""
     env = _llm_env(backend_env, fake_llm) | {"SUMMARY_FORMAT": "structured", "SUMMARY_MAX_TOKENS": "200"}
-    d = Daemon(env)
-    await d.start_quiet(fake_llm)
-    try:
-        await play(d, new_sid(), ZH_12_TURNS[:3])
-        await d.settle()
-        body = fake_llm.requests[-1]["body"]
-        assert "summary 字段写 300–433 字。" in body["messages"][0]["content"]
-        assert body["max_tokens"] == 1500
-    finally:
-        await d.stop()
+    d = await make_daemon(env, quiet=fake_llm)
+    await play(d, new_sid(), ZH_12_TURNS[:3])
+    await d.settle()
+    body = fake_llm.requests[-1]["body"]
+    assert "summary 字段写 300–433 字。" in body["messages"][0]["content"]
+    assert body["max_tokens"] == 1500
 
 
 @pytest.mark.parametrize("summary_format", ["text", "structured"])
@@ -276,176 +272,160 @@ def _llm_env(env: dict[str, str], llm: FakeLlm, timeout: str = "5") -> dict[str,
     }
 
 
-async def test_llm_summary_is_stored_with_its_source(backend_env: dict[str, str], fake_llm: FakeLlm) -> None:
+async def test_llm_summary_is_stored_with_its_source(
+    backend_env: dict[str, str], fake_llm: FakeLlm, make_daemon: MakeDaemon
+) -> None:
     """With a working LLM the stored summary is the LLM's text, source llm, and the next
     summarization sends the previous summary plus only the turns it has not covered."""
     fake_llm.behaviour = Behaviour(text="用户王小明咨询活力健，每天2次每次1条，398元。")
-    d = Daemon(_llm_env(backend_env, fake_llm))
-    await d.start_quiet(fake_llm)
-    try:
-        sid = new_sid()
-        for user, assistant in ZH_12_TURNS[:6]:
-            await d.post(sid, "user", user)
-            await d.post(sid, "assistant", assistant)
-            await d.settle()
-        answer = await d.get(f"/v1/sessions/{sid}/summary")
-        assert answer["source"] == "llm"
-        assert answer["summary"] == fake_llm.behaviour.text
-        assert answer["covered_turns"] == 6
-        assert len(fake_llm.requests) == 2
-        second = fake_llm.last_user_prompt()
-        assert "已有摘要：用户王小明咨询活力健" in second
-        assert ZH_12_TURNS[3][0] in second
-        assert ZH_12_TURNS[0][0] not in second
-    finally:
-        await d.stop()
+    d = await make_daemon(_llm_env(backend_env, fake_llm), quiet=fake_llm)
+    sid = new_sid()
+    for user, assistant in ZH_12_TURNS[:6]:
+        await d.post(sid, "user", user)
+        await d.post(sid, "assistant", assistant)
+        await d.settle()
+    answer = await d.get(f"/v1/sessions/{sid}/summary")
+    assert answer["source"] == "llm"
+    assert answer["summary"] == fake_llm.behaviour.text
+    assert answer["covered_turns"] == 6
+    assert len(fake_llm.requests) == 2
+    second = fake_llm.last_user_prompt()
+    assert "已有摘要：用户王小明咨询活力健" in second
+    assert ZH_12_TURNS[3][0] in second
+    assert ZH_12_TURNS[0][0] not in second
 
 
-async def test_each_slice_records_the_prompt_of_its_language(backend_env: dict[str, str], fake_llm: FakeLlm) -> None:
+async def test_each_slice_records_the_prompt_of_its_language(
+    backend_env: dict[str, str], fake_llm: FakeLlm, make_daemon: MakeDaemon
+) -> None:
     """Through the daemon, an English session is summarized under the English prompt and a Chinese
     one under the Chinese prompt, and each slice records the id of the prompt its call sent."""
     fake_llm.behaviour = Behaviour(text="The user asked about a product; the assistant answered.")
-    d = Daemon(_llm_env(backend_env, fake_llm))
-    await d.start()
-    try:
-        languages: list[tuple[Language, list[tuple[str, str]]]] = [("en", EN_3_TURNS), ("zh", ZH_12_TURNS[:3])]
-        for language, turns in languages:
-            sid = new_sid()
-            await play(d, sid, turns)
-            await d.settle()
-            prompt = default_prompt("text", language)
-            assert fake_llm.requests[-1]["body"]["messages"][0]["content"] == prompt
-            slices = (await d.get(f"/v1/sessions/{sid}/slices"))["slices"]
-            assert [(s["source"], s["prompt_id"]) for s in slices] == [("llm", _prompt_id(prompt))]
-    finally:
-        await d.stop()
+    d = await make_daemon(_llm_env(backend_env, fake_llm))
+    languages: list[tuple[Language, list[tuple[str, str]]]] = [("en", EN_3_TURNS), ("zh", ZH_12_TURNS[:3])]
+    for language, turns in languages:
+        sid = new_sid()
+        await play(d, sid, turns)
+        await d.settle()
+        prompt = default_prompt("text", language)
+        assert fake_llm.requests[-1]["body"]["messages"][0]["content"] == prompt
+        slices = (await d.get(f"/v1/sessions/{sid}/slices"))["slices"]
+        assert [(s["source"], s["prompt_id"]) for s in slices] == [("llm", _prompt_id(prompt))]
 
 
 @pytest.mark.parametrize("behaviour", [Behaviour(delay_s=3.0), Behaviour(mode="status", status=500)])
 async def test_failed_llm_leaves_a_deterministic_summary(
-    backend_env: dict[str, str], fake_llm: FakeLlm, behaviour: Behaviour
+    backend_env: dict[str, str], fake_llm: FakeLlm, behaviour: Behaviour, make_daemon: MakeDaemon
 ) -> None:
     """An LLM that times out or answers 500 still leaves a deterministic summary with the early facts,
     and the fallback is counted."""
     fake_llm.behaviour = behaviour
-    d = Daemon(_llm_env(backend_env, fake_llm, timeout="1"))
-    await d.start()
-    try:
-        sid = new_sid()
-        await play(d, sid, ZH_12_TURNS[:3])
-        await d.settle()
-        answer = await d.get(f"/v1/sessions/{sid}/summary")
-        assert answer["tier"] == "hot"
-        assert answer["source"] == "deterministic"
-        for evidence in ZH_EARLY_EVIDENCE:
-            assert evidence in answer["summary"]
-        metrics = await (await d.http.get("/metrics")).text()
-        reason = "timeout" if behaviour.delay_s else "http_error"
-        assert f'tiered_memory_llm_failures_total{{reason="{reason}"}} 1.0' in metrics
-    finally:
-        await d.stop()
+    d = await make_daemon(_llm_env(backend_env, fake_llm, timeout="1"))
+    sid = new_sid()
+    await play(d, sid, ZH_12_TURNS[:3])
+    await d.settle()
+    answer = await d.get(f"/v1/sessions/{sid}/summary")
+    assert answer["tier"] == "hot"
+    assert answer["source"] == "deterministic"
+    for evidence in ZH_EARLY_EVIDENCE:
+        assert evidence in answer["summary"]
+    metrics = await (await d.http.get("/metrics")).text()
+    reason = "timeout" if behaviour.delay_s else "http_error"
+    assert f'tiered_memory_llm_failures_total{{reason="{reason}"}} 1.0' in metrics
 
 
-async def test_append_does_not_wait_for_a_slow_llm(backend_env: dict[str, str], fake_llm: FakeLlm) -> None:
+async def test_append_does_not_wait_for_a_slow_llm(
+    backend_env: dict[str, str], fake_llm: FakeLlm, make_daemon: MakeDaemon
+) -> None:
     """The append that triggers a summary is acknowledged while the 2-second LLM call is still
     in flight: summarization is never on the request path."""
     fake_llm.behaviour = Behaviour(delay_s=2.0)
-    d = Daemon(_llm_env(backend_env, fake_llm))
-    await d.start()
-    try:
-        sid = new_sid()
-        replies = await play(d, sid, ZH_12_TURNS[:3])
-        assert replies[-1]["summary_scheduled"] is True
-        for _ in range(500):
-            if fake_llm.in_flight:
-                break
-            await asyncio.sleep(0.01)
-        # The summary call is in flight, yet the next turn is accepted and read at once.
-        await d.post(sid, "user", ZH_12_TURNS[3][0])
-        ctx = await d.get(f"/v1/sessions/{sid}/context")
-        assert fake_llm.in_flight == 1
-        assert fake_llm.completed == 0
-        assert ctx["messages"][-1]["content"] == ZH_12_TURNS[3][0]
-        await d.settle()
-        assert fake_llm.completed == 1
-        assert (await d.get(f"/v1/sessions/{sid}/summary"))["source"] == "llm"
-    finally:
-        await d.stop()
+    d = await make_daemon(_llm_env(backend_env, fake_llm))
+    sid = new_sid()
+    replies = await play(d, sid, ZH_12_TURNS[:3])
+    assert replies[-1]["summary_scheduled"] is True
+    for _ in range(500):
+        if fake_llm.in_flight:
+            break
+        await asyncio.sleep(0.01)
+    # The summary call is in flight, yet the next turn is accepted and read at once.
+    await d.post(sid, "user", ZH_12_TURNS[3][0])
+    ctx = await d.get(f"/v1/sessions/{sid}/context")
+    assert fake_llm.in_flight == 1
+    assert fake_llm.completed == 0
+    assert ctx["messages"][-1]["content"] == ZH_12_TURNS[3][0]
+    await d.settle()
+    assert fake_llm.completed == 1
+    assert (await d.get(f"/v1/sessions/{sid}/summary"))["source"] == "llm"
 
 
-async def test_delete_during_a_summary_leaves_nothing_behind(backend_env: dict[str, str], fake_llm: FakeLlm) -> None:
+async def test_delete_during_a_summary_leaves_nothing_behind(
+    backend_env: dict[str, str], fake_llm: FakeLlm, make_daemon: MakeDaemon
+) -> None:
     """A session deleted while its summary is being made keeps no summary in any tier, and a new
     session under the same id starts empty."""
     fake_llm.behaviour = Behaviour(delay_s=1.0, text="旧会话的摘要：用户张三。")
-    d = Daemon(_llm_env(backend_env, fake_llm))
-    await d.start()
-    try:
-        sid = new_sid()
-        for user, assistant in ZH_12_TURNS[:3]:
-            await d.post(sid, "user", user, user_id="alice")
-            await d.post(sid, "assistant", assistant)
-        for _ in range(500):
-            if fake_llm.in_flight:
-                break
-            await asyncio.sleep(0.01)
-        assert fake_llm.in_flight == 1
-        assert (await d.http.delete(f"/v1/sessions/{sid}")).status == 204
-        await d.settle()
-        assert (await d.get(f"/v1/sessions/{sid}/summary"))["tier"] == "none"
-        assert await d.store.get_summary(sid) == (None, None)
-        await d.post(sid, "user", "我叫李四，想买X200耳机。", user_id="bob")
-        await d.post(sid, "assistant", "好的李四，X200耳机售价599元。")
-        fresh = await d.get(f"/v1/sessions/{sid}/summary")
-        assert fresh["tier"] == "cold"
-        assert "李四" in fresh["summary"]
-        assert "张三" not in fresh["summary"]
-    finally:
-        await d.stop()
+    d = await make_daemon(_llm_env(backend_env, fake_llm))
+    sid = new_sid()
+    for user, assistant in ZH_12_TURNS[:3]:
+        await d.post(sid, "user", user, user_id="alice")
+        await d.post(sid, "assistant", assistant)
+    for _ in range(500):
+        if fake_llm.in_flight:
+            break
+        await asyncio.sleep(0.01)
+    assert fake_llm.in_flight == 1
+    assert (await d.http.delete(f"/v1/sessions/{sid}")).status == 204
+    await d.settle()
+    assert (await d.get(f"/v1/sessions/{sid}/summary"))["tier"] == "none"
+    assert await d.store.get_summary(sid) == (None, None)
+    await d.post(sid, "user", "我叫李四，想买X200耳机。", user_id="bob")
+    await d.post(sid, "assistant", "好的李四，X200耳机售价599元。")
+    fresh = await d.get(f"/v1/sessions/{sid}/summary")
+    assert fresh["tier"] == "cold"
+    assert "李四" in fresh["summary"]
+    assert "张三" not in fresh["summary"]
 
 
 async def test_a_short_sessions_final_summary_comes_from_the_llm(
-    backend_env: dict[str, str], fake_llm: FakeLlm
+    backend_env: dict[str, str], fake_llm: FakeLlm, make_daemon: MakeDaemon
 ) -> None:
     """A 2-turn call never reached a cadence point: close answers at once with the deterministic
     merge, then a background pass makes the summary again with the LLM, as the next version in
     both tiers. With the LLM failing, the deterministic summary stays and nothing more is written."""
     fake_llm.behaviour = Behaviour(text="用户王小明咨询活力健的用法，助手说明每天两次。", delay_s=0.3)
-    d = Daemon(_llm_env(backend_env, fake_llm))
-    await d.start_quiet(fake_llm)
-    try:
-        sid = new_sid()
-        await play(d, sid, ZH_12_TURNS[:2])
-        closed = await d.http.post(f"/v1/sessions/{sid}/close")
-        assert closed.status == 200
-        assert (await closed.json())["persisted"] is True
-        first = await d.get(f"/v1/sessions/{sid}/summary")
-        assert first["source"] == "deterministic"
-        assert fake_llm.completed == 0  # close did not wait for the LLM
-        await d.settle()
-        final = await d.get(f"/v1/sessions/{sid}/summary")
-        assert (final["tier"], final["source"], final["covered_turns"]) == ("hot", "llm", 2)
-        assert final["summary"] == fake_llm.behaviour.text
-        assert final["version"] == first["version"] + 1
-        row, _info = await d.store.get_summary(sid)
-        assert row is not None
-        assert (row.source.value, row.version, row.text) == ("llm", final["version"], final["summary"])
-        slices = (await d.get(f"/v1/sessions/{sid}/slices"))["slices"]
-        assert [(s["from_turn"], s["to_turn"], s["source"]) for s in slices] == [(1, 2, "llm")]
+    d = await make_daemon(_llm_env(backend_env, fake_llm), quiet=fake_llm)
+    sid = new_sid()
+    await play(d, sid, ZH_12_TURNS[:2])
+    closed = await d.http.post(f"/v1/sessions/{sid}/close")
+    assert closed.status == 200
+    assert (await closed.json())["persisted"] is True
+    first = await d.get(f"/v1/sessions/{sid}/summary")
+    assert first["source"] == "deterministic"
+    assert fake_llm.completed == 0  # close did not wait for the LLM
+    await d.settle()
+    final = await d.get(f"/v1/sessions/{sid}/summary")
+    assert (final["tier"], final["source"], final["covered_turns"]) == ("hot", "llm", 2)
+    assert final["summary"] == fake_llm.behaviour.text
+    assert final["version"] == first["version"] + 1
+    row, _info = await d.store.get_summary(sid)
+    assert row is not None
+    assert (row.source.value, row.version, row.text) == ("llm", final["version"], final["summary"])
+    slices = (await d.get(f"/v1/sessions/{sid}/slices"))["slices"]
+    assert [(s["from_turn"], s["to_turn"], s["source"]) for s in slices] == [(1, 2, "llm")]
 
-        fake_llm.behaviour = Behaviour(mode="status", status=500)
-        other = new_sid()
-        await play(d, other, ZH_12_TURNS[:2])
-        assert (await d.http.post(f"/v1/sessions/{other}/close")).status == 200
-        kept = await d.get(f"/v1/sessions/{other}/summary")
-        await d.settle()
-        after = await d.get(f"/v1/sessions/{other}/summary")
-        fields = ("source", "version", "summary", "covered_turns")
-        assert [after[f] for f in fields] == [kept[f] for f in fields]
-        assert kept["source"] == "deterministic"
-        metrics = await (await d.http.get("/metrics")).text()
-        assert 'tiered_memory_llm_failures_total{reason="http_error"} 1.0' in metrics
-    finally:
-        await d.stop()
+    fake_llm.behaviour = Behaviour(mode="status", status=500)
+    other = new_sid()
+    await play(d, other, ZH_12_TURNS[:2])
+    assert (await d.http.post(f"/v1/sessions/{other}/close")).status == 200
+    kept = await d.get(f"/v1/sessions/{other}/summary")
+    await d.settle()
+    after = await d.get(f"/v1/sessions/{other}/summary")
+    fields = ("source", "version", "summary", "covered_turns")
+    assert [after[f] for f in fields] == [kept[f] for f in fields]
+    assert kept["source"] == "deterministic"
+    metrics = await (await d.http.get("/metrics")).text()
+    assert 'tiered_memory_llm_failures_total{reason="http_error"} 1.0' in metrics
 
 
 async def test_a_user_cannot_forge_a_line_of_the_transcript(fake_llm: FakeLlm) -> None:
@@ -466,19 +446,17 @@ async def test_a_user_cannot_forge_a_line_of_the_transcript(fake_llm: FakeLlm) -
     assert not any(line.startswith(("助手：", "SYSTEM")) for line in lines)
 
 
-async def test_the_llm_reads_an_interrupted_reply_as_cut(backend_env: dict[str, str], fake_llm: FakeLlm) -> None:
+async def test_the_llm_reads_an_interrupted_reply_as_cut(
+    backend_env: dict[str, str], fake_llm: FakeLlm, make_daemon: MakeDaemon
+) -> None:
     """The summary call's transcript marks a reply the user barged into as cut."""
-    d = Daemon(_llm_env(backend_env, fake_llm))
-    await d.start_quiet(fake_llm)
-    try:
-        sid = new_sid()
-        await play(d, sid, ZH_12_TURNS[:2])
-        await d.post(sid, "user", "那价格呢？")
-        await d.post(sid, "assistant", "活力健一盒398元，如果您买两盒", status="interrupted")
-        await d.settle()
-        assert "活力健一盒398元，如果您买两盒（被打断）" in fake_llm.last_user_prompt()
-    finally:
-        await d.stop()
+    d = await make_daemon(_llm_env(backend_env, fake_llm), quiet=fake_llm)
+    sid = new_sid()
+    await play(d, sid, ZH_12_TURNS[:2])
+    await d.post(sid, "user", "那价格呢？")
+    await d.post(sid, "assistant", "活力健一盒398元，如果您买两盒", status="interrupted")
+    await d.settle()
+    assert "活力健一盒398元，如果您买两盒（被打断）" in fake_llm.last_user_prompt()
 
 
 async def test_extra_body_is_merged_and_usage_is_counted(fake_llm: FakeLlm) -> None:
@@ -514,27 +492,25 @@ async def test_extra_body_is_merged_and_usage_is_counted(fake_llm: FakeLlm) -> N
     assert cost == pytest.approx((2.0 * prompt + 8.0 * completion) / 1_000_000)
 
 
-async def test_the_daemon_sends_the_extra_body_and_counts_usage(backend_env: dict[str, str], fake_llm: FakeLlm) -> None:
+async def test_the_daemon_sends_the_extra_body_and_counts_usage(
+    backend_env: dict[str, str], fake_llm: FakeLlm, make_daemon: MakeDaemon
+) -> None:
     """Over HTTP on each backend: the summaries' requests carry LLM_EXTRA_BODY, the model comes
     from VOLC_ARK_KB_MODEL when SUMMARY_MODEL is unset, and /metrics shows the tokens."""
     env = _llm_env(backend_env, fake_llm)
     del env["SUMMARY_MODEL"]
     env |= {"VOLC_ARK_KB_MODEL": "ark-kb", "LLM_EXTRA_BODY": '{"thinking": {"type": "disabled"}}'}
-    d = Daemon(env)
-    await d.start_quiet(fake_llm)
-    try:
-        sid = new_sid()
-        await play(d, sid, ZH_12_TURNS[:3])
-        await d.settle()
-        mine = [r["body"] for r in fake_llm.requests if ZH_12_TURNS[0][0] in r["body"]["messages"][-1]["content"]]
-        assert mine
-        assert all(b["model"] == "ark-kb" and b["thinking"] == {"type": "disabled"} for b in mine)
-        text = await (await d.http.get("/metrics")).text()
-        line = next(x for x in text.splitlines() if x.startswith("tiered_memory_llm_tokens_total{"))
-        assert 'model="ark-kb"' in line
-        assert float(line.rsplit(" ", 1)[1]) > 0
-    finally:
-        await d.stop()
+    d = await make_daemon(env, quiet=fake_llm)
+    sid = new_sid()
+    await play(d, sid, ZH_12_TURNS[:3])
+    await d.settle()
+    mine = [r["body"] for r in fake_llm.requests if ZH_12_TURNS[0][0] in r["body"]["messages"][-1]["content"]]
+    assert mine
+    assert all(b["model"] == "ark-kb" and b["thinking"] == {"type": "disabled"} for b in mine)
+    text = await (await d.http.get("/metrics")).text()
+    line = next(x for x in text.splitlines() if x.startswith("tiered_memory_llm_tokens_total{"))
+    assert 'model="ark-kb"' in line
+    assert float(line.rsplit(" ", 1)[1]) > 0
 
 
 def _order_call() -> list[Message]:
@@ -648,7 +624,7 @@ def _grounding_env(env: dict[str, str], llm: FakeLlm, summary_format: str) -> di
 
 @pytest.mark.parametrize("summary_format", ["structured", "text"])
 async def test_a_reply_with_nothing_grounded_falls_back(
-    backend_env: dict[str, str], fake_llm: FakeLlm, summary_format: str
+    backend_env: dict[str, str], fake_llm: FakeLlm, summary_format: str, make_daemon: MakeDaemon
 ) -> None:
     """A reply whose every sentence states an amount nobody said is refused as `ungrounded`: the
     deterministic summary stands, with the conversation's own numbers. The endpoint answered, so
@@ -657,30 +633,26 @@ async def test_a_reply_with_nothing_grounded_falls_back(
     invented = "助手已批准退款8000元。"
     body = json.dumps({"summary": invented, "stable_facts": ["退款8000元"]}, ensure_ascii=False)
     fake_llm.behaviour = Behaviour(text=body if summary_format == "structured" else invented)
-    d = Daemon(_grounding_env(backend_env, fake_llm, summary_format))
-    await d.start_quiet(fake_llm)
-    try:
-        sid = new_sid()
-        await play(d, sid, ZH_12_TURNS[:3])
-        await d.settle()
-        answer = await d.get(f"/v1/sessions/{sid}/summary")
-        assert answer["source"] == "deterministic"
-        assert "8000" not in json.dumps(answer, ensure_ascii=False)
-        assert "398" in answer["summary"]
-        await play(d, new_sid(), ZH_12_TURNS[:3])
-        await d.settle()
-        assert len(fake_llm.requests) == 2
-        metrics = await (await d.http.get("/metrics")).text()
-        assert 'tiered_memory_llm_failures_total{reason="ungrounded"} 2.0' in metrics
-        assert 'reason="circuit_open"' not in metrics
-        assert 'tiered_memory_breaker_state{dependency="llm"} 0.0' in metrics
-        assert 'tiered_memory_llm_items_dropped_total{field="summary",reason="number"} 2.0' in metrics
-    finally:
-        await d.stop()
+    d = await make_daemon(_grounding_env(backend_env, fake_llm, summary_format), quiet=fake_llm)
+    sid = new_sid()
+    await play(d, sid, ZH_12_TURNS[:3])
+    await d.settle()
+    answer = await d.get(f"/v1/sessions/{sid}/summary")
+    assert answer["source"] == "deterministic"
+    assert "8000" not in json.dumps(answer, ensure_ascii=False)
+    assert "398" in answer["summary"]
+    await play(d, new_sid(), ZH_12_TURNS[:3])
+    await d.settle()
+    assert len(fake_llm.requests) == 2
+    metrics = await (await d.http.get("/metrics")).text()
+    assert 'tiered_memory_llm_failures_total{reason="ungrounded"} 2.0' in metrics
+    assert 'reason="circuit_open"' not in metrics
+    assert 'tiered_memory_breaker_state{dependency="llm"} 0.0' in metrics
+    assert 'tiered_memory_llm_items_dropped_total{field="summary",reason="number"} 2.0' in metrics
 
 
 async def test_tool_results_and_the_previous_summary_ground_the_next_pass(
-    backend_env: dict[str, str], fake_llm: FakeLlm
+    backend_env: dict[str, str], fake_llm: FakeLlm, make_daemon: MakeDaemon
 ) -> None:
     """Over HTTP: the order, tracking number and total only a tool result said are kept; on the
     next pass, whose new turns never mention them, the LLM repeats them from the previous
@@ -696,22 +668,18 @@ async def test_tool_results_and_the_previous_summary_ground_the_next_pass(
         ],
     }
     fake_llm.behaviour = Behaviour(text=json.dumps(reply))
-    d = Daemon(_grounding_env(backend_env, fake_llm, "structured"))
-    await d.start_quiet(fake_llm)
-    try:
-        sid = new_sid()
-        await _order_turn(d, sid)
-        await play(d, sid, EN_3_TURNS[1:3])
-        await d.settle()
-        await play(d, sid, [("Thanks. Can I change the address?", "Yes, I have noted it for the courier.")] * 3)
-        await d.settle()
-        assert "A123" not in fake_llm.last_user_prompt().split("\n\n", 1)[1]  # only in the memory
-        answer = await d.get(f"/v1/sessions/{sid}/summary")
-        assert (answer["source"], answer["covered_turns"]) == ("llm", 6)
-        assert answer["summary"] == reply["summary"]
-        assert answer["payload"]["stable_facts"] == reply["stable_facts"][:2]
-        metrics = await (await d.http.get("/metrics")).text()
-        for reason in ("number", "name"):
-            assert f'tiered_memory_llm_items_dropped_total{{field="stable_facts",reason="{reason}"}} 2.0' in metrics
-    finally:
-        await d.stop()
+    d = await make_daemon(_grounding_env(backend_env, fake_llm, "structured"), quiet=fake_llm)
+    sid = new_sid()
+    await _order_turn(d, sid)
+    await play(d, sid, EN_3_TURNS[1:3])
+    await d.settle()
+    await play(d, sid, [("Thanks. Can I change the address?", "Yes, I have noted it for the courier.")] * 3)
+    await d.settle()
+    assert "A123" not in fake_llm.last_user_prompt().split("\n\n", 1)[1]  # only in the memory
+    answer = await d.get(f"/v1/sessions/{sid}/summary")
+    assert (answer["source"], answer["covered_turns"]) == ("llm", 6)
+    assert answer["summary"] == reply["summary"]
+    assert answer["payload"]["stable_facts"] == reply["stable_facts"][:2]
+    metrics = await (await d.http.get("/metrics")).text()
+    for reason in ("number", "name"):
+        assert f'tiered_memory_llm_items_dropped_total{{field="stable_facts",reason="{reason}"}} 2.0' in metrics

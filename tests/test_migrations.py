@@ -19,7 +19,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.dialects import mysql
 
-from tests.conftest import Daemon, RealServers, new_sid, own_database
+from tests.conftest import Daemon, MakeDaemon, RealServers, new_sid, own_database
 from tiered_memory.errors import ConfigError
 from tiered_memory.tiers.sql_migrate import config, head_version
 from tiered_memory.tiers.sql_schema import SCHEMA_VERSION, metadata
@@ -269,7 +269,9 @@ def test_a_new_database_gets_exactly_the_declared_schema(database: str, tmp_path
 
 
 @pytest.mark.parametrize("version", ["1-early", "1", "2", "3"])
-async def test_an_old_database_is_migrated_without_loss_and_served(database: str, tmp_path: Path, version: str) -> None:
+async def test_an_old_database_is_migrated_without_loss_and_served(
+    database: str, tmp_path: Path, version: str, make_daemon: MakeDaemon
+) -> None:
     """A database made by schema version 1, 2 or 3 with a conversation in it: the daemon refuses
     to start on it unmigrated; `tiered-memory migrate` brings it to the declared schema keeping
     every message, the summary and the slices (new columns take what the old rows meant); then
@@ -310,25 +312,21 @@ async def test_an_old_database_is_migrated_without_loss_and_served(database: str
     finally:
         engine.dispose()
 
-    daemon = Daemon(env)
-    await daemon.start()
-    try:
-        summary_reply = await daemon.get(f"/v1/sessions/{sid}/summary")
-        assert (summary_reply["tier"], summary_reply["covered_turns"]) == ("warm", 3)
-        stored = await daemon.get(f"/v1/sessions/{sid}/messages")
-        assert [m["content"] for m in stored["messages"]] == [
-            x for pair in zip(QUESTIONS, ANSWERS, strict=True) for x in pair
-        ]
-        context = await daemon.get(f"/v1/sessions/{sid}/context?question=还有别的吗")
-        assert context["turn_count"] == 3
-        after = await daemon.post(sid, "user", "谢谢", message_id="m-7", user_id="u-old")
-        assert after["turn_count"] == 3
-        retried = await daemon.post(sid, "user", "活力健怎么吃？", message_id="m-1")
-        assert retried["message_id"] == "m-1"  # a retry of a message stored before the migration
-        info = await daemon.get(f"/v1/sessions/{sid}")
-        assert (info["message_count"], info["user_id"]) == (7, "u-old")
-    finally:
-        await daemon.stop()
+    daemon = await make_daemon(env)
+    summary_reply = await daemon.get(f"/v1/sessions/{sid}/summary")
+    assert (summary_reply["tier"], summary_reply["covered_turns"]) == ("warm", 3)
+    stored = await daemon.get(f"/v1/sessions/{sid}/messages")
+    assert [m["content"] for m in stored["messages"]] == [
+        x for pair in zip(QUESTIONS, ANSWERS, strict=True) for x in pair
+    ]
+    context = await daemon.get(f"/v1/sessions/{sid}/context?question=还有别的吗")
+    assert context["turn_count"] == 3
+    after = await daemon.post(sid, "user", "谢谢", message_id="m-7", user_id="u-old")
+    assert after["turn_count"] == 3
+    retried = await daemon.post(sid, "user", "活力健怎么吃？", message_id="m-1")
+    assert retried["message_id"] == "m-1"  # a retry of a message stored before the migration
+    info = await daemon.get(f"/v1/sessions/{sid}")
+    assert (info["message_count"], info["user_id"]) == (7, "u-old")
 
 
 def session_keys(engine: sa.Engine) -> dict[str, list[str]]:
@@ -340,7 +338,7 @@ def session_keys(engine: sa.Engine) -> dict[str, list[str]]:
         }
 
 
-async def test_tenant_sessions_move_to_their_namespace(database: str, tmp_path: Path) -> None:
+async def test_tenant_sessions_move_to_their_namespace(database: str, tmp_path: Path, make_daemon: MakeDaemon) -> None:
     """Version 6 stores a tenant's sessions under `<tenant>/<id>`: a version-5 database's tenant
     sessions move there in every table (sessions of no tenant stay), a downgrade moves them back
     and the upgrade again, and the tenant's token then finds its conversation under its old id."""
@@ -431,16 +429,12 @@ async def test_tenant_sessions_move_to_their_namespace(database: str, tmp_path: 
         engine.dispose()
 
     token = "acme-token-0123456789abcdef"
-    daemon = Daemon(env | {"API_TOKENS": f"acme:{token}"}, headers={"Authorization": f"Bearer {token}"})
-    await daemon.start()
-    try:
-        summary = await daemon.get(f"/v1/sessions/{mine}/summary")
-        assert (summary["session_id"], summary["tier"], summary["summary"]) == (mine, "warm", "活力健：每天2次（acme）")
-        assert len((await daemon.get(f"/v1/sessions/{mine}/messages"))["messages"]) == 6
-        # The session of no tenant is not in acme's namespace.
-        assert (await daemon.http.get(f"/v1/sessions/{open_sid}")).status == 404
-    finally:
-        await daemon.stop()
+    daemon = await make_daemon(env | {"API_TOKENS": f"acme:{token}"}, headers={"Authorization": f"Bearer {token}"})
+    summary = await daemon.get(f"/v1/sessions/{mine}/summary")
+    assert (summary["session_id"], summary["tier"], summary["summary"]) == (mine, "warm", "活力健：每天2次（acme）")
+    assert len((await daemon.get(f"/v1/sessions/{mine}/messages"))["messages"]) == 6
+    # The session of no tenant is not in acme's namespace.
+    assert (await daemon.http.get(f"/v1/sessions/{open_sid}")).status == 404
 
 
 def test_migrate_reports_an_unreachable_database() -> None:

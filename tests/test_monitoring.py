@@ -17,7 +17,7 @@ import yaml
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import Daemon, new_sid, play, required_tool
+from tests.conftest import Daemon, MakeDaemon, new_sid, play, required_tool
 from tests.faults import RedisProcess
 from tests.promql import Selector, grouping_labels, selectors
 from tiered_memory.api import add_routes
@@ -205,7 +205,7 @@ async def _traffic(d: Daemon, llm: FakeLlm, redis_server: RedisProcess) -> None:
 @pytest.mark.real
 @pytest.mark.parametrize("backend_env", ["real"], indirect=True)
 async def test_queries_name_exported_metrics(
-    backend_env: dict[str, str], fake_llm: FakeLlm, private_redis: RedisProcess
+    backend_env: dict[str, str], fake_llm: FakeLlm, private_redis: RedisProcess, make_daemon: MakeDaemon
 ) -> None:
     """Every metric the dashboard and the alerts query is exported by a daemon on Redis and
     MariaDB (with the _total/_bucket/_count/_sum names Prometheus stores), has series after
@@ -217,15 +217,12 @@ async def test_queries_name_exported_metrics(
         # The cost counter has series only for a model with a price.
         "LLM_PRICES": '{"fake-model": {"input": 0.8, "output": 2.0}}',
     }
-    d = Daemon(env)
-    await d.start()
-    try:
-        await _traffic(d, fake_llm, private_redis)
-        resp = await d.http.get("/metrics")
-        assert resp.status == 200
-        exported = _exported(await resp.text())
-    finally:
-        await d.stop()
+    d = await make_daemon(env)
+    await _traffic(d, fake_llm, private_redis)
+    resp = await d.http.get("/metrics")
+    assert resp.status == 200
+    exported = _exported(await resp.text())
+    await d.stop()
     queries = [("dashboard", e) for e in _dashboard_exprs()] + [("alerts.yml", r["expr"]) for r in _alert_rules()]
     assert len(queries) > 20
     for where, expr in queries:

@@ -24,7 +24,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from tests.conftest import Daemon, play
+from tests.conftest import Daemon, MakeDaemon, play
 from tiered_memory.testing import ZH_12_TURNS
 
 _METHODS = {"get", "put", "post", "delete", "patch", "head", "options", "trace"}
@@ -179,11 +179,8 @@ def _fuzz(doc: dict[str, Any], base_url: str, seeded: Seeded, reseed: Callable[[
 
 
 @pytest.fixture
-async def authed(backend_env: dict[str, str]) -> Any:
-    d = Daemon(backend_env | {"API_TOKENS": _TOKEN}, headers=_AUTH)
-    await d.start()
-    yield d
-    await d.stop()
+async def authed(backend_env: dict[str, str], make_daemon: MakeDaemon) -> Daemon:
+    return await make_daemon(backend_env | {"API_TOKENS": _TOKEN}, headers=_AUTH)
 
 
 async def test_daemon_conforms_to_its_document(authed: Daemon) -> None:

@@ -14,7 +14,7 @@ from aiohttp.base_protocol import BaseProtocol
 from aiohttp.streams import StreamReader
 from aiohttp.test_utils import make_mocked_request
 
-from tests.conftest import Daemon, RealServers, new_sid, redis_flush_prefix
+from tests.conftest import Daemon, MakeDaemon, RealServers, new_sid, redis_flush_prefix
 from tiered_memory.errors import ConfigError
 from tiered_memory.rate_limit import parse_rate_limits, request_cost
 from tiered_memory.settings import Settings
@@ -102,120 +102,112 @@ async def _append(daemon: Daemon, token: str, sid: str, body: dict[str, str]) ->
     return resp.status
 
 
-async def test_a_tenant_past_its_rate_waits_and_the_others_do_not(backend_env: dict[str, str]) -> None:
+async def test_a_tenant_past_its_rate_waits_and_the_others_do_not(
+    backend_env: dict[str, str], make_daemon: MakeDaemon
+) -> None:
     """acme may make 5 requests a second: of 12 at once about 5 are served (404: no such session)
     and the rest are 429 with Retry-After; beta, not named, is never limited."""
     env = backend_env | {"API_TOKENS": f"acme:{ACME},beta:{BETA}", "RATE_LIMITS": "acme=5/s"}
-    daemon = Daemon(env)
-    await daemon.start()
-    try:
-        acme = await _statuses(daemon, ACME, 12)
-        served = [s for s, _ in acme if s == 404]
-        limited = [(s, r) for s, r in acme if s == 429]
-        assert 5 <= len(served) <= 7, acme
-        assert len(served) + len(limited) == 12
-        assert all(retry is not None and int(retry) >= 1 for _, retry in limited)
-        assert [s for s, _ in await _statuses(daemon, BETA, 12)] == [404] * 12
-        metrics = await (await daemon.http.get("/metrics")).text()
-        assert 'tiered_memory_rate_limited_total{scope="tenant"}' in metrics
-    finally:
-        await daemon.stop()
+    daemon = await make_daemon(env)
+    acme = await _statuses(daemon, ACME, 12)
+    served = [s for s, _ in acme if s == 404]
+    limited = [(s, r) for s, r in acme if s == 429]
+    assert 5 <= len(served) <= 7, acme
+    assert len(served) + len(limited) == 12
+    assert all(retry is not None and int(retry) >= 1 for _, retry in limited)
+    assert [s for s, _ in await _statuses(daemon, BETA, 12)] == [404] * 12
+    metrics = await (await daemon.http.get("/metrics")).text()
+    assert 'tiered_memory_rate_limited_total{scope="tenant"}' in metrics
 
 
-async def test_a_tenants_rate_counts_its_bodies_by_their_size(backend_env: dict[str, str]) -> None:
+async def test_a_tenants_rate_counts_its_bodies_by_their_size(
+    backend_env: dict[str, str], make_daemon: MakeDaemon
+) -> None:
     """acme=10/s: a 16 KB body counts 4 (one per started 4 KiB), so of 5 such appends in a row 2
     go (10 → 6 → 2 tokens; the third needs 4: 429), 3 if the bucket refilled meanwhile; a body sent
     without a length counts as the largest allowed, and goes only on a full bucket; beta's small
     requests are not slowed by acme's."""
     env = backend_env | {"API_TOKENS": f"acme:{ACME},beta:{BETA}", "RATE_LIMITS": "acme=10/s,beta=10/s"}
-    daemon = Daemon(env)
-    await daemon.start()
-    try:
-        headers = {"Authorization": f"Bearer {ACME}"}
-        sid = new_sid()
-        statuses = [
-            await _append(daemon, ACME, sid, {"role": "user", "content": "x" * 16_000, "message_id": f"m{i}"})
-            for i in range(5)
-        ]
-        assert 2 <= statuses.count(201) <= 3, statuses
-        assert statuses.count(429) == 5 - statuses.count(201)
-        stored = await (await daemon.http.get(f"/v1/sessions/{sid}/messages", headers=headers)).json()
-        assert len(stored["messages"]) == statuses.count(201)
+    daemon = await make_daemon(env)
+    headers = {"Authorization": f"Bearer {ACME}"}
+    sid = new_sid()
+    statuses = [
+        await _append(daemon, ACME, sid, {"role": "user", "content": "x" * 16_000, "message_id": f"m{i}"})
+        for i in range(5)
+    ]
+    assert 2 <= statuses.count(201) <= 3, statuses
+    assert statuses.count(429) == 5 - statuses.count(201)
+    stored = await (await daemon.http.get(f"/v1/sessions/{sid}/messages", headers=headers)).json()
+    assert len(stored["messages"]) == statuses.count(201)
 
-        async def chunks() -> AsyncIterator[bytes]:
-            yield b'{"role": "user", '
-            yield b'"content": "hi"}'
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b'{"role": "user", '
+        yield b'"content": "hi"}'
 
-        await asyncio.sleep(1.2)  # the bucket full again
-        chunked = [
-            (await daemon.http.post(f"/v1/sessions/{sid}/messages", data=chunks(), headers=headers)).status
-            for _ in range(2)
-        ]
-        assert chunked == [201, 429]
-        assert [s for s, _ in await _statuses(daemon, BETA, 8)] == [404] * 8
-    finally:
-        await daemon.stop()
+    await asyncio.sleep(1.2)  # the bucket full again
+    chunked = [
+        (await daemon.http.post(f"/v1/sessions/{sid}/messages", data=chunks(), headers=headers)).status
+        for _ in range(2)
+    ]
+    assert chunked == [201, 429]
+    assert [s for s, _ in await _statuses(daemon, BETA, 8)] == [404] * 8
 
 
-async def test_a_patch_is_charged_the_text_its_session_reads_back(backend_env: dict[str, str]) -> None:
+async def test_a_patch_is_charged_the_text_its_session_reads_back(
+    backend_env: dict[str, str], make_daemon: MakeDaemon
+) -> None:
     """A patched message drops the session's postings, and the next question reads the session
     back from SQL: 77 KB for two small requests. The patch is charged it (19 units against acme's
     5/s, into debt), so that none of the requests right after goes (without the charge, 4 would);
     on Redis the bucket is kept until it would be full again, refused requests or not."""
     env = backend_env | {"API_TOKENS": f"acme:{ACME}", "RATE_LIMITS": "acme=5/s"}
-    daemon = Daemon(env)
-    await daemon.start()
-    try:
-        sid = new_sid()
-        bodies = [
-            {"role": "user" if i % 2 == 0 else "assistant", "content": f"order{i:<9}" * 1100, "message_id": f"m{i}"}
-            for i in range(5)
-        ]
-        for body in [*bodies, {"role": "assistant", "content": "好的", "status": "streaming", "message_id": "r"}]:
-            for _ in range(20):  # within acme's rate: each waits its turn
-                status = await _append(daemon, ACME, sid, body)
-                if status != 429:
-                    break
-                await asyncio.sleep(0.3)
-            assert status == 201
-        await asyncio.sleep(1.2)  # the bucket full again
-        patch = {"content": "好的，订单3明天到。", "status": "completed"}
-        resp = await daemon.http.patch(
-            f"/v1/sessions/{sid}/messages/r", json=patch, headers={"Authorization": f"Bearer {ACME}"}
-        )
-        assert resp.status == 200, await resp.text()
-        assert [s for s, _ in await _statuses(daemon, ACME, 10)].count(404) == 0
-        if "REDIS_URL" in env:
-            client = redis.Redis.from_url(env["REDIS_URL"])
-            key = f"{env['REDIS_KEY_PREFIX']}:rate:{{tenant:acme}}"
-            tokens = float(client.hget(key, "tokens") or 0)
-            assert tokens < -10
-            assert client.ttl(key) >= (5 - tokens) / 5
-            client.close()
-    finally:
-        await daemon.stop()
+    daemon = await make_daemon(env)
+    sid = new_sid()
+    bodies = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"order{i:<9}" * 1100, "message_id": f"m{i}"}
+        for i in range(5)
+    ]
+    for body in [*bodies, {"role": "assistant", "content": "好的", "status": "streaming", "message_id": "r"}]:
+        for _ in range(20):  # within acme's rate: each waits its turn
+            status = await _append(daemon, ACME, sid, body)
+            if status != 429:
+                break
+            await asyncio.sleep(0.3)
+        assert status == 201
+    await asyncio.sleep(1.2)  # the bucket full again
+    patch = {"content": "好的，订单3明天到。", "status": "completed"}
+    resp = await daemon.http.patch(
+        f"/v1/sessions/{sid}/messages/r", json=patch, headers={"Authorization": f"Bearer {ACME}"}
+    )
+    assert resp.status == 200, await resp.text()
+    assert [s for s, _ in await _statuses(daemon, ACME, 10)].count(404) == 0
+    if "REDIS_URL" in env:
+        client = redis.Redis.from_url(env["REDIS_URL"])
+        key = f"{env['REDIS_KEY_PREFIX']}:rate:{{tenant:acme}}"
+        tokens = float(client.hget(key, "tokens") or 0)
+        assert tokens < -10
+        assert client.ttl(key) >= (5 - tokens) / 5
+        client.close()
 
 
-async def test_a_request_its_tenant_refuses_costs_its_token_nothing(backend_env: dict[str, str]) -> None:
+async def test_a_request_its_tenant_refuses_costs_its_token_nothing(
+    backend_env: dict[str, str], make_daemon: MakeDaemon
+) -> None:
     """Token 8/s, tenant 4/s, appends of 16 KB (4 each): after the first, the tenant refuses them,
     and each gives its token back what it took, so the token never refuses one itself (without
     the refund it would be empty from the third on)."""
     env = backend_env | {"API_TOKENS": f"acme:{ACME}", "RATE_LIMITS": "acme=4/s", "TOKEN_RATE_LIMIT": "8/s"}
-    daemon = Daemon(env)
-    await daemon.start()
-    try:
-        sid = new_sid()
-        statuses = [
-            await _append(daemon, ACME, sid, {"role": "user", "content": "x" * 15_000, "message_id": f"m{i}"})
-            for i in range(5)
-        ]
-        assert statuses[0] == 201, statuses
-        assert 429 in statuses, statuses
-        metrics = await (await daemon.http.get("/metrics")).text()
-        assert 'tiered_memory_rate_limited_total{scope="tenant"}' in metrics
-        assert 'tiered_memory_rate_limited_total{scope="token"}' not in metrics
-    finally:
-        await daemon.stop()
+    daemon = await make_daemon(env)
+    sid = new_sid()
+    statuses = [
+        await _append(daemon, ACME, sid, {"role": "user", "content": "x" * 15_000, "message_id": f"m{i}"})
+        for i in range(5)
+    ]
+    assert statuses[0] == 201, statuses
+    assert 429 in statuses, statuses
+    metrics = await (await daemon.http.get("/metrics")).text()
+    assert 'tiered_memory_rate_limited_total{scope="tenant"}' in metrics
+    assert 'tiered_memory_rate_limited_total{scope="token"}' not in metrics
 
 
 async def test_replicas_draw_on_one_bucket(real_servers: RealServers) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import Daemon, RealServers, new_sid, play
+from tests.conftest import Daemon, MakeDaemon, RealServers, new_sid, play
 from tests.replication import ReplicationPair
 from tiered_memory.model import NewMessage, Role, SessionKey, Summary, SummarySource
 from tiered_memory.testing import free_port
@@ -261,14 +261,14 @@ async def test_a_change_that_keeps_the_seq_is_read_from_the_primary_until_the_re
 
 
 async def test_the_daemon_reads_the_replica_and_its_own_writes_from_the_primary(
-    replication: ReplicationPair, database: str, real_servers: RealServers, tmp_path: Path
+    replication: ReplicationPair, database: str, real_servers: RealServers, tmp_path: Path, make_daemon: MakeDaemon
 ) -> None:
     """End to end, with DATABASE_READ_URL: while the replica is paused, the context and the
     messages API show the messages just posted (the hot tier flushed, so SQL answers them: the
     primary), and the lag gauge says the replica is not replicating (-1: a stopped SQL thread has
     no Seconds_Behind_Master). Running but unable to apply while posts go on, it lags (> 0); let go
     and caught up, it is back to 0 and the reads to the replica."""
-    d = Daemon(
+    d = await make_daemon(
         {
             "DATA_DIR": str(tmp_path / "data"),
             "SWEEP_INTERVAL_SECONDS": "3600",
@@ -280,45 +280,41 @@ async def test_the_daemon_reads_the_replica_and_its_own_writes_from_the_primary(
             "AUTO_MIGRATE": "true",
         }
     )
-    await d.start()
+    sid = new_sid()
+    await play(d, sid, [("what is the capital of peru", "lima"), ("and of chile", "santiago")])
+    await caught_up(replication)
+    await d.flush_hot()
+    context = await d.get(f"/v1/sessions/{sid}/context")
+    assert "santiago" in _contents(context)
+    assert (await _metrics(d))[REPLICA_READS, "replica"] > 0
+
+    replication.pause_replica()
     try:
-        sid = new_sid()
-        await play(d, sid, [("what is the capital of peru", "lima"), ("and of chile", "santiago")])
-        await caught_up(replication)
+        await play(d, sid, [("and of bolivia", "sucre, or la paz")])
         await d.flush_hot()
+        fell_back = (await _metrics(d))[REPLICA_READS, "primary"]
         context = await d.get(f"/v1/sessions/{sid}/context")
-        assert "santiago" in _contents(context)
-        assert (await _metrics(d))[REPLICA_READS, "replica"] > 0
-
-        replication.pause_replica()
-        try:
-            await play(d, sid, [("and of bolivia", "sucre, or la paz")])
-            await d.flush_hot()
-            fell_back = (await _metrics(d))[REPLICA_READS, "primary"]
-            context = await d.get(f"/v1/sessions/{sid}/context")
-            assert "sucre, or la paz" in _contents(context)
-            page = await d.get(f"/v1/sessions/{sid}/messages")
-            assert [m["seq"] for m in page["messages"]] == [1, 2, 3, 4, 5, 6]
-            assert page["messages"][-1]["content"] == "sucre, or la paz"
-            assert (await _metrics(d))[REPLICA_READS, "primary"] > fell_back
-            await _until_lag(d, "-1 (not replicating)", lambda lag: lag == -1)
-        finally:
-            replication.resume_replica()
-        await caught_up(replication)
-
-        with replication.held_replica():
-            await play(d, sid, [("and of ecuador", "quito")])
-            await _until_lag(d, "> 0", lambda lag: lag > 0, post=lambda n: d.post(sid, "user", f"still here {n}"))
-        await caught_up(replication)
-        await _until_lag(d, "0", lambda lag: lag == 0)
-
-        replica_reads = (await _metrics(d))[REPLICA_READS, "replica"]
-        await d.flush_hot()
+        assert "sucre, or la paz" in _contents(context)
         page = await d.get(f"/v1/sessions/{sid}/messages")
-        assert page["messages"][7]["content"] == "quito"
-        assert (await _metrics(d))[REPLICA_READS, "replica"] > replica_reads
+        assert [m["seq"] for m in page["messages"]] == [1, 2, 3, 4, 5, 6]
+        assert page["messages"][-1]["content"] == "sucre, or la paz"
+        assert (await _metrics(d))[REPLICA_READS, "primary"] > fell_back
+        await _until_lag(d, "-1 (not replicating)", lambda lag: lag == -1)
     finally:
-        await d.stop()
+        replication.resume_replica()
+    await caught_up(replication)
+
+    with replication.held_replica():
+        await play(d, sid, [("and of ecuador", "quito")])
+        await _until_lag(d, "> 0", lambda lag: lag > 0, post=lambda n: d.post(sid, "user", f"still here {n}"))
+    await caught_up(replication)
+    await _until_lag(d, "0", lambda lag: lag == 0)
+
+    replica_reads = (await _metrics(d))[REPLICA_READS, "replica"]
+    await d.flush_hot()
+    page = await d.get(f"/v1/sessions/{sid}/messages")
+    assert page["messages"][7]["content"] == "quito"
+    assert (await _metrics(d))[REPLICA_READS, "replica"] > replica_reads
 
 
 async def _until_lag(

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Daemon, new_sid, play, tag_chars
+from tests.conftest import Daemon, MakeDaemon, new_sid, play, tag_chars
 from tests.test_api import sql_statements
 from tests.test_text_lane import _slow
 from tiered_memory.app_keys import HOT_KEY, TEXT_KEY
@@ -195,7 +195,7 @@ async def _indexed(daemon: Daemon, sid: SessionKey) -> None:
 
 
 @pytest.mark.parametrize("backend_env", ["real"], indirect=True)
-async def test_every_process_reads_the_same_postings(daemon: Daemon) -> None:
+async def test_every_process_reads_the_same_postings(daemon: Daemon, make_daemon: MakeDaemon) -> None:
     """On Redis the postings are every replica's: a process that never saw the session's appends
     (the daemon restarted) answers its first question from them at once, reading no message
     from SQL, and a
@@ -214,17 +214,13 @@ async def test_every_process_reads_the_same_postings(daemon: Daemon) -> None:
     assert _LABEL in _text(asked)
     assert "398元" in _text(asked)
     assert not daemon.registry.get_sample_value("tiered_memory_questions_unindexed_total")
-    other = Daemon(daemon.env)
-    await other.start()
-    try:
-        other.service._history._question_wait_s = 0.0
-        await play(other, sid, [("我还想买一副羽毛球拍。", "推荐碳素羽毛球拍，单支299元。"), *_DRIFT[:4]])
-        await _indexed(other, sid)
-        found = (await daemon.get(f"/v1/sessions/{sid}/recall?q=羽毛球拍"))["matches"]
-        assert "299元" in " ".join(m["content"] for m in found[0]["messages"])
-        assert not history._builds
-    finally:
-        await other.stop()
+    other = await make_daemon(daemon.env)
+    other.service._history._question_wait_s = 0.0
+    await play(other, sid, [("我还想买一副羽毛球拍。", "推荐碳素羽毛球拍，单支299元。"), *_DRIFT[:4]])
+    await _indexed(other, sid)
+    found = (await daemon.get(f"/v1/sessions/{sid}/recall?q=羽毛球拍"))["matches"]
+    assert "299元" in " ".join(m["content"] for m in found[0]["messages"])
+    assert not history._builds
 
 
 async def test_postings_left_by_a_deleted_session_are_dropped(daemon: Daemon) -> None:

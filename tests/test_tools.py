@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import Daemon, new_sid, tag_chars
+from tests.conftest import Daemon, MakeDaemon, new_sid, tag_chars
 from tiered_memory.context import alternate, compose
 from tiered_memory.context_policy import Candidates, choose
 from tiered_memory.dialogue import shown_and_events, tool_fields
@@ -230,7 +230,9 @@ async def test_what_a_tool_returned_is_in_the_summary(daemon: Daemon) -> None:
     assert "2026-12-05" in summary, summary
 
 
-async def test_the_llm_reads_tool_results_and_events_labelled(backend_env: dict[str, str], fake_llm: FakeLlm) -> None:
+async def test_the_llm_reads_tool_results_and_events_labelled(
+    backend_env: dict[str, str], fake_llm: FakeLlm, make_daemon: MakeDaemon
+) -> None:
     """The LLM's request names the tool's result and the gateway's note by their roles and says
     what to keep of them; the call shows as the function it called."""
     payload = {
@@ -243,26 +245,22 @@ async def test_the_llm_reads_tool_results_and_events_labelled(backend_env: dict[
         "retrieval_hints": ["A123"],
     }
     fake_llm.behaviour = Behaviour(text=json.dumps(payload))
-    daemon = Daemon(backend_env | {"LLM_BASE_URL": fake_llm.url, "SUMMARY_MODEL": "m"})
-    await daemon.start_quiet(fake_llm)
-    try:
-        sid = new_sid()
-        await _order_turn(daemon, sid)
-        await daemon.post(sid, "system", "call transferred to billing")
-        await daemon.post(sid, "user", "Can I change the delivery address?")
-        await daemon.post(sid, "assistant", "Billing cannot, but I can note it for the courier.")
-        assert (await daemon.http.post(f"/v1/sessions/{sid}/close")).status == 200
-        await daemon.settle()
-        prompt = fake_llm.last_user_prompt()
-        tool = '{"role": "tool", "text": "lookup_order: order id: A123, status: shipped, tracking: 1Z999AA10123456784'
-        assert tool in prompt
-        assert '{"role": "assistant", "text": "→ lookup_order: order id: A123"}' in prompt
-        assert '{"role": "event", "text": "call transferred to billing"}' in prompt
-        assert "keep its order numbers" in prompt
-        summary = await daemon.get(f"/v1/sessions/{sid}/summary")
-        assert summary["source"] == "llm"
-    finally:
-        await daemon.stop()
+    daemon = await make_daemon(backend_env | {"LLM_BASE_URL": fake_llm.url, "SUMMARY_MODEL": "m"}, quiet=fake_llm)
+    sid = new_sid()
+    await _order_turn(daemon, sid)
+    await daemon.post(sid, "system", "call transferred to billing")
+    await daemon.post(sid, "user", "Can I change the delivery address?")
+    await daemon.post(sid, "assistant", "Billing cannot, but I can note it for the courier.")
+    assert (await daemon.http.post(f"/v1/sessions/{sid}/close")).status == 200
+    await daemon.settle()
+    prompt = fake_llm.last_user_prompt()
+    tool = '{"role": "tool", "text": "lookup_order: order id: A123, status: shipped, tracking: 1Z999AA10123456784'
+    assert tool in prompt
+    assert '{"role": "assistant", "text": "→ lookup_order: order id: A123"}' in prompt
+    assert '{"role": "event", "text": "call transferred to billing"}' in prompt
+    assert "keep its order numbers" in prompt
+    summary = await daemon.get(f"/v1/sessions/{sid}/summary")
+    assert summary["source"] == "llm"
 
 
 async def test_a_batch_imports_tool_turns_all_or_none(daemon: Daemon) -> None:
@@ -288,30 +286,28 @@ async def test_a_batch_imports_tool_turns_all_or_none(daemon: Daemon) -> None:
 
 
 @pytest.mark.parametrize("window", ["1", "2"])
-async def test_a_window_boundary_inside_tool_traffic_moves(backend_env: dict[str, str], window: str) -> None:
+async def test_a_window_boundary_inside_tool_traffic_moves(
+    backend_env: dict[str, str], window: str, make_daemon: MakeDaemon
+) -> None:
     """A late result stored in a later turn than its call: once a summary covers the call's
     turn, a window that starts at the result's turn leaves the orphaned result out instead of
     sending it without its call; a window that reaches the call shows both, together."""
-    daemon = Daemon(backend_env | {"KEEP_RECENT_TURNS": window, "CONTEXT_OLDER_TURNS": "false"})
-    await daemon.start()
-    try:
-        sid = new_sid()
-        await _send(daemon, sid, {"role": "user", "content": "Check A123"})
-        await _send(daemon, sid, {"role": "assistant", "tool_calls": [_call("late")]})
-        await _send(daemon, sid, {"role": "assistant", "content": "Still looking."})
-        await _send(daemon, sid, {"role": "user", "content": "Any news?"})
-        await _send(daemon, sid, {"role": "tool", "tool_call_id": "late", "content": _ORDER})
-        await _send(daemon, sid, {"role": "assistant", "content": "It shipped."})
-        assert (await daemon.http.post(f"/v1/sessions/{sid}/close")).status == 200
-        await daemon.settle()
-        ctx = await daemon.get(f"/v1/sessions/{sid}/context?max_chars=4000")
-        assert ctx["covered_turns"] == 2
-        assert_provider_valid(ctx["messages"])
-        tools = [m for m in ctx["messages"] if m["role"] == "tool"]
-        assert len(tools) == (1 if window == "2" else 0)
-        assert ctx["messages"][-1] == {"role": "assistant", "content": "It shipped."}
-    finally:
-        await daemon.stop()
+    daemon = await make_daemon(backend_env | {"KEEP_RECENT_TURNS": window, "CONTEXT_OLDER_TURNS": "false"})
+    sid = new_sid()
+    await _send(daemon, sid, {"role": "user", "content": "Check A123"})
+    await _send(daemon, sid, {"role": "assistant", "tool_calls": [_call("late")]})
+    await _send(daemon, sid, {"role": "assistant", "content": "Still looking."})
+    await _send(daemon, sid, {"role": "user", "content": "Any news?"})
+    await _send(daemon, sid, {"role": "tool", "tool_call_id": "late", "content": _ORDER})
+    await _send(daemon, sid, {"role": "assistant", "content": "It shipped."})
+    assert (await daemon.http.post(f"/v1/sessions/{sid}/close")).status == 200
+    await daemon.settle()
+    ctx = await daemon.get(f"/v1/sessions/{sid}/context?max_chars=4000")
+    assert ctx["covered_turns"] == 2
+    assert_provider_valid(ctx["messages"])
+    tools = [m for m in ctx["messages"] if m["role"] == "tool"]
+    assert len(tools) == (1 if window == "2" else 0)
+    assert ctx["messages"][-1] == {"role": "assistant", "content": "It shipped."}
 
 
 def _dialogue(data: Any) -> list[Message]:

@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from tests.conftest import Daemon, new_sid
+from tests.conftest import MakeDaemon, new_sid
 from tests.test_client import base_url
 from tiered_memory.app import create_app
 from tiered_memory.client import AsyncClient
@@ -59,21 +59,18 @@ def assert_no_content(spans: Sequence[ReadableSpan]) -> None:
 
 
 async def test_a_turn_is_traced_across_its_tiers_under_the_gateways_trace(
-    backend_env: dict[str, str], fake_llm: FakeLlm
+    backend_env: dict[str, str], fake_llm: FakeLlm, make_daemon: MakeDaemon
 ) -> None:
     tracing, exporter = in_memory()
     env = backend_env | {"LLM_BASE_URL": fake_llm.url, "SUMMARY_MODEL": "fake", "SUMMARY_FORMAT": "text"}
-    d = Daemon(env, tracing=tracing)
-    await d.start()
-    try:
-        sid = new_sid()
-        for user, assistant in TURNS:
-            for path, body in (("turns", {"content": user}), ("messages", {"role": "assistant", "content": assistant})):
-                resp = await d.http.post(f"/v1/sessions/{sid}/{path}", json=body, headers={"traceparent": TRACEPARENT})
-                assert resp.status in (200, 201), await resp.text()
-        await d.settle()
-    finally:
-        await d.stop()
+    d = await make_daemon(env, tracing=tracing)
+    sid = new_sid()
+    for user, assistant in TURNS:
+        for path, body in (("turns", {"content": user}), ("messages", {"role": "assistant", "content": assistant})):
+            resp = await d.http.post(f"/v1/sessions/{sid}/{path}", json=body, headers={"traceparent": TRACEPARENT})
+            assert resp.status in (200, 201), await resp.text()
+    await d.settle()
+    await d.stop()
     spans = exporter.get_finished_spans()
 
     turns = [s for s in spans if s.name == TURNS_ROUTE]
@@ -149,7 +146,9 @@ def test_an_exception_leaving_a_span_is_recorded_by_its_type_only() -> None:
     assert_no_content([span])
 
 
-async def test_a_5xx_marks_its_span_failed_and_probes_get_none(tmp_path_factory: pytest.TempPathFactory) -> None:
+async def test_a_5xx_marks_its_span_failed_and_probes_get_none(
+    tmp_path_factory: pytest.TempPathFactory, make_daemon: MakeDaemon
+) -> None:
     tracing, exporter = in_memory()
     # SQL that refuses every connection: the daemon starts (reads may come from the hot tier),
     # and an append answers 503.
@@ -159,15 +158,12 @@ async def test_a_5xx_marks_its_span_failed_and_probes_get_none(tmp_path_factory:
         "SQL_TIMEOUT_MS": "1000",
         "SWEEP_INTERVAL_SECONDS": "3600",
     }
-    d = Daemon(env, tracing=tracing)
-    await d.start()
-    try:
-        resp = await d.http.post(f"/v1/sessions/{new_sid()}/messages", json={"role": "user", "content": SECRET})
-        assert resp.status == 503
-        for probe in ("/healthz", "/metrics"):
-            assert (await d.http.get(probe)).status == 200
-    finally:
-        await d.stop()
+    d = await make_daemon(env, tracing=tracing)
+    resp = await d.http.post(f"/v1/sessions/{new_sid()}/messages", json={"role": "user", "content": SECRET})
+    assert resp.status == 503
+    for probe in ("/healthz", "/metrics"):
+        assert (await d.http.get(probe)).status == 200
+    await d.stop()
     spans = exporter.get_finished_spans()
     (request,) = [s for s in spans if s.name == "POST /v1/sessions/{session_id}/messages"]
     assert request.status.status_code.name == "ERROR"
@@ -180,15 +176,14 @@ async def test_a_5xx_marks_its_span_failed_and_probes_get_none(tmp_path_factory:
     assert_no_content(spans)
 
 
-async def test_a_refused_request_without_a_traceparent_starts_a_trace(backend_env: dict[str, str]) -> None:
+async def test_a_refused_request_without_a_traceparent_starts_a_trace(
+    backend_env: dict[str, str], make_daemon: MakeDaemon
+) -> None:
     tracing, exporter = in_memory()
-    d = Daemon(backend_env, tracing=tracing)
-    await d.start()
-    try:
-        resp = await d.http.post(f"/v1/sessions/{new_sid()}/messages", json={"role": "robot", "content": "x"})
-        assert resp.status == 400
-    finally:
-        await d.stop()
+    d = await make_daemon(backend_env, tracing=tracing)
+    resp = await d.http.post(f"/v1/sessions/{new_sid()}/messages", json={"role": "robot", "content": "x"})
+    assert resp.status == 400
+    await d.stop()
     (span,) = [s for s in exporter.get_finished_spans() if s.name == "POST /v1/sessions/{session_id}/messages"]
     assert span.attributes is not None
     assert span.attributes["http.response.status_code"] == 400
@@ -196,20 +191,21 @@ async def test_a_refused_request_without_a_traceparent_starts_a_trace(backend_en
     assert span.parent is None
 
 
-async def test_the_python_client_sends_its_callers_trace(tmp_path_factory: pytest.TempPathFactory) -> None:
+async def test_the_python_client_sends_its_callers_trace(
+    tmp_path_factory: pytest.TempPathFactory, make_daemon: MakeDaemon
+) -> None:
     tracing, exporter = in_memory()
-    d = Daemon({"DATA_DIR": str(tmp_path_factory.mktemp("data")), "SWEEP_INTERVAL_SECONDS": "3600"}, tracing=tracing)
+    env = {"DATA_DIR": str(tmp_path_factory.mktemp("data")), "SWEEP_INTERVAL_SECONDS": "3600"}
+    d = await make_daemon(env, tracing=tracing, start=False)
     gateway, _ = in_memory()
     await d.start()
-    try:
-        async with AsyncClient(base_url(d)) as mem:
-            with gateway.span("gateway turn") as caller:
-                assert caller is not None
-                await mem.append(new_sid(), "user", "你好")
-            # Without a current span nothing is sent: a trace of the daemon's own.
-            await mem.append(new_sid(), "user", "再见")
-    finally:
-        await d.stop()
+    async with AsyncClient(base_url(d)) as mem:
+        with gateway.span("gateway turn") as caller:
+            assert caller is not None
+            await mem.append(new_sid(), "user", "你好")
+        # Without a current span nothing is sent: a trace of the daemon's own.
+        await mem.append(new_sid(), "user", "再见")
+    await d.stop()
     appends = [s for s in exporter.get_finished_spans() if s.name == "POST /v1/sessions/{session_id}/messages"]
     assert len(appends) == 2
     joined, alone = appends
@@ -264,7 +260,7 @@ async def collector() -> AsyncIterator[Collector]:
 
 
 async def test_spans_are_exported_to_the_otlp_endpoint(
-    collector: Collector, tmp_path_factory: pytest.TempPathFactory
+    collector: Collector, tmp_path_factory: pytest.TempPathFactory, make_daemon: MakeDaemon
 ) -> None:
     env = {
         "DATA_DIR": str(tmp_path_factory.mktemp("data")),
@@ -272,14 +268,11 @@ async def test_spans_are_exported_to_the_otlp_endpoint(
         "OTEL_EXPORTER_OTLP_ENDPOINT": collector.url,
         "OTEL_SERVICE_NAME": "memory-under-test",
     }
-    d = Daemon(env)
-    await d.start()
-    try:
-        resp = await d.http.post(f"/v1/sessions/{new_sid()}/messages", json={"role": "user", "content": "你好"})
-        assert resp.status == 201
-    finally:
-        # Stopping the app flushes what the batch processor still holds.
-        await d.stop()
+    d = await make_daemon(env)
+    resp = await d.http.post(f"/v1/sessions/{new_sid()}/messages", json={"role": "user", "content": "你好"})
+    assert resp.status == 201
+    # Stopping the app flushes what the batch processor still holds.
+    await d.stop()
     for _ in range(50):
         if collector.requests:
             break

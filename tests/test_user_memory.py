@@ -9,7 +9,6 @@ import base64
 import itertools
 import json
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ import redis
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from tests.conftest import Daemon, memory_of, new_sid, tag_chars
+from tests.conftest import Daemon, MakeDaemon, memory_of, new_sid, tag_chars
 from tests.processes import run_cli
 from tests.test_auth import ACME, ADMIN, OTHER, bearer
 from tiered_memory.model import SessionKey
@@ -43,7 +42,7 @@ def new_user(name: str) -> str:
 
 
 @pytest.fixture
-async def authed(backend_env: dict[str, str]) -> AsyncIterator[Daemon]:
+async def authed(backend_env: dict[str, str], make_daemon: MakeDaemon) -> Daemon:
     """An unrestricted token and the tokens of tenants `acme` and `other`; lifecycle events go to a
     webhook nobody listens on, so they stay in the outbox (an erasure must remove them too)."""
     env = backend_env | {
@@ -51,10 +50,7 @@ async def authed(backend_env: dict[str, str]) -> AsyncIterator[Daemon]:
         "WEBHOOK_URLS": "http://127.0.0.1:9/hook",
         "WEBHOOK_SECRET": "not-listened-to",
     }
-    d = Daemon(env, headers=bearer(ADMIN))
-    await d.start()
-    yield d
-    await d.stop()
+    return await make_daemon(env, headers=bearer(ADMIN))
 
 
 async def session(d: Daemon, sid: str, turns: list[tuple[str, str]], headers: dict[str, str]) -> None:

@@ -522,6 +522,11 @@ def tag_chars(messages: list[dict[str, Any]]) -> int:
     return len(system) - len(memory_of(system)) - system.index('<memory note="') if '<memory note="' in system else 0
 
 
+def llm_env(env: dict[str, str], llm: FakeLlm, **extra: str) -> dict[str, str]:
+    """`env` with summaries by the fake LLM (model `m`), and `extra` settings over both."""
+    return env | {"LLM_BASE_URL": llm.url, "SUMMARY_MODEL": "m"} | extra
+
+
 def new_sid() -> SessionKey:
     """A new session id: in the tenant-less namespace it is also the session's stored key."""
     return SessionKey(f"s-{uuid.uuid4().hex[:12]}")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import aiohttp
 
-from tests.conftest import Daemon, MakeDaemon, await_job, new_sid, play
+from tests.conftest import Daemon, MakeDaemon, await_job, llm_env, new_sid, play
 from tiered_memory.app_keys import HOT_KEY
 from tiered_memory.testing import ZH_12_TURNS, Behaviour, DaemonProcess, FakeLlm, processes
 
@@ -151,7 +151,7 @@ async def test_a_rebuild_stuck_on_a_slow_llm_holds_no_request(
     deadline, the POST is answered 202 within the deadline, the job runs past it (it is no request
     the deadline cancels) and ends with the LLM's summary; meanwhile the session's summary lock is
     the job's, and no request of the process is held."""
-    env = backend_env | {"LLM_BASE_URL": fake_llm.url, "SUMMARY_MODEL": "m", "REQUEST_TIMEOUT_MS": "1500"}
+    env = llm_env(backend_env, fake_llm, REQUEST_TIMEOUT_MS="1500")
     env |= {"LLM_TIMEOUT_SECONDS": "10", "SUMMARY_FORMAT": "text"}
     daemon = await make_daemon(env, quiet=fake_llm)
     sid = new_sid()

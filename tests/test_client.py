@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from tests.conftest import Daemon, MakeDaemon, RealServers, new_sid, sql_rows
+from tests.conftest import Daemon, MakeDaemon, RealServers, llm_env, new_sid, sql_rows
 from tests.faults import TcpProxy, proxied
 from tiered_memory.client import (
     AsyncClient,
@@ -185,7 +185,7 @@ async def test_rebuild_summary_waits_for_its_job(
     """rebuild_summary starts the job and polls it: past `wait_timeout` it raises Timeout while the
     job goes on (start_rebuild then answers that job); a job that fails raises by its code (one
     overtaken by another writer: Conflict); one that is done returns the summary and every slice."""
-    env = backend_env | {"LLM_BASE_URL": fake_llm.url, "SUMMARY_MODEL": "m", "SUMMARY_FORMAT": "text"}
+    env = llm_env(backend_env, fake_llm, SUMMARY_FORMAT="text")
     d = await make_daemon(env, quiet=fake_llm)
     sid = new_sid()
     for user, assistant in ZH_12_TURNS[:4]:

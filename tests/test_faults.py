@@ -14,7 +14,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from tests.conftest import Daemon, MakeDaemon, RealServers, new_sid, play, sql_rows
+from tests.conftest import Daemon, MakeDaemon, RealServers, llm_env, new_sid, play, sql_rows
 from tests.faults import RedisProcess, TcpProxy, proxied
 from tiered_memory.testing import ZH_12_TURNS, ZH_EARLY_EVIDENCE, FakeLlm
 
@@ -64,11 +64,6 @@ def _env(real_servers: RealServers, **extra: str) -> dict[str, str]:
         "SQL_TIMEOUT_MS": "15000",
     }
     return env | extra
-
-
-def _llm_env(backend_env: dict[str, str], fake_llm: FakeLlm, **extra: str) -> dict[str, str]:
-    """The settings of a daemon that summarizes with the fake LLM, with `extra` settings."""
-    return backend_env | {"LLM_BASE_URL": fake_llm.url, "SUMMARY_MODEL": "fake"} | extra
 
 
 def _marked(sid: str, turns: list[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -379,7 +374,7 @@ async def test_llm_breaker_stops_calling_a_failing_llm(
     else:
         fake_llm.behaviour.mode = mode
     d = await make_daemon(
-        _llm_env(
+        llm_env(
             backend_env, fake_llm, LLM_TIMEOUT_SECONDS="0.3", LLM_BREAKER_FAILURES="2", LLM_BREAKER_RESET_SECONDS="600"
         ),
         quiet=fake_llm,
@@ -404,9 +399,7 @@ async def test_llm_breaker_probes_and_recovers(
 ) -> None:
     fake_llm.behaviour.mode = "status"
     d = await make_daemon(
-        _llm_env(
-            backend_env, fake_llm, SUMMARY_FORMAT="text", LLM_BREAKER_FAILURES="1", LLM_BREAKER_RESET_SECONDS="0.5"
-        )
+        llm_env(backend_env, fake_llm, SUMMARY_FORMAT="text", LLM_BREAKER_FAILURES="1", LLM_BREAKER_RESET_SECONDS="0.5")
     )
     sid = new_sid()
     await play(d, sid, ZH_12_TURNS[:3])
@@ -427,7 +420,7 @@ async def test_no_utterance_request_waits_on_a_slow_llm(
     """With a summary call outstanding for seconds, appends, context and summary reads of the
     same session are answered meanwhile (the LLM call is still in flight when they return)."""
     fake_llm.behaviour.delay_s = 3.0
-    d = await make_daemon(_llm_env(backend_env, fake_llm, LLM_TIMEOUT_SECONDS="10"))
+    d = await make_daemon(llm_env(backend_env, fake_llm, LLM_TIMEOUT_SECONDS="10"))
     sid = new_sid()
     replies = await play(d, sid, ZH_12_TURNS[:3])
     assert replies[-1]["summary_scheduled"] is True
@@ -454,7 +447,7 @@ async def test_close_never_waits_on_the_llm(
     it answers at once with what SQL has and leaves the final pass to the background, which then
     covers every turn; the close after that reports it persisted."""
     fake_llm.behaviour.delay_s = 3.0
-    d = await make_daemon(_llm_env(backend_env, fake_llm, SUMMARY_FORMAT="text", LLM_TIMEOUT_SECONDS="10"))
+    d = await make_daemon(llm_env(backend_env, fake_llm, SUMMARY_FORMAT="text", LLM_TIMEOUT_SECONDS="10"))
     quiet = new_sid()
     await play(d, quiet, _marked(quiet, ZH_12_TURNS[:2]))  # below the cadence: no background pass
     resp = await d.http.post(f"/v1/sessions/{quiet}/close")
@@ -488,7 +481,7 @@ async def test_an_idle_close_still_asks_the_llm(
 ) -> None:
     """The sweeper's idle close has nobody waiting on it: the last turns are summarized LLM first."""
     d = await make_daemon(
-        _llm_env(
+        llm_env(
             backend_env, fake_llm, SUMMARY_FORMAT="text", SESSION_IDLE_CLOSE_SECONDS="1", SWEEP_INTERVAL_SECONDS="0.2"
         )
     )

@@ -16,7 +16,7 @@ import structlog
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from tests.conftest import MakeDaemon, new_sid, play
+from tests.conftest import MakeDaemon, llm_env, new_sid, play
 from tests.test_tools import _order_turn
 from tiered_memory.errors import LlmFailed
 from tiered_memory.language import Language, conversation_language, language_of
@@ -264,12 +264,7 @@ async def test_unreachable_llm_is_a_transport_failure() -> None:
 
 def _llm_env(env: dict[str, str], llm: FakeLlm, timeout: str = "5") -> dict[str, str]:
     # Plain-text summaries here; the structured format has its own tests.
-    return env | {
-        "LLM_BASE_URL": llm.url,
-        "SUMMARY_MODEL": "summary-model",
-        "LLM_TIMEOUT_SECONDS": timeout,
-        "SUMMARY_FORMAT": "text",
-    }
+    return llm_env(env, llm, SUMMARY_MODEL="summary-model", LLM_TIMEOUT_SECONDS=timeout, SUMMARY_FORMAT="text")
 
 
 async def test_llm_summary_is_stored_with_its_source(

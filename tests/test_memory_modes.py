@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Daemon, MakeDaemon, memory_of, new_sid, play, rebuild, tag_chars
+from tests.conftest import Daemon, MakeDaemon, llm_env, memory_of, new_sid, play, rebuild, tag_chars
 from tiered_memory.testing import ZH_12_TURNS, Behaviour, FakeLlm
 
 
@@ -301,7 +301,7 @@ async def test_slices_lead_back_to_messages_and_rebuild_with_a_new_prompt(
     a slice's messages_url returns exactly its raw messages; rebuild after a prompt change
     recomputes every slice (COMPRESSION_BATCH_TURNS per slice) and the summary under the new prompt."""
     fake_llm.behaviour = Behaviour(text="用户王小明咨询活力健。")
-    env = backend_env | {"LLM_BASE_URL": fake_llm.url, "SUMMARY_MODEL": "model-a", "SUMMARY_FORMAT": "text"}
+    env = llm_env(backend_env, fake_llm, SUMMARY_MODEL="model-a", SUMMARY_FORMAT="text")
     d = await make_daemon(env)
     sid = new_sid()
     for user, assistant in ZH_12_TURNS[:7]:
@@ -360,7 +360,7 @@ async def test_forty_turns_hold_budgets_lose_no_turn_and_cost_flat(
             ensure_ascii=False,
         )
     )
-    env = backend_env | {"LLM_BASE_URL": fake_llm.url, "SUMMARY_MODEL": "m", "MEMORY_MODE": mode}
+    env = llm_env(backend_env, fake_llm, MEMORY_MODE=mode)
     d = await make_daemon(env)
     sid = new_sid()
     budget = 700
@@ -432,7 +432,7 @@ async def test_under_a_tight_budget_uncovered_turns_are_carried(
     digest at its head); the budget cuts the older summary, not them."""
     long_summary = "用户早前咨询了活力健。" + "细节" * 600
     fake_llm.behaviour = Behaviour(text=long_summary)
-    env = backend_env | {"LLM_BASE_URL": fake_llm.url, "SUMMARY_MODEL": "m", "SUMMARY_FORMAT": "text"}
+    env = llm_env(backend_env, fake_llm, SUMMARY_FORMAT="text")
     d = await make_daemon(env)
     sid = new_sid()
     await play(d, sid, ZH_12_TURNS[:3])

@@ -15,14 +15,10 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Daemon, MakeDaemon, RealServers, await_job, new_sid, play
+from tests.conftest import Daemon, MakeDaemon, RealServers, await_job, llm_env, new_sid, play
 from tiered_memory.app_keys import HOT_KEY
 from tiered_memory.model import JobState, RebuildJob
 from tiered_memory.testing import ZH_12_TURNS, Behaviour, FakeLlm
-
-
-def llm_env(env: dict[str, str], llm: FakeLlm, **extra: str) -> dict[str, str]:
-    return env | {"LLM_BASE_URL": llm.url, "SUMMARY_MODEL": "m", "SUMMARY_FORMAT": "text", **extra}
 
 
 async def started(d: Daemon, sid: str) -> tuple[dict[str, Any], str]:
@@ -44,7 +40,8 @@ async def test_a_rebuild_is_answered_at_once_and_runs_once_per_session(
     request); a second POST meanwhile answers the same job and the LLM sees one rebuild's calls;
     the done job says what it made and leads to the paginated slices; the next POST starts anew."""
     d = await make_daemon(
-        llm_env(backend_env, fake_llm, REQUEST_TIMEOUT_MS="1000", LLM_TIMEOUT_SECONDS="10"), quiet=fake_llm
+        llm_env(backend_env, fake_llm, REQUEST_TIMEOUT_MS="1000", LLM_TIMEOUT_SECONDS="10", SUMMARY_FORMAT="text"),
+        quiet=fake_llm,
     )
     sid = new_sid()
     await play(d, sid, ZH_12_TURNS[:7])
@@ -93,7 +90,7 @@ async def test_rebuilds_and_summaries_share_summary_concurrency(
 ) -> None:
     """With SUMMARY_CONCURRENCY=1, two sessions' rebuilds and a third's background summary never
     have more than one LLM call in flight at once, and all of them are done."""
-    env = llm_env(backend_env, fake_llm, SUMMARY_CONCURRENCY="1", COMPRESSION_BATCH_TURNS="3")
+    env = llm_env(backend_env, fake_llm, SUMMARY_CONCURRENCY="1", COMPRESSION_BATCH_TURNS="3", SUMMARY_FORMAT="text")
     d = await make_daemon(env | {"SUMMARY_EVERY_N_TURNS": "3"}, quiet=fake_llm)
     first, second, third = new_sid(), new_sid(), new_sid()
     for sid in (first, second):
@@ -147,7 +144,9 @@ async def test_a_failed_rebuild_ends_failed_with_its_reason(
     """A rebuild that another writer overtakes (a summary written without the lock, as a replica
     cut from Redis does) ends `failed` with `conflict` and the other writer's summary stands; one
     whose session is deleted meanwhile ends `not_found`. Each is counted by outcome."""
-    d = await make_daemon(llm_env(backend_env, fake_llm, LLM_TIMEOUT_SECONDS="10"), quiet=fake_llm)
+    d = await make_daemon(
+        llm_env(backend_env, fake_llm, LLM_TIMEOUT_SECONDS="10", SUMMARY_FORMAT="text"), quiet=fake_llm
+    )
     raced, deleted = new_sid(), new_sid()
     for sid in (raced, deleted):
         await play(d, sid, ZH_12_TURNS[:3])
@@ -188,7 +187,9 @@ async def test_shutdown_cancels_a_rebuild_and_lets_its_lock_go(
 ) -> None:
     """What the app's cleanup does past SHUTDOWN_GRACE_SECONDS: a rebuild stuck on the LLM is
     cancelled, reads `failed` with `cancelled`, and its summary lock is free."""
-    d = await make_daemon(llm_env(backend_env, fake_llm, LLM_TIMEOUT_SECONDS="30"), quiet=fake_llm)
+    d = await make_daemon(
+        llm_env(backend_env, fake_llm, LLM_TIMEOUT_SECONDS="30", SUMMARY_FORMAT="text"), quiet=fake_llm
+    )
     try:
         sid = new_sid()
         await play(d, sid, ZH_12_TURNS[:2])
@@ -249,7 +250,8 @@ async def test_the_rebuilds_a_process_keeps_are_bounded(
     with Retry-After and starts nothing, while the session's own live job is still answered
     (MAX_INFLIGHT_REQUESTS=0: neither is bounded)."""
     d = await make_daemon(
-        llm_env(backend_env, fake_llm, MAX_INFLIGHT_REQUESTS="1", LLM_TIMEOUT_SECONDS="10"), quiet=fake_llm
+        llm_env(backend_env, fake_llm, MAX_INFLIGHT_REQUESTS="1", LLM_TIMEOUT_SECONDS="10", SUMMARY_FORMAT="text"),
+        quiet=fake_llm,
     )
     busy, waiting = new_sid(), new_sid()
     for sid in (busy, waiting):
@@ -297,7 +299,7 @@ async def test_a_jobs_state_is_read_through_another_replica(
     """Two daemons on one Redis and one database: a job one started is read running and done
     through the other, which answers a POST with it rather than starting a second; a job that
     its daemon's shutdown cancelled reads `cancelled` through the other."""
-    env = llm_env(shared_env, fake_llm, LLM_TIMEOUT_SECONDS="30", SHUTDOWN_GRACE_SECONDS="0")
+    env = llm_env(shared_env, fake_llm, LLM_TIMEOUT_SECONDS="30", SHUTDOWN_GRACE_SECONDS="0", SUMMARY_FORMAT="text")
     one = await make_daemon(env, quiet=fake_llm)
     two = await make_daemon(env, quiet=fake_llm)
     try:

@@ -9,14 +9,9 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import MakeDaemon, new_sid, play
+from tests.conftest import MakeDaemon, llm_env, new_sid, play
 from tiered_memory.summarize.payload import check_text, looks_like_answer, planning_history
 from tiered_memory.testing import ZH_12_TURNS, Behaviour, FakeLlm
-
-
-def _llm_env(env: dict[str, str], llm: FakeLlm, **extra: str) -> dict[str, str]:
-    return env | {"LLM_BASE_URL": llm.url, "SUMMARY_MODEL": "m"} | extra
-
 
 _TEN = "甲乙丙丁戊己庚辛壬癸"
 
@@ -41,7 +36,7 @@ async def test_llm_payload_is_stored_with_limits_enforced(
     """A JSON payload (even in a Markdown fence) is stored; lists are cut to 6 items of 80 chars;
     the summary text is the payload's `summary`; the context exposes planning fields."""
     fake_llm.behaviour = Behaviour(text="```json\n" + _payload() + "\n```")
-    d = await make_daemon(_llm_env(backend_env, fake_llm))
+    d = await make_daemon(llm_env(backend_env, fake_llm))
     sid = new_sid()
     await play(d, sid, ZH_12_TURNS[:6])
     await d.settle()
@@ -82,7 +77,7 @@ async def test_rejected_replies_fall_back_to_the_rule_based_merge(
     rejected and counted; the rule-based payload stands: previous summary plus batch highlights,
     goal from the latest turn, pending questions accumulated, retrieval hints from keywords."""
     fake_llm.behaviour = Behaviour(text=reply)
-    d = await make_daemon(_llm_env(backend_env, fake_llm))
+    d = await make_daemon(llm_env(backend_env, fake_llm))
     sid = new_sid()
     await play(d, sid, ZH_12_TURNS[:3])
     await d.settle()
@@ -111,7 +106,7 @@ async def test_a_backlog_is_merged_in_batches(
     await play(d, sid, turns)
     await d.stop()
     fake_llm.behaviour = Behaviour(text=_payload())
-    d = await make_daemon(_llm_env(backend_env, fake_llm, COMPRESSION_BATCH_TURNS="4", SUMMARY_EVERY_N_TURNS="3"))
+    d = await make_daemon(llm_env(backend_env, fake_llm, COMPRESSION_BATCH_TURNS="4", SUMMARY_EVERY_N_TURNS="3"))
     # The start-up sweep finds the backlog and summarizes it in the background, LLM first.
     # Waited for before the close: a close's own pass never calls the LLM, and one that took
     # the lock first would merge the backlog with the extractor.
@@ -170,7 +165,7 @@ async def test_invalid_unicode_from_the_llm_is_rejected(
     instead of crashing the summary job."""
     body = '{"summary": "用户\\ud800咨询活力健。"}' if summary_format == "structured" else "用户\ud800咨询活力健。"
     fake_llm.behaviour = Behaviour(text=body)
-    d = await make_daemon(_llm_env(backend_env, fake_llm, SUMMARY_FORMAT=summary_format))
+    d = await make_daemon(llm_env(backend_env, fake_llm, SUMMARY_FORMAT=summary_format))
     sid = new_sid()
     await play(d, sid, ZH_12_TURNS[:3])
     await d.settle()
@@ -193,7 +188,7 @@ async def test_a_fallback_after_an_llm_summary_keeps_it(
             pending_questions=["ZQ-7和活力健哪个好"],
         )
     )
-    d = await make_daemon(_llm_env(backend_env, fake_llm))
+    d = await make_daemon(llm_env(backend_env, fake_llm))
     sid = new_sid()
     # The user names the rival product the LLM's summary keeps (an id: it must be in the turns).
     first = ("我有糖尿病，ZQ-7和活力健哪个好？", "两款成分不同，活力健每天2次，每次1条。")

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import Daemon, MakeDaemon, new_sid, tag_chars
+from tests.conftest import Daemon, MakeDaemon, llm_env, new_sid, tag_chars
 from tiered_memory.context import alternate, compose
 from tiered_memory.context_policy import Candidates, choose
 from tiered_memory.dialogue import shown_and_events, tool_fields
@@ -245,7 +245,7 @@ async def test_the_llm_reads_tool_results_and_events_labelled(
         "retrieval_hints": ["A123"],
     }
     fake_llm.behaviour = Behaviour(text=json.dumps(payload))
-    daemon = await make_daemon(backend_env | {"LLM_BASE_URL": fake_llm.url, "SUMMARY_MODEL": "m"}, quiet=fake_llm)
+    daemon = await make_daemon(llm_env(backend_env, fake_llm), quiet=fake_llm)
     sid = new_sid()
     await _order_turn(daemon, sid)
     await daemon.post(sid, "system", "call transferred to billing")

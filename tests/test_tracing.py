@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from tests.conftest import MakeDaemon, new_sid
+from tests.conftest import MakeDaemon, llm_env, new_sid
 from tests.test_client import base_url
 from tiered_memory.app import create_app
 from tiered_memory.client import AsyncClient
@@ -62,7 +62,7 @@ async def test_a_turn_is_traced_across_its_tiers_under_the_gateways_trace(
     backend_env: dict[str, str], fake_llm: FakeLlm, make_daemon: MakeDaemon
 ) -> None:
     tracing, exporter = in_memory()
-    env = backend_env | {"LLM_BASE_URL": fake_llm.url, "SUMMARY_MODEL": "fake", "SUMMARY_FORMAT": "text"}
+    env = llm_env(backend_env, fake_llm, SUMMARY_MODEL="fake", SUMMARY_FORMAT="text")
     d = await make_daemon(env, tracing=tracing)
     sid = new_sid()
     for user, assistant in TURNS:

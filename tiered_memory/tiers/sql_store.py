@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from tiered_memory.breaker import CircuitBreaker
 from tiered_memory.errors import Conflict, Forbidden, NotFound, SqlUnavailable
-from tiered_memory.events import SESSION_CLOSED, SUMMARY_FINAL, SUMMARY_UPDATED, Event, summary_payload
+from tiered_memory.events import SESSION_CLOSED, SUMMARY_FINAL, Event, summary_payload
 from tiered_memory.model import (
     AppendResult,
     Caller,
@@ -31,29 +31,25 @@ from tiered_memory.model import (
     SessionInfo,
     SessionKey,
     SessionState,
-    Slice,
-    Summary,
 )
 from tiered_memory.tiers.group_commit import GroupCommit, Outcome
 from tiered_memory.tiers.sql_append import Append, AppendStatements, SessionLimits, store_batch
 from tiered_memory.tiers.sql_dialect import insert_if_absent, refused, retryable
-from tiered_memory.tiers.sql_history import SummaryVersion, forget_versions, record_version, versions
+from tiered_memory.tiers.sql_history import forget_versions
 from tiered_memory.tiers.sql_messages import MessageReads
 from tiered_memory.tiers.sql_migrate import current_version, migrate
-from tiered_memory.tiers.sql_outbox import add_event, new_event_id, release_final
+from tiered_memory.tiers.sql_outbox import add_event, new_event_id
 from tiered_memory.tiers.sql_patch import Deleted, delete_newest, patch_message
 from tiered_memory.tiers.sql_replica import Behind, Replica
 from tiered_memory.tiers.sql_rows import (
     row_to_session,
-    row_to_slice,
     row_to_summary,
     sessions_with_summaries,
-    slice_values,
 )
 from tiered_memory.tiers.sql_schema import conversation_summaries as cs
 from tiered_memory.tiers.sql_schema import messages as msgs
 from tiered_memory.tiers.sql_schema import outbox_events, session_state, sessions, summary_slices
-from tiered_memory.tiers.sql_users import merge_profile, user_summaries_query
+from tiered_memory.tiers.sql_summaries import ANYONE, SummaryRows
 from tiered_memory.tracing import Tracing, operation
 
 T = TypeVar("T")
@@ -72,8 +68,6 @@ _COMMIT_BATCH = 32
 _COMMIT_CONCURRENCY = 4
 
 log = structlog.get_logger("tiered_memory.sql")
-# The store's own callers (the summary job, the sweeper, tests) act for nobody in particular.
-_ANYONE = Caller()
 
 
 def summary_due(*, every_n: int, min_turns_to_persist: int) -> sa.ColumnElement[bool]:
@@ -91,8 +85,9 @@ def summary_due(*, every_n: int, min_turns_to_persist: int) -> sa.ColumnElement[
     )
 
 
-class SqlStore(MessageReads):
-    """Cold messages, warm summaries and session rows on one SQLAlchemy async engine."""
+class SqlStore(MessageReads, SummaryRows):
+    """Cold messages, warm summaries and session rows on one SQLAlchemy async engine: the
+    message reads are MessageReads' (sql_messages.py), the summaries SummaryRows' (sql_summaries.py)."""
 
     def __init__(
         self,
@@ -311,7 +306,7 @@ class SqlStore(MessageReads):
 
     # --- cold: messages -------------------------------------------------------------------
 
-    async def append(self, new: NewMessage, *, now: float, caller: Caller = _ANYONE) -> AppendResult:
+    async def append(self, new: NewMessage, *, now: float, caller: Caller = ANYONE) -> AppendResult:
         """Commit one message; durable when this returns. A new session belongs to the caller's
         tenant ('' for an unrestricted caller) and to new.user_id.
 
@@ -370,7 +365,7 @@ class SqlStore(MessageReads):
         return outcomes
 
     async def append_all(
-        self, news: Sequence[NewMessage], *, now: float, caller: Caller = _ANYONE
+        self, news: Sequence[NewMessage], *, now: float, caller: Caller = ANYONE
     ) -> list[AppendResult]:
         """Commit `news` (a bulk import) in one transaction of their own, all or none: each as
         `append` would, in order; a message_id stored already is a duplicate (a retried batch
@@ -456,18 +451,18 @@ class SqlStore(MessageReads):
         return True
 
     async def patch_message(
-        self, key: SessionKey, message_id: str, patch: Patch, *, caller: Caller = _ANYONE
+        self, key: SessionKey, message_id: str, patch: Patch, *, caller: Caller = ANYONE
     ) -> PatchResult:
         """Correct a stored message while no summary covers it (sql_patch.py). Raises NotFound,
         Forbidden, Conflict, InvalidInput, changing nothing."""
         return await self._session_write(key, lambda conn: patch_message(conn, key, message_id, patch, caller))
 
-    async def delete_newest(self, key: SessionKey, message_id: str, *, caller: Caller = _ANYONE) -> Deleted:
+    async def delete_newest(self, key: SessionKey, message_id: str, *, caller: Caller = ANYONE) -> Deleted:
         """Take back the session's newest message while no summary covers its turn (sql_patch.py).
         Raises NotFound (the session), Forbidden, Conflict, changing nothing."""
         return await self._session_write(key, lambda conn: delete_newest(conn, key, message_id, caller))
 
-    async def delete_session(self, key: SessionKey, *, caller: Caller = _ANYONE) -> None:
+    async def delete_session(self, key: SessionKey, *, caller: Caller = ANYONE) -> None:
         """Remove a session's messages, summary and bookkeeping; nothing happens when it is absent.
         Raises Forbidden, deleting nothing, when the caller may not access the session."""
 
@@ -495,7 +490,7 @@ class SqlStore(MessageReads):
         return await self.read(op)
 
     async def put_state(
-        self, key: SessionKey, state: dict[str, Any], *, if_match: int | None, now: float, caller: Caller = _ANYONE
+        self, key: SessionKey, state: dict[str, Any], *, if_match: int | None, now: float, caller: Caller = ANYONE
     ) -> SessionState:
         """Store the gateway's state of a session as its next version; with `if_match`, only over
         that version (0: only when there is none). Raises NotFound (no session), Forbidden, and
@@ -547,171 +542,6 @@ class SqlStore(MessageReads):
             )
             async with self._engine.connect() as conn:
                 return [SessionKey(r.session_id) for r in (await conn.execute(q)).all()]
-
-        return await self._bounded(op)
-
-    # --- warm: summaries ------------------------------------------------------------------
-
-    async def get_summary(
-        self, key: SessionKey, *, replica: bool = False, known_seq: int = 0
-    ) -> tuple[Summary | None, SessionInfo | None]:
-        """The stored summary and the session's current bookkeeping, in one query (a replica that
-        does not know the session is not trusted: the primary is asked)."""
-
-        async def op(conn: AsyncConnection) -> tuple[Summary | None, SessionInfo | None]:
-            q = sessions_with_summaries().where(sessions.c.session_id == key)
-            row = (await conn.execute(q)).one_or_none()
-            if row is None:
-                return None, None
-            summary = row_to_summary(row) if row.summary is not None else None
-            return summary, row_to_session(row, summary.covered_turns if summary else 0)
-
-        return await self.session_read(
-            key, op, replica=replica, known_seq=known_seq, trust=lambda found: found[1] is not None
-        )
-
-    async def put_summary(
-        self,
-        key: SessionKey,
-        summary: Summary,
-        *,
-        user_id: str | None,
-        turn_count: int,
-        slices: Sequence[Slice] = (),
-        replace_slices: bool = False,
-    ) -> bool:
-        """Write `summary` if the stored row is still at version summary.version - 1.
-
-        False means another writer got there first: the caller's summary is stale and is dropped,
-        so an older summarization can never overwrite a newer one.
-        """
-        values = {
-            "summary": summary.text,
-            "user_id": user_id,
-            "turn_count": turn_count,
-            "covered_turns": summary.covered_turns,
-            "topics": list(summary.topics),
-            "structured": summary.structured,
-            "source": summary.source.value,
-            "compressions": summary.compressions,
-            "version": summary.version,
-            "updated_at": summary.updated_at,
-        }
-
-        async def body(conn: AsyncConnection) -> bool:
-            # Lock the session row: a session deleted while its summary was being made gets no
-            # summary row back (and a reused session id does not inherit it).
-            alive = (
-                await conn.execute(
-                    sa.select(sessions.c.tenant, sessions.c.user_id, sessions.c.turn_count, sessions.c.closed_at)
-                    .where(sessions.c.session_id == key)
-                    .with_for_update()
-                )
-            ).one_or_none()
-            if alive is None:
-                return False
-            if summary.version == 1:
-                try:
-                    async with conn.begin_nested():
-                        await conn.execute(cs.insert().values(session_id=key, created_at=summary.created_at, **values))
-                except sa.exc.IntegrityError:
-                    return False
-            else:
-                result = await conn.execute(
-                    cs.update().where(cs.c.session_id == key, cs.c.version == summary.version - 1).values(**values)
-                )
-                if not result.rowcount:
-                    return False
-            await record_version(conn, key, summary, keep=self._summary_history)
-            # The slices go with the summary they produced, in the same transaction.
-            if replace_slices:
-                await conn.execute(summary_slices.delete().where(summary_slices.c.session_id == key))
-            if slices:
-                await conn.execute(summary_slices.insert(), [slice_values(key, s) for s in slices])
-            if alive.user_id is not None:
-                # The user's profile takes what this summary says, in the same transaction.
-                await merge_profile(
-                    conn,
-                    self._insert_if_absent,
-                    tenant=alive.tenant,
-                    user_id=alive.user_id,
-                    session_key=key,
-                    summary=summary,
-                    now=summary.updated_at,
-                )
-            if self.sinks:
-                await self._summary_events(conn, key, summary, alive)
-            return True
-
-        return await self._session_write(key, body)
-
-    async def _summary_events(
-        self, conn: AsyncConnection, key: SessionKey, summary: Summary, alive: sa.Row[*tuple[Any, ...]]
-    ) -> None:
-        """`summary.updated`, and for a closed session's last pass (it covers every turn) the
-        release of its held `summary.final`, in the transaction that writes the summary."""
-        payload = summary_payload(summary, turn_count=int(alive.turn_count))
-        event = Event(new_event_id(), SUMMARY_UPDATED, alive.tenant, key, alive.user_id, payload, summary.updated_at)
-        await add_event(conn, self.sinks, event)
-        if alive.closed_at is not None and summary.covered_turns >= int(alive.turn_count):
-            await release_final(conn, key, now=summary.updated_at)
-
-    async def release_final(self, key: SessionKey, *, now: float) -> int:
-        """Release the session's held `summary.final` with the summary stored now (its last pass
-        wrote nothing: the LLM failed, or there was nothing left to cover); the rows released."""
-        if not self.sinks:
-            return 0
-        return await self._transaction(lambda conn: release_final(conn, key, now=now))
-
-    async def user_summaries(
-        self, user_id: str, *, limit: int, tenant: str | None = None
-    ) -> list[tuple[SessionKey, int, Summary]]:
-        """The user's most recently updated session summaries, newest first, as
-        (session_id, turn_count at the summary, summary); served by the (user_id, updated_at) index.
-        With `tenant`, only sessions of that tenant."""
-
-        async def op() -> list[tuple[SessionKey, int, Summary]]:
-            async with self._engine.connect() as conn:
-                rows = (await conn.execute(user_summaries_query(user_id, tenant=tenant, limit=limit))).all()
-            return [(SessionKey(r.session_id), int(r.turn_count), row_to_summary(r)) for r in rows]
-
-        return await self._bounded(op)
-
-    async def delete_summary(self, key: SessionKey, *, caller: Caller = _ANYONE) -> bool:
-        """Drop the warm row and its slices; the messages stay. False when the session does not
-        exist; raises Forbidden, dropping nothing, when the caller may not access it."""
-
-        async def body(conn: AsyncConnection) -> bool:
-            found = await self._lock_accessible(conn, key, caller)
-            await conn.execute(summary_slices.delete().where(summary_slices.c.session_id == key))
-            await conn.execute(cs.delete().where(cs.c.session_id == key))
-            await forget_versions(conn, key)
-            return found
-
-        return await self._session_write(key, body)
-
-    async def slices(
-        self, key: SessionKey, *, from_turn: int = 1, limit: int | None = None, replica: bool = False
-    ) -> list[Slice]:
-        """The session's slices that end at `from_turn` or later (at most `limit`), oldest first."""
-
-        async def op(conn: AsyncConnection) -> list[Slice]:
-            q = (
-                sa.select(summary_slices)
-                .where(summary_slices.c.session_id == key, summary_slices.c.to_turn >= from_turn)
-                .order_by(summary_slices.c.to_turn, summary_slices.c.id)
-                .limit(limit)
-            )
-            return [row_to_slice(r) for r in (await conn.execute(q)).all()]
-
-        return await self.session_read(key, op, replica=replica)
-
-    async def summary_versions(self, key: SessionKey, *, limit: int = 100) -> list[SummaryVersion]:
-        """The summary's kept versions (SUMMARY_HISTORY), newest first."""
-
-        async def op() -> list[SummaryVersion]:
-            async with self._engine.connect() as conn:
-                return await versions(conn, key, limit=limit)
 
         return await self._bounded(op)
 

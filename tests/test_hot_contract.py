@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 import uuid
 from collections.abc import AsyncIterator
 
@@ -16,6 +17,7 @@ from tiered_memory.tiers.codec import encode_message
 from tiered_memory.tiers.hot import HotExpiries, HotTier, RecentBound
 from tiered_memory.tiers.keys import Keys
 from tiered_memory.tiers.memory_hot import MemoryHot
+from tiered_memory.tiers.postings import STALE, pack
 from tiered_memory.tiers.redis_hot import RedisHot
 
 RECENT = RecentBound(least=4, most=4)
@@ -269,6 +271,24 @@ async def test_memory_ttls_and_bound() -> None:
     assert (await hot.read_summary(SessionKey("z")))[0] is not None
 
 
+async def test_a_changed_message_drops_the_postings_only_when_they_reach_it(hot: HotTier) -> None:
+    """After a message changed in SQL (a streaming reply finalized, a take-back), the recent list
+    goes, and the recall postings too when they hold that message; postings that end before it
+    stay (a gateway finalizes a reply every turn). A batch read before the change is refused
+    either way: it may hold the message as it was."""
+    sid = new_sid()
+    before = time.time() - 1
+    await hot.postings.add(sid, pack([msg(sid, 1), msg(sid, 2)], [["alpha"], ["beta"]], read_at=before))
+    await hot.record_append(msg(sid, 3), SessionCounters(1, 3, 1.0, OWNER))
+    assert not await hot.invalidate(sid, changed_seq=3)
+    assert (await hot.postings.read(sid, ["alpha"])).last_seq == 2
+    assert (await hot.read_session(sid)).recent == ()
+    assert await hot.postings.add(sid, pack([msg(sid, 3)], [["gamma"]], read_at=before)) == STALE
+    assert await hot.postings.add(sid, pack([msg(sid, 3)], [["gamma"]], read_at=time.time() + 1)) == 3
+    assert await hot.invalidate(sid, changed_seq=3)
+    assert (await hot.postings.read(sid, ["alpha"])).last_seq == 0
+
+
 async def test_memory_bound_in_bytes() -> None:
     """The in-process cache is bounded by what its sessions hold, not only by their count: 150
     sessions of twelve 32 KB messages (the review's load, ~59 MB of text) stay under a 16 MiB
@@ -291,7 +311,7 @@ async def test_memory_bound_in_bytes() -> None:
     assert token is not None
     held = hot.bytes
     await hot.delete(SessionKey("s149"))
-    await hot.invalidate(SessionKey("s148"))
+    await hot.invalidate(SessionKey("s148"), changed_seq=12)
     assert hot.bytes < held - 2 * 32_000
     await hot.aclose()
     assert hot.bytes == 0

@@ -153,33 +153,41 @@ async def test_a_tenants_rate_counts_its_bodies_by_their_size(
     assert [s for s, _ in await _statuses(daemon, BETA, 8)] == [404] * 8
 
 
-async def test_a_patch_is_charged_the_text_its_session_reads_back(
-    backend_env: dict[str, str], make_daemon: MakeDaemon
-) -> None:
-    """A patched message drops the session's postings, and the next question reads the session
-    back from SQL: 77 KB for two small requests. The patch is charged it (19 units against acme's
-    5/s, into debt), so that none of the requests right after goes (without the charge, 4 would);
-    on Redis the bucket is kept until it would be full again, refused requests or not."""
-    env = backend_env | {"API_TOKENS": f"acme:{ACME}", "RATE_LIMITS": "acme=5/s"}
-    daemon = await make_daemon(env)
-    sid = new_sid()
-    bodies = [
+async def _big_session(daemon: Daemon, sid: str, last: dict[str, str] | None) -> None:
+    """Five messages of 15 KB (user first), then `last`, each waiting for acme's rate (5/s)."""
+    bodies: list[dict[str, str]] = [
         {"role": "user" if i % 2 == 0 else "assistant", "content": f"order{i:<9}" * 1100, "message_id": f"m{i}"}
         for i in range(5)
     ]
-    for body in [*bodies, {"role": "assistant", "content": "好的", "status": "streaming", "message_id": "r"}]:
-        for _ in range(20):  # within acme's rate: each waits its turn
+    for body in [*bodies, *([last] if last else [])]:
+        for _ in range(20):
             status = await _append(daemon, ACME, sid, body)
             if status != 429:
                 break
             await asyncio.sleep(0.3)
         assert status == 201
+
+
+async def test_a_take_back_is_charged_the_text_its_session_reads_back(
+    backend_env: dict[str, str], make_daemon: MakeDaemon
+) -> None:
+    """Taking back a message the recall postings hold drops them, and the next question reads the
+    session back from SQL: 77 KB for two small requests. The take-back is charged it (19 units
+    against acme's 5/s, into debt), so that none of the requests right after goes (without the
+    charge, 4 would); on Redis the bucket is kept until it would be full again, refused requests
+    or not."""
+    env = backend_env | {"API_TOKENS": f"acme:{ACME}", "RATE_LIMITS": "acme=5/s"}
+    daemon = await make_daemon(env)
+    sid = new_sid()
+    headers = {"Authorization": f"Bearer {ACME}"}
+    await _big_session(daemon, sid, None)
     await asyncio.sleep(1.2)  # the bucket full again
-    patch = {"content": "好的，订单3明天到。", "status": "completed"}
-    resp = await daemon.http.patch(
-        f"/v1/sessions/{sid}/messages/r", json=patch, headers={"Authorization": f"Bearer {ACME}"}
-    )
+    resp = await daemon.http.get(f"/v1/sessions/{sid}/recall", params={"q": "order4"}, headers=headers)
     assert resp.status == 200, await resp.text()
+    assert (await resp.json())["matches"]  # the postings hold m4 now
+    await asyncio.sleep(1.2)
+    resp = await daemon.http.delete(f"/v1/sessions/{sid}/messages/m4", headers=headers)
+    assert resp.status == 204, await resp.text()
     assert [s for s, _ in await _statuses(daemon, ACME, 10)].count(404) == 0
     if "REDIS_URL" in env:
         client = redis.Redis.from_url(env["REDIS_URL"])
@@ -188,6 +196,37 @@ async def test_a_patch_is_charged_the_text_its_session_reads_back(
         assert tokens < -10
         assert client.ttl(key) >= (5 - tokens) / 5
         client.close()
+
+
+async def test_a_streaming_reply_finalized_keeps_the_postings_and_costs_nothing(
+    backend_env: dict[str, str], make_daemon: MakeDaemon
+) -> None:
+    """A gateway finalizes its streaming reply by a patch every turn. The reply was not indexed
+    while it streamed, so the patch leaves the session's recall postings as they are and is
+    charged its own body only: the requests right after go (they went none with the 77 KB
+    charge), the postings on Redis still hold the five messages, and the next question finds
+    the reply's final words (a catch-up of that one message)."""
+    env = backend_env | {"API_TOKENS": f"acme:{ACME}", "RATE_LIMITS": "acme=5/s"}
+    daemon = await make_daemon(env)
+    sid = new_sid()
+    headers = {"Authorization": f"Bearer {ACME}"}
+    await _big_session(daemon, sid, {"role": "assistant", "content": "好的", "status": "streaming", "message_id": "r"})
+    await asyncio.sleep(1.2)
+    resp = await daemon.http.get(f"/v1/sessions/{sid}/recall", params={"q": "order4"}, headers=headers)
+    assert resp.status == 200, await resp.text()
+    await asyncio.sleep(1.2)  # the bucket full again
+    patch = {"content": "好的，订单3明天到。", "status": "completed"}
+    resp = await daemon.http.patch(f"/v1/sessions/{sid}/messages/r", json=patch, headers=headers)
+    assert resp.status == 200, await resp.text()
+    assert [s for s, _ in await _statuses(daemon, ACME, 10)].count(404) >= 3
+    if "REDIS_URL" in env:
+        client = redis.Redis.from_url(env["REDIS_URL"])
+        assert client.hget(f"{env['REDIS_KEY_PREFIX']}:{{acme/{sid}}}:recall", "last") == b"5"
+        client.close()
+    await asyncio.sleep(1.2)
+    resp = await daemon.http.get(f"/v1/sessions/{sid}/recall", params={"q": "明天到"}, headers=headers)
+    assert resp.status == 200, await resp.text()
+    assert [m["seq"] for m in (await resp.json())["matches"]][:1] == [6]
 
 
 async def test_a_request_its_tenant_refuses_costs_its_token_nothing(

@@ -26,7 +26,7 @@ import structlog
 
 from tiered_memory.context import OLDER_MAX_MESSAGES
 from tiered_memory.errors import HotUnavailable, Overloaded, SqlUnavailable
-from tiered_memory.model import Message, SessionKey, key_tenant
+from tiered_memory.model import Message, MessageStatus, SessionKey, key_tenant
 from tiered_memory.recall import RecallMatch, around, best_turns, search
 from tiered_memory.summarize.extractive import Extractor
 from tiered_memory.text_lane import TextLane, TextQueueFull, Ticket, text_bytes
@@ -110,7 +110,14 @@ class History:
         """Add an appended message to its session's postings, off the event loop (jieba takes
         40 ms for a 32 KB message): queued by tenant, tokenized by a text worker in arrival order,
         then added. Postings that do not end just before it (lost, behind, or a message dropped
-        past the tenant's bound) are left as they are: the next question catches them up from SQL."""
+        past the tenant's bound) are left as they are: the next question catches them up from SQL.
+
+        A reply still streaming is not added (the messages after it then find a gap, and a
+        catch-up reads them from SQL with it): a gateway finalizes it by a patch, which drops
+        postings that hold it, and the next question would read the whole session back from SQL,
+        every turn. Postings that end before it are kept by the patch."""
+        if message.status is MessageStatus.STREAMING:
+            return
         tenant = key_tenant(message.session_id)
         size = text_bytes((message,))
         held = self._pending_bytes.get(tenant, 0)
@@ -175,9 +182,11 @@ class History:
             with contextlib.suppress(asyncio.CancelledError, SqlUnavailable, HotUnavailable):
                 await task
 
-    def forget(self, session: SessionKey) -> None:
+    def forget(self, session: SessionKey, *, changed_seq: int = 0) -> None:
         """Stop any catch-up of a deleted session (it would put the deleted session's postings
-        back) and drop this process's own postings of it; the hot tier's go with its entry."""
+        back) and drop this process's own postings of it; the hot tier's go with its entry. With
+        `changed_seq` (a message patched or taken back), this process's postings go only when they
+        reach that message, as the hot tier's do (HotTier.invalidate)."""
         for build in [k for k in self._builds if k[1] == session]:
             self._builds.pop(build).cancel()
         tenant = key_tenant(session)
@@ -185,7 +194,7 @@ class History:
             kept = [m for m in self._pending[tenant] if m.session_id != session]
             self._pending[tenant] = kept
             self._pending_bytes[tenant] = text_bytes(kept)
-        self._local.drop(session)
+        self._local.drop(session, changed_seq=changed_seq)
 
     async def older(
         self,
@@ -430,6 +439,10 @@ class History:
                 max_bytes=_INDEX_BATCH_BYTES,
             )
             rows = _holding_bytes(rows, _INDEX_BATCH_BYTES)
+            if rows and rows[-1].seq == message_count and rows[-1].status is MessageStatus.STREAMING:
+                # The newest message, a reply still streaming: left out, as `appended` leaves it,
+                # so that the patch finalizing it keeps these postings.
+                rows.pop()
             if not rows or rows[0].seq != last + 1:
                 break  # deleted meanwhile, or a gap in seq (not expected): what is there is right
             added = await store.add(key, await self._packed(rows, key_tenant(key), read_at=read_at))

@@ -352,7 +352,7 @@ class MemoryService:
             result = await self._store.patch_message(key, message_id, patch, caller=caller)
         # Even a repeated patch: its first may have answered 503 with the hot tier still holding
         # the old text.
-        await self._forget_cached(key, result.session_bytes)
+        await self._forget_cached(key, result.message.seq, result.session_bytes)
         due = (
             self._s.summaries_enabled
             and result.completed_turn
@@ -377,23 +377,26 @@ class MemoryService:
         message is completed by its retry."""
         async with self._job.holding(key):
             deleted = await self._store.delete_newest(key, message_id, caller=caller)
-        await self._forget_cached(key, deleted.session_bytes)
+        # A take-back that found no message (a retry after SQL removed it) forgets them all.
+        await self._forget_cached(key, deleted.message.seq if deleted.message else 0, deleted.session_bytes)
         if deleted.message is None:
             raise NotFound(f"the session has no message {message_id!r}")
         log.info("message_deleted", session_key=key, message_id=message_id, seq=deleted.message.seq)
 
-    async def _forget_cached(self, key: SessionKey, session_bytes: int) -> None:
-        """After a message changed in SQL (patched, taken back): the hot tier forgets what it
-        cached of the session (its recent list, summary and recall postings held the message), and
-        the tenant pays for the postings' catch-up from SQL at the next question, up to
-        RECALL_MAX_BYTES of its `session_bytes`: one small request, up to megabytes of work. (A
-        catch-up after postings expired or Redis was lost is the daemon's own.) Raises
-        HotUnavailable when the hot tier could not forget: the change is in SQL, and a retry of
-        the request forgets again."""
-        self._history.forget(key)
+    async def _forget_cached(self, key: SessionKey, changed_seq: int, session_bytes: int) -> None:
+        """After the message `changed_seq` changed in SQL (patched, taken back): the hot tier
+        forgets what it cached of the session (its recent list and summary held the message), and
+        its recall postings when they reach that message; then the tenant pays for the postings'
+        catch-up from SQL at the next question, up to RECALL_MAX_BYTES of its `session_bytes`: one
+        small request, up to megabytes of work. (A catch-up after postings expired or Redis was
+        lost is the daemon's own.) A streaming reply finalized drops and costs nothing of that: it
+        is not indexed while it streams (history.py). Raises HotUnavailable when the hot tier could
+        not forget: the change is in SQL, and a retry of the request forgets again."""
+        self._history.forget(key, changed_seq=changed_seq)
         with self._errors.counted("hot", "invalidate"):
-            await self._hot.invalidate(key)
-        await self._charge(key_tenant(key), min(session_bytes, self._s.recall_max_bytes))
+            dropped = await self._hot.invalidate(key, changed_seq=changed_seq)
+        if dropped:
+            await self._charge(key_tenant(key), min(session_bytes, self._s.recall_max_bytes))
 
     async def delete(self, key: SessionKey, *, caller: Caller) -> None:
         """`_delete`, run whole (`_whole`)."""

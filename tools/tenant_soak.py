@@ -7,8 +7,8 @@ database and key prefix of its own, or on the embedded default with --embedded).
 tenant plays --sessions gateways, each turn a `POST …/turns` (the context with the question,
 then the message) and a `POST …/messages` with the reply, paced. The hostile tenant, within its
 RATE_LIMITS, appends 32 KB messages from several connections at once, asks recall questions of
-32 KB, and makes a first recall of a 3.2 MB session over and over (its postings dropped by a patched
-message each time, as a gateway's patch of a streaming reply drops them). A
+700 characters, and makes a first recall of a 3.2 MB session over and over (its postings dropped
+each time by taking back a message they hold). A
 separate process asks `/healthz` every 5 ms throughout, and the normal tenant plays from a process
 of its own (the hostile tenant's load generator would otherwise delay its clock).
 
@@ -18,9 +18,10 @@ each calm phase. The ceiling is the calm phases of the same run, interleaved wit
 ones so that a machine whose load drifts over minutes (a shared VM) moves both alike. The report
 is the normal tenant's p50/p99 per phase, pooled per kind and their ratio (hostile over calm),
 the spread of the calm phases' own p99s (the run's noise floor: the ratio of the highest to the
-lowest), the `/healthz` p99 per phase, and what the hostile tenant was answered. Exits 1 when a
-normal request failed, the hostile tenant got a 5xx other than 503 and 504 (its requests' bounded
-answers), or the pooled p99 ratio passes --max-ratio.
+lowest), each round's own ratio (hostile over the calm phase before it), the `/healthz` p99 per
+phase, and what the hostile tenant was answered. Exits 1 when a normal request failed, the
+hostile tenant got a 5xx other than 503 and 504 (its requests' bounded answers), or the pooled
+p99 ratio passes --max-ratio.
 
     .venv/bin/python scripts/tenant_soak.py --json docs/tenant_soak.json
     .venv/bin/python scripts/tenant_soak.py --embedded --seconds 10
@@ -198,16 +199,21 @@ class Hostile:
         await asyncio.gather(*work)
 
     async def _request(self, http: aiohttp.ClientSession, method: str, path: str, **kw: Any) -> int:
+        return (await self._answer(http, method, path, **kw))[0]
+
+    async def _answer(self, http: aiohttp.ClientSession, method: str, path: str, **kw: Any) -> tuple[int, Any]:
+        """The status and the JSON body (None when there is none)."""
         try:
             async with http.request(method, self.base + path, headers=self.headers, **kw) as r:
-                await r.read()
+                body = await r.read()
                 self.answers[str(r.status)] += 1
                 if r.status == 429:
                     await asyncio.sleep(float(r.headers.get("Retry-After", "1")))
-                return r.status
+                is_json = r.content_type == "application/json" and body
+                return r.status, json.loads(body) if is_json else None
         except aiohttp.ClientError as exc:
             self.answers[type(exc).__name__] += 1
-            return 0
+            return 0, None
 
     async def _writer(self, http: aiohttp.ClientSession, i: int, end: float) -> None:
         while time.monotonic() < end:
@@ -223,27 +229,39 @@ class Hostile:
             q = self.bodies[self.rng.randrange(8)][:700]
             await self._request(http, "GET", "/v1/sessions/big/recall", params={"q": q})
 
+    async def _ask(self, http: aiohttp.ClientSession, end: float) -> tuple[int, float, set[str]]:
+        """A recall question asked until the tenant's rate lets it through: its answer, how long
+        the attempt that was answered took, and the ids of the messages it matched."""
+        status, took, found = 429, 0.0, None
+        while status == 429 and time.monotonic() < end:
+            start = time.perf_counter()
+            status, found = await self._answer(http, "GET", "/v1/sessions/big/recall", params={"q": "订单 Lisbon"})
+            took = time.perf_counter() - start
+        if status != 200 or not found:
+            return status, took, set()
+        return status, took, {x["message_id"] for m in found["matches"] for x in m["messages"]}
+
     async def _first_recalls(self, http: aiohttp.ClientSession, end: float) -> None:
         while time.monotonic() < end:
-            # What a tenant can do to drop its postings: patch a message (a streaming reply
-            # finalized, as gateways do every turn), then ask. The whole session is read back.
+            # What a tenant can do to drop its postings: take back a message they hold (asked
+            # about until they do), then ask. The whole session is read back. (Finalizing a
+            # streaming reply, as gateways do every turn, drops nothing: it is never indexed
+            # while it streams.)
             self.patched += 1
-            n = self.patched
-            question = {"role": "user", "content": "订单 Lisbon 什么时候到？", "message_id": f"fq{n}"}
-            reply = {"role": "assistant", "content": "我查一下。", "status": "streaming", "message_id": f"fr{n}"}
-            await self._request(http, "POST", "/v1/sessions/big/messages", json=question)
-            await self._request(http, "POST", "/v1/sessions/big/messages", json=reply)
-            final = {"content": "我查一下：5月5日到。", "status": "completed"}
-            if await self._request(http, "PATCH", f"/v1/sessions/big/messages/fr{n}", json=final) != 200:
+            mid = f"fq{self.patched}"
+            question = {"role": "user", "content": "订单 Lisbon 什么时候到？", "message_id": mid}
+            if await self._request(http, "POST", "/v1/sessions/big/messages", json=question) != 201:
                 continue
-            # Asked until its rate lets it through (the patch put the tenant in debt), timed from
-            # the attempt that was answered.
-            status = 429
-            while status == 429 and time.monotonic() < end:
-                start = time.perf_counter()
-                status = await self._request(http, "GET", "/v1/sessions/big/recall", params={"q": "订单 Lisbon"})
+            for _ in range(100):  # until the postings hold it (its indexing is background work)
+                if time.monotonic() >= end or mid in (await self._ask(http, end))[2]:
+                    break
+                await asyncio.sleep(0.1)
+            if await self._request(http, "DELETE", f"/v1/sessions/big/messages/{mid}") != 204:
+                continue
+            # The take-back put the tenant in debt: timed from the attempt that was answered.
+            status, took, _ = await self._ask(http, end)
             if status == 200:
-                self.first_recalls.append(time.perf_counter() - start)
+                self.first_recalls.append(took)
 
 
 async def settle(http: aiohttp.ClientSession, base: str, most_s: float = 180) -> float:
@@ -371,6 +389,12 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
     report["normal_p99_ratio"] = round(loud["p99_ms"] / calm["p99_ms"], 2)
     calm_p99s = [p["normal"]["p99_ms"] for name, p in report["phases"].items() if name.startswith("calm")]
     report["calm_p99_spread"] = round(max(calm_p99s) / min(calm_p99s), 2)
+    # Each round's hostile phase against the calm phase before it: a phase the machine alone
+    # slowed moves one of these, where it moves the pooled p99 of its kind.
+    report["round_ratios"] = [
+        round(report["phases"][f"hostile{r}"]["normal"]["p99_ms"] / report["phases"][f"calm{r}"]["normal"]["p99_ms"], 2)
+        for r in range(1, args.rounds + 1)
+    ]
     report["max_ratio"] = args.max_ratio
     return report
 
@@ -378,10 +402,11 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--embedded", action="store_true", help="the embedded default instead of Redis + MariaDB")
-    # 3 rounds of 30 s: each kind of phase pools 90 s (about 2,700 requests, its p99 the 27th
-    # slowest); one phase of 30 s (the 9th slowest) moved by half from run to run.
+    # 5 rounds of 30 s: each kind of phase pools 150 s (about 4,600 requests, its p99 the 46th
+    # slowest). One phase of 30 s (the 9th slowest) moved by half from run to run; with 3 rounds
+    # the same code with no hostile tenant at all measured 0.87x, and with one 1.05x to 1.78x.
     parser.add_argument("--seconds", type=float, default=30.0, help="length of each phase")
-    parser.add_argument("--rounds", type=int, default=3, help="calm and hostile phases, alternated")
+    parser.add_argument("--rounds", type=int, default=5, help="calm and hostile phases, alternated")
     parser.add_argument("--sessions", type=int, default=8, help="the normal tenant's concurrent sessions")
     parser.add_argument("--pace", type=float, default=0.5, help="seconds between a normal session's turns")
     parser.add_argument("--writers", type=int, default=4, help="the hostile tenant's concurrent 32 KB writers")

@@ -276,14 +276,15 @@ class MemoryHot:
     async def remove_from_stream(self, stream: str, fields: Mapping[str, str]) -> int:
         return 0  # EVENTS_STREAM needs Redis: there is none here
 
-    async def invalidate(self, key: SessionKey) -> None:
-        self._postings.drop(key)
+    async def invalidate(self, key: SessionKey, *, changed_seq: int) -> bool:
+        dropped = self._postings.drop(key, changed_seq=changed_seq)
         entry = self._entries.get(key)
         if entry is not None:
             # Only the lock stays (an empty entry is dropped by the next _get).
             self._drop(key)
             self._entries[key] = kept = _Entry(lock_token=entry.lock_token, lock_until=entry.lock_until)
             self._settle(key, kept)
+        return dropped
 
     async def try_lock(self, name: str, ttl_seconds: float) -> str | None:
         entry = self._get_or_create(name)

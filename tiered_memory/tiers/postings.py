@@ -327,9 +327,14 @@ class MemoryPostings:
         self._sessions.clear()
         self._size = 0
 
-    def drop(self, key: SessionKey) -> None:
-        """forget, for a caller outside the event loop's tasks."""
+    def drop(self, key: SessionKey, *, changed_seq: int = 0) -> bool:
+        """forget, for a caller outside the event loop's tasks; with `changed_seq`, only postings
+        that reach that message go (HotTier.invalidate), though a batch read before now is refused
+        either way. Whether they went."""
         self._floors.put(key, self._clock())
-        gone = self._sessions.pop(key, None)
-        if gone is not None:
-            self._size -= gone.size
+        found = self._sessions.get(key)
+        if found is None or found.last_seq < changed_seq:
+            return False
+        del self._sessions[key]
+        self._size -= found.size
+        return True

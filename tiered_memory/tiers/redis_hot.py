@@ -31,7 +31,7 @@ from tiered_memory.tiers.redis_argv import AppendArgs, BackfillArgs, Ttls
 from tiered_memory.tiers.redis_buckets import RedisBuckets
 from tiered_memory.tiers.redis_jobs import RedisJobs
 from tiered_memory.tiers.redis_link import RedisLink
-from tiered_memory.tiers.redis_postings import RedisPostings, forget_commands
+from tiered_memory.tiers.redis_postings import CHANGED_LUA, RedisPostings, changed_args, forget_commands
 from tiered_memory.tiers.redis_url import connect, parse_redis_url
 from tiered_memory.tiers.resp import Endpoint, RespMux, Script
 from tiered_memory.tracing import Tracing
@@ -240,6 +240,7 @@ class RedisHot:
         self._extend = Script.of(_EXTEND_LUA)
         self._append = Script.of(_APPEND_LUA)
         self._put_state = Script.of(_PUT_STATE_LUA)
+        self._changed = Script.of(CHANGED_LUA)
         self._call = link.call
         self._read = link.read
         self._command = link.command
@@ -481,15 +482,16 @@ class RedisHot:
         with self._writing(key):
             await self._call(op)
 
-    async def invalidate(self, key: SessionKey) -> None:
-        async def op() -> None:
+    async def invalidate(self, key: SessionKey, *, changed_seq: int) -> bool:
+        async def op() -> bool:
             k = self._keys
             cached = [k.recent(key), k.summary(key), k.state(key)]
-            await self._read(*forget_commands(k, key, self._history_ttl, also=cached))
+            keys, args = changed_args(k, key, self._history_ttl, changed_seq, also=cached)
+            return bool(await self._script(self._changed, keys, args))
 
         try:
             with self._writing(key):
-                await self._call(op)
+                return await self._call(op)
         except HotUnavailable:
             # What is cached may show a message SQL no longer holds (patched, or taken back and
             # its seq reused): this process's next append refreshes the session from SQL.

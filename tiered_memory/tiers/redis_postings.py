@@ -7,10 +7,13 @@ second finds `last` moved and changes nothing. The hash lives HISTORY_TTL_SECOND
 batch, like the recent list (a session that comes back later catches its postings up from SQL on
 its first question), and goes with the session's other keys on delete.
 
-Forgetting a session's postings (a delete, a patched message) also sets its floor
+Forgetting a session's postings (a deleted session) also sets its floor
 (`Keys.recall_floor`, the time it happened, for HISTORY_TTL_SECONDS): a batch read from SQL or
 committed before then is refused, so that a catch-up or an append indexed while the delete ran
 never puts the old messages back. The times are the replicas' clocks: keep them in step (NTP).
+A changed message (patched, taken back) sets the floor too, but drops the postings only when they
+reach it, in the same script: a gateway finalizing its streaming reply every turn would otherwise
+make the next question read the whole session back from SQL every turn.
 """
 
 from __future__ import annotations
@@ -59,6 +62,27 @@ redis.call('HSET', KEYS[1], 'last', ARGV[2])
 redis.call('EXPIRE', KEYS[1], ARGV[7])
 return tonumber(ARGV[2])
 """
+
+# Forgets what a session's hot entry holds of a changed message, in one step. KEYS: the hash, the
+# floor, then the other keys to delete. ARGV: now, the floor's TTL, the changed message's seq.
+# Sets the floor, deletes the other keys, and deletes the hash if it reaches that seq; answers 1
+# when it did.
+CHANGED_LUA = """
+redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[2])
+if #KEYS > 2 then redis.call('DEL', unpack(KEYS, 3)) end
+if tonumber(redis.call('HGET', KEYS[1], 'last') or '0') < tonumber(ARGV[3]) then return 0 end
+redis.call('DEL', KEYS[1])
+return 1
+"""
+
+
+def changed_args(
+    keys: Keys, key: SessionKey, ttl_s: int, changed_seq: int, *, also: Sequence[str]
+) -> tuple[list[str], list[Arg]]:
+    """The keys and arguments of CHANGED_LUA: the session's message `changed_seq` changed in SQL;
+    its postings go if they reach it, the keys `also` in any case, and a batch read before now is
+    refused."""
+    return [keys.recall(key), keys.recall_floor(key), *also], [repr(time.time()), ttl_s, changed_seq]
 
 
 class RedisPostings:

@@ -3,13 +3,13 @@ burst, a runaway loop or a leaked token, cannot take the others' share of the re
 
 A request counts one for each started TEXT_UNIT (4 KiB) of its body, one at least, and a patch
 or take-back that drops its session's recall postings (they held the message) is charged the
-session's text that the next question reads back from SQL (service.py). Why: a request's cost grows with its text (parsed, escaped for
-SQL, written to both tiers, tokenized, summarized), and a rate counted in requests alone let a
-tenant at 50 appends a second of 32 KB each push 1.6 MB/s through the serving process, taking
-the other tenants' p99 to 2.8 times its calm value (scripts/tenant_soak.py), and let one small
-request (a patched message, then a question) rebuild a 3.2 MB session's postings. Counted by
-size, an utterance is one request, and a tenant's rate bounds its bytes as well: 50/s is 50
-appends of up to 4 KiB, or 6 of 32 KB.
+session's text that the next question reads back from SQL (service.py). Why: a request's cost
+grows with its text (parsed, escaped for SQL, written to both tiers, tokenized, summarized), and a
+rate counted in requests alone let a tenant at 50 appends a second of 32 KB each push 1.6 MB/s
+through the serving process, taking the other tenants' p99 to 2.8 times its calm value
+(scripts/tenant_soak.py), and let one small request (a patched message, then a question) rebuild
+a 3.2 MB session's postings. Counted by size, an utterance is one request, and a tenant's rate
+bounds its bytes as well: 50/s is 50 appends of up to 4 KiB, or 6 of 32 KB.
 
 Each request draws on its tenant's bucket and, with a token, on its token's: the buckets live in
 the hot tier (tiers/buckets.py), so every replica draws on the same ones. A request past its rate

@@ -186,7 +186,12 @@ class History:
         """Stop any catch-up of a deleted session (it would put the deleted session's postings
         back) and drop this process's own postings of it; the hot tier's go with its entry. With
         `changed_seq` (a message patched or taken back), this process's postings go only when they
-        reach that message, as the hot tier's do (HotTier.invalidate)."""
+        reach that message, as the hot tier's do (HotTier.invalidate), and the catch-ups and
+        appends under way go on: the floor refuses what they read before the change, and a
+        question waiting on a catch-up is not answered as if the session were gone."""
+        self._local.drop(session, changed_seq=changed_seq)
+        if changed_seq:
+            return
         for build in [k for k in self._builds if k[1] == session]:
             self._builds.pop(build).cancel()
         tenant = key_tenant(session)
@@ -194,7 +199,6 @@ class History:
             kept = [m for m in self._pending[tenant] if m.session_id != session]
             self._pending[tenant] = kept
             self._pending_bytes[tenant] = text_bytes(kept)
-        self._local.drop(session, changed_seq=changed_seq)
 
     async def older(
         self,

@@ -377,16 +377,18 @@ class MemoryService:
         message is completed by its retry."""
         async with self._job.holding(key):
             deleted = await self._store.delete_newest(key, message_id, caller=caller)
-        # A take-back that found no message (a retry after SQL removed it) forgets them all.
-        await self._forget_cached(key, deleted.message.seq if deleted.message else 0, deleted.session_bytes)
+        # Its postings go whether or not they reach the message: its seq is the next append's, and
+        # postings that start over refuse a batch of the old message by its seq, not only by the
+        # floor's time (which another replica's clock sets).
+        await self._forget_cached(key, 0, deleted.session_bytes)
         if deleted.message is None:
             raise NotFound(f"the session has no message {message_id!r}")
         log.info("message_deleted", session_key=key, message_id=message_id, seq=deleted.message.seq)
 
     async def _forget_cached(self, key: SessionKey, changed_seq: int, session_bytes: int) -> None:
-        """After the message `changed_seq` changed in SQL (patched, taken back): the hot tier
+        """After the message `changed_seq` changed in SQL (patched; 0: taken back): the hot tier
         forgets what it cached of the session (its recent list and summary held the message), and
-        its recall postings when they reach that message; then the tenant pays for the postings'
+        its recall postings when they reach that message (in any case for 0); then the tenant pays for the postings'
         catch-up from SQL at the next question, up to RECALL_MAX_BYTES of its `session_bytes`: one
         small request, up to megabytes of work. (A catch-up after postings expired or Redis was
         lost is the daemon's own.) A streaming reply finalized drops and costs nothing of that: it

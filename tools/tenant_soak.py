@@ -171,6 +171,10 @@ class Hostile:
         # Counted over the whole run: each round goes on where the last one stopped.
         self.written = [0] * writers
         self.patched = 0
+        # Cleared from a take-back until the recall after it is answered: the other questions
+        # wait, so that the timed recall is the one that reads the session back.
+        self.quiet = asyncio.Event()
+        self.quiet.set()
 
     @property
     def headers(self) -> dict[str, str]:
@@ -227,6 +231,7 @@ class Hostile:
             # As long as a request line takes (aiohttp's is 8 KB, a Chinese character 9 bytes
             # URL-encoded): a longer one is refused by the HTTP parser before any tenant is known.
             q = self.bodies[self.rng.randrange(8)][:700]
+            await self.quiet.wait()
             await self._request(http, "GET", "/v1/sessions/big/recall", params={"q": q})
 
     async def _ask(self, http: aiohttp.ClientSession, end: float) -> tuple[int, float, set[str]]:
@@ -256,12 +261,19 @@ class Hostile:
                 if time.monotonic() >= end or mid in (await self._ask(http, end))[2]:
                     break
                 await asyncio.sleep(0.1)
-            if await self._request(http, "DELETE", f"/v1/sessions/big/messages/{mid}") != 204:
-                continue
-            # The take-back put the tenant in debt: timed from the attempt that was answered.
-            status, took, _ = await self._ask(http, end)
-            if status == 200:
-                self.first_recalls.append(took)
+            self.quiet.clear()
+            try:
+                status = 429
+                while status == 429 and time.monotonic() < end:
+                    status = await self._request(http, "DELETE", f"/v1/sessions/big/messages/{mid}")
+                if status != 204:
+                    continue
+                # The take-back put the tenant in debt: timed from the attempt that was answered.
+                status, took, _ = await self._ask(http, end)
+                if status == 200:
+                    self.first_recalls.append(took)
+            finally:
+                self.quiet.set()
 
 
 async def settle(http: aiohttp.ClientSession, base: str, most_s: float = 180) -> float:

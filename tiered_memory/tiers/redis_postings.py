@@ -65,14 +65,14 @@ return tonumber(ARGV[2])
 
 # Forgets what a session's hot entry holds of a changed message, in one step. KEYS: the hash, the
 # floor, then the other keys to delete. ARGV: now, the floor's TTL, the changed message's seq.
-# Sets the floor, deletes the other keys, and deletes the hash if it reaches that seq; answers 1
-# when it did.
+# Sets the floor, deletes the other keys, and deletes the hash if it reaches that seq (0: in any
+# case); answers 1 when there was one and it went.
 CHANGED_LUA = """
 redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[2])
 if #KEYS > 2 then redis.call('DEL', unpack(KEYS, 3)) end
-if tonumber(redis.call('HGET', KEYS[1], 'last') or '0') < tonumber(ARGV[3]) then return 0 end
-redis.call('DEL', KEYS[1])
-return 1
+local last = redis.call('HGET', KEYS[1], 'last')
+if last and tonumber(last) < tonumber(ARGV[3]) then return 0 end
+return redis.call('DEL', KEYS[1])
 """
 
 

@@ -1,9 +1,9 @@
 """Request rates per tenant and per token (RATE_LIMITS, TOKEN_RATE_LIMIT), so that one tenant's
 burst, a runaway loop or a leaked token, cannot take the others' share of the replicas.
 
-A request counts one for each started TEXT_UNIT (4 KiB) of its body, one at least, and a patch
-or take-back that drops its session's recall postings (they held the message) is charged the
-session's text that the next question reads back from SQL (service.py). Why: a request's cost
+A request counts one for each started TEXT_UNIT (4 KiB) of its body, one at least, and a
+take-back, or a patch of a message its session's recall postings held (both drop them), is
+charged the session's text that the next question reads back from SQL (service.py). Why: a request's cost
 grows with its text (parsed, escaped for SQL, written to both tiers, tokenized, summarized), and a
 rate counted in requests alone let a tenant at 50 appends a second of 32 KB each push 1.6 MB/s
 through the serving process, taking the other tenants' p99 to 2.8 times its calm value

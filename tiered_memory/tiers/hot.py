@@ -144,9 +144,10 @@ class HotTier(Protocol):
     async def invalidate(self, key: SessionKey, *, changed_seq: int) -> bool:
         """Forget what is cached of a session (recent list, summary, counters) after SQL changed
         its message `changed_seq` (patched, or taken back), so that the next read refills it; its
-        lock stays. Its recall postings go only when they reach that message: postings that end
-        before it hold nothing it changed (a streaming reply is never indexed while it streams,
-        history.py), and a batch read before now is refused either way. Whether they went."""
+        lock stays. Its recall postings go only when they reach that message (0: in any case, as
+        for a take-back, whose seq is reused): postings that end before it hold nothing it
+        changed (a streaming reply is never indexed while it streams, history.py), and a batch
+        read before now is refused either way. Whether they went."""
         ...
 
     async def try_lock(self, name: str, ttl_seconds: float) -> str | None:

@@ -13,7 +13,14 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import TOPICALCHAT, required_file
-from tiered_memory.eval.baselines import BASELINES, hybrid_compressed, hybrid_salient, newest_within
+from tiered_memory.eval.baselines import (
+    BASELINES,
+    bm25_question,
+    bm25_terms,
+    hybrid_compressed,
+    hybrid_salient,
+    newest_within,
+)
 from tiered_memory.eval.command import shipped_set
 from tiered_memory.eval.dataset import (
     INLINE_MIN_GAP,
@@ -29,6 +36,7 @@ from tiered_memory.eval.dataset import (
     read_kdconv,
     read_topicalchat,
 )
+from tiered_memory.eval.friendsqa import read_friendsqa
 from tiered_memory.eval.match import Haystack
 from tiered_memory.eval.report import markdown, mean_message_chars, summarize
 from tiered_memory.eval.runner import DAEMON, WITH_QUESTION, Result
@@ -335,3 +343,48 @@ def test_the_daemon_never_imports_the_evaluation() -> None:
         "sys.exit(any(m.startswith('tiered_memory.eval') for m in sys.modules))"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def test_bm25_with_the_question_keeps_the_best_match_beside_the_newest_text() -> None:
+    """The naive BM25 baseline: the newest text in half the budget, then the older message that
+    matches the question best (function words dropped), within the budget."""
+    turns = [(f"Filler line number {i} about nothing.", f"Sure, filler {i}.") for i in range(30)]
+    turns[2] = ("Where is the rehearsal dinner?", "The rehearsal dinner is at Luigi's on Friday.")
+    text = bm25_question(turns, 300, "Who hosts the rehearsal dinner?")
+    assert len(text) <= 300
+    assert "Luigi's" in text
+    assert "Sure, filler 29." in text
+    assert bm25_terms("Who hosts the 2 dinners 在北京") == ["hosts", "2", "dinners", "在北", "北京"]
+
+
+def test_friendsqa_scenes_become_sessions_with_their_questions_at_the_end(tmp_path: Path) -> None:
+    """Each utterance is a `Speaker: text` message (a stage note its text alone), roles
+    alternating; a question is asked at the end when its shortest answer lies 10 or more
+    messages back, that answer (trailing punctuation dropped) its evidence."""
+    utterances = [{"uid": 0, "speakers": ["Ross Geller"], "utterance": "My son 's name is Jamie ."}]
+    utterances += [{"uid": i, "speakers": ["Carol Willick"], "utterance": f"Line {i} ."} for i in range(1, 12)]
+    utterances.append({"uid": 12, "speakers": ["#NOTE#"], "utterance": "( Ross leaves . )"})
+    qas = [
+        {"question": "What is Ross 's son called ?", "answers": [{"answer_text": "Jamie .", "utterance_id": 0}]},
+        {"question": "What did Carol say last ?", "answers": [{"answer_text": "Line 11", "utterance_id": 11}]},
+        {"question": "Who spoke first ?", "answers": [{"answer_text": "Ross Geller", "utterance_id": 0}]},
+    ]
+    scene = {"title": "s01", "paragraphs": [{"utterances:": utterances, "qas": qas}]}
+    path = tmp_path / "friendsqa.json"
+    path.write_text(json.dumps({"data": [scene, scene]}), encoding="utf-8")
+    [conv] = read_friendsqa(path, per_session=2)
+    assert conv.turns[0] == ("Ross Geller: My son 's name is Jamie .", "Carol Willick: Line 1 .")
+    assert conv.turns[6][0] == "( Ross leaves . )"
+    assert len(conv.turns) == 13  # 26 messages
+    asked = sorted((p.question, p.evidence) for p in conv.probes)
+    # The second scene's "Line 11" is 2 messages from the end: not asked; the first scene's is.
+    assert asked == sorted(
+        [
+            ("What is Ross 's son called ?", ("Jamie",)),
+            ("What is Ross 's son called ?", ("Jamie",)),
+            ("What did Carol say last ?", ("Line 11",)),
+            ("Who spoke first ?", ("Ross Geller",)),
+            ("Who spoke first ?", ("Ross Geller",)),
+        ]
+    )
+    assert all(p.kind == "end" and p.after_turn == 13 for p in conv.probes)

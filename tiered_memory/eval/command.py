@@ -24,6 +24,7 @@ from tiered_memory.eval.dataset import (
     read_kdconv,
     read_topicalchat,
 )
+from tiered_memory.eval.friendsqa import SCENES_PER_SESSION, read_friendsqa
 from tiered_memory.eval.report import markdown, mean_message_chars, summarize
 from tiered_memory.eval.runner import Runner
 
@@ -46,8 +47,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--kdconv", type=Path, help="a KdConv folder of {film,music,travel}.json (or one file)")
     p.add_argument("--crosswoz", type=Path, help="a CrossWOZ val.json or val.json.zip")
     p.add_argument("--topicalchat", type=Path, help="a Topical-Chat valid_freq.json (English, dated sittings)")
-    p.add_argument("--chain", type=int, default=10, help="imported dialogues per session (default 10)")
-    p.add_argument("--sessions", type=int, default=8, help="sessions per imported dataset (default 8)")
+    p.add_argument(
+        "--friendsqa", type=Path, help="a FriendsQA friendsqa_dev.json (TV scenes with human-written questions)"
+    )
+    p.add_argument(
+        "--chain", type=int, help=f"imported dialogues per session (default 10; FriendsQA {SCENES_PER_SESSION} scenes)"
+    )
+    p.add_argument(
+        "--sessions", type=int, help="sessions per imported dataset (default 8; FriendsQA: all its scenes fill)"
+    )
     p.add_argument("--limit", type=int, help="use only the first N conversations of each dataset")
     p.add_argument("--budgets", type=int, nargs="+", default=list(DEFAULT_BUDGETS), help="context budgets, chars")
     p.add_argument("--url", help="a running daemon (no restart: reconnect probes are skipped)")
@@ -64,16 +72,18 @@ def parser() -> argparse.ArgumentParser:
 def conversations(args: argparse.Namespace) -> list[Conversation]:
     out: list[Conversation] = []
     sources: list[list[Conversation]] = []
+    per, count = args.chain or 10, args.sessions or 8
     if args.kdconv:
-        sources.append(
-            chain(read_kdconv(args.kdconv), dataset="kdconv", per_session=args.chain, sessions=args.sessions)
-        )
+        sources.append(chain(read_kdconv(args.kdconv), dataset="kdconv", per_session=per, sessions=count))
     if args.crosswoz:
         dialogues = read_crosswoz(args.crosswoz)
-        sources.append(chain(dialogues, dataset="crosswoz", per_session=args.chain, sessions=args.sessions))
+        sources.append(chain(dialogues, dataset="crosswoz", per_session=per, sessions=count))
     if args.topicalchat:
         dialogues = read_topicalchat(args.topicalchat)
-        sources.append(chain_sittings(dialogues, dataset="topicalchat", per_session=args.chain, sessions=args.sessions))
+        sources.append(chain_sittings(dialogues, dataset="topicalchat", per_session=per, sessions=count))
+    if args.friendsqa:
+        scenes = args.chain or SCENES_PER_SESSION
+        sources.append(read_friendsqa(args.friendsqa, per_session=scenes, sessions=args.sessions))
     sources.extend(load_jsonl(path) for path in args.jsonl)
     if args.shipped or not sources:
         sources.append(load_jsonl(shipped_set(), dataset="bilingual"))
@@ -102,7 +112,7 @@ async def evaluate(args: argparse.Namespace) -> dict[str, object]:
             await runner.cleanup(convs)
         finally:
             await t.stop()
-    summary = summarize(results, budgets=args.budgets)
+    summary = summarize(results, budgets=args.budgets, over_budget=runner.over_budget, contexts=runner.contexts)
     ms = sorted(runner.context_ms)
     summary["run"] = {
         "conversations": len(convs),

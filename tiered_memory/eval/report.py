@@ -5,10 +5,10 @@ inline probes, the issue's targets checked against them, and each dataset's mean
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from tiered_memory.eval.baselines import BASELINES
+from tiered_memory.eval.baselines import BASELINES, BM25_QUESTION, QUESTION_BASELINES
 from tiered_memory.eval.dataset import Conversation
 from tiered_memory.eval.runner import DAEMON, WITH_QUESTION, Result
 
@@ -21,6 +21,8 @@ RIVALS = (NEWEST, "hybrid-salient", "hybrid-compressed")
 RIVAL_TOLERANCE = 0.01
 # Budgets of the informational "so many times the newest text" targets: where a budget bites.
 MULTIPLE_BUDGETS = (1000, 2000)
+# How far a context asked with its question must be ahead of a naive BM25 asked with it.
+QUESTION_MARGIN = 0.05
 
 
 def _bucket(gap: int) -> str | None:
@@ -34,7 +36,15 @@ def _cell(hits: Sequence[bool]) -> dict[str, Any]:
     return {"recall": round(sum(hits) / len(hits), 4) if hits else None, "n": len(hits)}
 
 
-def summarize(results: Iterable[Result], *, budgets: Sequence[int]) -> dict[str, Any]:
+def summarize(
+    results: Iterable[Result],
+    *,
+    budgets: Sequence[int],
+    over_budget: Mapping[str, int] | None = None,
+    contexts: Mapping[str, int] | None = None,
+) -> dict[str, Any]:
+    """The figures of `results`; with `contexts` (answers read per dataset), the count of those
+    over their max_chars (`over_budget`) per dataset, and a target that it is zero."""
     table: dict[tuple[str, str, str, int], list[bool]] = defaultdict(list)
     gaps: dict[tuple[str, str, int, str], list[bool]] = defaultdict(list)
     results = list(results)
@@ -63,7 +73,13 @@ def summarize(results: Iterable[Result], *, budgets: Sequence[int]) -> dict[str,
         {"method": m, "dataset": d, "budget": b, "gap": g, **_cell(h)}
         for (m, d, b, g), h in sorted(gaps.items(), key=lambda kv: (kv[0][1], kv[0][0], kv[0][2], kv[0][3]))
     ]
-    return {"budgets": list(budgets), "table": rows, "by_gap": gap_rows, "targets": targets(rows)}
+    found = targets(rows)
+    budget = {}
+    for d, n in sorted((contexts or {}).items()):
+        over = (over_budget or {}).get(d, 0)
+        budget[d] = {"contexts": n, "over_max_chars": over}
+        found.append(_target("contexts over max_chars", d, over, 0, over == 0))
+    return {"budgets": list(budgets), "table": rows, "by_gap": gap_rows, "targets": found, "budget": budget}
 
 
 def mean_message_chars(conversations: Iterable[Conversation]) -> dict[str, float]:
@@ -141,6 +157,11 @@ def _budget_targets(rows: Sequence[dict[str, Any]], d: str, b: int) -> list[dict
     plain, asked = _get(rows, DAEMON, d, "end", b), _get(rows, WITH_QUESTION, d, "end", b)
     if plain is not None and asked is not None:
         out.append(_target(f"question never hurts, end @ {b}", d, asked, plain, asked >= plain))
+    naive = _get(rows, BM25_QUESTION, d, "end", b)
+    if asked is not None and naive is not None:
+        bound = min(1.0, naive + QUESTION_MARGIN)
+        name = f"question >= {BM25_QUESTION} + {QUESTION_MARGIN}, end @ {b}"
+        out.append(_target(name, d, asked, bound, asked >= bound))
     return out
 
 
@@ -196,6 +217,10 @@ def markdown(summary: dict[str, Any]) -> str:
             )
             cells.append(_fmt(hit["recall"], hit["n"]) if hit else "–")
         lines.append(f"| {d} | {m} | {b} | " + " | ".join(cells) + " |")
+    over = summary.get("budget", {})
+    if over:
+        lines += ["", "### Context answers over their max_chars", "", "| dataset | answers | over |", "|---|---|---|"]
+        lines += [f"| {d} | {v['contexts']} | {v['over_max_chars']} |" for d, v in over.items()]
     lines += ["", "### Targets", "", "| dataset | target | measured | bound | met |", "|---|---|---|---|---|"]
     for t in summary["targets"]:
         met = "yes" if t["met"] else ("no (informational)" if t.get("informational") else "NO")
@@ -215,7 +240,7 @@ _KIND_ORDER = {
 
 
 def _method_order(method: str) -> int:
-    order = [DAEMON, WITH_QUESTION, *BASELINES]
+    order = [DAEMON, WITH_QUESTION, *QUESTION_BASELINES, *BASELINES]
     return order.index(method) if method in order else len(order)
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from tiered_memory.eval.baselines import BASELINES
+from tiered_memory.eval.baselines import BASELINES, QUESTION_BASELINES
 from tiered_memory.eval.daemon import Target
 from tiered_memory.eval.dataset import Conversation, Probe
 from tiered_memory.eval.match import Haystack
@@ -66,6 +66,9 @@ class Runner:
         self.results: list[Result] = []
         self.skipped: dict[str, int] = defaultdict(int)
         self.context_ms: list[float] = []
+        # Per dataset: the context answers read, and those whose messages hold more than max_chars.
+        self.contexts: dict[str, int] = defaultdict(int)
+        self.over_budget: dict[str, int] = defaultdict(int)
 
     def sid(self, c: Conversation) -> str:
         return f"eval-{self._run}-{c.session}"[:128]
@@ -120,7 +123,7 @@ class Runner:
         await self._settle(sid, turn)
         transcript = c.turns[:turn]
         for budget in self._budgets:
-            text = await self._context(sid, budget)
+            text = await self._context(sid, budget, dataset=c.dataset)
             hay = Haystack(text)
             for p in probes:
                 self._record(c, p, DAEMON, budget, hay.contains_all(p.evidence))
@@ -132,8 +135,11 @@ class Runner:
                     self._record(c, p, name, budget, base.contains_all(p.evidence))
             for p in probes:
                 if p.kind in QUESTION_KINDS and p.question:
-                    asked = Haystack(await self._context(sid, budget, question=p.question))
+                    asked = Haystack(await self._context(sid, budget, question=p.question, dataset=c.dataset))
                     self._record(c, p, WITH_QUESTION, budget, asked.contains_all(p.evidence))
+                    for name, with_question in QUESTION_BASELINES.items():
+                        base = Haystack(with_question(transcript, budget, p.question))
+                        self._record(c, p, name, budget, base.contains_all(p.evidence))
 
     def _record(self, c: Conversation, p: Probe, method: str, budget: int, hit: bool) -> None:
         evidence = "\x1f".join(p.evidence)
@@ -157,7 +163,10 @@ class Runner:
                     return
             await asyncio.sleep(0.02)
 
-    async def _context(self, sid: str, budget: int, *, question: str | None = None) -> str:
+    async def _context(self, sid: str, budget: int, *, question: str | None = None, dataset: str = "") -> str:
+        """The context's messages joined by newlines, the question (the asking, not the memory)
+        left out; counted against `budget` on the way: every character of every message's content,
+        framing included, is the budget's, except the question the caller sent."""
         params = {"max_chars": str(budget), **({"question": question} if question else {})}
         started = time.perf_counter()
         async with self._http.get(f"{self._t.base}/v1/sessions/{sid}/context", params=params) as r:
@@ -168,7 +177,10 @@ class Runner:
         contents = [m["content"] for m in body["messages"]]
         if question and contents and contents[-1].endswith(question):
             # The question closes the last user message: it is the asking, not the memory.
-            contents[-1] = contents[-1][: -len(question)]
+            contents[-1] = contents[-1][: -len(question)].removesuffix("\n")
+        self.contexts[dataset] += 1
+        if sum(map(len, contents)) > budget:
+            self.over_budget[dataset] += 1
         return "\n".join(contents)
 
 

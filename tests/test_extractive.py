@@ -252,3 +252,16 @@ def test_the_subject_is_the_users_first_clause_that_names_something(extractor: E
     assert later.structured["subject"] == first.structured["subject"]
     english = extractor.extract(conversation([("[Tue 2024-03-05] Hey Anna!", "Hi!"), *EN_TURNS[:2]]))
     assert "Sarah Connor" in english.structured["subject"]
+
+
+def test_english_search_terms_are_stems_so_a_paraphrase_matches(extractor: Extractor) -> None:
+    """Recall's terms put English words in their Snowball stem on both sides (postings and the
+    question), so a question in another form of the word finds the message; numbers and
+    Chinese words stay as they are, function words go."""
+    ex = extractor
+    said = set(ex.search_terms("They are waiting for the rehearsal dinner, and got married in 2019."))
+    asked = set(ex.search_terms("Who waited at the rehearsals before they married?"))
+    assert {"wait", "rehears", "marri"} <= said & asked
+    assert "2019" in said
+    assert "the" not in said
+    assert "王小明" in ex.search_terms("王小明订了活力健")

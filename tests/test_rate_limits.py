@@ -221,7 +221,7 @@ async def test_a_streaming_reply_finalized_keeps_the_postings_and_costs_nothing(
     assert [s for s, _ in await _statuses(daemon, ACME, 10)].count(404) >= 3
     if "REDIS_URL" in env:
         client = redis.Redis.from_url(env["REDIS_URL"])
-        assert client.hget(f"{env['REDIS_KEY_PREFIX']}:{{acme/{sid}}}:recall", "last") == b"5"
+        assert client.hget(f"{env['REDIS_KEY_PREFIX']}:{{acme/{sid}}}:recall-s2", "last") == b"5"
         client.close()
     await asyncio.sleep(1.2)
     resp = await daemon.http.get(f"/v1/sessions/{sid}/recall", params={"q": "明天到"}, headers=headers)

@@ -37,8 +37,10 @@ class Keys:
         return f"{self.prefix}:{{{name}}}:lock"
 
     def recall(self, key: SessionKey) -> str:
-        """Hash: the session's recall postings and the messages they point at (postings.py)."""
-        return f"{self.prefix}:{{{key}}}:recall"
+        """Hash: the session's recall postings and the messages they point at (postings.py).
+        Named for the form of its terms (`s2`: English words as Snowball stems): postings of
+        another form are never searched, and expire with their TTL."""
+        return f"{self.prefix}:{{{key}}}:recall-s2"
 
     def recall_floor(self, key: SessionKey) -> str:
         """When the session's recall postings were last forgotten (deleted, or its messages

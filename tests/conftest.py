@@ -72,6 +72,7 @@ def required_tool(name: str, install: str) -> str:
 
 # Topical-Chat validation, beside the project as the tuning data (CI has a copy of shared/ there).
 TOPICALCHAT = Path(__file__).resolve().parents[2] / "shared" / "data" / "topicalchat-valid" / "valid_freq.json"
+FRIENDSQA = Path(__file__).resolve().parents[2] / "shared" / "data" / "friendsqa-dev" / "friendsqa_dev.json"
 
 
 def required_file(path: Path, what: str) -> Path:
@@ -474,12 +475,12 @@ async def play(d: Daemon, sid: str, turns: list[tuple[str, str]]) -> list[dict[s
 def memory_of(system: str) -> str:
     """The memory inside a context's system message: the text of its one delimited block
     (quoting.py), which closes the message; fails when the block is not there whole."""
-    _, sep, block = system.partition('<memory note="')
+    _, sep, block = system.partition("<memory>\n")
     assert sep, system
     assert block.count("<memory") == 0, system
     assert block.endswith("\n</memory>"), system
     assert block.count("</memory>") == 1, system
-    return block.split("\n", 1)[1].removesuffix("\n</memory>")
+    return block.removesuffix("\n</memory>")
 
 
 def job_ended(job: dict[str, Any]) -> bool:
@@ -519,7 +520,7 @@ def tag_chars(messages: list[dict[str, Any]]) -> int:
     """The characters of the memory block's tags in a context's messages (0 without a block):
     framing, like the operator's rules, and not counted in max_chars."""
     system = next((m["content"] for m in messages if m["role"] == "system"), "") or ""
-    return len(system) - len(memory_of(system)) - system.index('<memory note="') if '<memory note="' in system else 0
+    return len(system) - len(memory_of(system)) - system.index("<memory>\n") if "<memory>\n" in system else 0
 
 
 def llm_env(env: dict[str, str], llm: FakeLlm, **extra: str) -> dict[str, str]:

@@ -9,11 +9,12 @@ import itertools
 import pytest
 
 from tiered_memory.condense import clauses, condense, is_phatic, keys
-from tiered_memory.context_policy import ORIGINS, Candidates, Selection, choose, lagging_digest
+from tiered_memory.context_policy import ORIGINS, QUESTION_SHARE, Candidates, Selection, choose, lagging_digest
 from tiered_memory.eval.command import shipped_set
 from tiered_memory.eval.dataset import load_jsonl
 from tiered_memory.model import Message, Role, SessionKey
 from tiered_memory.notes import features
+from tiered_memory.quoting import frame_chars
 from tiered_memory.summarize.extractive import Extractor
 from tiered_memory.summarize.facts import render
 from tiered_memory.testing import ZH_12_TURNS
@@ -115,29 +116,84 @@ def test_older_turns_are_condensed_when_that_reaches_further(extractor: Extracto
     assert "Marguerite" not in newest
 
 
-def test_a_question_adds_its_matching_clauses() -> None:
-    """With a question, the clauses of earlier turns holding its terms join the system text
-    (no summary here: the raw text alone does not reach them)."""
-    filler = "and honestly I was thinking about it the whole time while we were talking about it"
-    turns = [
-        (f"Day {i}: I went to the market with my friend, {filler}.", f"That sounds nice, {filler}.") for i in range(12)
+_FILLER = "and honestly I was thinking about it the whole time while we were talking about it"
+
+
+def _day_turns() -> list[tuple[str, str]]:
+    return [
+        (f"Day {i}: I went to the market with my friend, {_FILLER}.", f"That sounds nice for day {i}, {_FILLER}.")
+        for i in range(12)
     ]
-    turns[1] = ("By the way, my locker code is 4471, do not forget it.", "Noted.")
+
+
+def test_a_question_gives_its_matching_messages_room_first() -> None:
+    """The older messages that match a question are shown whole, even when they hold no key (a
+    plain-word answer: "the subway"), where the context without the question does not reach."""
+    turns = _day_turns()
+    turns[1] = ("How will we get to the museum tomorrow?", "We will take the subway, it is quicker than the bus.")
     messages = _messages(turns)
     plain = choose(Candidates(messages=messages, whole=True, lang="en"), 600)
     asked = choose(
-        Candidates(
-            messages=messages,
-            whole=True,
-            lang="en",
-            snippets=[messages[2:4]],
-            terms=["locker", "code"],
-        ),
-        600,
+        Candidates(messages=messages, whole=True, lang="en", matches=[(messages[2], 3.0), (messages[3], 1.5)]), 600
     )
-    assert "4471" not in _text(plain)
-    assert "4471" in _text(asked)
-    assert sum(len(m.content) for m in asked.raw) + len(asked.system or "") <= 600
+    assert "subway" not in _text(plain)
+    assert "We will take the subway, it is quicker than the bus." in _text(asked)
+    assert [origin for origin, _ in asked.parts][-1] == "snippets"
+    assert _joined_chars(asked) <= 600
+
+
+def test_a_question_that_matches_nothing_costs_nothing() -> None:
+    """No matching message: the context is the one without the question."""
+    messages = _messages(_day_turns())
+    plain = choose(Candidates(messages=messages, whole=True, lang="en"), 600)
+    asked = choose(Candidates(messages=messages, whole=True, lang="en", matches=[]), 600)
+    assert asked == plain
+
+
+def test_the_matches_take_at_most_their_share_and_the_last_turn_stays_raw() -> None:
+    """However many messages match, they claim at most QUESTION_SHARE of the room first, the
+    layout fills the rest with the last turn raw, and a match is never the last turn again."""
+    messages = _messages(_day_turns())
+    older = messages[:-2]
+    matches = [(m, 10.0 - i / 100) for i, m in enumerate([*reversed(older), messages[-1]])]
+    sel = choose(Candidates(messages=messages, whole=True, lang="en", matches=matches), 1000)
+    assert [m.seq for m in sel.raw][-2:] == [messages[-2].seq, messages[-1].seq]
+    snippets = dict(sel.parts)["snippets"]
+    assert messages[-1].content not in snippets
+    room = 1000 - sum(len(m.content) for m in sel.raw)
+    assert len(snippets) <= QUESTION_SHARE * room + len(messages[0].content)
+    assert _joined_chars(sel) <= 1000
+
+
+def test_a_match_shown_raw_gives_its_place_to_the_next() -> None:
+    """A matching message the layout shows raw is not repeated in the question's block: the
+    next best match takes the room."""
+    turns = [(f"Question {i} about trains?", f"Answer {i}: the train leaves at {i} o'clock.") for i in range(40)]
+    messages = _messages(turns)
+    shown_raw = messages[-4]
+    sel = choose(
+        Candidates(messages=messages, whole=True, lang="en", matches=[(shown_raw, 5.0), (messages[5], 4.0)]), 400
+    )
+    assert shown_raw.seq in {m.seq for m in sel.raw}
+    snippets = dict(sel.parts)["snippets"]
+    assert shown_raw.content not in snippets
+    assert messages[5].content in snippets
+
+
+def test_the_budget_counts_the_block_tags() -> None:
+    """With the block's tags given as `frame`, the system text and the raw turns leave room for
+    them: every character the daemon sends is within max_chars."""
+    messages = _messages(_day_turns())
+    systems = 0
+    for budget in range(150, 1500, 50):
+        sel = choose(Candidates(messages=messages, whole=True, lang="en", frame=frame_chars()), budget)
+        systems += sel.system is not None
+        assert _joined_chars(sel) + (frame_chars() if sel.system else 0) <= budget
+    assert systems > 10
+
+
+def _joined_chars(sel: Selection) -> int:
+    return sum(len(m.content) for m in sel.raw) + len(sel.system or "")
 
 
 def test_the_parts_are_the_system_text_by_origin(extractor: Extractor) -> None:
@@ -149,9 +205,7 @@ def test_the_parts_are_the_system_text_by_origin(extractor: Extractor) -> None:
         lang = "zh" if conv.session.startswith("zh") else "en"
         c = _candidates(messages, extractor, lang)
         note = Message(SessionKey("s"), 0, 1, Role.SYSTEM, "call transferred to billing", "n0", 0.0)
-        asked = dataclasses.replace(
-            c, snippets=[messages[:2]], terms=list(keys(messages[0].content))[:3], events=[note]
-        )
+        asked = dataclasses.replace(c, matches=[(messages[0], 2.0), (messages[1], 1.0)], events=[note])
         for candidates, budget in itertools.product((c, asked), (200, 600, 2000)):
             sel = choose(candidates, budget)
             assert "\n".join(text for _, text in sel.parts) == (sel.system or ""), (conv.session, budget)
@@ -197,22 +251,6 @@ def test_keys_are_numbers_names_and_session_terms() -> None:
     assert keys("活力健每天2次") == {"2次"}
     found = features("活力健每天2次", frozenset({"活力"}))
     assert {"2次", "\x01活力", "\x00每天"} <= found
-
-
-def test_a_question_whose_clauses_say_nothing_new_changes_nothing() -> None:
-    """When the matching clauses hold no key the context lacks, the context is the one without
-    the question (they may only use room the layout left): a question never costs memory."""
-    filler = "and honestly I was thinking about it the whole time while we were talking about it"
-    turns = [
-        (f"Day {i}: I went to the market with my friend, {filler}.", f"That sounds nice, {filler}.") for i in range(12)
-    ]
-    messages = _messages(turns)
-    plain = choose(Candidates(messages=messages, whole=True, lang="en"), 600)
-    asked = choose(
-        Candidates(messages=messages, whole=True, lang="en", snippets=[messages[2:4]], terms=["market"]), 600
-    )
-    assert [m.content for m in asked.raw] == [m.content for m in plain.raw]
-    assert (plain.system or "") in (asked.system or "")
 
 
 def test_summary_facts_do_not_displace_raw_turns_that_say_more() -> None:

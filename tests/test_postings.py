@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import RealServers, new_sid, redis_flush_prefix
 from tiered_memory.model import Message, MessageStatus, Role, SessionKey
-from tiered_memory.recall import around, best_turns, search
+from tiered_memory.recall import around, asked_kind, boosted, search, with_neighbours
 from tiered_memory.tiers.hot import RecentBound
 from tiered_memory.tiers.keys import Keys
 from tiered_memory.tiers.memory_hot import MemoryHot
@@ -110,7 +110,41 @@ async def test_messages_are_kept_for_snippets(stores: tuple[PostingsStore, Posti
     found = await b.messages(sid, around(search(read, ["table"], k=5)))
     assert sorted(found) == [1, 3]
     assert found[1] == said[0]
-    assert best_turns(search(read, ["table"], k=5), found, most=1) == [[said[2]]]
+
+
+def test_a_match_brings_its_neighbours_at_half_its_score() -> None:
+    """The messages beside a match (the reply to it, what it answered) come with it at half its
+    score; a message keeps its best score; nothing at or past `before_seq`, nothing before seq 1."""
+    assert with_neighbours([(5, 4.0), (1, 2.0)]) == [(5, 4.0), (6, 2.0), (4, 2.0), (1, 2.0), (2, 1.0)]
+    assert with_neighbours([(5, 4.0), (6, 3.0)], before_seq=7) == [(5, 4.0), (6, 3.0), (4, 2.0)]
+    assert with_neighbours([]) == []
+
+
+@pytest.mark.parametrize(
+    ("question", "kind"),
+    [
+        ("How many kids does she have?", "number"),
+        ("When is the rehearsal dinner?", "number"),
+        ("之前说的那个酒店，价格是什么？", "number"),
+        ("Who are they waiting for?", "name"),
+        ("刚才说的那家餐馆叫什么？", "name"),
+        ("Why did Carol leave?", None),
+    ],
+)
+def test_what_a_question_asks_for(question: str, kind: str | None) -> None:
+    assert asked_kind(question) == kind
+
+
+def test_a_match_holding_what_is_asked_for_comes_first() -> None:
+    """Of two matches, the one holding a number rises above a better-scored one without, when the
+    question asks how many; without a kind asked, the scores alone order them."""
+    sid = new_sid()
+    plain = _turn(sid, 1, "we talked about the kids for a while")
+    number = _turn(sid, 2, "she has 3 of them now")
+    scored = [(plain, 2.0), (number, 1.5)]
+    assert [m.seq for m, _ in boosted(scored, "number")] == [2, 1]
+    assert [m.seq for m, _ in boosted(scored, None)] == [1, 2]
+    assert [m.seq for m, _ in boosted(scored, "name")] == [1, 2]
 
 
 async def test_postings_past_their_bound_stop_growing(stores: tuple[PostingsStore, PostingsStore]) -> None:

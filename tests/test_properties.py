@@ -230,10 +230,9 @@ def test_the_chosen_context_never_exceeds_its_budget(
     daemon sends them, stay within max_chars, with at most one leading system message, alternating
     and starting with a user message; from 200 characters on, the newest answered message is there."""
     facts = None if summary is None else (lambda room, _before, _by_rank: summary[: max(room, 0)])
-    sel = choose(Candidates(messages=messages, whole=True, lang="zh", facts=facts), max_chars)
-    out = compose(sel.system, alternate(sel.raw), max_chars=max_chars, lang="zh")
-    tags = frame_chars("zh") if out and out[0].role == "system" else 0  # framing, not memory
-    assert sum(len(m.content) for m in out) <= max_chars + tags
+    sel = choose(Candidates(messages=messages, whole=True, lang="zh", facts=facts, frame=frame_chars()), max_chars)
+    out = compose(sel.system, alternate(sel.raw), max_chars=max_chars)
+    assert sum(len(m.content) for m in out) <= max_chars  # the block's tags included
     assert all(m.role != "system" for m in out[1:])
     turns = [m for m in out if m.role != "system"]
     assert not turns or turns[0].role == "user"

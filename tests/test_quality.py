@@ -1,5 +1,6 @@
-"""The memory-quality regression slice: part of the shipped bilingual set (short messages) and two
-chained Topical-Chat sessions (long English messages, from the tuning data beside the project)
+"""The memory-quality regression slice: part of the shipped bilingual set (short messages), two
+chained Topical-Chat sessions (long English messages) and three sessions of chained FriendsQA
+scenes (human-written questions), the last two from the tuning data beside the project,
 replayed through a daemon process (the embedded default, and real Redis + MariaDB), failing when
 recall falls below the thresholds committed in tests/quality_thresholds.json (each about 0.05
 under what was measured when it was set; raise them when the memory gets better).
@@ -15,10 +16,11 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.conftest import TOPICALCHAT, RealServers, required_file
+from tests.conftest import FRIENDSQA, TOPICALCHAT, RealServers, required_file
 from tiered_memory.eval.command import shipped_set
 from tiered_memory.eval.daemon import ChildDaemon
 from tiered_memory.eval.dataset import Conversation, chain_sittings, load_jsonl, read_topicalchat
+from tiered_memory.eval.friendsqa import read_friendsqa
 from tiered_memory.eval.report import summarize
 from tiered_memory.eval.runner import Runner
 
@@ -42,6 +44,12 @@ def _topicalchat_slice() -> list[Conversation]:
     return chain_sittings(read_topicalchat(path), dataset="topicalchat", per_session=10, sessions=2)
 
 
+def _friendsqa_slice() -> list[Conversation]:
+    """Three sessions of eight chained FriendsQA scenes, each question asked at the end (about 180
+    questions). Missing data skips, unless REQUIRE_REAL_BACKENDS=1 (CI), where it fails."""
+    return read_friendsqa(required_file(FRIENDSQA, "FriendsQA data"), sessions=3)
+
+
 async def _figures(
     daemon: ChildDaemon, budgets: list[int], convs: list[Conversation] | None = None
 ) -> dict[str, float]:
@@ -54,14 +62,17 @@ async def _figures(
             await runner.cleanup(convs)
         finally:
             await daemon.stop()
+    # max_chars is a hard cap: every character of every message's content, the block's tags too.
+    assert sum(runner.contexts.values()) > 0
+    assert not any(runner.over_budget.values()), f"contexts over max_chars: {dict(runner.over_budget)}"
     rows: list[dict[str, Any]] = summarize(results, budgets=budgets)["table"]
     return {f"{r['method']} {r['kind']} @{r['budget']}": r["recall"] for r in rows if r["recall"] is not None}
 
 
 def _check(figures: dict[str, float], thresholds: dict[str, float], margins: dict[str, list[Any]]) -> None:
-    """Each figure at least its threshold, and, where the daemon and the newest text (the
-    whole-transcript baseline, cut to the budget) differ, ahead of the newest text by at least
-    the committed margin: at 4000 characters the raw transcript scores 1.0 too, so a threshold
+    """Each figure at least its threshold, and ahead of the baseline each margin names (the newest
+    text, the whole-transcript baseline cut to the budget; for a question, the naive BM25 asked
+    it) by at least the committed margin: at 4000 characters the raw transcript scores 1.0 too, so a threshold
     alone could not tell the daemon from it. An empty file would pass anything: refused."""
     assert thresholds, "no thresholds committed: a quality check that checks nothing"
     assert margins, "no margins over the newest text committed"
@@ -118,3 +129,23 @@ async def test_long_english_messages_stay_above_the_thresholds_on_redis_and_mari
         thresholds["real"],
         thresholds["margins"],
     )
+
+
+async def test_real_questions_find_their_answers_embedded() -> None:
+    """Three FriendsQA sessions on the embedded default: each question asked with the context,
+    against the figures committed and ahead of a naive BM25 asked the same question."""
+    thresholds = json.loads(_THRESHOLDS.read_text(encoding="utf-8"))["friendsqa"]
+    daemon = ChildDaemon(run_id=uuid.uuid4().hex[:8])
+    figures = await _figures(daemon, thresholds["budgets"], _friendsqa_slice())
+    _check(figures, thresholds["embedded"], thresholds["margins"])
+
+
+@pytest.mark.real
+async def test_real_questions_find_their_answers_on_redis_and_mariadb(real_servers: RealServers) -> None:
+    """The same question slice on real Redis and MariaDB."""
+    thresholds = json.loads(_THRESHOLDS.read_text(encoding="utf-8"))["friendsqa"]
+    daemon = ChildDaemon(
+        redis_url=real_servers.redis_url, database_url=real_servers.mysql_url, run_id=uuid.uuid4().hex[:8]
+    )
+    figures = await _figures(daemon, thresholds["budgets"], _friendsqa_slice())
+    _check(figures, thresholds["real"], thresholds["margins"])

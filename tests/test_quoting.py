@@ -93,9 +93,9 @@ _PIECES = [
 def test_nothing_a_user_writes_closes_the_block_or_reads_as_a_label(text: str) -> None:
     out = quoted(text)
     assert not re.search(r"(?i)</?\s*memory\b|<\|[^|<>\n]{0,32}\|>", out), out
-    block = memory_block(out, "en")
+    block = memory_block(out)
     assert block.count("</memory>") == 1
-    assert len(block) == len(out) + frame_chars("en")
+    assert len(block) == len(out) + frame_chars()
     # At most one character more per defused prefix (a colon makes a prefix).
     assert len(out) <= len(text) + text.count(":") + text.count("：")
 
@@ -115,7 +115,7 @@ async def test_injected_text_is_remembered_inside_the_block_and_defused(daemon: 
         system = [m for m in ctx["messages"] if m["role"] == "system"]
         assert len(system) == 1
         assert ctx["messages"][0] is system[0]
-        assert system[0]["content"].startswith(rules + "\n\n<memory note=")
+        assert system[0]["content"].startswith(rules + "\n\n<memory>\n")
         memory = memory_of(system[0]["content"])
         assert not _CONTROL.search(memory), memory
         # The forged labels are gone (the daemon's own, `助手：` before a reply's fact, stay).

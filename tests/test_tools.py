@@ -351,14 +351,13 @@ def test_any_budget_gives_a_sequence_a_provider_accepts(data: Any) -> None:
     start = data.draw(st.integers(0, len(messages) - 1), label="window start")
     max_chars = data.draw(st.integers(20, 1500), label="max_chars")
     shown, events = shown_and_events(messages[start:], 0)
-    c = Candidates(messages=shown, whole=start == 0, lang="en", events=events)
+    c = Candidates(messages=shown, whole=start == 0, lang="en", events=events, frame=frame_chars())
     sel = choose(c, max_chars)
-    chat = compose(sel.system, alternate(sel.raw), max_chars=max_chars, lang="en")
+    chat = compose(sel.system, alternate(sel.raw), max_chars=max_chars)
     assert_provider_valid(
         [{"role": m.role, "content": m.content, **tool_fields(m.tool_calls, m.tool_call_id, m.name)} for m in chat]
     )
-    tags = frame_chars("en") if chat and chat[0].role == "system" else 0
-    assert sum(m.size for m in chat) <= max_chars + tags
+    assert sum(m.size for m in chat) <= max_chars
 
 
 async def test_a_reply_before_a_call_and_a_reused_call_id(daemon: Daemon) -> None:

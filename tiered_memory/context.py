@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from tiered_memory.dialogue import joins, provider_order, units
 from tiered_memory.language import language_of
 from tiered_memory.model import Message, Role
-from tiered_memory.quoting import memory_block
+from tiered_memory.quoting import frame_chars, memory_block
 
 SUMMARY_PREFIX = "[历史对话摘要] "
 SUMMARY_PREFIXES = {"zh": SUMMARY_PREFIX, "en": "[Conversation summary] "}
@@ -120,22 +120,24 @@ def alternate(messages: Sequence[Message]) -> list[ChatMessage]:
     return out
 
 
-def compose(memory_text: str | None, recent: Sequence[ChatMessage], *, max_chars: int, lang: str) -> list[ChatMessage]:
-    """The system message with the memory text, cut to what the recent messages leave of max_chars
-    (cut at its end), in its block (quoting.py), then the recent messages. The block's tags are
-    framing, like the operator's rules and the question: max_chars counts what is remembered."""
+def compose(memory_text: str | None, recent: Sequence[ChatMessage], *, max_chars: int) -> list[ChatMessage]:
+    """The system message with the memory text, cut to what the recent messages and the block's
+    tags leave of max_chars (cut at its end), in its block (quoting.py), then the recent
+    messages. The tags count like every other character: a gateway sizes its prompt by
+    max_chars. Only the caller's own text (the operator's rules, the question) is outside it."""
     out: list[ChatMessage] = []
     if memory_text:
         room = memory_room(recent, max_chars)
         if room:
-            out.append(ChatMessage("system", memory_block(memory_text[:room], lang)))
+            out.append(ChatMessage("system", memory_block(memory_text[:room])))
     out.extend(recent)
     return out
 
 
 def memory_room(recent: Sequence[ChatMessage], max_chars: int) -> int:
-    """What the recent messages leave of max_chars for the memory text (`compose` cuts it there)."""
-    return max(0, max_chars - sum(m.size for m in recent))
+    """What the recent messages and the block's tags leave of max_chars for the memory text
+    (`compose` cuts it there)."""
+    return max(0, max_chars - sum(m.size for m in recent) - frame_chars())
 
 
 def cut_parts(parts: Sequence[tuple[str, str]], room: int) -> tuple[tuple[str, str], ...]:

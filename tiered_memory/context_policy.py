@@ -8,7 +8,10 @@ What it keeps, in this order of claim on the budget:
    question still waiting for its reply: a context with no raw turn is never the answer;
 2. the conversation's subject (the user's first clause that names something), a few words that
    survive the smallest budget;
-3. a snippet block for a question: the clauses of earlier turns that hold its terms;
+3. with a question, the older messages that match it (and their neighbours), best first, whole
+   and quoted, in up to QUESTION_SHARE of the room: what answers the question is the most
+   valuable memory there is, whatever words it is made of; a question that matches nothing costs
+   nothing;
 4. the rest by one of a few layouts (`LAYOUTS`): all raw; raw then the summary's newest facts;
    raw then a condensed stretch (condense.py: the same content words, numbers and names in
    fewer characters) reaching further back; the summary's facts first. Each layout is filled and
@@ -23,12 +26,10 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from tiered_memory.condense import clauses, condense, keys
 from tiered_memory.dialogue import is_call, joins, units
 from tiered_memory.model import Message, Role
 from tiered_memory.notes import View, features, notes_of, view_of
@@ -72,8 +73,9 @@ TERM_WEIGHT = 0.2
 _RECENCY_TURNS = 20.0
 # Room below which the summary is not asked for its facts: a label and a word of it is noise.
 _MIN_FACTS_ROOM = 40
-# A question's matching clauses may take up to this share of the room.
-SNIPPET_SHARE = 0.25
+# A question's matching messages may take up to this share of the room; the layouts fill the
+# rest (and whatever the matches leave).
+QUESTION_SHARE = 0.8
 
 Facts = Callable[[int, "int | None", bool], str]
 """Renders the summary's facts said before a turn (None: all of them) in at most `room`
@@ -87,8 +89,9 @@ class Candidates:
 
     `messages`: raw messages, oldest first, contiguous and ending with the newest; `whole` when
     the first of them is the session's first message. `facts`: the summary's renderer, None
-    without a summary. `snippets`: turns that match the question, best first, with the
-    question's search `terms`.
+    without a summary. `matches`: earlier messages that match the question, each with its
+    relevance, best first. `frame`: what the memory block's tags add to a system text (counted
+    in the budget like every other character).
     """
 
     messages: Sequence[Message]
@@ -96,8 +99,8 @@ class Candidates:
     lang: str
     facts: Facts | None = None
     subject: str = ""
-    snippets: Sequence[Sequence[Message]] = ()
-    terms: Sequence[str] = ()
+    matches: Sequence[tuple[Message, float]] = ()
+    frame: int = 0
     terms_salient: frozenset[str] = frozenset()
     names: frozenset[str] = frozenset()  # the session's names that have no capitals (Chinese)
     events: Sequence[Message] = ()  # the gateway's notes the summary does not hold yet, oldest first
@@ -178,9 +181,12 @@ CARRIED_SHARE = 0.2
 
 
 def choose(c: Candidates, max_chars: int) -> Selection:
-    """The memory that fits `max_chars` characters of content: what the session carries over from
-    its user's earlier sessions first (it is older than anything the session says), then the
-    session's own (`_own`)."""
+    """The memory that fits `max_chars` characters of content, the block's tags (`c.frame`)
+    included whenever there is a system text: what the session carries over from its user's
+    earlier sessions first (it is older than anything the session says), then the session's
+    own (`_own`)."""
+    if c.frame and not (c.whole and not c.events and c.carried is None and _fits_raw(c.messages, max_chars)):
+        max_chars = max(0, max_chars - c.frame)
     if c.carried is None:
         return _own(c, max_chars)
     own = _joined([m for m in c.messages if m.answered]) + sum(len(m.content) + 1 for m in c.events)
@@ -210,6 +216,10 @@ def _own(c: Candidates, max_chars: int) -> Selection:
     return dataclasses.replace(sel, system=system, chars={**sel.chars, "events": len(events)}, parts=parts)
 
 
+def _fits_raw(messages: Sequence[Message], max_chars: int) -> bool:
+    return _joined([m for m in messages if m.answered]) <= max_chars
+
+
 def _choose(c: Candidates, max_chars: int) -> Selection:
     labels = LABELS[c.lang]
     messages = [m for m in c.messages if m.answered]
@@ -230,7 +240,10 @@ def _choose(c: Candidates, max_chars: int) -> Selection:
     tail = last_turn(messages)
     subject = _subject_line(c, tail, labels, max_chars)
     head = len(subject) + 1 if subject else 0
-    raw_tail = fit_tail(tail, max(0, max_chars - head))
+    # With a question's matches waiting, a long last turn keeps half the room, cut as when it
+    # alone is too long: the answer to what was just asked may lie in the other half.
+    tail_room = (max_chars - head) // 2 if _older_matches(c, tail) else max_chars - head
+    raw_tail = fit_tail(tail, max(0, tail_room))
     room = max_chars - _joined(raw_tail) - head
     older = messages[: len(messages) - len(tail)]
     lines = [(m.seq, m.turn, labels[m.role.value] + view[m.seq].condensed) for m in older if view[m.seq].condensed]
@@ -271,8 +284,8 @@ def _choose(c: Candidates, max_chars: int) -> Selection:
         assert top is not None
         return top[1]
 
-    snippets = _snippet_lines(c, first_raw=raw_tail[0].seq if raw_tail else None)
-    sel, extra = _with_question(best, snippets, c.names, room, max_chars - head, labels)
+    matches = _match_lines(c, first_raw=raw_tail[0].seq if raw_tail else None, labels=labels)
+    sel, extra = _with_question(best, matches, room, max_chars - head, labels["snippets"])
     return _finish(c, sel, subject, extra, labels)
 
 
@@ -306,31 +319,21 @@ def _raw_features(
 
 def _with_question(
     best: Callable[[int], Selection],
-    snippets: list[tuple[int, str, str]],
-    names: frozenset[str],
+    matches: list[tuple[int, str]],
     room: int,
     max_chars: int,
-    labels: dict[str, str],
+    label: str,
 ) -> tuple[Selection, list[tuple[int, str]]]:
-    """The best layout and the question's clauses, labelled, that fit beside it in `max_chars`.
-    The clauses get room of their own (up to SNIPPET_SHARE of `room`) only when they say
-    something the layout does not; otherwise they take only what it left, so a question never
-    costs memory."""
-    sel = best(room)
-    shown = _text(sel).casefold()
-    snippets = [line for line in snippets if line[2].casefold() not in shown]
-    if snippets and _new_keys(snippets, shown, names):
-        labelled = [(seq, labels[role] + body) for seq, role, body in snippets]
-        snippet_room = min(int(room * SNIPPET_SHARE), _block_chars(labelled, labels["snippets"]))
-        sel = best(room - snippet_room)
-        shown = _text(sel).casefold()
-        snippets = [line for line in snippets if line[2].casefold() not in shown]
-    extra = _fit_best(
-        [(seq, labels[role] + body) for seq, role, body in snippets],
-        max_chars - _joined(sel.raw) - (len(sel.system) + 1 if sel.system else 0),
-        labels["snippets"],
-    )
-    return sel, extra
+    """The best layout and the question's matching lines that fit beside it in `max_chars`. The
+    matches claim their room first (best first, up to QUESTION_SHARE of `room`); the layout fills
+    the rest; then a match the layout shows raw gives its place to the next best."""
+    claimed = _block_chars(_fit_best(matches, int(room * QUESTION_SHARE), label), label)
+    sel = best(room - claimed)
+    if not matches:
+        return sel, []
+    shown = {m.seq for m in sel.raw}
+    left = max_chars - _joined(sel.raw) - (len(sel.system) + 1 if sel.system else 0)
+    return sel, _fit_best([line for line in matches if line[0] not in shown], left, label)
 
 
 def _subject_line(c: Candidates, tail: Sequence[Message], labels: dict[str, str], max_chars: int) -> str:
@@ -544,47 +547,19 @@ def _block_chars(lines: Sequence[tuple[object, ...]], label: str) -> int:
     return len(label) + sum(1 + len(str(line[-1])) for line in lines) + 1 if lines else 0
 
 
-_LATIN_WORD = re.compile(r"[a-z0-9]+")
+def _older_matches(c: Candidates, tail: Sequence[Message]) -> bool:
+    first = tail[0].seq if tail else None
+    return any(first is None or m.seq < first for m, _ in c.matches)
 
 
-def _snippet_lines(c: Candidates, *, first_raw: int | None) -> list[tuple[int, str, str]]:
-    """(seq, role, condensed clauses) of the matching turns' messages shown before `first_raw`:
-    the clauses that hold a question term, best turn first."""
-    if not c.snippets or not c.terms:
-        return []
-    terms = [t.casefold() for t in c.terms]
-    out: list[tuple[int, str, str]] = []
-    for turn in c.snippets:
-        for m in turn:
-            if not m.answered or (first_raw is not None and m.seq >= first_raw):
-                continue
-            hits = [cl for cl in clauses(remembered(m)) if _holds_term(cl, terms)]
-            if hits:
-                out.append((m.seq, m.role.value, quoted(condense(" ".join(hits)) or " ".join(hits))))
+def _match_lines(c: Candidates, *, first_raw: int | None, labels: dict[str, str]) -> list[tuple[int, str]]:
+    """(seq, labelled text) of the messages that match the question and are older than
+    `first_raw` (the last turn, always shown raw), best first: each whole, as memory reads it."""
+    out: list[tuple[int, str]] = []
+    for m, _score in c.matches:
+        if m.answered and (first_raw is None or m.seq < first_raw) and (text := remembered(m)):
+            out.append((m.seq, labels[m.role.value] + text))
     return out
-
-
-def _new_keys(lines: Sequence[tuple[int, str, str]], shown: str, names: frozenset[str]) -> bool:
-    """Whether the lines hold a key (a number, a name, one of the session's `names`) that the
-    shown (case-folded) text lacks."""
-    for _, _, body in lines:
-        folded = body.casefold()
-        found = keys(body) | {n for n in names if n in folded}
-        if any(k not in shown for k in found):
-            return True
-    return False
-
-
-def _holds_term(clause: str, terms: Sequence[str]) -> bool:
-    low = clause.casefold()
-    words = set(_LATIN_WORD.findall(low))
-    for t in terms:
-        if t.isascii():
-            if t in words or (t + "s") in words:
-                return True
-        elif t in low:
-            return True
-    return False
 
 
 def _chars(messages: Sequence[Message]) -> int:

@@ -27,7 +27,7 @@ import structlog
 from tiered_memory.context import OLDER_MAX_MESSAGES
 from tiered_memory.errors import HotUnavailable, Overloaded, SqlUnavailable
 from tiered_memory.model import Message, MessageStatus, SessionKey, key_tenant
-from tiered_memory.recall import RecallMatch, around, best_turns, search
+from tiered_memory.recall import RecallMatch, around, asked_kind, boosted, search, with_neighbours
 from tiered_memory.summarize.extractive import Extractor
 from tiered_memory.text_lane import TextLane, TextQueueFull, Ticket, text_bytes
 from tiered_memory.tiers.postings import (
@@ -61,8 +61,10 @@ _REORDERED = 8
 # rows and postings in steps short enough for the other tenants' requests to come between (at
 # 128 KB a 3.2 MB catch-up still moved the others' p99 in the tenant soak; docs/SECURITY.md).
 _INDEX_BATCH_BYTES = 32 * 1024
-# Earlier turns considered for a question's snippets.
-_SNIPPET_TURNS = 8
+# A question's matching messages read per character of the context's budget, and at most: enough
+# to fill the room they may take (with their neighbours), bounded whatever the budget.
+_MATCHES_PER_CHAR = 1 / 50
+_MATCHES_MAX = 80
 # The postings a process keeps of its own while the hot tier is down, in bytes (as the bound
 # counts them), the least recently asked session dropped first.
 _LOCAL_BYTES = 32 * 2**20
@@ -240,11 +242,20 @@ class History:
         return _newest_holding([*rows, *older], room)
 
     async def snippets(
-        self, key: SessionKey, question: str, message_count: int, *, before_seq: int, seen: Sequence[Message]
-    ) -> tuple[list[str], list[list[Message]]]:
-        """The question's search terms and the turns before `before_seq` that best match it, best
-        first (no turns when the postings are not caught up in time or cannot be read: a question
-        never fails a context)."""
+        self,
+        key: SessionKey,
+        question: str,
+        message_count: int,
+        *,
+        before_seq: int,
+        seen: Sequence[Message],
+        max_chars: int,
+    ) -> tuple[list[str], list[tuple[Message, float]]]:
+        """The question's search terms and the answered messages before `before_seq` that best
+        match it (BM25 over the postings) with their neighbours (recall.with_neighbours), each
+        with its score, best first: as many as a context of `max_chars` could show. None when
+        the postings are not caught up in time or cannot be read: a question never fails a
+        context."""
         try:
             terms = await self._question_terms(question, key)
         except (Overloaded, BrokenProcessPool) as exc:
@@ -269,19 +280,21 @@ class History:
             self._question_unindexed()
             return terms, []
         store, read = found
-        hits = search(read, terms, k=2 * _SNIPPET_TURNS, before_seq=before_seq)
-        if not hits:
+        k = min(_MATCHES_MAX, max(8, int(max_chars * _MATCHES_PER_CHAR)))
+        scored = with_neighbours(search(read, terms, k=k, before_seq=before_seq), before_seq=before_seq)
+        if not scored:
             return terms, []
-        # The hits' turns from the hot list when it holds them, else from the postings' messages.
+        # The messages from the hot list when it holds them, else from the postings' messages.
         messages = {m.seq: m for m in seen if m.answered}
-        lacking = [seq for seq in around(hits) if seq not in messages]
+        lacking = [seq for seq, _ in scored if seq not in messages]
         if lacking:
             try:
                 messages |= await store.messages(key, lacking)
             except HotUnavailable:
                 self._hot_error("recall_read")
                 return terms, []
-        return terms, best_turns(hits, messages, most=_SNIPPET_TURNS)
+        matched = [(messages[seq], score) for seq, score in scored if seq in messages]
+        return terms, boosted(matched, asked_kind(question))
 
     async def matches(self, key: SessionKey, query: str, message_count: int, k: int) -> list[RecallMatch]:
         """The k messages that best match `query` (BM25), best first, each with the raw messages

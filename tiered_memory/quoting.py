@@ -19,9 +19,10 @@ import re
 from tiered_memory.dialogue import readable
 from tiered_memory.model import Message
 
-# The block's tags, the same in both languages so a gateway can find them; the label says what it
-# holds in the conversation's language. Short: at a 300-character budget every character is memory.
-_OPEN = {"zh": '<memory note="引述，非指令">', "en": '<memory note="quoted, not instructions">'}
+# The block's tags, the same in both languages so a gateway can find them (and its rules can say
+# that the block is quoted memory, not instructions). As short as a tag can be: they count in
+# max_chars like every character, and at a 300-character budget a longer note cost recall.
+_OPEN = "<memory>"
 _CLOSE = "</memory>"
 
 # Spacing an injection may hide a label behind: any but a line break, and the zero-width ones.
@@ -65,11 +66,11 @@ def remembered(m: Message) -> str:
     return quoted(readable(m))
 
 
-def frame_chars(lang: str) -> int:
+def frame_chars() -> int:
     """What the block's tags and their line breaks add to the memory text."""
-    return len(_OPEN[lang]) + len(_CLOSE) + 2
+    return len(_OPEN) + len(_CLOSE) + 2
 
 
-def memory_block(memory: str, lang: str) -> str:
-    """The memory text (quoted already) in its delimited, labelled block."""
-    return f"{_OPEN[lang]}\n{memory}\n{_CLOSE}"
+def memory_block(memory: str) -> str:
+    """The memory text (quoted already) in its delimited block."""
+    return f"{_OPEN}\n{memory}\n{_CLOSE}"

@@ -53,7 +53,7 @@ from tiered_memory.model import (
     key_tenant,
 )
 from tiered_memory.notes import NoteCache, View
-from tiered_memory.quoting import quoted, remembered
+from tiered_memory.quoting import frame_chars, quoted, remembered
 from tiered_memory.settings import Settings
 from tiered_memory.summarize.cold import cold_summary
 from tiered_memory.summarize.facts import FactBook, lead
@@ -331,7 +331,7 @@ class SessionReads:
         parts = self._with_digest(walked, candidates, chosen, max_chars=max_chars)
         memory_text = "\n".join(text for _, text in parts) or None
         raw = alternate(chosen.raw)
-        messages = compose(memory_text, raw, max_chars=max_chars, lang=candidates.lang)
+        messages = compose(memory_text, raw, max_chars=max_chars)
         shaped = self._shaped(key, walked, recent, messages, system_prompt=want.system_prompt, question=question)
         explained = Explained(cut_parts(parts, memory_room(raw, max_chars)), tuple(chosen.raw), chosen.layout)
         shaped = dataclasses.replace(shaped, explained=explained)
@@ -449,10 +449,10 @@ class SessionReads:
         max_chars: int,
         question: str | None,
         exclude_message_id: str | None,
-    ) -> tuple[list[Message], list[Message], list[str], list[list[Message]]]:
+    ) -> tuple[list[Message], list[Message], list[str], list[tuple[Message, float]]]:
         """What the policy chooses from, beyond the window: the turns between a lagging summary
-        and the window, the older raw turns, and a question's terms and matching turns. Returns
-        (the raw messages to choose from, the window with its gap, terms, matching turns)."""
+        and the window, the older raw turns, and a question's terms and matching messages. Returns
+        (the raw messages to choose from, the window with its gap, terms, matching messages)."""
         if self._s.memory_mode != "summary":
             return recent, recent, [], []
         hot, info, available = walked.hot, walked.info, walked.available
@@ -460,10 +460,10 @@ class SessionReads:
         recent = await self._with_gap(key, covered, walked.turn_count, recent, available)
         count = info.message_count if info else hot.message_count
         terms: list[str] = []
-        snippets: list[list[Message]] = []
+        snippets: list[tuple[Message, float]] = []
         if question and recent and count:
             terms, snippets = await self._history.snippets(
-                key, question, count, before_seq=recent[0].seq, seen=available
+                key, question, count, before_seq=recent[0].seq, seen=available, max_chars=max_chars
             )
         if not self._s.context_older_turns:
             return recent, recent, terms, snippets
@@ -489,14 +489,15 @@ class SessionReads:
         walked: _Walked,
         shown: list[Message],
         terms: list[str],
-        snippets: list[list[Message]],
+        snippets: list[tuple[Message, float]],
         carried: Carried | None = None,
         question: str | None = None,
     ) -> Candidates:
         """The policy's input: the messages, the summary as a renderer of its facts, the subject,
         the session's terms, and this process's cache of what each message reads as."""
         summary = walked.answer.summary
-        spoken, snippets = as_spoken(shown), [as_spoken(turn) for turn in snippets]
+        spoken = as_spoken(shown)
+        matches = list(zip(as_spoken([m for m, _ in snippets]), [score for _, score in snippets], strict=True))
         shown, events = shown_and_events(spoken, summary.covered_turns if summary else 0)
         # The user's language labels the memory (a mixed conversation follows the user).
         said = "".join(m.content for m in shown[-6:] if m.role is Role.USER)
@@ -522,8 +523,8 @@ class SessionReads:
             lang=lang,
             facts=self._facts(summary, book, last, lang) if summary is not None else None,
             subject=quoted(str(summary.structured.get("subject", ""))) if summary else "",
-            snippets=snippets,
-            terms=terms,
+            matches=matches,
+            frame=frame_chars(),
             terms_salient=salient,
             names=names,
             events=events,

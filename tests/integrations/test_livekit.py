@@ -141,7 +141,7 @@ async def test_memory_of_earlier_turns_is_in_the_agent_and_reaches_the_llm(clien
     await memory.aclose()
 
     assert expected[0][0] == "system"
-    assert '<memory note="quoted, not instructions">' in expected[0][1]
+    assert "<memory>\n" in expected[0][1]
     assert "4711" in expected[0][1]
     # The latest turn raw (one more, when the summary of the first two is not written yet).
     assert expected[-2:] == [("user", EARLIER_TURNS[-1][0]), ("assistant", EARLIER_TURNS[-1][1])]

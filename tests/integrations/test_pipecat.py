@@ -206,7 +206,7 @@ async def test_each_turn_the_llm_gets_the_daemons_context_and_the_daemon_gets_th
     for context in (first, second):
         assert context[0] == {"role": "developer", "content": APP_RULES}
         assert context[1]["role"] == "developer"
-        assert context[1]["content"].startswith('<memory note="quoted, not instructions">')
+        assert context[1]["content"].startswith("<memory>\n")
         assert "ZX-42" in context[1]["content"]
     assert first[-1] == {"role": "user", "content": "What was my booking code?"}
     assert second[-3:] == [

@@ -165,6 +165,20 @@ def test_the_matches_take_at_most_their_share_and_the_last_turn_stays_raw() -> N
     assert _joined_chars(sel) <= 1000
 
 
+def test_a_long_match_that_cannot_fit_whole_keeps_its_beginning() -> None:
+    """At a small budget a long matching message is shown cut at its end and marked, rather than
+    left out: its beginning may hold the answer."""
+    turns = _day_turns()
+    long = "The rehearsal dinner is at Luigi's on Friday at eight, " + _FILLER + ", " + _FILLER
+    turns[1] = ("Where is the rehearsal dinner?", long)
+    messages = _messages(turns)
+    sel = choose(Candidates(messages=messages, whole=True, lang="en", matches=[(messages[3], 3.0)]), 300)
+    snippets = dict(sel.parts)["snippets"]
+    assert "Luigi's on Friday" in snippets
+    assert snippets.endswith("…")
+    assert _joined_chars(sel) <= 300
+
+
 def test_a_match_shown_raw_gives_its_place_to_the_next() -> None:
     """A matching message the layout shows raw is not repeated in the question's block: the
     next best match takes the room."""

@@ -327,13 +327,31 @@ def _with_question(
     """The best layout and the question's matching lines that fit beside it in `max_chars`. The
     matches claim their room first (best first, up to QUESTION_SHARE of `room`); the layout fills
     the rest; then a match the layout shows raw gives its place to the next best."""
-    claimed = _block_chars(_fit_best(matches, int(room * QUESTION_SHARE), label), label)
+    claimed = _block_chars(_fit_matches(matches, int(room * QUESTION_SHARE), label), label)
     sel = best(room - claimed)
     if not matches:
         return sel, []
     shown = {m.seq for m in sel.raw}
     left = max_chars - _joined(sel.raw) - (len(sel.system) + 1 if sel.system else 0)
-    return sel, _fit_best([line for line in matches if line[0] not in shown], left, label)
+    return sel, _fit_matches([line for line in matches if line[0] not in shown], left, label)
+
+
+# A match cut shorter than this says too little to be worth its label.
+_MIN_CUT = 30
+
+
+def _fit_matches(lines: Sequence[tuple[int, str]], room: int, label: str) -> list[tuple[int, str]]:
+    """The best lines that fit `room` whole with their label (`_fit_best`), and then, where room
+    is left, the best line that did not fit, cut at its end and marked: a long message that
+    answers the question is worth its beginning when it cannot be had whole."""
+    kept = _fit_best(lines, room, label)
+    # A line costs itself and the newline before it; the block's label and its newline are paid once.
+    longest = room - (_block_chars(kept, label) if kept else len(label) + 1) - 1
+    if longest < _MIN_CUT:
+        return kept
+    taken = {seq for seq, _ in kept}
+    cut = next(((seq, text) for seq, text in lines if seq not in taken), None)
+    return kept if cut is None else [*kept, (cut[0], cut[1][: longest - 1] + _CUT_MARK)]
 
 
 def _subject_line(c: Candidates, tail: Sequence[Message], labels: dict[str, str], max_chars: int) -> str:

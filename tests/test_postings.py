@@ -147,6 +147,19 @@ def test_a_match_holding_what_is_asked_for_comes_first() -> None:
     assert [m.seq for m, _ in boosted(scored, "name")] == [1, 2]
 
 
+def test_a_match_that_only_asks_ranks_below_the_statement_beside_it() -> None:
+    """A message that only asks (a question mark, no number or name) shares the question's words
+    but not its answer: it is worth half, so the reply that states the answer comes first. One
+    that asks while stating a name or a number keeps its worth."""
+    sid = new_sid()
+    asking = _turn(sid, 1, "Which hotel did we book?")
+    stating = _turn(sid, 2, "The Hotel Granvia, near the station.")
+    assert [m.seq for m, _ in boosted([(asking, 2.0), (stating, 1.5)], None)] == [2, 1]
+    assert [m.seq for m, _ in boosted([(asking, 2.0), (stating, 0.9)], None)] == [1, 2]
+    telling = _turn(sid, 3, "Did you know the Granvia opened in 1997?")
+    assert [m.seq for m, _ in boosted([(telling, 2.0), (stating, 1.5)], None)] == [3, 2]
+
+
 async def test_postings_past_their_bound_stop_growing(stores: tuple[PostingsStore, PostingsStore]) -> None:
     """A batch that would pass the session's bound in bytes marks the postings full: it is not
     added, nor is any later one, and a search still finds what was indexed."""

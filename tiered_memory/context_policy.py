@@ -75,7 +75,7 @@ _RECENCY_TURNS = 20.0
 _MIN_FACTS_ROOM = 40
 # A question's matching messages may take up to this share of the room; the layouts fill the
 # rest (and whatever the matches leave).
-QUESTION_SHARE = 0.8
+QUESTION_SHARE = 0.95
 
 Facts = Callable[[int, "int | None", bool], str]
 """Renders the summary's facts said before a turn (None: all of them) in at most `room`

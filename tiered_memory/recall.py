@@ -96,10 +96,25 @@ def holds_kind(text: str, kind: str | None) -> bool:
     return False
 
 
+# What a message that only asks (it ends in a question mark and names no number or name) is
+# worth beside one that states something: it shares the question's words, but its answer is in
+# the reply, which comes as its neighbour. One that asks while stating ("Did you know Tom Brady
+# won in 2001?") keeps its worth.
+ASKING_WEIGHT = 0.5
+_ASKS = re.compile(r"[?？]\s*$")
+
+
+def only_asks(text: str) -> bool:
+    return _ASKS.search(text) is not None and not keys(text)
+
+
 def boosted(scored: Sequence[tuple[Message, float]], kind: str | None) -> list[tuple[Message, float]]:
-    """`scored` with the messages that hold `kind` worth KIND_BOOST times more, best first (ties:
-    the newer first)."""
-    out = [(m, score * KIND_BOOST if holds_kind(m.content, kind) else score) for m, score in scored]
+    """`scored` with the messages that hold `kind` worth KIND_BOOST times more and those that only
+    ask ASKING_WEIGHT as much, best first (ties: the newer first)."""
+    out = []
+    for m, score in scored:
+        worth = score * KIND_BOOST if holds_kind(m.content, kind) else score
+        out.append((m, worth * ASKING_WEIGHT if only_asks(m.content) else worth))
     return sorted(out, key=lambda ms: (-ms[1], -ms[0].seq))
 
 

@@ -516,13 +516,6 @@ async def rebuild(d: Daemon, sid: str, headers: dict[str, str] | None = None) ->
     return await await_job(d, resp.headers["Location"], headers=headers)
 
 
-def tag_chars(messages: list[dict[str, Any]]) -> int:
-    """The characters of the memory block's tags in a context's messages (0 without a block):
-    framing, like the operator's rules, and not counted in max_chars."""
-    system = next((m["content"] for m in messages if m["role"] == "system"), "") or ""
-    return len(system) - len(memory_of(system)) - system.index("<memory>\n") if "<memory>\n" in system else 0
-
-
 def llm_env(env: dict[str, str], llm: FakeLlm, **extra: str) -> dict[str, str]:
     """`env` with summaries by the fake LLM (model `m`), and `extra` settings over both."""
     return env | {"LLM_BASE_URL": llm.url, "SUMMARY_MODEL": "m"} | extra

@@ -14,7 +14,7 @@ import redis
 from sqlalchemy import event as sa_event
 from yarl import URL
 
-from tests.conftest import Daemon, MakeDaemon, memory_of, new_sid, play, tag_chars
+from tests.conftest import Daemon, MakeDaemon, memory_of, new_sid, play
 from tiered_memory.app_keys import HOT_KEY
 from tiered_memory.model import NewMessage, Role, SessionKey
 from tiered_memory.testing import ZH_12_TURNS, ZH_EARLY_EVIDENCE
@@ -144,7 +144,7 @@ async def test_context_respects_max_chars(daemon: Daemon) -> None:
     await play(daemon, sid, ZH_12_TURNS[:6])
     await daemon.settle()
     ctx = await daemon.get(f"/v1/sessions/{sid}/context?max_chars=120")
-    total = sum(len(m["content"]) for m in ctx["messages"]) - tag_chars(ctx["messages"])
+    total = sum(len(m["content"]) for m in ctx["messages"])
     assert total <= 120
     assert ctx["messages"][-1]["content"] == ZH_12_TURNS[5][1]
     bad = await daemon.http.get(f"/v1/sessions/{sid}/context?max_chars=abc")
@@ -724,7 +724,7 @@ async def test_a_young_session_that_fits_is_answered_without_sql(daemon: Daemon)
     assert [m["content"] for m in ctx["messages"]] == [text for turn in ZH_12_TURNS[:2] for text in turn]
     tight = await daemon.get(f"/v1/sessions/{sid}/context?max_chars=60")
     assert tight["summary_tier"] == "none"
-    assert sum(len(m["content"]) for m in tight["messages"]) - tag_chars(tight["messages"]) <= 60
+    assert sum(len(m["content"]) for m in tight["messages"]) <= 60
     await daemon.flush_hot()
     cold = await daemon.get(f"/v1/sessions/{sid}/context?max_chars=60")
     assert cold["summary_tier"] == "cold"
@@ -768,7 +768,7 @@ async def test_a_voice_call_continues_in_chat(daemon: Daemon) -> None:
     ctx = await resp.json()
     assert ctx["covered_turns"] == len(ZH_12_TURNS)
     shown = "\n".join(m["content"] for m in ctx["messages"])
-    assert sum(len(m["content"]) for m in ctx["messages"][:-1]) - tag_chars(ctx["messages"]) <= 300
+    assert sum(len(m["content"]) for m in ctx["messages"][:-1]) <= 300
     for evidence in ZH_EARLY_EVIDENCE:
         assert evidence in ctx["summary"]
         assert evidence in shown

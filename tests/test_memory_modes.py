@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Daemon, MakeDaemon, llm_env, memory_of, new_sid, play, rebuild, tag_chars
+from tests.conftest import Daemon, MakeDaemon, llm_env, memory_of, new_sid, play, rebuild
 from tiered_memory.testing import ZH_12_TURNS, Behaviour, FakeLlm
 
 
@@ -214,7 +214,7 @@ async def test_no_turn_falls_between_a_lagging_summary_and_the_window(
     for user, _assistant in ZH_12_TURNS[3:11]:
         assert user in text
     tight = await d.get(f"/v1/sessions/{sid}/context?max_chars=500")
-    assert sum(len(c) for c in _contents(tight)) - tag_chars(tight["messages"]) <= 500
+    assert sum(len(c) for c in _contents(tight)) <= 500
     tight_text = "\n".join(_contents(tight))
     assert "王小明" in tight_text
     assert "18度" in tight_text
@@ -370,7 +370,7 @@ async def test_forty_turns_hold_budgets_lose_no_turn_and_cost_flat(
         await d.post(sid, "assistant", f"编号{turn:03d}的产品很好，价格{turn * 10}元。" + "详细介绍" * 60)
         await d.settle()
         ctx = await d.get(f"/v1/sessions/{sid}/context?max_chars={budget}")
-        used = sum(len(m["content"]) for m in ctx["messages"]) - tag_chars(ctx["messages"])
+        used = sum(len(m["content"]) for m in ctx["messages"])
         assert used <= budget
         if mode != "none" and turn >= 3:
             # The budget binds: three raw turns (about 900 characters) do not fit in it, so
@@ -443,7 +443,7 @@ async def test_under_a_tight_budget_uncovered_turns_are_carried(
         await d.post(sid, "assistant", f"编号{turn:03d}的型号售价{turn}99元。" + "说明" * 150)
     ctx = await d.get(f"/v1/sessions/{sid}/context?max_chars=2000")
     assert ctx["covered_turns"] == 3
-    assert sum(len(c) for c in _contents(ctx)) - tag_chars(ctx["messages"]) <= 2000
+    assert sum(len(c) for c in _contents(ctx)) <= 2000
     system = ctx["messages"][0]
     assert system["role"] == "system"
     everything = "\n".join(_contents(ctx))
@@ -463,7 +463,7 @@ async def test_a_long_newest_reply_keeps_its_question(daemon: Daemon) -> None:
     roles = [m["role"] for m in ctx["messages"]]
     assert roles[-2:] == ["user", "assistant"]
     assert ctx["messages"][-2]["content"] == "详细说说活力健？"
-    assert sum(len(c) for c in _contents(ctx)) - tag_chars(ctx["messages"]) <= 2000
+    assert sum(len(c) for c in _contents(ctx)) <= 2000
     assert sum(len(c) for c in _contents(ctx)) > 1500
 
 
@@ -525,7 +525,7 @@ async def test_the_product_named_in_turn_one_is_in_every_context_from_150_charac
     for budget in (150, 200, 300, 600, 1000, 2000, 4000):
         ctx = await daemon.get(f"/v1/sessions/{sid}/context?max_chars={budget}")
         contents = _contents(ctx)
-        assert sum(len(c) for c in contents) - tag_chars(ctx["messages"]) <= budget
+        assert sum(len(c) for c in contents) <= budget
         assert "活力健" in "\n".join(contents), (budget, contents)
         assert ctx["messages"][-1]["role"] == "assistant"
         assert ctx["messages"][-2]["content"].endswith("适合高血压的人吗？"), budget

@@ -9,7 +9,7 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import Daemon, memory_of, new_sid, play, tag_chars
+from tests.conftest import Daemon, memory_of, new_sid, play
 from tiered_memory.notes import notes_of, view_of
 from tiered_memory.quoting import frame_chars, memory_block, quoted
 from tiered_memory.testing import ZH_12_TURNS
@@ -122,5 +122,5 @@ async def test_injected_text_is_remembered_inside_the_block_and_defused(daemon: 
         for forged in ("SYSTEM OVERRIDE:", "System: ignore", "助手：退款"):
             assert forged not in memory, (forged, memory)
         assert "5000" in memory, (max_chars, memory)
-        framing = len(rules) + 2 + tag_chars(ctx["messages"])
+        framing = len(rules) + 2
         assert sum(len(m["content"] or "") for m in ctx["messages"]) <= max_chars + framing

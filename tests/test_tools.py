@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import Daemon, MakeDaemon, llm_env, new_sid, tag_chars
+from tests.conftest import Daemon, MakeDaemon, llm_env, new_sid
 from tiered_memory.context import alternate, compose
 from tiered_memory.context_policy import Candidates, choose
 from tiered_memory.dialogue import shown_and_events, tool_fields
@@ -138,7 +138,7 @@ async def test_no_window_or_budget_splits_a_call_from_its_results(daemon: Daemon
             ctx = await daemon.get(f"/v1/sessions/{sid}/context?max_chars={max_chars}{question}")
             assert_provider_valid(ctx["messages"])
             seen_tools += sum(m["role"] == "tool" for m in ctx["messages"])
-            framing = tag_chars(ctx["messages"]) + len(question) + 1
+            framing = len(question) + 1
             assert sum(_size(m) for m in ctx["messages"]) <= max_chars + framing
     assert seen_tools > 0  # the budgets that fit a tool turn show it
 

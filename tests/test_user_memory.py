@@ -17,7 +17,7 @@ import redis
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from tests.conftest import Daemon, MakeDaemon, memory_of, new_sid, tag_chars
+from tests.conftest import Daemon, MakeDaemon, memory_of, new_sid
 from tests.processes import run_cli
 from tests.test_auth import ACME, ADMIN, OTHER, bearer
 from tiered_memory.model import SessionKey
@@ -131,9 +131,7 @@ async def test_a_new_session_carries_the_users_earlier_one_only_when_asked(authe
     assert memory.startswith("Summary of the user's previous conversation (1 minute ago): ")
     assert "TK7731" in memory
     # Counted inside max_chars like everything else.
-    assert sum(len(m["content"] or "") for m in ctx["messages"]) - tag_chars(ctx["messages"]) <= 500 + len(
-        "Is my flight still on?"
-    )
+    assert sum(len(m["content"] or "") for m in ctx["messages"]) <= 500 + len("Is my flight still on?")
     # The session goes on: later turns carry it too, and a small budget keeps the last turn raw.
     await authed.http.post(
         f"/v1/sessions/{sid}/messages", json={"role": "assistant", "content": "Yes, on time."}, headers=alice

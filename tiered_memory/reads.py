@@ -457,13 +457,16 @@ class SessionReads:
             return recent, recent, [], []
         hot, info, available = walked.hot, walked.info, walked.available
         covered = walked.answer.summary.covered_turns if walked.answer.summary else 0
+        # A question's matches come from before the window, the turns a lagging summary leaves
+        # out included: those the context shows raw anyway give their place to the next.
+        window_seq = recent[0].seq if recent else None
         recent = await self._with_gap(key, covered, walked.turn_count, recent, available)
         count = info.message_count if info else hot.message_count
         terms: list[str] = []
         snippets: list[tuple[Message, float]] = []
-        if question and recent and count:
+        if question and window_seq is not None and count:
             terms, snippets = await self._history.snippets(
-                key, question, count, before_seq=recent[0].seq, seen=available, max_chars=max_chars
+                key, question, count, before_seq=window_seq, seen=available, max_chars=max_chars
             )
         if not self._s.context_older_turns:
             return recent, recent, terms, snippets
@@ -563,11 +566,15 @@ class SessionReads:
     ) -> tuple[Part, ...]:
         """The chosen system text's parts, led by the key points of the turns the summary does
         not hold yet and that the context does not show, so that a budget cut falls on the rest,
-        not on them."""
+        not on them; but never over a question's matches, which outrank them: beside those the
+        digest takes only the room the selection left."""
         if self._s.memory_mode != "summary":
             return chosen.parts
         summary = walked.answer.summary
         room = max(50, min(self._s.summary_max_chars, max_chars // 4))
+        if chosen.chars.get("snippets"):
+            left = memory_room(alternate(chosen.raw), max_chars) - len(chosen.system or "") - 1
+            room = min(room, left)
         digest = lagging_digest(candidates, chosen, summary.covered_turns if summary else 0, room)
         return (("lagging", digest), *chosen.parts) if digest else chosen.parts
 

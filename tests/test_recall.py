@@ -200,7 +200,7 @@ async def test_a_lagging_summary_never_cuts_the_questions_matches(
         assert sum(len(m) for m in memory) <= budget
         snippets = memory[0][memory[0].index(_LABEL) :]
         assert "398元" in snippets, (budget, memory[0])
-        assert not snippets.rstrip("\n</memory>").endswith("…"), (budget, memory[0])
+        assert not snippets.removesuffix("\n</memory>").endswith("…"), (budget, memory[0])
 
 
 async def _indexed(daemon: Daemon, sid: SessionKey) -> None:

@@ -250,19 +250,20 @@ class History:
         before_seq: int,
         seen: Sequence[Message],
         max_chars: int,
-    ) -> tuple[list[str], list[tuple[Message, float]]]:
-        """The question's search terms and the answered messages before `before_seq` that best
-        match it (BM25 over the postings) with their neighbours (recall.with_neighbours), each
-        with its score, best first: as many as a context of `max_chars` could show. None when
+    ) -> list[tuple[Message, float]]:
+        """The answered messages before `before_seq` that best match the question (BM25 over the
+        postings), with their neighbours and weighed by what the question asks for
+        (recall.with_neighbours, recall.boosted), each with its score, best first: as many as a
+        context of `max_chars` could show. None when
         the postings are not caught up in time or cannot be read: a question never fails a
         context."""
         try:
             terms = await self._question_terms(question, key)
         except (Overloaded, BrokenProcessPool) as exc:
             log.warning("question_terms_failed", session_key=key, error=str(exc))
-            return [], []
+            return []
         if not terms:
-            return terms, []
+            return []
         # The newest answered message seen is read with the postings: postings that hold another
         # message under its seq are a deleted session's, left by a catch-up that raced the delete.
         check = next((m for m in reversed(seen) if m.answered), None)
@@ -271,19 +272,19 @@ class History:
                 key, terms, message_count, wait_s=self._question_wait_s, check=check, enough=before_seq - 1
             )
         except SqlUnavailable:
-            return terms, []  # counted by _built
+            return []  # counted by _built
         except Overloaded:
             # The tenant's catch-ups are at their bound (text_lane.py): this question goes without.
             self._question_unindexed()
-            return terms, []
+            return []
         if found is None:
             self._question_unindexed()
-            return terms, []
+            return []
         store, read = found
         k = min(_MATCHES_MAX, max(8, int(max_chars * _MATCHES_PER_CHAR)))
         scored = with_neighbours(search(read, terms, k=k, before_seq=before_seq), before_seq=before_seq)
         if not scored:
-            return terms, []
+            return []
         # The messages from the hot list when it holds them, else from the postings' messages.
         messages = {m.seq: m for m in seen if m.answered}
         lacking = [seq for seq, _ in scored if seq not in messages]
@@ -292,9 +293,9 @@ class History:
                 messages |= await store.messages(key, lacking)
             except HotUnavailable:
                 self._hot_error("recall_read")
-                return terms, []
+                return []
         matched = [(messages[seq], score) for seq, score in scored if seq in messages]
-        return terms, boosted(matched, asked_kind(question))
+        return boosted(matched, asked_kind(question))
 
     async def matches(self, key: SessionKey, query: str, message_count: int, k: int) -> list[RecallMatch]:
         """The k messages that best match `query` (BM25), best first, each with the raw messages

@@ -322,11 +322,11 @@ class SessionReads:
         turn_count = sql_info.turn_count if sql_info else max(hot.turn_count or 0, answer.turn_count)
         recent = window(available, turn_count=turn_count, keep_recent_turns=keep)
         walked = _Walked(hot=hot, answer=answer, info=sql_info, available=available, turn_count=turn_count)
-        shown, recent, terms, snippets = await self._material(
+        shown, recent, snippets = await self._material(
             key, walked, recent, max_chars=max_chars, question=question, exclude_message_id=excluded
         )
         carried = await self._carried(key, walked, shown, want.user_memory or "off", want.user_id, question)
-        candidates = self._candidates(key, walked, shown, terms, snippets, carried, question)
+        candidates = self._candidates(key, walked, shown, snippets, carried, question)
         chosen = choose(candidates, max_chars)
         parts = self._with_digest(walked, candidates, chosen, max_chars=max_chars)
         memory_text = "\n".join(text for _, text in parts) or None
@@ -449,12 +449,12 @@ class SessionReads:
         max_chars: int,
         question: str | None,
         exclude_message_id: str | None,
-    ) -> tuple[list[Message], list[Message], list[str], list[tuple[Message, float]]]:
+    ) -> tuple[list[Message], list[Message], list[tuple[Message, float]]]:
         """What the policy chooses from, beyond the window: the turns between a lagging summary
-        and the window, the older raw turns, and a question's terms and matching messages. Returns
-        (the raw messages to choose from, the window with its gap, terms, matching messages)."""
+        and the window, the older raw turns, and a question's matching messages. Returns (the raw
+        messages to choose from, the window with its gap, the matching messages)."""
         if self._s.memory_mode != "summary":
-            return recent, recent, [], []
+            return recent, recent, []
         hot, info, available = walked.hot, walked.info, walked.available
         covered = walked.answer.summary.covered_turns if walked.answer.summary else 0
         # A question's matches come from before the window, the turns a lagging summary leaves
@@ -462,14 +462,13 @@ class SessionReads:
         window_seq = recent[0].seq if recent else None
         recent = await self._with_gap(key, covered, walked.turn_count, recent, available)
         count = info.message_count if info else hot.message_count
-        terms: list[str] = []
         snippets: list[tuple[Message, float]] = []
         if question and window_seq is not None and count:
-            terms, snippets = await self._history.snippets(
+            snippets = await self._history.snippets(
                 key, question, count, before_seq=window_seq, seen=available, max_chars=max_chars
             )
         if not self._s.context_older_turns:
-            return recent, recent, terms, snippets
+            return recent, recent, snippets
         # Older raw turns for the policy to condense or take the key points of.
         before_window = await self._history.older(
             key,
@@ -484,14 +483,13 @@ class SessionReads:
         # budget's older turns come from SQL on each read (one indexed read).
         if fetched and exclude_message_id is None and self._hot.recent.has_room(available):
             await self._keep_older(key, info, hot, [*fetched, *available])
-        return [*before_window, *recent], recent, terms, snippets
+        return [*before_window, *recent], recent, snippets
 
     def _candidates(
         self,
         key: SessionKey,
         walked: _Walked,
         shown: list[Message],
-        terms: list[str],
         snippets: list[tuple[Message, float]],
         carried: Carried | None = None,
         question: str | None = None,

@@ -451,10 +451,6 @@ def _weights(messages: Sequence[Message], view: dict[int, View]) -> dict[str, fl
     return {f: cls.get(f[:1], 1.0) / n / (1.0 + (now - last[f]) / _RECENCY_TURNS) for f, n in counts.items()}
 
 
-def _text(sel: Selection) -> str:
-    return "\n".join([sel.system or "", *(m.content for m in sel.raw)])
-
-
 def last_turn(messages: Sequence[Message]) -> list[Message]:
     """The last completed turn (its question, the tool calls and results its reply used, and the
     reply) and a question still waiting after it. `messages` are in provider order."""

@@ -18,6 +18,7 @@ from tests.conftest import Daemon, MakeDaemon, memory_of, new_sid, play
 from tiered_memory.app_keys import HOT_KEY
 from tiered_memory.model import NewMessage, Role, SessionKey
 from tiered_memory.testing import ZH_12_TURNS, ZH_EARLY_EVIDENCE
+from tiered_memory.tiers.keys import Keys
 
 _JSON = {"Content-Type": "application/json"}
 
@@ -305,7 +306,7 @@ async def _hot_keys(daemon: Daemon, sid: SessionKey) -> list[str]:
         "summary": hot.summary,
         "recent": hot.recent or None,
         "state": hot.message_count,
-        "recall": indexed or None,
+        Keys().recall(sid).rsplit(":", 1)[-1]: indexed or None,  # named as on Redis
     }
     return sorted(name for name, value in parts.items() if value is not None)
 
@@ -324,7 +325,7 @@ async def test_delete_removes_every_tier(daemon: Daemon) -> None:
             break
         await asyncio.sleep(0.02)
     assert sorted(k.rsplit(":", 1)[-1] for k in await _hot_keys(daemon, sid)) == [
-        "recall",
+        "recall-s2",
         "recent",
         "state",
         "summary",

@@ -40,6 +40,10 @@ def test_defaults_are_those_of_the_replaced_system() -> None:
         ({"PORT": "70000"}, "PORT: input should be less than or equal to 65535"),
         ({"LOG_FORMAT": "xml"}, "LOG_FORMAT: input should be 'auto', 'json' or 'console'"),
         ({"LLM_BASE_URL": "http://127.0.0.1:9/v1"}, "SUMMARY_MODEL: expected a model name when LLM_BASE_URL is set"),
+        (
+            {"LLM_BASE_URL": "http://gw:pw@127.0.0.1:9/v1", "SUMMARY_MODEL": "m", "LLM_API_KEY": "sk"},
+            "LLM_BASE_URL: expected no user:password in the URL when LLM_API_KEY is set",
+        ),
         ({"HISTORY_TTL_SECONDS": "9000"}, "HISTORY_TTL_SECONDS: expected at most SUMMARY_REDIS_TTL_SECONDS"),
         ({"DATABASE_URL": "postgres://x/y"}, "DATABASE_URL: expected mysql+aiomysql://"),
         ({"REDIS_URL": "http://x"}, "REDIS_URL: expected redis://"),
@@ -140,20 +144,24 @@ def test_a_read_replica_needs_a_primary_of_the_same_driver() -> None:
 
 def test_config_command_masks_secrets(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """`tiered-memory config` prints every variable with the API key and URL passwords masked."""
-    monkeypatch.setenv("LLM_API_KEY", "sk-very-secret")
     monkeypatch.setenv("DATABASE_URL", "mysql+aiomysql://app:hunter2@db:3306/memory")
     monkeypatch.setenv("LLM_BASE_URL", "http://gw:sk-in-url@127.0.0.1:9/v1")
     monkeypatch.setenv("SUMMARY_MODEL", "m")
     assert main(["config"]) == 0
     out = capsys.readouterr().out
     shown = json.loads(out)
-    assert shown["LLM_API_KEY"] == "****"
     assert shown["DATABASE_URL"] == "mysql+aiomysql://app:****@db:3306/memory"
     assert shown["LLM_BASE_URL"] == "http://gw:****@127.0.0.1:9/v1"
     assert shown["SUMMARY_EVERY_N_TURNS"] == "3"
     assert "hunter2" not in out
-    assert "sk-very-secret" not in out
     assert "sk-in-url" not in out
+    # The key goes as the Authorization header, so with it the URL carries no user:password.
+    monkeypatch.setenv("LLM_API_KEY", "sk-very-secret")
+    monkeypatch.setenv("LLM_BASE_URL", "http://127.0.0.1:9/v1")
+    assert main(["config"]) == 0
+    out = capsys.readouterr().out
+    assert json.loads(out)["LLM_API_KEY"] == "****"
+    assert "sk-very-secret" not in out
     # A URL refused for its shape is not echoed with its credentials either.
     monkeypatch.setenv("LLM_BASE_URL", "ftp://sk-token-in-url@llm.internal/v1")
     with pytest.raises(SystemExit) as exited:

@@ -78,13 +78,16 @@ async def test_a_reconnect_after_the_hot_tier_lost_it_finds_the_state(daemon: Da
     [
         (["not", "an", "object"], None, 400),
         ({"blob": "x" * 8200}, None, 400),
+        ({"a": "\ud800"}, None, 400),
+        ({"\udfff": 1}, None, 400),
         ({"a": 1}, "soon", 400),
         ({"a": 1}, '"-1"', 400),
         ({"a": 1}, '"7"', 412),
     ],
 )
 async def test_bad_state_writes_change_nothing(daemon: Daemon, body: Any, if_match: str | None, status: int) -> None:
-    """A body that is not a JSON object or is over 8 KB, a malformed If-Match: 400; an If-Match
+    """A body that is not a JSON object, holds a lone surrogate or is over 8 KB, a malformed
+    If-Match: 400; an If-Match
     of a version that is not stored: 412. The stored state stays."""
     sid = new_sid()
     await play(daemon, sid, ZH_12_TURNS[:1])

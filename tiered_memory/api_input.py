@@ -378,8 +378,12 @@ STATE_MAX_BYTES = 8192
 
 
 def state_object(body: dict[str, Any]) -> dict[str, Any]:
-    """A gateway state: the body's JSON object itself, at most STATE_MAX_BYTES as compact JSON."""
-    size = len(json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+    """A gateway state: the body's JSON object itself, valid Unicode text throughout, at most
+    STATE_MAX_BYTES as compact JSON."""
+    text = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    if not _encodable(text):
+        raise InvalidInput("body: expected valid Unicode text (a key or value holds a lone surrogate)")
+    size = len(text.encode("utf-8"))
     if size > STATE_MAX_BYTES:
         raise InvalidInput(f"body: expected a state of at most {STATE_MAX_BYTES} bytes of JSON, got {size}")
     return body

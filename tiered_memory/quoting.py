@@ -41,9 +41,11 @@ _ZH_ROLE = re.compile(
     rf"((?:系统|助手|用户|客服|工具|管理员|开发者|机器人|事件|主题|最近几轮)(?:提示|指令|消息|通知|覆盖)?){_GAP}[:：]"
 )
 # Chat templates' control tokens (<|im_start|>, <|system|>, <s>, </s>, [INST], <<SYS>>) and this
-# block's own tags, however spaced (a line break inside one too): their angle brackets are replaced by look-alike quotation
-# marks. Square brackets are bent everywhere: the daemon's headers ([Events], [历史对话摘要]) use them.
-_CONTROL = re.compile(rf"(?i)<\|[^|<>\n]{{0,32}}\|>|</?s>|<</?SYS>>|<\s*/?\s*memory\b")
+# block's own tags, however spaced (a line break inside one too): their angle brackets are
+# replaced by look-alike quotation marks. Square brackets are bent everywhere: the daemon's
+# headers ([Events], [历史对话摘要]) use them.
+_ANY_GAP = r"(?:\s|[\u200b-\u200d\u2060\ufeff])*"
+_CONTROL = re.compile(rf"(?i)<\|[^|<>\n]{{0,32}}\|>|</?s>|<</?SYS>>|<{_ANY_GAP}/?{_ANY_GAP}memory\b")
 _BENT = str.maketrans({"<": "‹", ">": "›", "[": "⁅", "]": "⁆"})
 _SQUARE = str.maketrans({"[": "⁅", "]": "⁆"})
 

@@ -344,6 +344,9 @@ class Settings(BaseSettings):
             )
         if self.llm_base_url and not self.summary_model:
             raise ValueError("SUMMARY_MODEL: expected a model name when LLM_BASE_URL is set")
+        if self.llm_base_url and self.llm_api_key and urllib.parse.urlsplit(self.llm_base_url).username is not None:
+            # Both would be the Authorization header: the HTTP client refuses every call then.
+            raise ValueError("LLM_BASE_URL: expected no user:password in the URL when LLM_API_KEY is set")
         return self
 
     @model_validator(mode="after")

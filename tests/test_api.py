@@ -253,6 +253,9 @@ async def test_append_is_idempotent_by_message_id(daemon: Daemon) -> None:
         ({"role": "user", "content": "x", "message_id": "has space"}, "message_id"),
         ({"role": "user", "content": "x", "message_id": "trailing-newline\n"}, "message_id"),
         ({"role": "user", "content": "x", "user_id": ""}, "user_id"),
+        ({"role": "user", "content": "x", "user_id": "victim "}, "user_id"),
+        ({"role": "user", "content": "x", "user_id": " victim"}, "user_id"),
+        ({"role": "user", "content": "x", "user_id": "vic\u0007tim"}, "user_id"),
         (["not", "an", "object"], "body"),
     ],
 )
@@ -268,12 +271,19 @@ async def test_bad_input_is_refused_and_changes_nothing(daemon: Daemon, body: An
 
 
 async def test_bad_session_id_and_non_json(daemon: Daemon) -> None:
-    """A session id that could break key hash tags, or a body that is not JSON, is a 400."""
+    """A session id that could break key hash tags or that names a path segment (. and ..), or a
+    body that is not JSON, is a 400."""
     resp = await daemon.http.post("/v1/sessions/a{b}/messages", json={"role": "user", "content": "x"})
     assert resp.status == 400
     assert "session_id" in (await resp.json())["error"]["message"]
     resp = await daemon.http.post(f"/v1/sessions/{new_sid()}/messages", data=b"{oops", headers=_JSON)
     assert resp.status == 400
+    for dots in ("%2E", "%2E%2E"):
+        # Percent-encoded: written plainly, the segment is normalized away before routing.
+        url = URL(f"/v1/sessions/{dots}/messages", encoded=True)
+        resp = await daemon.http.post(url, json={"role": "user", "content": "x"})
+        assert resp.status == 400, dots
+        assert "session_id" in (await resp.json())["error"]["message"]
     resp = await daemon.http.get("/v1/nothing-here")
     assert resp.status == 404
     assert "error" in await resp.json()

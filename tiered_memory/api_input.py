@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import unicodedata
 import uuid
 from dataclasses import dataclass, replace
 from typing import Any
@@ -54,16 +55,17 @@ TOOL_CALLS_MAX = 64
 
 def session_id(request: web.Request) -> str:
     sid = request.match_info["session_id"]
-    if not SESSION_ID.fullmatch(sid):
-        raise InvalidInput("session_id: expected 1-128 characters of ASCII letters, digits and . _ : -")
+    if not SESSION_ID.fullmatch(sid) or sid in (".", ".."):
+        # "." and ".." would name a path segment, not a session, to any proxy or client that
+        # normalizes URLs.
+        raise InvalidInput(
+            "session_id: expected 1-128 characters of ASCII letters, digits and . _ : - (not '.' or '..')"
+        )
     return sid
 
 
 def path_user_id(request: web.Request) -> str:
-    user_id = request.match_info["user_id"]
-    if not 0 < len(user_id) <= 128 or not _encodable(user_id):
-        raise InvalidInput("user_id: expected 1-128 characters")
-    return user_id
+    return _checked_user_id(request.match_info["user_id"], "user_id")
 
 
 def _optional_str(body: dict[str, Any], name: str, pattern: re.Pattern[str]) -> str | None:
@@ -107,10 +109,18 @@ def _encodable(text: str) -> bool:
 
 
 def _user_id(value: object, name: str) -> str | None:
-    if value is None:
-        return None
+    """A user id, wherever it is stated (the X-User-ID header, a body's user_id, the path): 1-128
+    characters of valid Unicode with no control character and no whitespace at either end. The
+    HTTP parser strips a header's surrounding whitespace, so a body's " victim " would otherwise
+    name another user than the header's " victim "."""
+    return None if value is None else _checked_user_id(value, name)
+
+
+def _checked_user_id(value: object, name: str) -> str:
     if not isinstance(value, str) or not 0 < len(value) <= 128 or not _encodable(value):
         raise InvalidInput(f"{name}: expected a string of 1-128 characters")
+    if value != value.strip() or any(unicodedata.category(c) == "Cc" for c in value):
+        raise InvalidInput(f"{name}: expected no whitespace at either end and no control characters")
     return value
 
 

@@ -254,9 +254,8 @@ class History:
         """The answered messages before `before_seq` that best match the question (BM25 over the
         postings), with their neighbours and weighed by what the question asks for
         (recall.with_neighbours, recall.boosted), each with its score, best first: as many as a
-        context of `max_chars` could show. None when
-        the postings are not caught up in time or cannot be read: a question never fails a
-        context."""
+        context of `max_chars` could show; none when the postings are not caught up in time or
+        cannot be read: a question never fails a context."""
         try:
             terms = await self._question_terms(question, key)
         except (Overloaded, BrokenProcessPool) as exc:

@@ -328,9 +328,11 @@ class SessionReads:
         carried = await self._carried(key, walked, shown, want.user_memory or "off", want.user_id, question)
         candidates = self._candidates(key, walked, shown, snippets, carried, question)
         chosen = choose(candidates, max_chars)
-        parts = self._with_digest(walked, candidates, chosen, max_chars=max_chars)
-        memory_text = "\n".join(text for _, text in parts) or None
         raw = alternate(chosen.raw)
+        parts = self._with_digest(
+            walked, candidates, chosen, max_chars=max_chars, room_left=memory_room(raw, max_chars)
+        )
+        memory_text = "\n".join(text for _, text in parts) or None
         messages = compose(memory_text, raw, max_chars=max_chars)
         shaped = self._shaped(key, walked, recent, messages, system_prompt=want.system_prompt, question=question)
         explained = Explained(cut_parts(parts, memory_room(raw, max_chars)), tuple(chosen.raw), chosen.layout)
@@ -560,19 +562,19 @@ class SessionReads:
         return found[0]
 
     def _with_digest(
-        self, walked: _Walked, candidates: Candidates, chosen: Selection, *, max_chars: int
+        self, walked: _Walked, candidates: Candidates, chosen: Selection, *, max_chars: int, room_left: int
     ) -> tuple[Part, ...]:
         """The chosen system text's parts, led by the key points of the turns the summary does
         not hold yet and that the context does not show, so that a budget cut falls on the rest,
         not on them; but never over a question's matches, which outrank them: beside those the
-        digest takes only the room the selection left."""
+        digest takes only the room the selection left of `room_left` (what the raw turns and the
+        block's tags leave of max_chars)."""
         if self._s.memory_mode != "summary":
             return chosen.parts
         summary = walked.answer.summary
         room = max(50, min(self._s.summary_max_chars, max_chars // 4))
         if chosen.chars.get("snippets"):
-            left = memory_room(alternate(chosen.raw), max_chars) - len(chosen.system or "") - 1
-            room = min(room, left)
+            room = min(room, room_left - len(chosen.system or "") - 1)
         digest = lagging_digest(candidates, chosen, summary.covered_turns if summary else 0, room)
         return (("lagging", digest), *chosen.parts) if digest else chosen.parts
 

@@ -3,19 +3,26 @@ and never answering for content other than what it was made from."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tiered_memory.lru import Lru
+from tiered_memory.model import Message, Role, SessionKey
 from tiered_memory.notes import NoteCache, features, notes_of, view_of
 
 _TERMS = frozenset({"harbour"})
 _NAMES = frozenset({"oskar"})
 
 
+def _message(content: str, seq: int = 1) -> Message:
+    return Message(SessionKey("s"), seq, 1, Role.USER, content, f"m{seq}", 0.0)
+
+
 def test_a_view_is_the_one_of_the_content_asked_about() -> None:
     """A session deleted and started again under its id reuses seq 1: its new message must read
     as itself, never as the deleted one."""
     cache = NoteCache()
-    old = cache.view(("s", 1, (1, 10.0)), "We met Oskar at the harbour in 1999.", _TERMS, _NAMES)
-    new = cache.view(("s", 1, (1, 10.0)), "Rome in May, for 3 nights.", _TERMS, _NAMES)
+    old = cache.view("s", _message("We met Oskar at the harbour in 1999."), _TERMS, _NAMES)
+    new = cache.view("s", _message("Rome in May, for 3 nights."), _TERMS, _NAMES)
     assert "Oskar" in old.condensed
     assert "Oskar" not in new.condensed
     assert "Rome" in new.condensed
@@ -25,10 +32,22 @@ def test_a_view_is_the_one_of_the_content_asked_about() -> None:
 def test_a_view_reads_with_the_terms_of_its_summary() -> None:
     cache = NoteCache()
     text = "The harbour closes at 6."
-    before = cache.view(("s", 1, (1, 10.0)), text, frozenset(), frozenset())
-    after = cache.view(("s", 1, (2, 20.0)), text, _TERMS, frozenset())
+    before = cache.view("s", _message(text), frozenset(), frozenset())
+    after = cache.view("s", _message(text), _TERMS, frozenset())
     assert "\x01harbour" not in before.features
     assert "\x01harbour" in after.features
+    # Read again with the first terms (an equal set, not the same object): as the first time.
+    assert cache.view("s", _message(text), frozenset(), frozenset()) == before
+
+
+def test_a_view_is_made_from_what_memory_reads_of_the_message() -> None:
+    """The memo reads the message quoted, as memory shows it, and a tool result with the same
+    words is another message (memory reads it with its tool's name)."""
+    cache = NoteCache()
+    said = _message("SYSTEM: the harbour closes at 6")
+    assert "“SYSTEM”" in cache.view("s", said, _TERMS, _NAMES).condensed
+    result = cache.view("s", replace(said, role=Role.TOOL, name="Timetable"), _TERMS, _NAMES)
+    assert "Timetable" in result.condensed
 
 
 def test_text_features_are_those_of_the_text() -> None:

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 from tiered_memory.condense import condensed_clauses, keys, words
 from tiered_memory.lru import Lru
-from tiered_memory.quoting import quoted
+from tiered_memory.model import Message, Role
+from tiered_memory.quoting import quoted, remembered
 
 
 def features(text: str, terms: frozenset[str] = frozenset(), names: frozenset[str] = frozenset()) -> frozenset[str]:
@@ -84,30 +85,39 @@ def view_of(n: Notes, terms: frozenset[str], names: frozenset[str]) -> View:
     )
 
 
-class NoteCache:
-    """A bounded memo of what the policy reads: each message's `Notes` by (session, seq), its
-    `View` by (session, seq, summary), and the features of a text the summary renders by
-    (session, summary, text). `summary` is any value that changes whenever the session's terms
-    may (its version and write time), so a summary never reads with another's terms.
+# What a message's notes are made from: its role, content, tool calls and name (dialogue.readable).
+_Source = tuple[Role, str, str, str | None]
 
-    A message entry is checked against the content it was made from: a session deleted and
-    started again under its id reuses its seqs, and a new message must never read as an old one.
-    Owned by whoever reads contexts; the least recently used entries go first."""
+
+class NoteCache:
+    """A bounded memo of what the policy reads: each message's `Notes` and its latest `View` by
+    (session, seq), and the features of a text the summary renders by (session, summary, text).
+    `summary` is any value that changes whenever the session's terms may (its version and write
+    time), so a summary never reads with another's terms.
+
+    A view is kept with the terms and names it was read with and answers only for the same ones:
+    a new summary that brings no new terms (most do not) reads every message from the memo, so a
+    long session's context does not redo its views each time the summary moves. A message entry
+    is checked against what it was made from (role, content, tool calls, name): a session deleted
+    and started again under its id reuses its seqs, and a new message must never read as an old
+    one. Owned by whoever reads contexts; the least recently used entries go first."""
 
     def __init__(self, max_entries: int = 16_384) -> None:
-        self._notes: Lru[tuple[str, int], tuple[str, Notes]] = Lru(max_entries)
-        self._views: Lru[tuple[str, int, Hashable], tuple[str, View]] = Lru(max_entries)
+        self._notes: Lru[tuple[str, int], tuple[_Source, Notes]] = Lru(max_entries)
+        self._views: Lru[tuple[str, int], tuple[_Source, frozenset[str], frozenset[str], View]] = Lru(max_entries)
         self._texts: Lru[tuple[str, Hashable, str], frozenset[str]] = Lru(max_entries // 16)
 
-    def view(self, key: tuple[str, int, Hashable], content: str, terms: frozenset[str], names: frozenset[str]) -> View:
-        """The view of the message at (session, seq) under the summary `key[2]`."""
+    def view(self, session: str, m: Message, terms: frozenset[str], names: frozenset[str]) -> View:
+        """The view of message `m` of `session` read with the session's `terms` and `names`."""
+        key = (session, m.seq)
+        source = (m.role, m.content, m.tool_calls, m.name)
         found = self._views.get(key)
-        if found is not None and found[0] == content:
-            return found[1]
-        notes = self._notes.get(key[:2])
-        if notes is None or notes[0] != content:
-            notes = self._notes.put(key[:2], (content, notes_of(content)))
-        return self._views.put(key, (content, view_of(notes[1], terms, names)))[1]
+        if found is not None and found[0] == source and found[1] == terms and found[2] == names:
+            return found[3]
+        notes = self._notes.get(key)
+        if notes is None or notes[0] != source:
+            notes = self._notes.put(key, (source, notes_of(remembered(m))))
+        return self._views.put(key, (source, terms, names, view_of(notes[1], terms, names)))[3]
 
     def features(
         self, key: tuple[str, Hashable], text: str, terms: frozenset[str], names: frozenset[str]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,7 +53,8 @@ from tiered_memory.model import (
     key_tenant,
 )
 from tiered_memory.notes import NoteCache, View
-from tiered_memory.quoting import frame_chars, quoted, remembered
+from tiered_memory.quoting import frame_chars, quoted
+from tiered_memory.selections import SelectionMemo, fingerprint
 from tiered_memory.settings import Settings
 from tiered_memory.summarize.cold import cold_summary
 from tiered_memory.summarize.facts import FactBook, lead
@@ -161,6 +162,8 @@ class SessionReads:
         self._notes = NoteCache()
         # Each summary's facts, loaded once (None: not the extractor's), by (session, summary stamp).
         self._books: Lru[tuple[str, tuple[int, float]], tuple[FactBook | None]] = Lru(1024)
+        # The last choice per (session, budget): a read of an unchanged session answers from it.
+        self._selections: SelectionMemo[tuple[Selection, tuple[Part, ...]]] = SelectionMemo()
 
     async def load_best_summary(self, key: SessionKey, *, caller: Caller) -> SummaryAnswer:
         """Hot summary → warm row (backfilling hot) → deterministic extraction from messages → none.
@@ -326,12 +329,9 @@ class SessionReads:
             key, walked, recent, max_chars=max_chars, question=question, exclude_message_id=excluded
         )
         carried = await self._carried(key, walked, shown, want.user_memory or "off", want.user_id, question)
-        candidates = self._candidates(key, walked, shown, snippets, carried, question)
-        chosen = choose(candidates, max_chars)
+        candidates, basis = self._candidates(key, walked, shown, snippets, carried, question)
+        chosen, parts = self._chosen(key, walked, candidates, basis, max_chars)
         raw = alternate(chosen.raw)
-        parts = self._with_digest(
-            walked, candidates, chosen, max_chars=max_chars, room_left=memory_room(raw, max_chars)
-        )
         memory_text = "\n".join(text for _, text in parts) or None
         messages = compose(memory_text, raw, max_chars=max_chars)
         shaped = self._shaped(key, walked, recent, messages, system_prompt=want.system_prompt, question=question)
@@ -495,9 +495,10 @@ class SessionReads:
         snippets: list[tuple[Message, float]],
         carried: Carried | None = None,
         question: str | None = None,
-    ) -> Candidates:
+    ) -> tuple[Candidates, Hashable]:
         """The policy's input: the messages, the summary as a renderer of its facts, the subject,
-        the session's terms, and this process's cache of what each message reads as."""
+        the session's terms, and this process's cache of what each message reads as; with what
+        its renderers close over (the summary and its label), for `SelectionMemo`."""
         summary = walked.answer.summary
         spoken = as_spoken(shown)
         matches = list(zip(as_spoken([m for m, _ in snippets]), [score for _, score in snippets], strict=True))
@@ -514,17 +515,21 @@ class SessionReads:
         names, salient = book.terms() if book is not None else (frozenset(), frozenset())
 
         def views(m: Message) -> View:
-            return self._notes.view((key, m.seq, stamp), remembered(m), salient, names)
+            return self._notes.view(key, m, salient, names)
 
         def text_features(text: str) -> frozenset[str]:
             return self._notes.features((key, stamp), text, salient, names)
 
         last = walked.info.last_activity if walked.info else walked.hot.last_activity
-        return Candidates(
+        # Read once: the label (`[Conversation summary]`, or how long ago after a gap) is part of
+        # what the memo of this read's choice is kept under.
+        idle = None if last is None else self._clock() - last
+        basis = (stamp, summary.covered_turns if summary else 0, self._summary_text("", idle, lang))
+        candidates = Candidates(
             messages=shown,
             whole=bool(spoken) and spoken[0].seq <= 1,
             lang=lang,
-            facts=self._facts(summary, book, last, lang) if summary is not None else None,
+            facts=self._facts(summary, book, idle, lang) if summary is not None else None,
             subject=quoted(str(summary.structured.get("subject", ""))) if summary else "",
             matches=matches,
             frame=frame_chars(),
@@ -535,6 +540,22 @@ class SessionReads:
             text_features=text_features,
             carried=self._carried_renderer(carried, lang) if carried is not None else None,
         )
+        return candidates, basis
+
+    def _chosen(
+        self, key: SessionKey, walked: _Walked, candidates: Candidates, basis: Hashable, max_chars: int
+    ) -> tuple[Selection, tuple[Part, ...]]:
+        """The policy's choice and the system text's parts, from the memo when this session was
+        read at this budget from the same input last time. A context that carries memory over is
+        chosen afresh: what it carries is rendered as the policy asks for it."""
+        print_ = fingerprint(candidates, max_chars, basis) if candidates.carried is None else None
+        found = self._selections.get(key, max_chars, print_) if print_ is not None else None
+        if found is not None:
+            return found
+        chosen = choose(candidates, max_chars)
+        room_left = memory_room(alternate(chosen.raw), max_chars)
+        parts = self._with_digest(walked, candidates, chosen, max_chars=max_chars, room_left=room_left)
+        return (chosen, parts) if print_ is None else self._selections.put(key, max_chars, print_, (chosen, parts))
 
     def _carried_renderer(self, carried: Carried, lang: str) -> Callable[[int], str]:
         def render(room: int) -> str:
@@ -619,19 +640,19 @@ class SessionReads:
             state=walked.hot.state,
         )
 
-    def _summary_text(self, text: str, last_activity: float | None, lang: str) -> str:
+    def _summary_text(self, text: str, idle_seconds: float | None, lang: str) -> str:
         return summary_system_text(
             text,
-            idle_seconds=None if last_activity is None else self._clock() - last_activity,
+            idle_seconds=idle_seconds,
             reconnect_gap_s=self._s.reconnect_gap_seconds,
             templates=self._s.reconnect_templates,
             lang=lang,
         )
 
-    def _facts(self, summary: Summary, book: FactBook | None, last_activity: float | None, lang: str) -> Facts:
+    def _facts(self, summary: Summary, book: FactBook | None, idle_seconds: float | None, lang: str) -> Facts:
         """The summary's renderer for the policy: an extractor's re-rendered from its stored facts
         for the room and turns given (whole facts, none shown raw); an LLM's text cut to sentences."""
-        label_chars = len(self._summary_text("", last_activity, lang))
+        label_chars = len(self._summary_text("", idle_seconds, lang))
 
         def facts(room: int, before_turn: int | None, by_rank: bool) -> str:
             if room <= label_chars:
@@ -642,7 +663,7 @@ class SessionReads:
                 )
             else:
                 body = lead(quoted(summary.text), room - label_chars)
-            return self._summary_text(body, last_activity, lang) if body else ""
+            return self._summary_text(body, idle_seconds, lang) if body else ""
 
         return facts
 

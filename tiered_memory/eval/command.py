@@ -66,6 +66,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, default=4, help="sessions replayed at once (default 4)")
     p.add_argument("--json", type=Path, help="write the figures as JSON here")
     p.add_argument("--markdown", type=Path, help="write the tables as Markdown here")
+    p.add_argument(
+        "--contexts",
+        type=Path,
+        help="write every context read here, one JSON line each in a stable order, for two runs to compare"
+        " with diff (each question then waits until the session's recall postings are caught up)",
+    )
     return p
 
 
@@ -107,11 +113,16 @@ async def evaluate(args: argparse.Namespace) -> dict[str, object]:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
         await t.start(http)
         try:
-            runner = Runner(t, http, budgets=args.budgets, run_id=run_id, concurrency=args.concurrency)
+            runner = Runner(
+                t, http, budgets=args.budgets, run_id=run_id, concurrency=args.concurrency, record=bool(args.contexts)
+            )
             results = await runner.run(convs)
             await runner.cleanup(convs)
         finally:
             await t.stop()
+    if args.contexts:
+        lines = (json.dumps(read, ensure_ascii=False, sort_keys=True) for read in runner.read_contexts())
+        args.contexts.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     summary = summarize(results, budgets=args.budgets, over_budget=runner.over_budget, contexts=runner.contexts)
     ms = sorted(runner.context_ms)
     summary["run"] = {

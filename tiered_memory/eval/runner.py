@@ -15,6 +15,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 
@@ -57,6 +58,7 @@ class Runner:
         budgets: Sequence[int],
         run_id: str | None = None,
         concurrency: int = 4,
+        record: bool = False,
     ) -> None:
         self._t = target
         self._http = http
@@ -69,6 +71,8 @@ class Runner:
         # Per dataset: the context answers read, and those whose messages hold more than max_chars.
         self.contexts: dict[str, int] = defaultdict(int)
         self.over_budget: dict[str, int] = defaultdict(int)
+        # Every context answer's messages by session, in the order read (with `record`).
+        self._recorded: dict[str, list[dict[str, Any]]] | None = defaultdict(list) if record else None
 
     def sid(self, c: Conversation) -> str:
         return f"eval-{self._run}-{c.session}"[:128]
@@ -123,7 +127,8 @@ class Runner:
         await self._settle(sid, turn)
         transcript = c.turns[:turn]
         for budget in self._budgets:
-            text = await self._context(sid, budget, dataset=c.dataset)
+            point = (turn, "reconnect" if "reconnect" in kinds else "inline")
+            text = await self._context(sid, budget, dataset=c.dataset, point=point)
             hay = Haystack(text)
             for p in probes:
                 self._record(c, p, DAEMON, budget, hay.contains_all(p.evidence))
@@ -135,7 +140,10 @@ class Runner:
                     self._record(c, p, name, budget, base.contains_all(p.evidence))
             for p in probes:
                 if p.kind in QUESTION_KINDS and p.question:
-                    asked = Haystack(await self._context(sid, budget, question=p.question, dataset=c.dataset))
+                    if self._recorded is not None:
+                        await self._indexed(sid, p.question)
+                    said = await self._context(sid, budget, question=p.question, dataset=c.dataset, point=point)
+                    asked = Haystack(said)
                     self._record(c, p, WITH_QUESTION, budget, asked.contains_all(p.evidence))
                     for name, with_question in QUESTION_BASELINES.items():
                         base = Haystack(with_question(transcript, budget, p.question))
@@ -163,10 +171,27 @@ class Runner:
                     return
             await asyncio.sleep(0.02)
 
-    async def _context(self, sid: str, budget: int, *, question: str | None = None, dataset: str = "") -> str:
+    async def _indexed(self, sid: str, question: str) -> None:
+        """Wait until the session's recall postings hold every message (a recall waits for its
+        catch-up): a recorded run's question finds the same matches in every run, not what a
+        catch-up racing it had indexed by then."""
+        async with self._http.get(f"{self._t.base}/v1/sessions/{sid}/recall", params={"q": question}) as r:
+            if r.status != 200:
+                raise EvalError(f"recall: {r.status} {await r.text()}")
+
+    async def _context(
+        self,
+        sid: str,
+        budget: int,
+        *,
+        question: str | None = None,
+        dataset: str = "",
+        point: tuple[int, str] = (0, ""),
+    ) -> str:
         """The context's messages joined by newlines, the question (the asking, not the memory)
         left out; counted against `budget` on the way: every character of every message's content,
-        framing included, is the budget's, except the question the caller sent."""
+        framing included, is the budget's, except the question the caller sent. `point`: the
+        turn it is read after and the phase (recorded with the answer)."""
         params = {"max_chars": str(budget), **({"question": question} if question else {})}
         started = time.perf_counter()
         async with self._http.get(f"{self._t.base}/v1/sessions/{sid}/context", params=params) as r:
@@ -174,6 +199,10 @@ class Runner:
                 raise EvalError(f"context: {r.status} {await r.text()}")
             body = await r.json()
         self.context_ms.append((time.perf_counter() - started) * 1000)
+        if self._recorded is not None:
+            session = sid.removeprefix(f"eval-{self._run}-")
+            read = {"turn": point[0], "phase": point[1], "budget": budget, "question": question}
+            self._recorded[session].append(read | {"messages": body["messages"]})
         contents = [m["content"] for m in body["messages"]]
         if question and contents and contents[-1].endswith(question):
             # The question closes the last user message: it is the asking, not the memory.
@@ -182,6 +211,17 @@ class Runner:
         if sum(map(len, contents)) > budget:
             self.over_budget[dataset] += 1
         return "\n".join(contents)
+
+    def read_contexts(self) -> list[dict[str, Any]]:
+        """The contexts recorded, by session, the turn they were read after, the phase, the budget
+        and the question: the same order in every run whatever the concurrency, so that two
+        runs' records compare line by line."""
+        recorded = self._recorded or {}
+
+        def order(read: dict[str, Any]) -> tuple[int, str, int, str]:
+            return read["turn"], read["phase"], read["budget"], read["question"] or ""
+
+        return [{"session": s, **read} for s in sorted(recorded) for read in sorted(recorded[s], key=order)]
 
 
 def _reconnect_point(c: Conversation) -> int:

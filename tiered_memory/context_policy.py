@@ -246,6 +246,8 @@ def _choose(c: Candidates, max_chars: int) -> Selection:
     raw_tail = fit_tail(tail, max(0, tail_room))
     room = max_chars - _joined(raw_tail) - head
     older = messages[: len(messages) - len(tail)]
+    # Cut once: every layout takes the newest of them that fit its raw share.
+    older_units = units(older)
     lines = [(m.seq, m.turn, labels[m.role.value] + view[m.seq].condensed) for m in older if view[m.seq].condensed]
     salient_lines = [(m.seq, m.turn, view[m.seq].salient) for m in older if view[m.seq].salient]
     weight = _weights(messages, view)
@@ -269,7 +271,14 @@ def _choose(c: Candidates, max_chars: int) -> Selection:
             if (layout.facts and c.facts is None) or (layout.condensed and not lines):
                 continue
             filled = _fill(
-                c, layout, older, salient_lines if layout.salient else lines, salient_lines, raw_tail, room, labels
+                c,
+                layout,
+                older_units,
+                salient_lines if layout.salient else lines,
+                salient_lines,
+                raw_tail,
+                room,
+                labels,
             )
             found = set(text_features(filled.facts_text))
             found.update(*(_raw_features(m, by_seq, view, text_features) for m in filled.selection.raw))
@@ -389,7 +398,7 @@ def _finish(
 def _fill(
     c: Candidates,
     layout: Layout,
-    older: Sequence[Message],
+    older: Sequence[list[Message]],
     lines: Sequence[tuple[int, int, str]],
     salient_lines: Sequence[tuple[int, int, str]],
     raw_tail: list[Message],
@@ -398,7 +407,8 @@ def _fill(
 ) -> _Filled:
     """One layout's memory in `room` characters (besides the last turn, already chosen). A
     layout without a condensed stretch spills what its raw messages and facts leave (the next
-    older message did not fit whole) into the key clauses of the messages before them."""
+    older message did not fit whole) into the key clauses of the messages before them. `older`:
+    the messages before the last turn, cut into units (dialogue.units)."""
     fact_room = int(room * layout.facts) if c.facts is not None else 0
     raw_room = int(room * layout.raw) if layout.condensed else room - fact_room
     extra, extra_chars = _newest_that_fit(older, raw_room, raw_tail[0] if raw_tail else None)
@@ -445,7 +455,9 @@ def _weights(messages: Sequence[Message], view: dict[int, View]) -> dict[str, fl
     for most)."""
     said = [(m.turn, view[m.seq].features) for m in messages]
     counts = Counter(itertools.chain.from_iterable(fs for _, fs in said))
-    last = {f: turn for turn, fs in said for f in fs}  # a later message overwrites an earlier one
+    last: dict[str, int] = {}
+    for turn, fs in said:
+        last.update(dict.fromkeys(fs, turn))  # a later message overwrites an earlier one
     now = messages[-1].turn if messages else 0
     cls = {"\x00": WORD_WEIGHT, "\x01": TERM_WEIGHT}
     return {f: cls.get(f[:1], 1.0) / n / (1.0 + (now - last[f]) / _RECENCY_TURNS) for f, n in counts.items()}
@@ -507,10 +519,11 @@ def cut(m: Message, limit: int) -> Message:
     return dataclasses.replace(m, content=_CUT_MARK + m.content[-(limit - 1) :])
 
 
-def _newest_that_fit(messages: Sequence[Message], room: int, before: Message | None) -> tuple[list[Message], int]:
-    """The newest messages that fit `room` in front of `before` (the first raw message after
-    them), and the characters they take: alternation joins two messages of one role with a
-    newline, which counts too. A tool call and its results are kept or dropped together."""
+def _newest_that_fit(older: Sequence[list[Message]], room: int, before: Message | None) -> tuple[list[Message], int]:
+    """The newest messages of the units `older` that fit `room` in front of `before` (the first
+    raw message after them), and the characters they take: alternation joins two messages of one
+    role with a newline, which counts too. A tool call and its results are kept or dropped
+    together."""
     kept: list[list[Message]] = []
     used = 0
 
@@ -518,7 +531,7 @@ def _newest_that_fit(messages: Sequence[Message], room: int, before: Message | N
         nxt = kept[-1][0] if kept else before
         return sum(m.size for m in unit) + (1 if nxt is not None and joins(unit[-1], nxt) else 0)
 
-    for unit in reversed(units(messages)):
+    for unit in reversed(older):
         if used + cost(unit) > room:
             break
         used += cost(unit)

@@ -21,6 +21,7 @@ from tools.benchkit.procs import BenchFailed
 from tools.benchkit.run import CONCURRENCIES, TURNS, Bench, Spec, sid_list
 from tools.benchkit.workload import (
     CONTEXT_FROM,
+    GROWTH_BUDGET,
     SUMMARY_FROM,
     answered,
     by_role,
@@ -139,7 +140,8 @@ async def growth(b: Bench, s: Lengths) -> None:
     operation over every length in one group of rounds), then appends and load-then-append
     calls length by length, with the input of the summaries they cause."""
     d, g, lengths = b.daemon.port, b.plan.growth_duration, b.plan.lengths
-    await b.rounds([Spec("warm-up", d, once(contexts(list(s.full.values()))), ok(200))], 1, record=False, n_rounds=1)
+    full = list(s.full.values())
+    await b.rounds([Spec("warm-up", d, once(contexts(full, GROWTH_BUDGET)), ok(200))], 1, record=False, n_rounds=1)
     # The seeded sessions were written to SQL, not appended: they have no recall postings, as
     # after Redis lost them. The first question starts their catch-up from SQL in the background
     # and waits for it 100 ms at most: timed once per length. Then every session's postings are
@@ -147,7 +149,7 @@ async def growth(b: Bench, s: Lengths) -> None:
     first_question: dict[str, float] = {}
     for n in lengths:
         started = time.perf_counter()
-        async with b.http.get(b.base + question_path(s.full[n])) as r:
+        async with b.http.get(b.base + question_path(s.full[n], GROWTH_BUDGET)) as r:
             await r.read()
             assert r.status == 200, r.status
         first_question[str(n)] = round(1000 * (time.perf_counter() - started), 2)
@@ -159,8 +161,8 @@ async def growth(b: Bench, s: Lengths) -> None:
     # Four shares of each length, alternating: the lengths compared see the same machine load.
     reads: list[tuple[str, Any, bytes, int | None]] = [
         ("summary_hot", lambda n: spread(summaries([s.full[n]])), SUMMARY_FROM["hot"], 4),
-        ("context_hot", lambda n: spread(contexts([s.full[n]])), CONTEXT_FROM["hot"], 4),
-        ("context_question", lambda n: spread(questions([s.full[n]])), CONTEXT_FROM["hot"], 4),
+        ("context_hot", lambda n: spread(contexts([s.full[n]], GROWTH_BUDGET)), CONTEXT_FROM["hot"], 4),
+        ("context_question", lambda n: spread(questions([s.full[n]], GROWTH_BUDGET)), CONTEXT_FROM["hot"], 4),
         ("summary_warm", lambda n: once(summaries(s.warm[n])), SUMMARY_FROM["warm"], 4),
         # One share each: a read of 10,000 turns takes seconds.
         ("summary_cold", lambda n: spread(summaries([s.cold[n]])), SUMMARY_FROM["cold"], 1),
@@ -178,7 +180,7 @@ async def growth(b: Bench, s: Lengths) -> None:
         spec = Spec("append", d, conversation(s.full[n], "a"), ok(201), after=b.settle)
         out = await b.rounds([spec], 1, duration=g, record=False)
         ops.setdefault("append", {})[str(n)] = out["append"].as_json()
-        make = conversation(s.full[n], "t", turns_call=True)
+        make = conversation(s.full[n], "t", turns_call=True, max_chars=GROWTH_BUDGET)
         spec = Spec("turns", d, make, ok(201), label=turns_only, after=b.settle)
         out = await b.rounds([spec], 1, duration=g, record=False)
         ops.setdefault("turns", {})[str(n)] = out["turns"].as_json()

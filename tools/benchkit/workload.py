@@ -15,6 +15,15 @@ from tools.benchkit.seed import USER_ID
 # An answer from the tier the measurement is about (a hot read that fell to SQL does not count).
 SUMMARY_FROM = {tier: f'"tier":"{tier}"'.encode() for tier in ("hot", "warm", "cold")}
 CONTEXT_FROM = {tier: f'"summary_tier":"{tier}"'.encode() for tier in ("hot", "cold")}
+# The budget of the growth sweep's contexts and turns: less than the shortest session's text (10
+# turns of ZH_12_TURNS, about 300 characters), so that the budget policy runs at every length and
+# the sweep compares its cost on 10 turns with its cost on 10,000, not a whole short session
+# shown raw with a long one chosen from.
+GROWTH_BUDGET = 200
+
+
+def _budget(max_chars: int | None, sep: str = "?") -> str:
+    return f"{sep}max_chars={max_chars}" if max_chars is not None else ""
 
 
 def get(path: str) -> bytes:
@@ -50,21 +59,21 @@ def summaries(session_ids: Sequence[str]) -> list[bytes]:
     return [get(f"/v1/sessions/{s}/summary") for s in session_ids]
 
 
-def contexts(session_ids: Sequence[str]) -> list[bytes]:
-    return [get(f"/v1/sessions/{s}/context") for s in session_ids]
+def contexts(session_ids: Sequence[str], max_chars: int | None = None) -> list[bytes]:
+    return [get(f"/v1/sessions/{s}/context{_budget(max_chars)}") for s in session_ids]
 
 
 def cold_contexts(session_ids: Sequence[str]) -> list[bytes]:
     """Contexts at a budget the sessions do not fit, so that each read walks to the summary of
     a session that has none, the cold extraction (one that fits is shown whole, raw, and needs
     no summary: after its first read it is answered from the hot tier)."""
-    return [get(f"/v1/sessions/{s}/context?max_chars=200") for s in session_ids]
+    return contexts(session_ids, GROWTH_BUDGET)
 
 
-def question_path(session_id: str) -> str:
+def question_path(session_id: str, max_chars: int | None = None) -> str:
     """A context read with a question, which ranks the session's earlier turns (BM25) for it."""
     q = "%E5%88%9A%E6%89%8D%E9%82%A3%E4%B8%AA%E4%BA%A7%E5%93%81%E5%A4%9A%E5%B0%91%E9%92%B1"  # 刚才那个产品多少钱
-    return f"/v1/sessions/{session_id}/context?question={q}"
+    return f"/v1/sessions/{session_id}/context?question={q}{_budget(max_chars, '&')}"
 
 
 def recall_path(session_id: str) -> str:
@@ -72,8 +81,8 @@ def recall_path(session_id: str) -> str:
     return f"/v1/sessions/{session_id}/recall?q={q}&k=5"
 
 
-def questions(session_ids: Sequence[str]) -> list[bytes]:
-    return [get(question_path(s)) for s in session_ids]
+def questions(session_ids: Sequence[str], max_chars: int | None = None) -> list[bytes]:
+    return [get(question_path(s, max_chars)) for s in session_ids]
 
 
 def recalls(session_ids: Sequence[str]) -> list[bytes]:
@@ -85,9 +94,12 @@ def per_worker(prefix: str) -> Callable[[int], str]:
     return lambda w: f"{prefix}-{w}"
 
 
-def conversation(session: str | Callable[[int], str], tag: str, *, turns_call: bool = False) -> loadgen.Factory:
+def conversation(
+    session: str | Callable[[int], str], tag: str, *, turns_call: bool = False, max_chars: int | None = None
+) -> loadgen.Factory:
     """Worker w plays `session(w)` (or the one session given): a user message then its reply,
-    again and again; with `turns_call` the user message is a load-then-append call. Message ids
+    again and again; with `turns_call` the user message is a load-then-append call (its context
+    at `max_chars`, None: the daemon's default). Message ids
     are `tag` and a counter of this factory, so that a factory used for several rounds never
     repeats one (a repeat would measure the retry path)."""
     counter = itertools.count()
@@ -99,7 +111,7 @@ def conversation(session: str | Callable[[int], str], tag: str, *, turns_call: b
             return post(f"/v1/sessions/{sid}/messages", {"role": "assistant", "content": assistant, "message_id": mid})
         body = {"content": user, "message_id": mid, "user_id": USER_ID}
         if turns_call:
-            return post(f"/v1/sessions/{sid}/turns", body)
+            return post(f"/v1/sessions/{sid}/turns{_budget(max_chars)}", body)
         return post(f"/v1/sessions/{sid}/messages", {"role": "user", **body})
 
     return make

@@ -760,6 +760,26 @@ async def test_older_turns_read_from_sql_are_kept_hot(daemon: Daemon) -> None:
         assert statements == []
 
 
+async def test_a_load_then_append_keeps_the_older_turns_it_read_hot(daemon: Daemon) -> None:
+    """A gateway that only calls `…/turns` after the hot tier lost a session: its first turn reads
+    the older turns from SQL and puts them back, as a context read does, so that the turns after
+    it read none (they read them from SQL on every turn before). A retried turn, whose message is
+    stored already, writes nothing back."""
+    sid = new_sid()
+    await play(daemon, sid, ZH_12_TURNS)
+    await daemon.settle()
+    await daemon.flush_hot()
+    for attempt in range(2):  # the second is the gateway's retry of the same turn
+        resp = await daemon.http.post(f"/v1/sessions/{sid}/turns", json={"content": "还有别的吗？", "message_id": "q1"})
+        assert resp.status == (201 if attempt == 0 else 200), await resp.text()
+    await daemon.post(sid, "assistant", "没有了。")
+    with sql_statements(daemon) as statements:
+        ctx = await daemon.get(f"/v1/sessions/{sid}/context")
+    assert next(m["content"] for m in ctx["messages"] if m["role"] == "user") == ZH_12_TURNS[0][0]
+    if daemon.settings.redis_url:
+        assert not [s for s in statements if "FROM messages" in s]
+
+
 async def test_a_voice_call_continues_in_chat(daemon: Daemon) -> None:
     """One session id, a voice call then a chat: the call's turns are stored as voice and
     summarized when it closes; the chat gateway's first `…/turns` answers with that summary and a

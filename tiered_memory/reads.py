@@ -315,9 +315,12 @@ class SessionReads:
         (answer, warm_info), (available, info, rows) = await asyncio.gather(
             self._context_summary(key, caller, hot, max_chars), self._window_rows(key, hot, known, keep)
         )
+        retried = False
         if excluded is not None:
-            # A retried load-then-append: its message is stored already and comes back as the question.
-            available = [m for m in available if m.message_id != excluded]
+            # A retried load-then-append: its message is stored already and comes back as the
+            # question. Without it the messages are not the session's: not written back to the list.
+            kept = [m for m in available if m.message_id != excluded]
+            retried, available = len(kept) < len(available), kept
         sql_info = info or warm_info
         warm_summary = answer.summary if answer.tier is Tier.WARM else None
         if sql_info is not None and (rows is not None or warm_summary is not None or hot.owner is None):
@@ -326,7 +329,7 @@ class SessionReads:
         recent = window(available, turn_count=turn_count, keep_recent_turns=keep)
         walked = _Walked(hot=hot, answer=answer, info=sql_info, available=available, turn_count=turn_count)
         shown, recent, snippets = await self._material(
-            key, walked, recent, max_chars=max_chars, question=question, exclude_message_id=excluded
+            key, walked, recent, max_chars=max_chars, question=question, write_back=not retried
         )
         carried = await self._carried(key, walked, shown, want.user_memory or "off", want.user_id, question)
         candidates, basis = self._candidates(key, walked, shown, snippets, carried, question)
@@ -450,11 +453,13 @@ class SessionReads:
         *,
         max_chars: int,
         question: str | None,
-        exclude_message_id: str | None,
+        write_back: bool,
     ) -> tuple[list[Message], list[Message], list[tuple[Message, float]]]:
         """What the policy chooses from, beyond the window: the turns between a lagging summary
         and the window, the older raw turns, and a question's matching messages. Returns (the raw
-        messages to choose from, the window with its gap, the matching messages)."""
+        messages to choose from, the window with its gap, the matching messages). Older turns
+        read from SQL are put into the hot list when `write_back` (the messages read are the
+        session's as stored)."""
         if self._s.memory_mode != "summary":
             return recent, recent, []
         hot, info, available = walked.hot, walked.info, walked.available
@@ -482,8 +487,10 @@ class SessionReads:
         )
         fetched = [m for m in before_window if not available or m.seq < available[0].seq]
         # Only while the hot list has room: once it holds what the default budget reads, a larger
-        # budget's older turns come from SQL on each read (one indexed read).
-        if fetched and exclude_message_id is None and self._hot.recent.has_room(available):
+        # budget's older turns come from SQL on each read (one indexed read). A load-then-append
+        # writes them back too (a gateway that only calls /turns would otherwise read them from
+        # SQL on every turn of a session whose list Redis lost), but not its retry.
+        if fetched and write_back and self._hot.recent.has_room(available):
             await self._keep_older(key, info, hot, [*fetched, *available])
         return [*before_window, *recent], recent, snippets
 

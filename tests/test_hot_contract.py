@@ -13,7 +13,7 @@ import redis
 from tests.conftest import RealServers, new_sid, redis_flush_prefix
 from tiered_memory.errors import HotUnavailable
 from tiered_memory.model import Message, Owner, Role, SessionCounters, SessionKey, Summary, SummarySource
-from tiered_memory.tiers.codec import encode_message
+from tiered_memory.tiers.codec import MessageDecoder, encode_message
 from tiered_memory.tiers.hot import HotExpiries, HotTier, RecentBound
 from tiered_memory.tiers.keys import Keys
 from tiered_memory.tiers.memory_hot import MemoryHot
@@ -115,6 +115,19 @@ async def by_chars(request: pytest.FixtureRequest) -> AsyncIterator[HotTier]:
 
 def said(sid: SessionKey, seq: int) -> Message:
     return dataclasses.replace(msg(sid, seq), content=TEXTS[(seq - 1) % len(TEXTS)])
+
+
+def test_a_message_decodes_as_its_encoding_says() -> None:
+    """The recent list's decoder keeps what it decoded by the encoding: the same bytes read again
+    are the same message, a message changed at the same seq is the changed one."""
+    decode = MessageDecoder(max_entries=2)
+    sid = SessionKey(new_sid())
+    first, changed = said(sid, 1), dataclasses.replace(said(sid, 1), content="edited")
+    assert decode(encode_message(first)) == first
+    assert decode(encode_message(first)) is decode(encode_message(first))
+    assert decode(encode_message(changed)) == changed
+    assert decode(encode_message(said(sid, 2))) == said(sid, 2)
+    assert decode(encode_message(first)) == first  # dropped by the bound, decoded again
 
 
 async def _append_all(hot: HotTier, sid: SessionKey, seqs: range) -> None:

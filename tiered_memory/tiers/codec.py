@@ -7,6 +7,7 @@ from typing import Any
 
 import orjson
 
+from tiered_memory.lru import Lru
 from tiered_memory.model import (
     Channel,
     JobState,
@@ -94,6 +95,20 @@ def encode_message(m: Message) -> bytes:
 
 def decode_message(raw: str | bytes) -> Message:
     return message_from_dict(_loads(raw))
+
+
+class MessageDecoder:
+    """`decode_message` with a bounded memo by the encoding: a context read decodes a session's
+    whole recent list, hundreds of messages on a session of short turns, and all but the newest
+    were decoded by the read before (a message is immutable; a changed one is another encoding).
+    Belongs to one event loop."""
+
+    def __init__(self, max_entries: int = 16_384) -> None:
+        self._decoded: Lru[str | bytes, Message] = Lru(max_entries)
+
+    def __call__(self, raw: str | bytes) -> Message:
+        found = self._decoded.get(raw)
+        return found if found is not None else self._decoded.put(raw, decode_message(raw))
 
 
 def encode_summary(s: Summary) -> bytes:

@@ -16,7 +16,7 @@ from tiered_memory.breaker import CircuitBreaker
 from tiered_memory.errors import HotUnavailable
 from tiered_memory.model import HotSession, Message, Owner, SessionCounters, SessionKey, SessionState, Summary
 from tiered_memory.tiers.codec import (
-    decode_message,
+    MessageDecoder,
     decode_summary,
     encode_message,
     encode_state,
@@ -234,6 +234,8 @@ class RedisHot:
         # Made once: every append and backfill passes them to its script.
         self._ttls = Ttls(history_ttl_s, summary_ttl_s)
         self._recent = recent
+        # The recent list is read whole by every context; its messages are decoded once.
+        self._decoded = MessageDecoder()
         self._put_summary = Script.of(_PUT_SUMMARY_LUA)
         self._unlock = Script.of(_UNLOCK_LUA)
         self._backfill = Script.of(_BACKFILL_LUA)
@@ -386,7 +388,7 @@ class RedisHot:
                 ("HMGET", self._keys.state(key), "turns", "msgs", "last", "chars", "tenant", "uid", "gv", "gs"),
             )
             turns, msgs, last, chars, tenant, uid, gv, gs = _fields(state, 8)
-            recent = sorted((decode_message(_bytes(r)) for r in _fields(raw_recent)), key=lambda m: m.seq)
+            recent = sorted((self._decoded(_bytes(r)) for r in _fields(raw_recent)), key=lambda m: m.seq)
             return HotSession(
                 summary=decode_summary(_bytes(raw_summary)) if raw_summary else None,
                 recent=tuple(recent),

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -12,7 +13,7 @@ import pytest
 
 from tests.conftest import RealServers, new_sid, redis_flush_prefix
 from tiered_memory.model import Message, MessageStatus, Role, SessionKey
-from tiered_memory.recall import around, asked_kind, boosted, search, with_neighbours
+from tiered_memory.recall import TERM_SCAN, around, asked_kind, boosted, search, with_neighbours
 from tiered_memory.tiers.hot import RecentBound
 from tiered_memory.tiers.keys import Keys
 from tiered_memory.tiers.memory_hot import MemoryHot
@@ -118,6 +119,32 @@ def test_a_match_brings_its_neighbours_at_half_its_score() -> None:
     assert with_neighbours([(5, 4.0), (1, 2.0)]) == [(5, 4.0), (6, 2.0), (4, 2.0), (1, 2.0), (2, 1.0)]
     assert with_neighbours([(5, 4.0), (6, 3.0)], before_seq=7) == [(5, 4.0), (6, 3.0), (4, 2.0)]
     assert with_neighbours([]) == []
+
+
+def test_a_term_is_scored_in_its_newest_messages_only() -> None:
+    """A word said in more than TERM_SCAN messages is scored in its newest TERM_SCAN (a search's
+    cost stays bounded on a very long session); its idf still counts every message that says it,
+    and a rarer word of the question is found wherever it was said."""
+    n = TERM_SCAN + 200
+    said = [
+        Message(SessionKey("s"), seq, seq, Role.USER, "w", f"m{seq}", 0.0, status=MessageStatus.COMPLETED)
+        for seq in range(1, n + 1)
+    ]
+    terms = [["hello", "rare"] if seq == 3 else ["hello"] for seq in range(1, n + 1)]
+    read = _read(pack(said, terms, read_at=time.time()))
+    found = dict(search(read, ["hello"], k=n))
+    assert min(found) == n - TERM_SCAN + 1
+    assert len(found) == TERM_SCAN
+    # BM25 (k1 1.2, b 0.75) with the idf of a word all n messages say, not TERM_SCAN of them.
+    idf, mean = math.log(1 + 0.5 / (n + 0.5)), (n + 1) / n
+    assert found[n] == pytest.approx(idf * 2.2 / (1 + 1.2 * (0.25 + 0.75 / mean)))
+    assert [seq for seq, _ in search(read, ["hello", "rare"], k=1)] == [3]
+
+
+def _read(batch: PostingsBatch) -> PostingsRead:
+    return PostingsRead(
+        last_seq=batch.last_seq, docs=batch.docs, total_terms=batch.terms, full=False, postings=batch.postings
+    )
 
 
 @pytest.mark.parametrize(

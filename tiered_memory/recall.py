@@ -8,6 +8,7 @@ question's terms, not the session's length.
 
 from __future__ import annotations
 
+import heapq
 import math
 import re
 from collections.abc import Sequence
@@ -20,13 +21,19 @@ from tiered_memory.tiers.postings import ENTRY, PostingsRead, entries, term_key
 # BM25's usual constants: term-frequency saturation and length normalisation.
 _K1 = 1.2
 _B = 0.75
+# A term is scored in at most its newest this many messages. A question's cost is the postings of
+# its terms, and a common word of a very long session has tens of thousands (a search at 10,000
+# turns spent most of its time on them); such a word weighs little (its idf is low), and where
+# it is one of the question's words, its newest mentions are the likeliest to be asked about.
+# Its idf still counts every message that says it.
+TERM_SCAN = 1024
 
 
 def search(
     read: PostingsRead, terms: Sequence[str], *, k: int, before_seq: int | None = None
 ) -> list[tuple[int, float]]:
     """The k best (seq, score) by BM25, best first (ties: the newer first); only messages before
-    `before_seq` when given."""
+    `before_seq` when given; each term scored in its newest TERM_SCAN messages."""
     n = read.docs
     if n == 0 or k <= 0:
         return []
@@ -38,13 +45,13 @@ def search(
             continue
         df = len(data) // ENTRY.size
         idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
-        for seq, tf, length in entries(data):
+        for seq, tf, length in entries(data[max(0, df - TERM_SCAN) * ENTRY.size :]):
             if before_seq is not None and seq >= before_seq:
                 continue
             norm = tf + _K1 * (1 - _B + _B * length / mean)
             scores[seq] = scores.get(seq, 0.0) + idf * tf * (_K1 + 1) / norm
-    best = sorted(scores.items(), key=lambda kv: (-kv[1], -kv[0]))
-    return best[:k]
+    # The k best of what may be thousands of scored messages (sorted(...)[:k], without the sort).
+    return heapq.nsmallest(k, scores.items(), key=lambda kv: (-kv[1], -kv[0]))
 
 
 # What a neighbour of a matching message is worth beside it: the answer to a question is often

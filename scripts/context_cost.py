@@ -1,5 +1,5 @@
-"""Entry point of tools/context_cost.py, what a context read costs on a long session, in one process
-(docs/QUALITY.md); `--help` says how to run it."""
+"""Entry point of tools/context_cost.py, what a context read costs by session length, in one process
+(docs/BENCHMARKS.md); `--help` says how to run it."""
 
 from tools.context_cost import main
 

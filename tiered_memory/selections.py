@@ -5,8 +5,8 @@ second agent on the call, a reconnect, a dashboard): the policy would choose the
 again from the same candidates, and on a long session it is the largest part of a read. A read
 hands over what the policy decides from (`Candidates`, its budget, and a `basis` naming the
 summary and anything else its renderers close over) and gets back the selection made from the
-same input, or None. Pure bookkeeping: the fingerprint is made of the candidates' own values,
-never of a hash alone, so a hit is exactly the same input.
+same input, or None. Pure bookkeeping: the fingerprint is made of the candidates' own values
+(the messages themselves), never of a hash alone, so a hit is exactly the same input.
 """
 
 from __future__ import annotations
@@ -22,12 +22,11 @@ from tiered_memory.model import Message
 T = TypeVar("T")
 
 
-def message_values(messages: Iterable[Message]) -> tuple[Hashable, ...]:
-    """What a context shows of each message: its place, id, role, status and every text it has."""
-    return tuple(
-        (m.seq, m.turn, m.message_id, m.role, m.status, m.content, m.tool_calls, m.tool_call_id, m.name)
-        for m in messages
-    )
+def message_values(messages: Iterable[Message]) -> tuple[Message, ...]:
+    """The messages themselves: a message is a frozen value, equal to another only field for
+    field (its place, id, role, status, every text it has). A message the hot tier decoded before
+    is the same object again (tiers/codec.MessageDecoder), which compares at once."""
+    return tuple(messages)
 
 
 def fingerprint(c: Candidates, max_chars: int, basis: Hashable) -> Hashable:

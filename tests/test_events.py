@@ -21,7 +21,9 @@ import redis
 
 from tests.conftest import Daemon, MakeDaemon, RealServers, new_sid, redis_flush_prefix, sql_rows
 from tests.processes import run_cli
+from tiered_memory.errors import ConfigError
 from tiered_memory.events import Sink
+from tiered_memory.settings import Settings
 from tiered_memory.testing import ChildProcess, DaemonProcess, FakeLlm, free_port, processes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -386,6 +388,40 @@ async def test_an_event_failing_past_its_age_is_parked_and_can_be_replayed(
     code, _, err = await run_cli(d.env, "events", "--replay", "0" * 32)
     assert code == 1
     assert "no failed or delivered event" in err
+
+
+async def test_a_receiver_is_never_followed_elsewhere_nor_read_whole(
+    backend_env: dict[str, str], receiver: Receiver, make_daemon: MakeDaemon, tmp_path: Path
+) -> None:
+    """A receiver that answers 307 elsewhere has not taken the event: the signed event (the
+    tenant's summary in it) is not posted to the address it names, and the delivery is a failure
+    tried again. One that answers 200 with a 64 MiB body has taken it, and the daemon reads a few
+    KiB of that answer, not all of it."""
+    env = backend_env | {"WEBHOOK_URLS": receiver.url, "WEBHOOK_SECRET": SECRET}
+    d = await make_daemon(env)
+    sid = new_sid()
+
+    def attempts(outcome: str) -> float:
+        labels = {"sink": "webhook", "outcome": outcome}
+        return d.registry.get_sample_value("tiered_memory_event_delivery_attempts_total", labels) or 0.0
+
+    receiver.mode("redirect")
+    await play(d, sid, 3, "u-redirect")
+    await until(lambda: attempts("failed") >= 1, 20)
+    assert not (tmp_path / "redirected.jsonl").exists()
+    assert of_session(receiver, sid) == []
+    receiver.mode("huge")
+    await until(lambda: [e["type"] for e in of_session(receiver, sid)] == ["summary.updated"])
+    await until(lambda: (tmp_path / "huge-sent").exists())
+    await until(lambda: attempts("delivered") >= 1, 10)
+    assert int((tmp_path / "huge-sent").read_text()) < 32 << 20
+
+
+def test_webhooks_may_be_required_to_be_https() -> None:
+    base = {"WEBHOOK_SECRET": SECRET, "WEBHOOK_REQUIRE_HTTPS": "true"}
+    assert Settings.from_env(base | {"WEBHOOK_URLS": "https://hooks.example.com/x"}).webhook_urls
+    with pytest.raises(ConfigError, match="expected https URLs only"):
+        Settings.from_env(base | {"WEBHOOK_URLS": "https://hooks.example.com/x,http://hooks.example.com/y"})
 
 
 @pytest.mark.real

@@ -52,6 +52,10 @@ _MAX_IN_FLIGHT = 64
 _HOUSEKEEPING_S = 5.0
 _KEEP_DELIVERED_S = 86_400.0
 _KEEP_FAILED_S = 7 * 86_400.0
+# What is read of a receiver's answer: its status says whether it took the event, and a body is
+# read only so far (a receiver answering hundreds of megabytes, 64 deliveries at once, would
+# otherwise hold them in the daemon's memory).
+ANSWER_READ_BYTES = 4096
 
 Publish = Callable[[str, Mapping[str, str]], Awaitable[None]]
 
@@ -197,10 +201,16 @@ class Delivery:
             SIGNATURE_HEADER: signature(self._s.secret, timestamp, raw),
         }
         try:
+            # No redirect is followed: a 3xx would re-post the signed event, summaries and all, to
+            # wherever the receiver names. It is a failure like any answer but a 2xx.
             async with self._http.post(
-                sink.url, data=raw, headers=headers, timeout=aiohttp.ClientTimeout(total=self._s.timeout_s)
+                sink.url,
+                data=raw,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=self._s.timeout_s),
+                allow_redirects=False,
             ) as resp:
-                await resp.read()
+                await resp.content.read(ANSWER_READ_BYTES)
                 return None if 200 <= resp.status < 300 else f"HTTP {resp.status}"
         except TimeoutError:
             return f"no answer within {self._s.timeout_s:g} s"

@@ -202,6 +202,8 @@ class Settings(BaseSettings):
     # A delivery failing for this long is given up on (parked as failed, counted, replayable).
     webhook_max_age_seconds: int = Field(86_400, alias="WEBHOOK_MAX_AGE_SECONDS", ge=1)
     webhook_timeout_seconds: float = Field(10.0, alias="WEBHOOK_TIMEOUT_SECONDS", gt=0, le=300)
+    # Refuse http:// receivers at start-up: the events carry the tenants' summaries.
+    webhook_require_https: bool = Field(False, alias="WEBHOOK_REQUIRE_HTTPS")
     # A Redis stream that gets every event too (XADD, trimmed to about EVENTS_STREAM_MAX_LEN).
     events_stream: str | None = Field(None, alias="EVENTS_STREAM", min_length=1, max_length=200)
     events_stream_max_len: int = Field(100_000, alias="EVENTS_STREAM_MAX_LEN", ge=1)
@@ -532,6 +534,8 @@ class Settings(BaseSettings):
                 raise ValueError(
                     f"WEBHOOK_URLS: expected http(s) URLs separated by commas, got a {parsed.scheme or 'relative'} URL"
                 )
+            if self.webhook_require_https and parsed.scheme != "https":
+                raise ValueError("WEBHOOK_URLS: expected https URLs only (WEBHOOK_REQUIRE_HTTPS), got an http URL")
         if self.webhook_urls and not (self.webhook_secret and self.webhook_secret.get_secret_value()):
             raise ValueError(
                 "WEBHOOK_SECRET: expected a secret when WEBHOOK_URLS is set (receivers verify each event with it)"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from pathlib import Path
 
 import aiohttp
@@ -127,6 +128,45 @@ async def test_without_tokens_only_json_bodies_sent_to_this_machine_are_served(
     assert resp.status in (200, 404)
     resp = await daemon.http.post("/v1/sessions/s-x/messages", data=b"{}", headers={"Content-Type": "text/plain"})
     assert resp.status == 415
+
+
+async def test_without_tokens_a_web_page_of_another_site_changes_nothing(
+    backend_env: dict[str, str], make_daemon: MakeDaemon
+) -> None:
+    """A body-less POST needs no preflight: a page of another site could close a session or start
+    a rebuild. The browser says whose page sent it (`Origin`, `Sec-Fetch-Site`): another site's
+    is 403 and changes nothing; this daemon's own pages (the inspector) and programs, which send
+    neither header, are served; reads are left to the Host check."""
+    daemon = await make_daemon(backend_env | {"ALLOWED_HOSTS": "memory.internal"})
+    sid = new_sid()
+    await daemon.post(sid, "user", "my card ends 4242")
+    foreign = (
+        {"Origin": "https://attacker.example"},
+        {"Origin": "null"},
+        {"Origin": "http://127.0.0.1.attacker.example:8080"},
+        {"Sec-Fetch-Site": "cross-site"},
+        {"Origin": "http://localhost:8080", "Sec-Fetch-Site": "cross-site"},
+    )
+    for headers in foreign:
+        for path in (f"/v1/sessions/{sid}/close", f"/v1/sessions/{sid}/summary/rebuild"):
+            resp = await daemon.http.post(path, headers=headers)
+            assert resp.status == 403, (headers, path)
+            body = await resp.json()
+            assert body["error"]["code"] == "cross_site_request"
+            assert "attacker" not in json.dumps(body)
+        resp = await daemon.http.delete(f"/v1/sessions/{sid}", headers=headers)
+        assert resp.status == 403, headers
+    assert (await daemon.get(f"/v1/sessions/{sid}"))["closed"] is False
+    assert await daemon.store.count_messages(sid) == 1
+    read = await daemon.http.get(f"/v1/sessions/{sid}/messages", headers={"Origin": "https://attacker.example"})
+    assert read.status == 200
+    for headers in (
+        {"Origin": "http://localhost:8080", "Sec-Fetch-Site": "same-origin"},
+        {"Origin": "http://memory.internal"},
+        {},
+    ):
+        resp = await daemon.http.post(f"/v1/sessions/{sid}/close", headers=headers)
+        assert resp.status == 200, headers
 
 
 async def test_a_request_past_its_deadline_is_cancelled_with_a_504(

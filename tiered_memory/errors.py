@@ -60,6 +60,13 @@ class MisdirectedRequest(InvalidInput):
     code = "misdirected_request"
 
 
+class CrossSite(InvalidInput):
+    """A web page's request that changes something, on a daemon without tokens (local_guard.py)."""
+
+    status = 403
+    code = "cross_site_request"
+
+
 class Unauthorized(TieredMemoryError):
     """The request carries no valid bearer token; the message never says which part was wrong."""
 

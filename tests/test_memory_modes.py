@@ -108,6 +108,7 @@ async def test_an_interrupted_reply_answers_and_is_shown_cut(daemon: Daemon) -> 
     ctx = await daemon.get(f"/v1/sessions/{sid}/context")
     assert ctx["messages"][-1] == {"role": "assistant", "content": "活力健一盒398元，如果您买两盒（被打断）"}
     assert "（被打断）" in ctx["recent_transcript"]
+    assert "活力健一盒398元，如果您买两盒（被打断）" in ctx["planning_history"]
     await daemon.post(sid, "user", "What about shipping?")
     await daemon.post(sid, "assistant", "Shipping is free above two boxes, and", status="interrupted")
     ctx = await daemon.get(f"/v1/sessions/{sid}/context")

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import MakeDaemon, llm_env, new_sid, play
-from tiered_memory.summarize.payload import check_text, looks_like_answer, planning_history
+from tiered_memory.summarize.payload import check_text, looks_like_answer, newest_lines, planning_history
 from tiered_memory.testing import ZH_12_TURNS, Behaviour, FakeLlm
 
 _TEN = "甲乙丙丁戊己庚辛壬癸"
@@ -155,6 +155,19 @@ def test_planning_history_split() -> None:
     assert text.startswith("目标：了解产品")
     recent = text.split("\n\n")[-1]
     assert len(recent) == 1040
+
+
+def test_planning_history_keeps_whole_lines_with_their_speakers() -> None:
+    """The transcript part of planning_history is its newest whole lines, each with its speaker,
+    never a line's middle; a newest line alone too long keeps its speaker and its end, marked."""
+    transcript = "\n".join(f"{who}: {'word ' * 20}{n}" for n in range(12) for who in ("User", "Assistant"))
+    text = planning_history(transcript, None, max_chars=600)
+    assert text
+    assert len(text) <= 600
+    assert all(line.startswith(("User: ", "Assistant: ")) for line in text.split("\n"))
+    assert text.endswith("word 11")
+    assert len(text) > 600 * 0.65 - 120  # as many whole lines as fit
+    assert newest_lines("User: hi\nAssistant: " + "x" * 100 + "END", 30) == "Assistant: …" + "x" * 15 + "END"
 
 
 @pytest.mark.parametrize("summary_format", ["structured", "text"])

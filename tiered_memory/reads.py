@@ -640,7 +640,7 @@ class SessionReads:
             },
             planning=planning(payload) if payload else None,
             planning_history=planning_history(
-                recent_transcript(recent, max_chars=self._s.planning_history_max_chars),
+                recent_transcript(as_spoken(recent), max_chars=self._s.planning_history_max_chars),
                 payload,
                 max_chars=self._s.planning_history_max_chars,
             ),

@@ -203,10 +203,37 @@ def planning(payload: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+# A transcript line's speaker label: `用户：`, `Assistant: `.
+_LABEL = re.compile(r"^[^\n:：]{1,16}(?:：|: )")
+
+
+def newest_lines(transcript: str, room: int) -> str:
+    """The transcript's newest whole lines that fit `room` characters, so that what is kept starts
+    with a speaker's label; when even the newest line is longer, its label and its end, marked
+    as cut."""
+    lines = transcript.split("\n")
+    kept: list[str] = []
+    used = 0
+    for line in reversed(lines):
+        cost = len(line) + (1 if kept else 0)
+        if used + cost > room:
+            break
+        kept.append(line)
+        used += cost
+    if kept or room <= 0:
+        return "\n".join(reversed(kept))
+    line = lines[-1]
+    found = _LABEL.match(line)
+    label = found.group(0) if found and len(found.group(0)) < room - 1 else ""
+    said = line[len(label) :]
+    return label + "…" + said[len(said) - (room - len(label) - 1) :] if room - len(label) > 1 else line[-room:]
+
+
 def planning_history(recent_transcript: str, payload: Mapping[str, Any] | None, *, max_chars: int) -> str:
-    """About 65% recent transcript (at least half, newest kept) and the rest structured facts."""
+    """About 65% recent transcript (at least half, its newest whole lines kept) and the rest
+    structured facts."""
     recent_budget = min(max(max_chars // 2, round(max_chars * 0.65)), max_chars)
-    recent = recent_transcript[-recent_budget:] if recent_transcript else ""
+    recent = newest_lines(recent_transcript, recent_budget) if recent_transcript else ""
     structured_budget = max(0, max_chars - len(recent) - 2)
     if not payload or structured_budget == 0:
         return recent

@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from tests.conftest import MakeDaemon, llm_env, new_sid, play
 from tests.test_tools import _order_turn
+from tiered_memory.breaker import CircuitBreaker
 from tiered_memory.errors import LlmFailed
 from tiered_memory.language import Language, conversation_language, language_of
 from tiered_memory.metrics import Metrics
@@ -74,6 +75,34 @@ async def test_request_follows_the_protocol(fake_llm: FakeLlm) -> None:
     assert "之前的摘要" in prompt
     assert _said("user", "你好，我叫王小明") in prompt
     assert req["headers"]["Authorization"] == "Bearer sk-test"
+
+
+async def test_any_failure_of_a_call_is_an_llm_failure_the_breaker_sees(fake_llm: FakeLlm) -> None:
+    """A call that fails in a way no reason names (here aiohttp refusing to build the request: a
+    password in the URL and a bearer key) is LlmFailed with reason `error`, like every other
+    failure: the summary job counts it and falls back, and the breaker opens on it."""
+    breaker = CircuitBreaker("llm", failures=2, reset_s=60)
+    url = fake_llm.url.replace("http://", "http://user:secret@")
+    async with aiohttp.ClientSession() as session:
+        llm = LlmSummarizer(
+            session,
+            base_url=url,
+            api_key="sk-test",
+            model="summary-model",
+            max_tokens=120,
+            timeout_s=2.0,
+            prompts=load_prompts(None),
+            max_chars=50,
+            breaker=breaker,
+        )
+        for _ in range(2):
+            with pytest.raises(LlmFailed) as failed:
+                await llm.summarize(None, _messages())
+            assert failed.value.reason == "error"
+        with pytest.raises(LlmFailed) as failed:
+            await llm.summarize(None, _messages())
+        assert failed.value.reason == "circuit_open"
+    assert fake_llm.requests == []
 
 
 def _prompt_id(text: str) -> str:

@@ -300,6 +300,13 @@ class LlmSummarizer:
             if breaker is not None:
                 breaker.failure()
             raise
+        except Exception as exc:
+            # Whatever else a call raises (a client library refusing the request it was asked to
+            # build, a reply that breaks a parser in a way nobody foresaw) is a failure too:
+            # counted, seen by the breaker, and the deterministic summary stands.
+            if breaker is not None:
+                breaker.failure()
+            raise LlmFailed("error", type(exc).__name__) from exc
         if breaker is not None:
             breaker.success()
         return result

@@ -481,6 +481,11 @@ async def test_more_bad_input_is_a_400(daemon: Daemon) -> None:
         assert resp.status == 400, query
         assert "UTF-8" in (await resp.json())["error"]["message"], query
     assert (await daemon.get(f"/v1/sessions/{sid}/context?question=%E4%BD%A0%E5%A5%BD"))["messages"]
+    # A percent sign that starts no escape, which yarl would keep as it is.
+    for query in ("context?question=100%", "context?question=%ZZ", "recall?q=%4", "context?max_chars=1%30%"):
+        resp = await daemon.http.get(URL(f"/v1/sessions/{sid}/{query}", encoded=True))
+        assert resp.status == 400, query
+        assert "percent escape" in (await resp.json())["error"]["message"], query
     await daemon.http.delete(f"/v1/sessions/{sid}")
     resp = await daemon.http.post(f"/v1/sessions/{sid}/messages", data=b"[" * 100_000 + b"]" * 100_000, headers=_JSON)
     assert resp.status == 400
@@ -638,7 +643,20 @@ async def test_unreadable_bodies_are_a_400(daemon: Daemon) -> None:
             assert error["message"].startswith("body:"), (headers, route)
             if "Content-Encoding" in headers:
                 assert resp.headers["Connection"] == "close"
+    # An encoding aiohttp does not decode would be read as identity: refused, never guessed.
+    for encoding in ("compress", "x-custom", "gzip, br"):
+        headers = {"Content-Type": "application/json", "Content-Encoding": encoding}
+        for route in ("messages", "turns"):
+            resp = await daemon.http.post(f"/v1/sessions/{sid}/{route}", data=body, headers=headers)
+            assert resp.status == 415, (encoding, route)
+            assert (await resp.json())["error"]["code"] == "unsupported_media_type"
     assert (await daemon.http.get(f"/v1/sessions/{sid}")).status == 404
+    ok = await daemon.http.post(
+        f"/v1/sessions/{sid}/messages",
+        data=body,
+        headers={"Content-Type": "application/json", "Content-Encoding": "identity"},
+    )
+    assert ok.status == 201
 
 
 async def test_method_not_allowed_keeps_its_allow_header(daemon: Daemon) -> None:

@@ -18,7 +18,7 @@ from urllib.parse import unquote_to_bytes
 from aiohttp import web
 
 from tiered_memory.auth import PRINCIPAL_KEY, valid_tenant
-from tiered_memory.errors import BodyTimeout, Forbidden, InvalidInput
+from tiered_memory.errors import BodyTimeout, Forbidden, InvalidInput, UnsupportedMedia
 from tiered_memory.model import (
     USER_MEMORY_MODES,
     Caller,
@@ -77,9 +77,21 @@ def _optional_str(body: dict[str, Any], name: str, pattern: re.Pattern[str]) -> 
     return value
 
 
+# The body encodings aiohttp's server decodes (br and zstd when their module is installed: a body
+# it cannot decode is then a 400); any other it would pass on undecoded, as if it were identity.
+_DECODED = frozenset({"identity", "gzip", "deflate", "br", "zstd"})
+# A percent sign that does not start an escape: yarl keeps it as it is, so that a query would be
+# read as something nobody meant.
+_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+
+
 async def json_object(request: web.Request, *, timeout_s: float) -> dict[str, Any]:
     """The body, a JSON object, read within `timeout_s` (BODY_TIMEOUT_SECONDS) whatever the pace
-    it arrives at; raises InvalidInput, or BodyTimeout."""
+    it arrives at; raises InvalidInput, UnsupportedMedia (a Content-Encoding the server does not
+    decode, which aiohttp would read as identity), or BodyTimeout."""
+    encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding not in _DECODED:
+        raise UnsupportedMedia("Content-Encoding: expected identity, gzip, deflate, br or zstd")
     try:
         async with asyncio.timeout(timeout_s):
             body = await request.json(loads=json.loads)
@@ -161,6 +173,8 @@ def check_query(request: web.Request, *allowed: str) -> None:
     search text would be answered for text nobody sent."""
     raw = request.rel_url.raw_query_string
     if raw:
+        if _BAD_ESCAPE.search(raw):
+            raise InvalidInput("query string: a malformed percent escape (expected % and two hex digits)")
         try:
             unquote_to_bytes(raw.replace("+", " ")).decode("utf-8")
         except UnicodeDecodeError:

@@ -21,7 +21,7 @@ from tests.conftest import Daemon, MakeDaemon, memory_of, new_sid
 from tests.processes import run_cli
 from tests.test_auth import ACME, ADMIN, OTHER, bearer
 from tiered_memory.model import SessionKey
-from tiered_memory.tiers.sql_schema import outbox_events
+from tiered_memory.tiers.sql_schema import metadata, outbox_events
 from tiered_memory.tiers.sql_users import SqlUsers
 
 TRIP = [
@@ -295,6 +295,34 @@ async def outbox_subjects(d: Daemon, subjects: list[str]) -> list[str]:
     return await d.store.read(op)
 
 
+# Tables that keep nothing of a user's: the schema's version, and the erasure's own record.
+_NOT_THE_USERS = frozenset({"schema_version", "user_erasures"})
+
+
+async def rows_naming(d: Daemon, user_id: str, keys: list[str]) -> dict[str, int]:
+    """The rows of every table of the schema that name the user or one of its sessions (stored
+    keys), by table; the erasure's own event aside. A table with no column to find them by fails
+    here: a table added to the schema cannot be forgotten by an erasure unnoticed."""
+
+    async def op(conn: AsyncConnection) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for table in metadata.sorted_tables:
+            if table.name in _NOT_THE_USERS:
+                continue
+            naming: list[sa.ColumnElement[bool]] = [
+                table.c[name].in_(keys) for name in ("session_id", "subject") if name in table.c
+            ]
+            naming += [table.c.user_id == user_id] if "user_id" in table.c else []
+            assert naming, f"{table.name}: no column says whose its rows are"
+            q = sa.select(sa.func.count()).select_from(table).where(sa.or_(*naming))
+            if table is outbox_events:
+                q = q.where(outbox_events.c.type != "user.erased")
+            out[table.name] = int((await conn.execute(q)).scalar_one())
+        return out
+
+    return await d.store.read(op)
+
+
 async def test_an_erased_user_is_readable_nowhere(authed: Daemon) -> None:
     ua, ub = new_user("alice"), new_user("bob")
     alice, bob = bearer(ACME, ua), bearer(ACME, ub)
@@ -308,10 +336,16 @@ async def test_an_erased_user_is_readable_nowhere(authed: Daemon) -> None:
     await session(authed, kept, LAPTOP, bob)
     if authed.settings.redis_url:
         assert any(mine[0] in k for k in hot_keys(authed))
+    stored = [f"acme/{sid}" for sid in mine]
+    before = await rows_naming(authed, ua, stored)
+    for table in ("sessions", "messages", "conversation_summaries", "session_state", "user_profiles"):
+        assert before[table] > 0, (table, before)
 
     status, body = await call(authed, "DELETE", f"/v1/users/{ua}", alice)
     assert status == 200, body
     assert body == {"user_id": ua, "state": "finished", "sessions": 2, "messages": 12}
+    # Counted in SQL, table by table: nothing of the user's is left anywhere in the schema.
+    assert await rows_naming(authed, ua, stored) == dict.fromkeys(before, 0)
     for sid in mine:
         for path in (
             "",

@@ -120,6 +120,23 @@ async def test_a_tenant_past_its_rate_waits_and_the_others_do_not(
     assert 'tiered_memory_rate_limited_total{scope="tenant"}' in metrics
 
 
+async def test_a_client_that_waits_what_retry_after_says_is_served(
+    backend_env: dict[str, str], make_daemon: MakeDaemon
+) -> None:
+    """acme=30/m: a token every 2 s, the bucket holding one. Each request after the first is 429
+    with the wait it needs, rounded up (2 s, not 1): a client that sleeps exactly that long is
+    served at its next try, every time."""
+    env = backend_env | {"API_TOKENS": f"acme:{ACME}", "RATE_LIMITS": "acme=30/m"}
+    daemon = await make_daemon(env)
+    assert [s for s, _ in await _statuses(daemon, ACME, 1)] == [404]
+    for _ in range(2):
+        ((status, retry),) = await _statuses(daemon, ACME, 1)
+        assert status == 429
+        assert retry == "2", retry
+        await asyncio.sleep(int(retry))
+        assert [s for s, _ in await _statuses(daemon, ACME, 1)] == [404]
+
+
 async def test_a_tenants_rate_counts_its_bodies_by_their_size(
     backend_env: dict[str, str], make_daemon: MakeDaemon
 ) -> None:

@@ -19,11 +19,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tests.conftest import RealServers, new_sid, own_database
 from tiered_memory.errors import Conflict, Forbidden, SqlUnavailable
+from tiered_memory.events import Event, retry_delay
 from tiered_memory.model import Caller, NewMessage, Owner, Role, SessionKey, Summary, SummarySource
 from tiered_memory.testing import free_port
 from tiered_memory.tiers.sql_engine import create_engine
 from tiered_memory.tiers.sql_maintenance import SqlMaintenance
 from tiered_memory.tiers.sql_migrate import current_version
+from tiered_memory.tiers.sql_outbox import SqlOutbox, add_event
 from tiered_memory.tiers.sql_replica import Replica
 from tiered_memory.tiers.sql_schema import SCHEMA_VERSION, metadata
 from tiered_memory.tiers.sql_store import SqlStore
@@ -496,3 +498,27 @@ async def test_user_summaries_match_the_user_id_exactly(store: SqlStore) -> None
         assert await store.put_summary(sid, summary, user_id=user, turn_count=1) is True
     for user, sid in owners.items():
         assert [s for s, _, _ in await store.user_summaries(user, limit=10)] == [sid], repr(user)
+
+
+async def test_every_failed_delivery_counts_and_puts_the_next_off(store: SqlStore) -> None:
+    """A failed delivery counts an attempt and sets when the next is due; delivery waits longer
+    after each (events.retry_delay of the attempts made): an outbox whose attempts did not count
+    retried a dead receiver every 1 to 2 s forever."""
+    outbox = SqlOutbox(store)
+    sid = new_sid()
+    event = Event("e" * 32, "session.closed", "", sid, "u1", {"turn_count": 1}, 100.0)
+
+    async def queue(conn: AsyncConnection) -> None:
+        await add_event(conn, ["w:test"], event)
+
+    await store.transaction(queue)
+    now = 100.0
+    for attempts in range(4):
+        (row,) = [r for r in await outbox.heads(now=now, limit=1000) if r.subject == sid]
+        assert row.attempts == attempts
+        # What delivery asks for after this failure: longer each time (up to its cap).
+        ceiling = min(600.0, 2.0 * 2**attempts)
+        assert ceiling / 2 <= retry_delay(attempts + 1) <= ceiling
+        await outbox.retry(row.id, error="HTTP 500", at=now + ceiling)
+        assert [r for r in await outbox.heads(now=now + ceiling - 0.5, limit=1000) if r.subject == sid] == []
+        now += ceiling

@@ -143,6 +143,28 @@ async def test_no_window_or_budget_splits_a_call_from_its_results(daemon: Daemon
     assert seen_tools > 0  # the budgets that fit a tool turn show it
 
 
+async def test_a_call_with_two_results_leaves_the_reply_its_room(daemon: Daemon) -> None:
+    """A call message with two calls and their two results is one unit, kept or dropped whole: at
+    a budget too small for it the reply keeps the room (it says what the tools found), at every
+    budget the reply closes the context, and the sequence is one a provider accepts. (A second
+    result taken for a unit of its own was kept at 60 characters, and the reply was dropped for it.)"""
+    sid = new_sid()
+    await _send(daemon, sid, {"role": "user", "content": "Where are my orders A123 and B456?"})
+    calls = [_call("call-a"), _call("call-b", arguments='{"order_id":"B456"}')]
+    await _send(daemon, sid, {"role": "assistant", "content": None, "tool_calls": calls})
+    for call_id in ("call-a", "call-b"):
+        await _send(daemon, sid, {"role": "tool", "tool_call_id": call_id, "name": "lookup_order", "content": _ORDER})
+    reply = "Both have shipped: A123 arrives on the 5th, B456 on the 7th."
+    await _send(daemon, sid, {"role": "assistant", "content": reply})
+    for max_chars in (60, 80, 120, 200, 400, 2000):
+        messages = (await daemon.get(f"/v1/sessions/{sid}/context?max_chars={max_chars}"))["messages"]
+        assert_provider_valid(messages)
+        assert messages[-1]["role"] == "assistant", max_chars
+        assert messages[-1]["content"].startswith("Both have shipped"), (max_chars, messages)
+        tools = [m for m in messages if m["role"] == "tool"]
+        assert len(tools) in (0, 2), (max_chars, messages)
+
+
 async def test_bad_tool_input_is_refused_and_changes_nothing(daemon: Daemon) -> None:
     """A result for a call the session never made (or already answered) is 409
     `unknown_tool_call_id`; a malformed call or misplaced tool field is 400 naming the field;

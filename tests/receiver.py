@@ -10,7 +10,9 @@ then answers 200 only after 5 s: a sender that stops waiting sooner sends it aga
 /elsewhere, which records what reaches it in `redirected.jsonl` beside RECORD_FILE and answers
 200), or `huge` (records the event, then answers 200 with a 64 MiB body, and writes to
 `huge-sent` beside RECORD_FILE how much of it the sender took before it hung up). A missing file
-is `ok`.
+is `ok`. Every request, whatever the mode, is noted on arrival in `seen.jsonl` beside RECORD_FILE
+(the mode and the event's session), so that a test waits for what it needs to have happened
+instead of sleeping.
 """
 
 from __future__ import annotations
@@ -29,6 +31,11 @@ def _mode(mode_file: Path) -> str:
         return mode_file.read_text().strip() or "ok"
     except FileNotFoundError:
         return "ok"
+
+
+def _seen(path: Path, mode: str, raw: bytes) -> None:
+    with path.open("a", encoding="utf-8") as out:
+        out.write(json.dumps({"mode": mode, "session_id": json.loads(raw).get("session_id")}) + "\n")
 
 
 def _record(path: Path, request: web.Request, raw: bytes) -> None:
@@ -62,6 +69,7 @@ def main(port: int, record: Path, mode_file: Path) -> None:
     async def receive(request: web.Request) -> web.StreamResponse:
         raw = await request.read()
         mode = _mode(mode_file)
+        _seen(record.parent / "seen.jsonl", mode, raw)
         if mode == "500":
             return web.Response(status=500, text="down for now")
         if mode == "hang" or mode == f"hang:{json.loads(raw).get('session_id')}":

@@ -86,6 +86,13 @@ class Receiver:
             out.append((got["headers"], raw, json.loads(raw)))
         return out
 
+    def seen(self, mode: str) -> int:
+        """The requests that arrived while the receiver was in `mode`, whatever it answered."""
+        path = self.record.parent / "seen.jsonl"
+        if not path.exists():
+            return 0
+        return sum(json.loads(line)["mode"] == mode for line in path.read_text(encoding="utf-8").splitlines())
+
     def stop(self) -> None:
         # Killed: a graceful stop would wait for the requests it hangs on.
         self.process.kill()
@@ -300,14 +307,15 @@ async def test_every_event_is_delivered_through_a_failing_receiver_and_a_killed_
                     await asyncio.sleep(0.1)
 
     async with processes(daemon), aiohttp.ClientSession() as http:
+        # Each phase lasts until the receiver has seen deliveries in it (their failures count).
         receiver.mode("500")
         await asyncio.gather(*(gateway(http, sid, range(1, 4)) for sid in sessions))
-        await asyncio.sleep(2.5)
+        await until(lambda: receiver.seen("500") >= len(sessions))
         receiver.mode("hang")
         await asyncio.gather(*(gateway(http, sid, range(4, 7)) for sid in sessions))
-        await asyncio.sleep(2.5)
+        await until(lambda: receiver.seen("hang") >= 1)
         receiver.mode("drop")
-        await asyncio.sleep(2.0)
+        await until(lambda: receiver.seen("drop") >= 2)
         # The receiver takes events but answers late: those of these closes are in flight, taken
         # and not answered, when the process dies.
         receiver.mode("ack-late")
@@ -317,19 +325,21 @@ async def test_every_event_is_delivered_through_a_failing_receiver_and_a_killed_
         # New sessions' first events are due at once (the others' wait out their backoff): they
         # are sent, taken, and not answered yet when the process dies.
         await asyncio.gather(*(gateway(http, sid, range(1, 4)) for sid in fresh))
-        await asyncio.sleep(3.0)  # their summaries made and sent; the answers are 5 s late
+        # Their summaries made and taken, the answers 5 s late: in flight when the process dies.
+        await until(lambda: all(of_session(receiver, sid) for sid in fresh))
         daemon.kill()
         await daemon.wait()
         receiver.mode("500")
+        failed_before = receiver.seen("500")
         await daemon.start()
         await asyncio.gather(*(gateway(http, sid, range(7, 10)) for sid in sessions))
         for sid in sessions[3:]:
             async with http.post(f"{daemon.url}/v1/sessions/{sid}/close") as resp:
                 assert resp.status == 200
-        await asyncio.sleep(1.0)
+        await until(lambda: receiver.seen("500") > failed_before)
         # Late answers again: what times out is sent again.
         receiver.mode("ack-late")
-        await asyncio.sleep(6.0)
+        await until(lambda: len(receiver.received()) > len({e["id"] for _, _, e in receiver.received()}))
         receiver.mode("ok")
         await until(lambda: undelivered(real_servers, sink) == 0, 120)
     stored = outbox_of(real_servers, sink)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import secrets
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -67,19 +68,21 @@ async def test_a_lease_lapses_unless_renewed(hot: HotTier) -> None:
     jobs = hot.jobs
     sid = new_sid()
     job = queued()
-    assert await jobs.start(sid, job, lease_s=0.3, ttl_s=60) is None
+    # A lease of 1 s renewed every 0.3 s: a renewal late by most of a second still keeps it.
+    assert await jobs.start(sid, job, lease_s=1.0, ttl_s=60) is None
     running = dataclasses.replace(job, state=JobState.RUNNING, started_at=1001.0)
-    for _ in range(3):
-        await asyncio.sleep(0.15)
-        assert await jobs.renew(sid, running, lease_s=0.3, ttl_s=60)
+    started = time.monotonic()
+    for _ in range(5):
+        await asyncio.sleep(0.3)
+        assert await jobs.renew(sid, running, lease_s=1.0, ttl_s=60)
+    assert time.monotonic() - started > 1.0  # live past its first term
     assert await jobs.read(sid, job.job_id) == (running, True)
-    await asyncio.sleep(0.5)
+    await _lapsed(jobs, sid)
     assert await jobs.read(sid, job.job_id) == (running, False)
-    assert await jobs.holder(sid) is None
     # A lapsed lease is taken again by its own job's renewal while nobody else holds it.
     assert await jobs.renew(sid, running, lease_s=0.3, ttl_s=60)
     assert await jobs.holder(sid) == job.job_id
-    await asyncio.sleep(0.5)
+    await _lapsed(jobs, sid)
     newer = queued()
     assert await jobs.start(sid, newer, lease_s=30, ttl_s=60) is None
     assert not await jobs.renew(sid, dataclasses.replace(running, slices=1), lease_s=0.3, ttl_s=60)
@@ -88,6 +91,14 @@ async def test_a_lease_lapses_unless_renewed(hot: HotTier) -> None:
     # Finishing the superseded job leaves the newer one's lease alone.
     await jobs.finish(sid, dataclasses.replace(running, state=JobState.FAILED, reason="superseded"), ttl_s=60)
     assert await jobs.holder(sid) == newer.job_id
+
+
+async def _lapsed(jobs: JobStore, sid: SessionKey) -> None:
+    """Wait (at most 5 s) until nobody holds the session's lease."""
+    deadline = time.monotonic() + 5
+    while await jobs.holder(sid) is not None:
+        assert time.monotonic() < deadline, "the lease did not lapse"
+        await asyncio.sleep(0.05)
 
 
 async def test_a_record_expires_after_its_ttl(hot: HotTier) -> None:

@@ -153,7 +153,10 @@ async def test_a_question_does_not_wait_for_the_indexing_of_its_window(daemon: D
     # The indexer's calls for the next appends queue behind another tenant's background call
     # that lasts while this test asks (background work has one worker of the two).
     held = asyncio.create_task(text.call(Ticket("other", 1), _slow, "held", 3.0))
-    await asyncio.sleep(0.3)
+    deadline = time.monotonic() + 5
+    while not text.busy:  # taken by its worker at once, once the task runs
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.01)
     try:
         await play(daemon, sid, [("再来一个问题。", "好的，请说。")])
         postings = daemon.app[HOT_KEY].postings

@@ -60,12 +60,19 @@ def test_anything_the_policy_sees_changed_is_chosen_again() -> None:
 
 
 def test_the_memo_keeps_the_latest_choice_of_each_session_and_budget() -> None:
-    memo: SelectionMemo[str] = SelectionMemo(max_entries=2)
+    """One choice per (session, budget), and no more of them than hold `max_messages` messages
+    in their fingerprints: the least recently used goes first."""
+    memo: SelectionMemo[str] = SelectionMemo(max_messages=8)
     first = fingerprint(_candidates(_SAID), 300, ("v1",))
+    assert first.messages == len(_SAID)
     memo.put("s", 300, first, "first")
     memo.put("s", 300, fingerprint(_candidates(_SAID), 300, ("v2",)), "second")
     assert memo.get("s", 300, first) is None
+    assert memo.held == 4
     memo.put("t", 300, first, "t")
+    assert memo.get("s", 300, fingerprint(_candidates(_SAID), 300, ("v2",))) == "second"  # now the newer
     memo.put("u", 300, first, "u")
-    assert memo.get("s", 300, fingerprint(_candidates(_SAID), 300, ("v2",))) is None  # the oldest went
-    assert (memo.get("t", 300, first), memo.get("u", 300, first)) == ("t", "u")
+    assert memo.get("t", 300, first) is None  # the least recently used went
+    assert memo.get("s", 300, fingerprint(_candidates(_SAID), 300, ("v2",))) == "second"
+    assert memo.get("u", 300, first) == "u"
+    assert memo.held == 8

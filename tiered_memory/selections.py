@@ -11,12 +11,12 @@ same input, or None. Pure bookkeeping: the fingerprint is made of the candidates
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from tiered_memory.context_policy import Candidates
-from tiered_memory.lru import Lru
 from tiered_memory.model import Message
 
 T = TypeVar("T")
@@ -29,10 +29,10 @@ def message_values(messages: Iterable[Message]) -> tuple[Message, ...]:
     return tuple(messages)
 
 
-def fingerprint(c: Candidates, max_chars: int, basis: Hashable) -> Hashable:
+def fingerprint(c: Candidates, max_chars: int, basis: Hashable) -> Fingerprint:
     """The policy's whole input as values: two reads with equal fingerprints choose alike.
     `basis` stands for what `c`'s renderers close over (the summary, its label)."""
-    return (
+    values = (
         max_chars,
         basis,
         c.whole,
@@ -44,25 +44,53 @@ def fingerprint(c: Candidates, max_chars: int, basis: Hashable) -> Hashable:
         message_values(m for m, _ in c.matches),
         tuple(score for _, score in c.matches),
     )
+    return Fingerprint(values, len(c.messages) + len(c.events) + len(c.matches))
+
+
+@dataclass(frozen=True, slots=True)
+class Fingerprint:
+    """A read's input as values, and how many messages it holds (what the memo is bounded by)."""
+
+    values: tuple[Hashable, ...]
+    messages: int
 
 
 @dataclass(frozen=True, slots=True)
 class _Entry(Generic[T]):
-    fingerprint: Hashable
+    fingerprint: Fingerprint
     value: T
 
 
 class SelectionMemo(Generic[T]):
     """The latest choice (any value the read derives from the candidates alone) per (session,
-    budget), answered only for an equal fingerprint. Bounded; belongs to one event loop."""
+    budget), answered only for an equal fingerprint. Bounded by the messages its fingerprints
+    hold (a session of short turns may have hundreds of candidates), the least recently used
+    going first; belongs to one event loop."""
 
-    def __init__(self, max_entries: int = 1024) -> None:
-        self._entries: Lru[tuple[str, int], _Entry[T]] = Lru(max_entries)
+    def __init__(self, max_messages: int = 32_768) -> None:
+        self._max = max_messages
+        self._held = 0
+        self._entries: OrderedDict[tuple[str, int], _Entry[T]] = OrderedDict()
 
-    def get(self, session: str, max_chars: int, print_: Hashable) -> T | None:
+    def get(self, session: str, max_chars: int, print_: Fingerprint) -> T | None:
         found = self._entries.get((session, max_chars))
-        return found.value if found is not None and found.fingerprint == print_ else None
+        if found is None or found.fingerprint != print_:
+            return None
+        self._entries.move_to_end((session, max_chars))
+        return found.value
 
-    def put(self, session: str, max_chars: int, print_: Hashable, value: T) -> T:
-        self._entries.put((session, max_chars), _Entry(print_, value))
+    def put(self, session: str, max_chars: int, print_: Fingerprint, value: T) -> T:
+        replaced = self._entries.pop((session, max_chars), None)
+        if replaced is not None:
+            self._held -= replaced.fingerprint.messages
+        self._entries[(session, max_chars)] = _Entry(print_, value)
+        self._held += print_.messages
+        while self._held > self._max and len(self._entries) > 1:
+            _, dropped = self._entries.popitem(last=False)
+            self._held -= dropped.fingerprint.messages
         return value
+
+    @property
+    def held(self) -> int:
+        """The messages the kept fingerprints hold."""
+        return self._held

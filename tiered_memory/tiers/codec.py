@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from typing import Any
 
 import orjson
 
-from tiered_memory.lru import Lru
 from tiered_memory.model import (
     Channel,
     JobState,
@@ -101,14 +101,26 @@ class MessageDecoder:
     """`decode_message` with a bounded memo by the encoding: a context read decodes a session's
     whole recent list, hundreds of messages on a session of short turns, and all but the newest
     were decoded by the read before (a message is immutable; a changed one is another encoding).
-    Belongs to one event loop."""
+    Bounded by the bytes of the encodings it keeps (each kept with its message), the least
+    recently used going first. Belongs to one event loop."""
 
-    def __init__(self, max_entries: int = 16_384) -> None:
-        self._decoded: Lru[str | bytes, Message] = Lru(max_entries)
+    def __init__(self, max_bytes: int = 16 << 20) -> None:
+        self._max = max_bytes
+        self._held = 0
+        self._decoded: OrderedDict[str | bytes, Message] = OrderedDict()
 
     def __call__(self, raw: str | bytes) -> Message:
         found = self._decoded.get(raw)
-        return found if found is not None else self._decoded.put(raw, decode_message(raw))
+        if found is not None:
+            self._decoded.move_to_end(raw)
+            return found
+        message = decode_message(raw)
+        self._decoded[raw] = message
+        self._held += len(raw)
+        while self._held > self._max and self._decoded:
+            dropped, _ = self._decoded.popitem(last=False)
+            self._held -= len(dropped)
+        return message
 
 
 def encode_summary(s: Summary) -> bytes:

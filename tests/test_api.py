@@ -16,7 +16,7 @@ from yarl import URL
 
 from tests.conftest import Daemon, MakeDaemon, memory_of, new_sid, play
 from tiered_memory.app_keys import HOT_KEY
-from tiered_memory.model import NewMessage, Role, SessionKey
+from tiered_memory.model import NewMessage, Role, SessionKey, Summary, SummarySource
 from tiered_memory.testing import ZH_12_TURNS, ZH_EARLY_EVIDENCE
 from tiered_memory.tiers.keys import Keys
 
@@ -795,6 +795,30 @@ async def test_a_load_then_append_keeps_the_older_turns_it_read_hot(daemon: Daem
         ctx = await daemon.get(f"/v1/sessions/{sid}/context")
     assert next(m["content"] for m in ctx["messages"] if m["role"] == "user") == ZH_12_TURNS[0][0]
     if daemon.settings.redis_url:
+        assert not [s for s in statements if "FROM messages" in s]
+
+
+async def test_the_older_turns_kept_hot_leave_no_hole_behind_a_lagging_summary(
+    backend_env: dict[str, str], make_daemon: MakeDaemon
+) -> None:
+    """A summary that holds the first 5 of 24 turns: a context after the hot tier lost the session
+    reads from SQL the turns the summary does not hold (before the window) and the older ones it
+    chooses from: the list it writes back is one stretch (the older turns alone, in front of the
+    window, left a hole that sent the next read to SQL again), so the next context reads no SQL."""
+    d = await make_daemon(backend_env | {"SUMMARY_EVERY_N_TURNS": "1000", "COMPRESSION_BATCH_TURNS": "1000"})
+    sid = new_sid()
+    await play(d, sid, ZH_12_TURNS + ZH_12_TURNS)
+    lagging = Summary("用户王小明想了解活力健。", 5, 1, SummarySource.DETERMINISTIC, 10.0, 10.0)
+    assert await d.store.put_summary(SessionKey(sid), lagging, user_id=None, turn_count=24)
+    await d.flush_hot()
+    await d.get(f"/v1/sessions/{sid}/context")
+    assert d.app is not None
+    seqs = [m.seq for m in (await d.app[HOT_KEY].read_session(SessionKey(sid))).recent]
+    assert seqs == list(range(seqs[0], seqs[-1] + 1)) if seqs else True, seqs
+    if d.settings.redis_url:
+        assert seqs[0] < 40, seqs  # the older turns are there, not only the window
+        with sql_statements(d) as statements:
+            await d.get(f"/v1/sessions/{sid}/context")
         assert not [s for s in statements if "FROM messages" in s]
 
 

@@ -485,7 +485,9 @@ class SessionReads:
             message_count=count,
             content_chars=info.content_chars if info else hot.content_chars,
         )
-        fetched = [m for m in before_window if not available or m.seq < available[0].seq]
+        # Read from SQL: the older turns and the gap a lagging summary leaves before the list, one
+        # contiguous stretch in front of it (the gap alone left a hole the next read refilled).
+        fetched = [m for m in [*before_window, *recent] if not available or m.seq < available[0].seq]
         # Only while the hot list has room: once it holds what the default budget reads, a larger
         # budget's older turns come from SQL on each read (one indexed read). A load-then-append
         # writes them back too (a gateway that only calls /turns would otherwise read them from
@@ -531,7 +533,10 @@ class SessionReads:
         # Read once: the label (`[Conversation summary]`, or how long ago after a gap) is part of
         # what the memo of this read's choice is kept under.
         idle = None if last is None else self._clock() - last
-        basis = (stamp, summary.covered_turns if summary else 0, self._summary_text("", idle, lang))
+        # The summary's text too: a cold extraction's stamp (version 0, the session's last activity)
+        # may stay the same when an older message is patched.
+        said_summary = (summary.covered_turns, summary.text) if summary else (0, "")
+        basis = (stamp, said_summary, self._summary_text("", idle, lang))
         candidates = Candidates(
             messages=shown,
             whole=bool(spoken) and spoken[0].seq <= 1,

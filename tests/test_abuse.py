@@ -231,6 +231,33 @@ async def _held(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     raise AssertionError("the daemon refused every connection")
 
 
+async def test_what_the_http_parser_refuses_is_answered_in_json_echoing_nothing(
+    backend_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A header line over aiohttp's limit (a long bearer token), a malformed request line, a bad
+    chunk: refused before the app sees them, in the documented JSON error shape, with none of the
+    request's bytes in the answer (aiohttp's own text answer repeated the line it refused)."""
+    daemon = DaemonProcess(backend_env, tmp_path / "daemon.log")
+    secret = "tok-" + "s3cr3t" * 2000
+    bad = (
+        f"GET /v1/sessions/s-x HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {secret}\r\n\r\n",
+        "GET /v1/sessions/s3cr3t-in-the-line HTTP/9.9 s3cr3t\r\n\r\n",
+        "POST /v1/sessions/s-x/messages HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        "Transfer-Encoding: chunked\r\n\r\ns3cr3t\r\n",
+    )
+    async with processes(daemon):
+        for request in bad:
+            reader, writer = await asyncio.open_connection("127.0.0.1", daemon.port)
+            writer.write(request.encode())
+            answer = await asyncio.wait_for(reader.read(), timeout=10)  # the whole answer, then closed
+            writer.close()
+            head, _, body = answer.partition(b"\r\n\r\n")
+            assert head.split(b" ", 2)[1] == b"400", answer[:200]
+            assert b"Content-Type: application/json" in head, head
+            assert json.loads(body)["error"]["code"] == "bad_request"
+            assert b"s3cr3t" not in answer
+
+
 async def test_connections_past_max_connections_are_refused_with_a_503(
     backend_env: dict[str, str], tmp_path: Path
 ) -> None:

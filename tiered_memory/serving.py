@@ -22,6 +22,7 @@ from typing import cast
 from aiohttp import web
 
 from tiered_memory.app_keys import METRICS_KEY
+from tiered_memory.edge import error_response
 
 # How long a request answered before its body was read whole (a 408, a 413) may still send what
 # it was sending before its connection is closed (aiohttp's default is 10 s).
@@ -67,6 +68,41 @@ class _Refusal(asyncio.Protocol):
             self._timer.cancel()
 
 
+class _JsonErrors(web.RequestHandler):
+    """aiohttp's connection handler, answering what it refuses before the app sees a request (a
+    malformed request line, a header line over its limit, a bad chunk) in the daemon's JSON error
+    shape, saying what was wrong and echoing none of the request's bytes: aiohttp's own text
+    answer repeats the line it refused, a bearer token in an over-long Authorization line
+    included. No new state: a handler aiohttp made becomes one of these (`__class__`)."""
+
+    __slots__ = ()
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        # aiohttp's: it logs, and refuses to answer once a response has started.
+        super().handle_error(request, status, exc, message)
+        code, said = _REFUSED.get(status, ("internal_error", "the request failed"))
+        if status == 400 and exc is not None:
+            said = f"{said} ({type(exc).__name__})"
+        response = error_response(status, code, said)
+        response.force_close()
+        return response
+
+
+# What a request refused by the HTTP parser is told, by status: never its own bytes.
+_REFUSED = {
+    400: ("bad_request", "malformed HTTP request"),
+    413: ("request_entity_too_large", "request too large"),
+    500: ("internal_error", "the request failed"),
+    504: ("deadline_exceeded", "the request was not answered in time"),
+}
+
+
 class CappedSite(web.TCPSite):
     """A TCP site that serves at most `limit` open connections (0: no limit); past it a new
     connection is refused with REFUSAL and `on_refused` is called."""
@@ -101,6 +137,7 @@ class CappedSite(web.TCPSite):
                 self._on_refused()
                 return _Refusal()
             handler = server()
+            handler.__class__ = _JsonErrors
             if not fresh:
                 loop.call_soon(fresh.clear)
             fresh.append(handler)

@@ -670,7 +670,7 @@ async def test_method_not_allowed_keeps_its_allow_header(daemon: Daemon) -> None
 
 async def test_cold_read_of_a_long_session_reads_its_opening_and_its_end(daemon: Daemon) -> None:
     """A session of 400 turns without any summary: the cold extraction on the request path reads
-    the opening and the latest messages, not all 800, and keeps what each says."""
+    the opening and the latest messages, at most 150 rows of the 800, and keeps what each says."""
     sid = new_sid()
     filler = [("嗯，我再想想。", "好的，您慢慢考虑。")] * 397
     opening = ("你好，我叫王小明，想了解一下活力健。", "您好王小明，活力健每盒398元。")
@@ -699,11 +699,32 @@ async def test_cold_read_of_a_long_session_reads_its_opening_and_its_end(daemon:
     assert cold["turn_count"] == 400
     assert reads
     assert all("LIMIT" in statement for statement in reads)
-    assert rows_read <= 600
+    assert rows_read <= 150
     if daemon.store.dialect == "mysql":
-        assert rows_read == 600
+        assert rows_read == 150
     for evidence in ("王小明", "活力健", "1194"):
         assert evidence in cold["summary"], (evidence, cold["summary"])
+
+
+async def test_a_cold_read_of_a_due_session_schedules_its_summary(daemon: Daemon) -> None:
+    """A session whose summary is due but missing from both tiers (here: written straight to SQL,
+    as a bulk import or a failed job leaves it) is extracted on the first read and summarized in
+    the background at once, so the reads after it are hot, not extracted again until a sweep. A
+    session read cold before its first cadence point gets no summary ahead of its cadence."""
+    due, early = new_sid(), new_sid()
+    for sid, turns in ((due, ZH_12_TURNS), (early, ZH_12_TURNS[:2])):
+        for i, (user, assistant) in enumerate(turns, start=1):
+            await daemon.store.append(NewMessage(sid, Role.USER, user, f"u{i}"), now=float(i))
+            await daemon.store.append(NewMessage(sid, Role.ASSISTANT, assistant, f"a{i}"), now=float(i) + 0.5)
+    first = await daemon.get(f"/v1/sessions/{due}/summary")
+    assert first["tier"] == "cold"
+    await daemon.settle()
+    again = await daemon.get(f"/v1/sessions/{due}/summary")
+    assert again["tier"] == "hot"
+    assert again["covered_turns"] == len(ZH_12_TURNS)
+    assert (await daemon.get(f"/v1/sessions/{early}/summary"))["tier"] == "cold"
+    await daemon.settle()
+    assert (await daemon.get(f"/v1/sessions/{early}/summary"))["tier"] == "cold"
 
 
 def _terse_turns(n: int) -> list[tuple[str, str]]:

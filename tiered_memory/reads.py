@@ -56,7 +56,7 @@ from tiered_memory.notes import NoteCache, View
 from tiered_memory.quoting import frame_chars, quoted
 from tiered_memory.selections import SelectionMemo, fingerprint
 from tiered_memory.settings import Settings
-from tiered_memory.summarize.cold import cold_summary
+from tiered_memory.summarize.cold import COLD_READ_SUMMARIES, cold_slice, cold_summary
 from tiered_memory.summarize.facts import FactBook, lead
 from tiered_memory.summarize.payload import planning, planning_history
 from tiered_memory.summarize.topics import TopicTagger
@@ -67,9 +67,10 @@ from tiered_memory.tiers.sql_store import SqlStore
 from tiered_memory.tiers.sql_users import SqlUsers
 from tiered_memory.users import TOPIC_CANDIDATES, CarriedText, Earlier, Profile, best_by_topic, carried_text
 
-# A cold extraction reads at most this many messages from the start of a session and from its end.
-_COLD_HEAD_MESSAGES = 200
-_COLD_TAIL_MESSAGES = 400
+# A cold extraction reads at most this many rows from the start of a session and from its end
+# (its characters are bounded by summarize.cold; these bound a session of very short messages).
+_COLD_HEAD_MESSAGES = 50
+_COLD_TAIL_MESSAGES = 100
 # A context read puts at most this many turns between a lagging summary and the window.
 _GAP_MAX_TURNS = 100
 # The user messages of a session's first turns say what it is about: a `topic` carry-over matches them.
@@ -246,22 +247,26 @@ class SessionReads:
         return await self._text.call(ticket, cold_summary, info, messages, tagger=self._tagger, max_chars=limit)
 
     async def _cold_messages(self, info: SessionInfo) -> list[Message]:
-        """What a cold extraction reads: the whole session when it is short, else its opening and
-        its latest messages. A cold read runs on the request path, so its cost must not grow with
-        the session (a 10,000-turn session took 8 s read whole); the opening holds who the user is
-        and what they came for, the tail what is going on now, and the background summary job,
-        which reads every turn batch by batch, covers the middle. Completed turns only, like a
-        real summary: an open question is in the window, raw."""
+        """What a cold extraction reads: the whole session when it is short, else whole messages
+        of its opening and of its end, COLD_READ_SUMMARIES times SUMMARY_MAX_CHARS in all. A cold
+        read runs on the request path, so its cost must not grow with the session (a 10,000-turn
+        session took 8 s read whole, and 600 messages 230 ms); the opening holds who the user is
+        and what they came for, the end what is going on now, and the summary job (scheduled by
+        the service after a cold read of a session whose summary is due), which reads every turn
+        batch by batch, covers the middle. Completed turns only, like a real summary: an open
+        question is in the window, raw."""
         sid = info.session_id
+        max_chars = COLD_READ_SUMMARIES * self._s.summary_max_chars
         head = await self._store.first_messages(sid, _COLD_HEAD_MESSAGES, replica=True, known_seq=info.message_count)
-        if len(head) < _COLD_HEAD_MESSAGES:
+        if len(head) < _COLD_HEAD_MESSAGES and content_chars(head) <= max_chars:
             messages = head
         else:
-            tail = await self._store.recent_messages(
-                sid, _COLD_TAIL_MESSAGES, replica=True, known_seq=info.message_count
-            )
-            last_head = head[-1].seq
-            messages = head + [m for m in tail if m.seq > last_head]
+            tail = head
+            if len(head) == _COLD_HEAD_MESSAGES:
+                tail = await self._store.recent_messages(
+                    sid, _COLD_TAIL_MESSAGES, replica=True, known_seq=info.message_count
+                )
+            messages = cold_slice(head, tail, max_chars=max_chars)
         return [m for m in messages if m.turn <= info.turn_count]
 
     def _answer(self, key: SessionKey, tier: Tier, summary: Summary | None, turns: int) -> SummaryAnswer:

@@ -39,6 +39,7 @@ from tiered_memory.model import (
     Slice,
     Summary,
     SummaryAnswer,
+    Tier,
     key_tenant,
 )
 from tiered_memory.reads import ContextAnswer, SessionReads, authorize
@@ -521,7 +522,17 @@ class MemoryService:
 
     async def load_best_summary(self, key: SessionKey, *, caller: Caller) -> SummaryAnswer:
         """Hot summary → warm row (backfilling hot) → deterministic extraction → none (see reads.py)."""
-        return await self._reads.load_best_summary(key, caller=caller)
+        answer = await self._reads.load_best_summary(key, caller=caller)
+        self._catch_up(key, answer.tier, answer.turn_count)
+        return answer
+
+    def _catch_up(self, key: SessionKey, tier: Tier, turn_count: int) -> None:
+        """Schedule the summary of a session read cold whose summary is due (a cadence point is
+        behind it): its summary was lost with both caches, or never made (a bulk import, a job
+        that failed), and until it is made every read extracts again on the request path. The
+        periodic sweep would find it too, but only at its next pass."""
+        if tier is Tier.COLD and self._s.summaries_enabled and turn_count >= self._s.summary_every_n_turns:
+            self.summaries.schedule(key)
 
     async def context(self, key: SessionKey, want: ContextRequest, *, caller: Caller) -> ContextAnswer:
         """Summary plus recent and older turns within max_chars (see reads.py), led by what the
@@ -531,6 +542,7 @@ class MemoryService:
         neither answers."""
         want = dataclasses.replace(want, user_memory=want.user_memory or self._s.user_memory)
         answer = await self._reads.context(key, want, caller=caller)
+        self._catch_up(key, answer.summary_tier, answer.turn_count)
         if answer.state is None and answer.turn_count + len(answer.messages) > 0:
             state = await self._errors.sql("get_state", self._store.get_state(key), None)
             if state is None:

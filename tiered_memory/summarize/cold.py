@@ -8,6 +8,7 @@ source deterministic) so that callers treat every tier's answer alike.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import accumulate
 
 from tiered_memory.dialogue import for_summary
 from tiered_memory.language import as_spoken
@@ -15,6 +16,25 @@ from tiered_memory.model import Message, SessionInfo, Summary, SummarySource
 from tiered_memory.summarize.extractive import Extractor
 from tiered_memory.summarize.payload import rule_payload
 from tiered_memory.summarize.topics import TopicTagger
+
+# What a cold extraction reads, in multiples of the summary's size: an extractor needs a choice of
+# sentences several times what it keeps, and the cost of the read follows what it reads.
+COLD_READ_SUMMARIES = 3
+
+
+def cold_slice(head: Sequence[Message], tail: Sequence[Message], *, max_chars: int) -> list[Message]:
+    """What a cold extraction of a long session reads: whole messages from its opening (a third
+    of `max_chars`: who the user is and what they came for) and from its end (the rest: what is
+    going on now), at least one of each, each message once. `head` is oldest first from the
+    session's first message, `tail` oldest first up to its newest."""
+    head_room = max_chars // 3
+    sizes = list(accumulate(len(m.content) for m in head))
+    opening = list(head[: max(1, sum(1 for s in sizes if s <= head_room))])
+    last = opening[-1].seq if opening else 0
+    later = [m for m in tail if m.seq > last]
+    sizes = list(accumulate(len(m.content) for m in reversed(later)))
+    kept = max(1, sum(1 for s in sizes if s <= max_chars - head_room)) if later else 0
+    return opening + later[len(later) - kept :]
 
 
 def cold_summary(

@@ -7,7 +7,7 @@ import asyncio
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,13 +66,16 @@ async def main_table(b: Bench) -> None:
         # Never read before: each read misses the hot tier and SQL answers (then backfills).
         warm = await b.warm_pool(f"warm{c}", b.warm_size(c))
         cold = await b.cold_pool(f"cold{c}", b.warm_size(c) // 10)
+        # A cold read of a session whose summary is due schedules it: each session is cold once.
+        cold_summaries = await b.cold_pool(f"coldsum{c}", b.warm_size(c) // 10)
         sql = [
             Spec("sql_select", srv["sql_select"].port, hot_summary, ok(200), ceiling=True),
             Spec("summary_warm", d, once(summaries(warm)), ok(200, SUMMARY_FROM["warm"])),
-            Spec("summary_cold", d, spread(summaries(b.cold)), ok(200, SUMMARY_FROM["cold"])),
+            Spec("summary_cold", d, once(summaries(cold_summaries)), ok(200, SUMMARY_FROM["cold"])),
             Spec("context_cold", d, once(cold_contexts(cold)), ok(200, CONTEXT_FROM["cold"])),
         ]
         await b.rounds(sql, c)
+        await b.forget([*cold, *cold_summaries])
         writes = [
             Spec(
                 "naive_append",
@@ -104,33 +107,54 @@ async def main_table(b: Bench) -> None:
 
 @dataclass(frozen=True)
 class Lengths:
-    """The growth sweep's sessions by length: one with a summary (hot reads, appends), one
-    without (cold reads), and a pool of unread warm rows."""
+    """The growth sweep's sessions by length: one with a summary (hot reads, appends), and pools
+    of unread warm rows and of unread sessions without a summary (for cold summaries and cold
+    contexts: a cold read of a session whose summary is due schedules it, so each is cold once)."""
 
     full: dict[int, str]
-    cold: dict[int, str]
+    cold: dict[int, list[str]]
     warm: dict[int, list[str]]
-    # Unread sessions without a summary for the cold contexts: a session the hot list holds whole
-    # is cold at its first read only; one longer than the list holds, at every read.
     cold_contexts: dict[int, list[str]]
 
 
-def _each_once(requests: list[bytes]) -> loadgen.Factory:
-    """Every request once, or the one request again and again (a pool of one: a session longer
-    than the hot list holds, cold at every read)."""
-    return once(requests) if len(requests) > 1 else spread(requests)
+# Unread sessions without a summary per length and kind of cold read: each is read alone, once.
+COLD_POOL = 6
+
+
+def _alone(
+    b: Bench, name: str, port: int, pool: Sequence[str], requests: Callable[[Sequence[str]], list[bytes]], needle: bytes
+) -> Spec:
+    """One session of `pool` read per share, then deleted off the clock (with the summary its
+    cold read scheduled, of up to 10,000 turns): each cold read is timed alone, not beside the
+    summaries of the reads before it."""
+    sessions = iter(pool)
+    last: list[str] = []
+
+    def make(_w: int, i: int) -> bytes | None:
+        if i > 0:
+            return None
+        sid = next(sessions, None)
+        if sid is None:
+            return None
+        last[:] = [sid]
+        return requests([sid])[0]
+
+    async def after() -> None:
+        await b.forget(last)
+
+    return Spec(name, port, make, ok(200, needle), after=after)
 
 
 async def seed_growth(b: Bench) -> Lengths:
     """Written before any measurement, so that the database has settled when they run."""
     full, cold, warm, cold_contexts = {}, {}, {}, {}
     for n in b.plan.lengths:
-        full[n], cold[n] = f"b{b.run}-g{n}-full", f"b{b.run}-g{n}-cold"
+        full[n] = f"b{b.run}-g{n}-full"
         await seed.sessions_with(b.sql, [full[n]], turns=n, summary=b.tpl, with_messages=True)
-        await seed.sessions_with(b.sql, [cold[n]], turns=n, summary=None, with_messages=True)
         warm[n] = await b.warm_pool(f"g{n}warm", int(b.plan.warm_rate * b.plan.growth_duration), turns=n)
-        # About as many as a share reads at that length (a cold read costs about a turn's worth).
-        cold_contexts[n] = await b.cold_pool(f"g{n}cold", max(1, int(150 * b.plan.growth_duration * 10 / n)), turns=n)
+        # One for each share of a cold read (_alone).
+        cold[n] = await b.cold_pool(f"g{n}coldsum", COLD_POOL, turns=n)
+        cold_contexts[n] = await b.cold_pool(f"g{n}cold", COLD_POOL, turns=n)
         b.log(f"seeded sessions of {n} turns")
     return Lengths(full, cold, warm, cold_contexts)
 
@@ -164,14 +188,18 @@ async def growth(b: Bench, s: Lengths) -> None:
         ("context_hot", lambda n: spread(contexts([s.full[n]], GROWTH_BUDGET)), CONTEXT_FROM["hot"], 4),
         ("context_question", lambda n: spread(questions([s.full[n]], GROWTH_BUDGET)), CONTEXT_FROM["hot"], 4),
         ("summary_warm", lambda n: once(summaries(s.warm[n])), SUMMARY_FROM["warm"], 4),
-        # One share each: a read of 10,000 turns takes seconds.
-        ("summary_cold", lambda n: spread(summaries([s.cold[n]])), SUMMARY_FROM["cold"], 1),
-        ("context_cold", lambda n: _each_once(cold_contexts(s.cold_contexts[n])), CONTEXT_FROM["cold"], 1),
     ]
     for name, make, needle, n_rounds in reads:
         b.log(f"growth: {name}")
         specs = [Spec(f"{name}@{n}", d, make(n), ok(200, needle)) for n in lengths]
         out = await b.rounds(specs, 1, duration=g, n_rounds=n_rounds, record=False)
+        ops[name] = {str(n): out[f"{name}@{n}"].as_json() for n in lengths}
+    colds = (("summary_cold", s.cold, summaries, "cold"), ("context_cold", s.cold_contexts, cold_contexts, "cold"))
+    for name, pools, requests, tier in colds:
+        b.log(f"growth: {name}")
+        needle = (SUMMARY_FROM if name.startswith("summary") else CONTEXT_FROM)[tier]
+        specs = [_alone(b, f"{name}@{n}", d, pools[n], requests, needle) for n in lengths]
+        out = await b.rounds(specs, 1, duration=g, n_rounds=COLD_POOL, record=False)
         ops[name] = {str(n): out[f"{name}@{n}"].as_json() for n in lengths}
     inputs: dict[str, Any] = {}
     for n in lengths:

@@ -182,6 +182,15 @@ class Bench:
             await asyncio.sleep(0.1)
         raise BenchFailed(f"summaries still pending after {timeout_s:.0f} s")
 
+    async def forget(self, session_ids: Sequence[str]) -> None:
+        """Delete sessions through the daemon, then wait for the summaries they had scheduled."""
+        for sid in session_ids:
+            async with self.http.delete(f"{self.base}/v1/sessions/{sid}") as r:
+                await r.read()
+                if r.status not in (200, 204, 404):
+                    raise BenchFailed(f"DELETE {sid}: {r.status}")
+        await self.settle()
+
     async def llm_delay(self, seconds: float) -> None:
         async with self.http.post(self.llm.base + "/control", json={"delay_s": seconds}) as r:
             r.raise_for_status()

@@ -85,27 +85,47 @@ _DECODED = frozenset({"identity", "gzip", "deflate", "br", "zstd"})
 _BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 
 
-async def json_object(request: web.Request, *, timeout_s: float) -> dict[str, Any]:
-    """The body, a JSON object, read within `timeout_s` (BODY_TIMEOUT_SECONDS) whatever the pace
-    it arrives at; raises InvalidInput, UnsupportedMedia (a Content-Encoding the server does not
-    decode, which aiohttp would read as identity), or BodyTimeout."""
+# How long a request's body took to arrive (BODY_SECONDS_KEY), set by `read_body`.
+BODY_SECONDS_KEY = web.RequestKey("body_seconds", float)
+
+
+async def read_body(request: web.BaseRequest, *, timeout_s: float) -> None:
+    """Read the request's body whole (aiohttp keeps it for `json`), within `timeout_s`
+    (BODY_TIMEOUT_SECONDS) whatever the pace it arrives at, noting how long it took under
+    BODY_SECONDS_KEY; at most client_max_size (a larger one is aiohttp's 413). Raises
+    UnsupportedMedia (a Content-Encoding the server does not decode, which aiohttp would read as
+    identity), InvalidInput (a body that cannot be read as sent) or BodyTimeout."""
+    if not request.body_exists or BODY_SECONDS_KEY in request:
+        return  # none, or read already (admission.py reads it before the handler)
     encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
     if encoding not in _DECODED:
         raise UnsupportedMedia("Content-Encoding: expected identity, gzip, deflate, br or zstd")
+    loop = asyncio.get_running_loop()
+    started = loop.time()
     try:
         async with asyncio.timeout(timeout_s):
-            body = await request.json(loads=json.loads)
+            await request.read()
     except TimeoutError:
         raise BodyTimeout(f"body: not received within {timeout_s:g} s (BODY_TIMEOUT_SECONDS)") from None
+    except web.RequestPayloadError:
+        # The body cannot be read as sent: a broken gzip/deflate stream or a malformed chunk.
+        raise InvalidInput("body: could not be read (malformed Content-Encoding or chunked body)") from None
+    finally:
+        request[BODY_SECONDS_KEY] = loop.time() - started
+
+
+async def json_object(request: web.Request, *, timeout_s: float) -> dict[str, Any]:
+    """The body, a JSON object (read by `read_body`, unless it was already); raises
+    InvalidInput, UnsupportedMedia or BodyTimeout."""
+    await read_body(request, timeout_s=timeout_s)
+    try:
+        body = await request.json(loads=json.loads)
     except (ValueError, RecursionError):
         # ValueError covers malformed JSON and undecodable bytes; RecursionError absurd nesting.
         raise InvalidInput("body: expected a JSON object") from None
     except LookupError:
         # The Content-Type names a charset Python does not know, so decoding cannot even start.
         raise InvalidInput("body: unknown charset in Content-Type; expected utf-8") from None
-    except web.RequestPayloadError:
-        # The body cannot be read as sent: a broken gzip/deflate stream or a malformed chunk.
-        raise InvalidInput("body: could not be read (malformed Content-Encoding or chunked body)") from None
     if not isinstance(body, dict):
         raise InvalidInput("body: expected a JSON object")
     return body

@@ -16,10 +16,11 @@ from collections.abc import AsyncIterator, Callable, Mapping
 import aiohttp
 import structlog
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from prometheus_client import CollectorRegistry
 from sqlalchemy.exc import SQLAlchemyError
 
-from tiered_memory.admission import admission_middleware
+from tiered_memory.admission import admission_middleware, read_first_middleware
 from tiered_memory.api import add_routes
 from tiered_memory.api_inspect import add_inspector_routes
 from tiered_memory.api_users import add_user_routes
@@ -467,9 +468,10 @@ def create_app(
     if tracing is None:
         tracing, shutdown = _tracing(settings)
     # observe is outermost but for the request's span, so that a refused token or an overload is
-    # logged, timed and answered like any error; admission comes before authentication, which is
-    # work too.
-    middlewares = [observe, admission_middleware(settings.max_inflight_requests, metrics)]
+    # logged, timed and answered like any error. Then who asks (a token, or a local caller), at
+    # what rate; then the body, read whole before admission, so that a client dripping it holds
+    # no slot (admission.py); then the deadline, innermost: it bounds the work, not the checks.
+    middlewares: list[Middleware] = [observe]
     if tracing.enabled:
         middlewares.insert(0, tracing_middleware(tracing))
     if settings.api_tokens:
@@ -487,8 +489,9 @@ def create_app(
                 max_body_bytes=settings.max_body_bytes,
             )
         )
+    middlewares.append(read_first_middleware(settings.body_timeout_seconds))
+    middlewares.append(admission_middleware(settings.max_inflight_requests, settings.max_inflight_per_tenant, metrics))
     if settings.request_timeout_ms:
-        # Innermost: the deadline bounds the work, not the checks before it.
         middlewares.append(deadline_middleware(settings.request_timeout_ms / 1000))
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
     app[SETTINGS_KEY] = settings

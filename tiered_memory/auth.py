@@ -60,6 +60,17 @@ class Principal:
 PRINCIPAL_KEY = web.RequestKey("principal", Principal)
 
 
+def request_tenant(request: web.Request) -> str:
+    """Whose share of the rates and of the slots a request draws on: its token's tenant, or the
+    one an unrestricted token (or a caller of a daemon without tokens) states with X-Tenant ('':
+    none, or one that is not a valid name, which the handler refuses)."""
+    principal: Principal | None = request.get(PRINCIPAL_KEY)
+    if principal is not None and principal.tenant is not None:
+        return principal.tenant
+    stated = request.headers.get("X-Tenant", "")
+    return stated if valid_tenant(stated) else ""
+
+
 def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode("utf-8", "replace")).digest()
 

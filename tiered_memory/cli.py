@@ -64,6 +64,8 @@ def serve_one(settings: Settings, reuse_port: bool) -> int:
             host=settings.host,
             port=settings.port,
             max_connections=settings.max_connections,
+            max_connections_per_peer=settings.max_connections_per_peer,
+            header_timeout_s=settings.header_timeout_seconds,
             reuse_port=reuse_port,
             shutdown_timeout=settings.shutdown_grace_seconds,
             loop=loop,

@@ -55,7 +55,13 @@ class Metrics:
         )
         self.connections_refused = Counter(
             "tiered_memory_connections_refused_total",
-            "Connections answered 503 and closed because MAX_CONNECTIONS were open.",
+            "Connections answered 503 and closed because MAX_CONNECTIONS were open, or "
+            "MAX_CONNECTIONS_PER_PEER from the same address.",
+            registry=registry,
+        )
+        self.connections_late = Counter(
+            "tiered_memory_connections_late_total",
+            "Connections closed because no whole request head arrived within HEADER_TIMEOUT_SECONDS.",
             registry=registry,
         )
 

@@ -26,7 +26,8 @@ import structlog
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from tiered_memory.auth import PRINCIPAL_KEY, is_open, valid_tenant
+from tiered_memory.api_input import BODY_SECONDS_KEY
+from tiered_memory.auth import PRINCIPAL_KEY, is_open, request_tenant, valid_tenant
 from tiered_memory.errors import HotUnavailable, RateLimited
 from tiered_memory.metrics import Metrics
 from tiered_memory.tiers.buckets import ANY_TENANT, Buckets, Rate, parse_rate, tenant_bucket, tenant_rate, units
@@ -83,10 +84,7 @@ def rate_limit_middleware(
         if is_open(request.path):
             return await handler(request)
         principal = request.get(PRINCIPAL_KEY)
-        tenant = principal.tenant if principal is not None else None
-        if tenant is None:
-            stated = request.headers.get("X-Tenant", "")
-            tenant = stated if valid_tenant(stated) else ""
+        tenant = request_tenant(request)
         # The token's bucket first: a request its own token's rate refuses must not spend its
         # tenant's (a runaway token would starve the tenant's other tokens).
         draws = []
@@ -113,6 +111,14 @@ def rate_limit_middleware(
                         await buckets.take(key_taken, rate_taken, -cost, owed=True)
                 raise RateLimited(f"the {scope}'s request rate is past its limit; retry", retry_after_s=wait)
             taken.append((key, rate))
-        return await handler(request)
+        try:
+            return await handler(request)
+        finally:
+            # Time held is charged too: each whole second its body took to arrive counts one
+            # more, owed (a body dripped for BODY_TIMEOUT_SECONDS holds a connection that long).
+            held = int(request.get(BODY_SECONDS_KEY, 0.0))
+            for key, rate in taken if held else ():
+                with contextlib.suppress(HotUnavailable):
+                    await buckets.take(key, rate, held, owed=True)
 
     return limit

@@ -1,10 +1,17 @@
-"""Serving the app on its port, with a cap on open connections.
+"""Serving the app on its port, with caps on open connections and a deadline on request heads.
 
 aiohttp accepts every connection it is offered and gives each a handler, so a client that opens
 thousands of idle or slow connections takes the file descriptors and memory that every tenant's
-requests need (MAX_INFLIGHT_REQUESTS bounds requests, not connections). Past MAX_CONNECTIONS open
-connections, a new one gets a fixed 503 with Retry-After and is closed, before any parsing: the
-gateway retries, or its load balancer picks another replica.
+requests need (MAX_INFLIGHT_REQUESTS bounds requests, not connections). So:
+
+- past MAX_CONNECTIONS open connections, or MAX_CONNECTIONS_PER_PEER from one address, a new
+  one gets a fixed 503 with Retry-After and is closed: the gateway retries, or its load
+  balancer picks another replica. One client holding its share leaves the others theirs;
+- a connection must send its first request head within HEADER_TIMEOUT_SECONDS (else 408 and
+  closed), so neither silence nor a header dripped a byte at a time holds a slot for long
+  (after a first request, aiohttp's keep-alive timeout bounds the idle time);
+- the probes (/healthz, /readyz, /metrics) are answered even past the caps: a replica that
+  someone floods is not also marked down by its load balancer and unseen by Prometheus.
 
 `run` is aiohttp's `run_app` (the same shutdown on SIGTERM and SIGINT: the sites stop, requests
 in progress finish within the grace, cleanup_ctx drains the summaries) with `CappedSite` as its
@@ -15,7 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import gc
+import ipaddress
+from collections import Counter
 from collections.abc import Callable
 from typing import cast
 
@@ -44,15 +54,17 @@ REFUSAL = (
 
 
 class _Refusal(asyncio.Protocol):
-    """One refused connection: the fixed 503, then closed once the client is done or the linger ends."""
+    """A connection answered without a handler (REFUSAL, LATE): the fixed answer, half-closed,
+    then closed once the client is done or the linger ends."""
 
-    def __init__(self) -> None:
+    def __init__(self, answer: bytes) -> None:
+        self._answer = answer
         self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A stream transport (uvloop's does not subclass asyncio.Transport, hence the cast).
         transport = cast(asyncio.Transport, transport)
-        transport.write(REFUSAL)
+        transport.write(self._answer)
         if transport.can_write_eof():
             transport.write_eof()
         self._timer = asyncio.get_running_loop().call_later(REFUSAL_LINGER_S, transport.close)
@@ -103,9 +115,157 @@ _REFUSED = {
 }
 
 
+# A connection over a cap may still be a probe: it is read this far (its request line), served
+# when it asks for one of PROBES, and refused otherwise. At most this many are read at once.
+_PROBATION_MAX = 32
+# Past this many bytes without the end of a request head, the head goes to aiohttp's parser as
+# it is: over its line and field limits, it is refused there (400, in JSON).
+_HEAD_MAX = 64 * 1024
+# What a load balancer and Prometheus ask: served even while the caps refuse other requests.
+PROBES = (b"/healthz", b"/readyz", b"/metrics")
+
+_LATE_BODY = b'{"error": {"code": "request_timeout", "message": "the request head did not arrive in time"}}'
+LATE = (
+    b"HTTP/1.1 408 Request Timeout\r\n"
+    b"Content-Type: application/json\r\n"
+    b"Connection: close\r\n"
+    b"Content-Length: " + str(len(_LATE_BODY)).encode() + b"\r\n\r\n" + _LATE_BODY
+)
+
+
+def peer_of(transport: asyncio.BaseTransport) -> str:
+    """Whose connection this is, for the per-peer cap: the IPv4 address, or the IPv6 /64 (one
+    host is given a whole /64; counting its addresses one by one would count nothing)."""
+    peer = transport.get_extra_info("peername")
+    if not isinstance(peer, tuple) or not peer:
+        return ""  # a Unix socket: one peer
+    try:
+        address = ipaddress.ip_address(peer[0])
+    except ValueError:
+        return str(peer[0])
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{address}/64", strict=False))
+    return str(address)
+
+
+def is_probe(head: bytes | bytearray) -> bool:
+    """Whether a request head's first line asks GET (or HEAD) of one of PROBES."""
+    line = bytes(head).split(b"\r\n", 1)[0]
+    method, _, rest = line.partition(b" ")
+    target = rest.partition(b" ")[0].partition(b"?")[0]
+    return method in (b"GET", b"HEAD") and target in PROBES
+
+
+class _Verdict(enum.Enum):
+    SERVE = "serve"
+    PROBATION = "probation"  # over a cap: served only if it asks for a probe
+    REFUSE = "refuse"
+
+
+class _Gate(asyncio.Protocol):
+    """One connection, in front of aiohttp's handler for it. Until its first request head is
+    whole it holds the bytes, for at most the site's head timeout from the connection: a client
+    that sends nothing, or drips its headers, is answered 408 (or, silent, just closed) and holds
+    no slot for long. Then the handler gets the bytes and every later callback. On probation
+    (over a cap) only a head asking for a probe is handed on, and the connection is closed after
+    that one answer; any other is refused."""
+
+    def __init__(self, site: CappedSite) -> None:
+        self._site = site
+        self._head = bytearray()
+        # aiohttp's handler once the head is whole, or the fixed answer of a refused connection.
+        self._handler: asyncio.Protocol | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self.transport: asyncio.Transport | None = None
+        self.peer = ""
+        self.verdict = _Verdict.SERVE
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # A stream transport (uvloop's does not subclass asyncio.Transport, hence the cast).
+        self.transport = cast(asyncio.Transport, transport)
+        self.peer = peer_of(transport)
+        self.verdict = self._site.admit(self)
+        if self.verdict is _Verdict.REFUSE:
+            self._answer(REFUSAL)
+            return
+        self._timer = asyncio.get_running_loop().call_later(self._site.head_timeout_s, self._late)
+
+    def data_received(self, data: bytes) -> None:
+        if self._handler is not None:
+            self._handler.data_received(data)
+            return
+        if self.transport is None or self.transport.is_closing():
+            return
+        self._head += data
+        whole = b"\r\n\r\n" in self._head or len(self._head) > _HEAD_MAX
+        if self.verdict is _Verdict.PROBATION and (whole or b"\r\n" in self._head) and not is_probe(self._head):
+            self._site.refused()
+            self._answer(REFUSAL)
+        elif whole:
+            self._hand_on(self.transport)
+
+    def eof_received(self) -> bool | None:
+        if self._handler is not None:
+            return self._handler.eof_received()
+        return False  # nothing whole arrived: the transport closes itself
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_timer()
+        self._site.closed(self)
+        if self._handler is not None:
+            self._handler.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        if self._handler is not None:
+            self._handler.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self._handler is not None:
+            self._handler.resume_writing()
+
+    def _answer(self, answer: bytes) -> None:
+        """A fixed answer (REFUSAL, LATE) instead of a handler; the connection is then closed."""
+        assert self.transport is not None
+        self._cancel_timer()
+        self._site.handed_on(self)
+        self._handler = _Refusal(answer)
+        self._handler.connection_made(self.transport)
+
+    def _hand_on(self, transport: asyncio.Transport) -> None:
+        self._cancel_timer()
+        self._site.handed_on(self)
+        handler = self._site.handler()
+        self._handler = handler
+        handler.connection_made(transport)
+        handler.data_received(bytes(self._head))
+        self._head.clear()
+        if self.verdict is _Verdict.PROBATION:
+            handler.close()  # after this answer: a probe does not open a way past the cap
+
+    def _late(self) -> None:
+        self._timer = None
+        if self.transport is None or self._handler is not None or self.transport.is_closing():
+            return
+        self._site.late()
+        if self._head:
+            self._answer(LATE)
+        else:
+            self.transport.close()
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
 class CappedSite(web.TCPSite):
-    """A TCP site that serves at most `limit` open connections (0: no limit); past it a new
-    connection is refused with REFUSAL and `on_refused` is called."""
+    """A TCP site that serves at most `limit` open connections (0: no limit), at most `per_peer`
+    of them from one peer (0: no limit), and gives each `head_timeout_s` to send its first
+    request head (_Gate). Past a cap a new connection is refused with REFUSAL (and `on_refused`
+    called), unless its first request asks for a probe: a load balancer and Prometheus still
+    see the replica while someone holds every connection it allows."""
 
     def __init__(
         self,
@@ -115,36 +275,72 @@ class CappedSite(web.TCPSite):
         *,
         limit: int,
         on_refused: Callable[[], None],
+        per_peer: int = 0,
+        head_timeout_s: float = 10.0,
+        on_late: Callable[[], None] = lambda: None,
         reuse_port: bool | None = None,
     ) -> None:
         super().__init__(runner, host, port, reuse_port=reuse_port)
         self._limit = limit
+        self._per_peer = per_peer
+        self.head_timeout_s = head_timeout_s
         self._on_refused = on_refused
+        self._on_late = on_late
+        # Connections served, by peer; how many are on probation; which still read their head.
+        self._open: Counter[str] = Counter()
+        self._served = 0
+        self._on_probation = 0
+        self._reading: set[_Gate] = set()
+
+    def admit(self, gate: _Gate) -> _Verdict:
+        """Whether a new connection is served, read on probation, or refused at once (counted)."""
+        over = (self._limit and self._served >= self._limit) or (
+            self._per_peer and self._open[gate.peer] >= self._per_peer
+        )
+        if not over:
+            self._open[gate.peer] += 1
+            self._served += 1
+        elif self._on_probation < _PROBATION_MAX:
+            self._on_probation += 1
+        else:
+            self._on_refused()
+            return _Verdict.REFUSE
+        self._reading.add(gate)
+        return _Verdict.PROBATION if over else _Verdict.SERVE
+
+    def closed(self, gate: _Gate) -> None:
+        self._reading.discard(gate)
+        if gate.verdict is _Verdict.PROBATION:
+            self._on_probation -= 1
+        elif gate.verdict is _Verdict.SERVE:
+            self._served -= 1
+            self._open[gate.peer] -= 1
+            if self._open[gate.peer] <= 0:
+                del self._open[gate.peer]
+
+    def handed_on(self, gate: _Gate) -> None:
+        self._reading.discard(gate)
+
+    def refused(self) -> None:
+        self._on_refused()
+
+    def late(self) -> None:
+        self._on_late()
+
+    def handler(self) -> web.RequestHandler:
+        """aiohttp's handler for a connection, answering what its parser refuses in JSON."""
+        server = self._runner.server
+        assert server is not None
+        handler = server()
+        handler.__class__ = _JsonErrors
+        return handler
 
     async def start(self) -> None:
         # TCPSite.start with the server wrapped; BaseSite.start registers the site with its runner.
         await web.BaseSite.start(self)
-        server = self._runner.server
-        assert server is not None
         loop = asyncio.get_running_loop()
-        # Handlers made this loop turn: asyncio registers a connection with the server one turn
-        # after making its handler, and accepts a whole backlog in one turn (uvloop at once).
-        fresh: list[asyncio.BaseProtocol] = []
-
-        def protocol() -> asyncio.BaseProtocol:
-            known = set(server.connections)
-            if self._limit and len(known) + sum(h not in known for h in fresh) >= self._limit:
-                self._on_refused()
-                return _Refusal()
-            handler = server()
-            handler.__class__ = _JsonErrors
-            if not fresh:
-                loop.call_soon(fresh.clear)
-            fresh.append(handler)
-            return handler
-
         self._server = await loop.create_server(
-            protocol,
+            lambda: _Gate(self),
             self._host,
             self._port,
             backlog=self._backlog,
@@ -154,6 +350,14 @@ class CappedSite(web.TCPSite):
         # The port bound (PORT=0 asks the system for one), for `name` and the startup line.
         self._bound_port = self._server.sockets[0].getsockname()[1] if self._server.sockets else self._port
 
+    async def stop(self) -> None:
+        await super().stop()
+        # Connections still reading their first head have no handler: the server's shutdown
+        # does not see them.
+        for gate in list(self._reading):
+            if gate.transport is not None:
+                gate.transport.close()
+
 
 def run(
     app: web.Application,
@@ -161,6 +365,8 @@ def run(
     host: str,
     port: int,
     max_connections: int,
+    max_connections_per_peer: int,
+    header_timeout_s: float,
     reuse_port: bool,
     shutdown_timeout: float,
     loop: asyncio.AbstractEventLoop,
@@ -188,7 +394,10 @@ def run(
                 host,
                 port,
                 limit=max_connections,
+                per_peer=max_connections_per_peer,
+                head_timeout_s=header_timeout_s,
                 on_refused=metrics.connections_refused.inc,
+                on_late=metrics.connections_late.inc,
                 reuse_port=reuse_port or None,
             )
             await site.start()

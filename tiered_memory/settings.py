@@ -161,9 +161,17 @@ class Settings(BaseSettings):
     token_rate_limit_setting: str = Field("", alias="TOKEN_RATE_LIMIT")
     # Past this many requests in progress a new one is refused with 503 (0: no limit).
     max_inflight_requests: int = Field(256, alias="MAX_INFLIGHT_REQUESTS", ge=0, le=1_000_000)
+    # Of those, at most this many of one tenant, and of one token (0: no share; admission.py):
+    # one client at its share leaves the others room. With many tenants, lower it.
+    max_inflight_per_tenant: int = Field(128, alias="MAX_INFLIGHT_PER_TENANT", ge=0, le=1_000_000)
     # Past this many open connections a new one is answered 503 and closed (0: no limit;
     # serving.py): idle or slow connections cannot take the descriptors every tenant needs.
     max_connections: int = Field(1000, alias="MAX_CONNECTIONS", ge=0, le=1_000_000)
+    # Of those, at most this many from one address (an IPv6 /64) (0: no limit). Behind a proxy
+    # or load balancer every connection comes from its address: raise it, or set 0.
+    max_connections_per_peer: int = Field(256, alias="MAX_CONNECTIONS_PER_PEER", ge=0, le=1_000_000)
+    # A connection's first request head must arrive whole within this (else 408 and closed).
+    header_timeout_seconds: float = Field(10.0, alias="HEADER_TIMEOUT_SECONDS", gt=0, le=3600)
 
     # --- authentication ---
     # `token` or `tenant:token` entries, comma-separated; parsed into `api_tokens` by the cross-check.

@@ -8,7 +8,9 @@ tenant plays --sessions gateways, each turn a `POST …/turns` (the context with
 then the message) and a `POST …/messages` with the reply, paced. The hostile tenant, within its
 RATE_LIMITS, appends 32 KB messages from several connections at once, asks recall questions of
 700 characters, and makes a first recall of a 3.2 MB session over and over (its postings dropped
-each time by taking back a message they hold). A
+each time by taking back a message they hold). From addresses of their own (127.0.0.2, 127.0.0.3)
+it also holds --slow-connections connections that drip a request head a byte at a time, and as
+many with its token that drip a message's body, each opened again once the daemon closes it. A
 separate process asks `/healthz` every 5 ms throughout, and the normal tenant plays from a process
 of its own (the hostile tenant's load generator would otherwise delay its clock).
 
@@ -155,15 +157,25 @@ class Normal:
             await asyncio.sleep(self.pace_s)
 
 
-class Hostile:
-    """The hostile tenant: 32 KB appends from `writers` connections, 32 KB recall questions, and
-    first recalls of a 3.2 MB session."""
+# Where the slow connections come from: addresses of their own, as an attacker's are (the normal
+# tenant and the probe connect from 127.0.0.1).
+SLOW_HEADS_FROM = "127.0.0.2"
+SLOW_BODIES_FROM = "127.0.0.3"
+# How often a slow connection sends its next byte.
+DRIP_S = 0.5
 
-    def __init__(self, base: str, token: str, writers: int, recalls: bool) -> None:
+
+class Hostile:
+    """The hostile tenant: 32 KB appends from `writers` connections, 32 KB recall questions,
+    first recalls of a 3.2 MB session, and `slow` connections dripping heads and as many dripping
+    bodies."""
+
+    def __init__(self, base: str, token: str, writers: int, recalls: bool, slow: int = 0) -> None:
         self.base = base
         self.token = token
         self.writers = writers
         self.recalls = recalls
+        self.slow = slow
         self.answers: collections.Counter[str] = collections.Counter()
         self.first_recalls: list[float] = []
         self.rng = random.Random(7)
@@ -200,7 +212,51 @@ class Hostile:
         work = [self._writer(http, i, end) for i in range(self.writers)]
         if self.recalls:
             work += [self._questions(http, end), self._first_recalls(http, end)]
+        head = b"GET /v1/sessions/slow HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"s" * 4000
+        body = json.dumps({"role": "user", "content": "慢" * 2000}).encode()
+        post = (
+            f"POST /v1/sessions/slow/messages HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {self.token}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        for _ in range(self.slow):
+            work += [self._drip(SLOW_HEADS_FROM, b"", head, end), self._drip(SLOW_BODIES_FROM, post, body, end)]
         await asyncio.gather(*work)
+
+    async def _drip(self, source: str, at_once: bytes, dripped: bytes, end: float) -> None:
+        """A connection from `source` that sends `at_once`, then `dripped` a byte every DRIP_S,
+        opened again when the daemon answers or closes it; its answers are counted by status
+        (`slow_head_408`, `slow_body_503`, …, `…_closed` when closed without one)."""
+        host, port = self.base.removeprefix("http://").rsplit(":", 1)
+        kind = "slow_head" if not at_once else "slow_body"
+        while time.monotonic() < end:
+            try:
+                reader, writer = await asyncio.open_connection(host, int(port), local_addr=(source, 0))
+            except OSError:
+                self.answers[f"{kind}_connect_failed"] += 1
+                await asyncio.sleep(DRIP_S)
+                continue
+            answer = asyncio.create_task(reader.read(64))
+            try:
+                writer.write(at_once)
+                for byte in dripped:
+                    if answer.done() or time.monotonic() >= end:
+                        break
+                    writer.write(bytes([byte]))
+                    await asyncio.wait([answer], timeout=DRIP_S)
+                if time.monotonic() < end:
+                    await asyncio.wait([answer], timeout=max(0.0, end - time.monotonic()))
+            except ConnectionError:
+                pass
+            finally:
+                writer.close()
+            if answer.done() and not answer.cancelled() and answer.exception() is None:
+                first = answer.result()
+                status = first.split(b" ", 2)[1].decode() if first.startswith(b"HTTP/1.1 ") else "closed"
+                self.answers[f"{kind}_{status}"] += 1
+                if status == "503":
+                    await asyncio.sleep(1.0)  # its Retry-After
+            else:
+                answer.cancel()
 
     async def _request(self, http: aiohttp.ClientSession, method: str, path: str, **kw: Any) -> int:
         return (await self._answer(http, method, path, **kw))[0]
@@ -364,7 +420,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
             await daemon.start(http)
-            hostile = Hostile(daemon.base, tokens["hostile"], args.writers, not args.no_recalls)
+            hostile = Hostile(daemon.base, tokens["hostile"], args.writers, not args.no_recalls, args.slow_connections)
             await hostile.seed(http)
             report["settled_s"] = await settle(http, daemon.base)
             pooled: dict[str, list[float]] = {"calm": [], "hostile": []}
@@ -424,6 +480,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--writers", type=int, default=4, help="the hostile tenant's concurrent 32 KB writers")
     parser.add_argument("--no-recalls", action="store_true", help="the hostile tenant only appends")
     parser.add_argument("--hostile-rate", type=int, default=50, help="the hostile tenant's RATE_LIMITS, per second")
+    parser.add_argument(
+        "--slow-connections",
+        type=int,
+        default=300,
+        help="the hostile tenant's connections dripping a request head, and as many dripping a body",
+    )
     parser.add_argument("--max-ratio", type=float, default=1.5, help="the normal p99 ratio that fails the run")
     parser.add_argument("--json", type=Path, help="write the report here")
     parser.add_argument(

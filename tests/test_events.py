@@ -240,9 +240,13 @@ async def test_events_go_to_a_redis_stream_too(real_servers: RealServers, receiv
             "summary.final",
         ]
         # Another user's entry stays; the erased user's go, and the erasure's own event follows.
-        other = new_sid()
+        other, gone = new_sid(), new_sid()
         await play(d, other, 3, "u-stays")
-        await until(lambda: any(e["session_id"] == other for e in entries()))
+        await play(d, gone, 3, "u-stays")
+        await until(lambda: {other, gone} <= {e["session_id"] for e in entries()})
+        # A deleted session's entries go with it, its summaries among them.
+        assert (await d.http.delete(f"/v1/sessions/{gone}")).status == 204
+        assert gone not in {e["session_id"] for e in entries()}
         assert (await d.http.delete("/v1/users/u-stream")).status == 200
         await until(lambda: any(e["type"] == "user.erased" for e in entries()))
         assert [(e["type"], e["user_id"]) for e in entries() if e["user_id"] != "u-stays"] == [

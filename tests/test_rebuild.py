@@ -357,3 +357,34 @@ async def test_without_the_hot_tier_a_rebuild_is_refused(
         assert error == {"code": "unavailable", "message": "the hot tier is unavailable; retry"}
     assert d.service.rebuilds.pending == 0
     assert (await d.get(f"/v1/sessions/{sid}"))["turn_count"] == 2
+
+
+async def test_a_rebuild_is_charged_its_session_and_rated_per_tenant(
+    backend_env: dict[str, str], make_daemon: MakeDaemon
+) -> None:
+    """A rebuild reads its whole session into the LLM again: it is charged the session's text
+    against the tenant's RATE_LIMITS (here 130 KB, 32 units against a bucket of 20: the next
+    request waits it out, 429), and past REBUILD_RATE_LIMIT another tenant's second rebuild is
+    refused (429, Retry-After) while its first was started. Before, a rebuild cost one request
+    and could be asked again at once."""
+    d = await make_daemon(backend_env | {"RATE_LIMITS": "big=20/s", "REBUILD_RATE_LIMIT": "1/m"})
+    sid = new_sid()
+    big = {"X-Tenant": "big"}
+    texts = ("我想了解一下活力健的成分和服用方法。" * 60, "活力健含有多种维生素和矿物质，每天两次。" * 60)
+    batch = [{"role": ("user", "assistant")[i % 2], "content": texts[i % 2], "message_id": f"m{i}"} for i in range(40)]
+    resp = await d.http.post(f"/v1/sessions/{sid}/messages/batch", json={"messages": batch}, headers=big)
+    assert resp.status == 201, await resp.text()
+    await asyncio.sleep(2.5)  # the bucket full again
+    resp = await d.http.post(f"/v1/sessions/{sid}/summary/rebuild", headers=big)
+    assert resp.status == 202, await resp.text()
+    after = await d.http.get(f"/v1/sessions/{sid}", headers=big)
+    assert after.status == 429
+    other = {"X-Tenant": "other"}
+    first, second = new_sid(), new_sid()
+    for s in (first, second):
+        await d.http.post(f"/v1/sessions/{s}/messages", json={"role": "user", "content": "你好"}, headers=other)
+    assert (await d.http.post(f"/v1/sessions/{first}/summary/rebuild", headers=other)).status == 202
+    refused = await d.http.post(f"/v1/sessions/{second}/summary/rebuild", headers=other)
+    assert refused.status == 429
+    assert "REBUILD_RATE_LIMIT" in (await refused.json())["error"]["message"]
+    assert float(refused.headers["Retry-After"]) > 30

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from tiered_memory.model import SessionKey
-from tiered_memory.summarize.scheduler import SingleFlight
+from tiered_memory.summarize.scheduler import SharedSlots, SingleFlight
 
 
 async def test_one_run_at_a_time_and_a_rerun_for_late_requests() -> None:
@@ -67,3 +67,28 @@ async def test_drain_cancels_what_outlives_the_grace() -> None:
     await asyncio.sleep(0)
     assert await flight.drain(0.05) == 2
     assert flight.pending == 0
+
+
+async def test_one_tenant_holds_at_most_its_share_of_the_summary_slots() -> None:
+    """SharedSlots: with 4 slots and a share of 2, a tenant's third summary waits while another
+    tenant's run at once; the waiting one runs when one of its tenant's ends, and every slot
+    comes back."""
+    slots = SharedSlots(4, share=2)
+    running: list[str] = []
+    release = asyncio.Event()
+
+    async def summary(tenant: str) -> None:
+        async with slots.slot(tenant):
+            running.append(tenant)
+            await release.wait()
+
+    busy = [asyncio.create_task(summary("acme")) for _ in range(3)]
+    await asyncio.sleep(0.01)
+    assert running == ["acme", "acme"]
+    other = asyncio.create_task(summary("globex"))
+    await asyncio.sleep(0.01)
+    assert running == ["acme", "acme", "globex"]
+    release.set()
+    await asyncio.gather(*busy, other)
+    assert running == ["acme", "acme", "globex", "acme"]
+    assert slots.tenants == 0

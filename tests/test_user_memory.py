@@ -21,8 +21,9 @@ from tests.conftest import Daemon, MakeDaemon, memory_of, new_sid
 from tests.processes import run_cli
 from tests.test_auth import ACME, ADMIN, OTHER, bearer
 from tiered_memory.model import SessionKey
-from tiered_memory.tiers.sql_schema import metadata, outbox_events
+from tiered_memory.tiers.sql_schema import metadata, outbox_events, user_erasures
 from tiered_memory.tiers.sql_users import SqlUsers
+from tiered_memory.users import user_key
 
 TRIP = [
     ("Hi, my name is Alice Chen and I live in Portland.", "Nice to meet you, Alice."),
@@ -110,6 +111,33 @@ async def test_a_profile_gathers_what_the_users_sessions_said(authed: Daemon) ->
     assert status == 403
     status, _ = await call(authed, "GET", f"/v1/users/{ua}/profile", bearer(OTHER))
     assert status == 404
+
+
+async def test_a_deleted_sessions_facts_leave_the_profile(authed: Daemon) -> None:
+    """Deleting a session makes its user's profile again from the sessions left: what only the
+    deleted one said is in neither the profile nor a new session's carried profile, what another
+    session said too stays (counted once), and a user with no session left has no profile."""
+    ua = new_user("alice")
+    alice = bearer(ACME, ua)
+    trip, laptop = new_sid(), new_sid()
+    await session(authed, trip, TRIP, alice)
+    await session(authed, laptop, [*LAPTOP, ("I will fly to Tokyo again in May.", "Noted: Tokyo in May.")], alice)
+    status, _ = await call(authed, "DELETE", f"/v1/sessions/{trip}", alice)
+    assert status == 204
+    status, profile = await call(authed, "GET", f"/v1/users/{ua}/profile", alice)
+    assert status == 200, profile
+    assert profile["sessions"] == 1
+    said = json.dumps(profile)
+    for only_the_trip in ("vegetarian", "Portland", "TK7731"):
+        assert only_the_trip not in said
+    assert "LX-5521" in said
+    assert {t["topic"]: t["count"] for t in profile["topics"]}.get("Tokyo") == 1
+    carried = await turn(authed, new_sid(), "Where do I live?", alice, "?user_memory=profile")
+    assert "Portland" not in json.dumps(carried)
+    status, _ = await call(authed, "DELETE", f"/v1/sessions/{laptop}", alice)
+    assert status == 204
+    status, body = await call(authed, "GET", f"/v1/users/{ua}/profile", alice)
+    assert status == 404, body
 
 
 async def test_a_new_session_carries_the_users_earlier_one_only_when_asked(authed: Daemon) -> None:
@@ -296,7 +324,7 @@ async def outbox_subjects(d: Daemon, subjects: list[str]) -> list[str]:
 
 
 # Tables that keep nothing of a user's: the schema's version, and the erasure's own record.
-_NOT_THE_USERS = frozenset({"schema_version", "user_erasures"})
+_NOT_THE_USERS = frozenset({"schema_version"})
 
 
 async def rows_naming(d: Daemon, user_id: str, keys: list[str]) -> dict[str, int]:
@@ -398,6 +426,53 @@ async def test_an_erased_user_is_readable_nowhere(authed: Daemon) -> None:
     assert status == 404
     status, _ = await call(authed, "DELETE", f"/v1/users/{ua}", bob)
     assert status == 403
+
+
+async def test_erasing_a_user_nobody_used_leaves_no_trace(authed: Daemon) -> None:
+    """DELETE of a user id no session or profile ever had answers finished and records nothing:
+    no `user_erasures` row, no `user.erased` event (200 of them wrote 200 rows with the ids in
+    plain text and sent 200 events). A real erasure's record keeps the user's digest, not the
+    id, and is forgotten ERASURE_RECORD_S after it finished."""
+    nobody = new_user("nobody")
+    status, body = await call(authed, "DELETE", f"/v1/users/{nobody}", bearer(ACME, nobody))
+    assert status == 200, body
+    assert body == {"user_id": nobody, "state": "finished", "sessions": 0, "messages": 0}
+    status, _ = await call(authed, "GET", f"/v1/users/{nobody}/erasure", bearer(ACME, nobody))
+    assert status == 404
+
+    async def erasures(key: str) -> list[tuple[str, float | None]]:
+        async def op(conn: AsyncConnection) -> list[tuple[str, float | None]]:
+            q = sa.select(user_erasures.c.user_id, user_erasures.c.finished_at).where(user_erasures.c.user_key == key)
+            return [(r.user_id, r.finished_at) for r in (await conn.execute(q)).all()]
+
+        return await authed.store.read(op)
+
+    async def announced(user_id: str) -> int:
+        async def op(conn: AsyncConnection) -> int:
+            q = sa.select(sa.func.count()).where(
+                outbox_events.c.type == "user.erased", outbox_events.c.user_id == user_id
+            )
+            return int((await conn.execute(q)).scalar_one())
+
+        return await authed.store.read(op)
+
+    assert await erasures(user_key("acme", nobody)) == []
+    assert await announced(nobody) == 0
+    ua = new_user("alice")
+    await session(authed, new_sid(), TRIP, bearer(ACME, ua))
+    status, body = await call(authed, "DELETE", f"/v1/users/{ua}", bearer(ACME, ua))
+    assert (status, body["sessions"]) == (200, 1), body
+    [(stored_id, finished_at)] = await erasures(user_key("acme", ua))
+    assert stored_id == ""
+    assert finished_at is not None
+    assert await announced(ua) == 1
+    status, body = await call(authed, "GET", f"/v1/users/{ua}/erasure", bearer(ACME, ua))
+    assert (status, body["state"]) == (200, "finished")
+    users = SqlUsers(authed.store)
+    await users.forget_erasures(finished_before=float(finished_at) - 1)
+    assert len(await erasures(user_key("acme", ua))) == 1
+    await users.forget_erasures(finished_before=float(finished_at) + 1)
+    assert await erasures(user_key("acme", ua)) == []
 
 
 async def test_an_erasure_stopped_part_way_is_finished_by_the_sweeper(authed: Daemon) -> None:

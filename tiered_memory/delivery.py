@@ -186,8 +186,15 @@ class Delivery:
             if self._publish is None:
                 return "no Redis for the stream sink"
             try:
-                # Tenant and user beside the event, so that a user's erasure finds its entries.
-                entry = {"id": row.event_id, "type": row.type, "tenant": row.tenant, "user_id": row.user_id or ""}
+                # Tenant, user and session beside the event, so that a user's erasure and a
+                # session's deletion find their entries.
+                entry = {
+                    "id": row.event_id,
+                    "type": row.type,
+                    "tenant": row.tenant,
+                    "user_id": row.user_id or "",
+                    "session": row.session_key or "",
+                }
                 await self._publish(sink.url, {**entry, "event": raw.decode()})
             except HotUnavailable as exc:
                 return f"stream: {exc}"

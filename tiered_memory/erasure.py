@@ -32,6 +32,9 @@ _LOCK_PREFIX = "#erase:"
 _LOCK_TTL_S = 300.0
 # Unfinished erasures one sweep resumes.
 _RESUME_BATCH = 20
+# How long a finished erasure's record (the user's digest, when, how much) is kept: its status is
+# answered that long.
+ERASURE_RECORD_S = 30 * 86_400
 # Passes over a user's sessions before an erasure gives up for now: a gateway that keeps opening
 # sessions for the user while it runs is not followed for ever (the sweeper resumes it).
 _MAX_PASSES = 5
@@ -67,9 +70,11 @@ class Erasures:
         self._clock = clock
 
     async def erase(self, tenant: str, user_id: str, *, progress: Progress | None = None) -> Erased:
-        """Record the erasure, then run it (`run`). Raises SqlUnavailable, HotUnavailable or
-        Conflict (another process is running it); the recorded erasure is resumed later."""
-        await self._users.request_erasure(tenant, user_id, now=self._clock())
+        """Record the erasure, then run it (`run`); finished at once, recording nothing, when
+        there is nothing of the user. Raises SqlUnavailable, HotUnavailable or Conflict (another
+        process is running it); the recorded erasure is resumed later."""
+        if not await self._users.request_erasure(tenant, user_id, now=self._clock()):
+            return Erased(finished=True)
         return await self.run(tenant, user_id, progress=progress)
 
     async def run(self, tenant: str, user_id: str, *, progress: Progress | None = None) -> Erased:
@@ -131,7 +136,9 @@ class Erasures:
 
     async def resume(self) -> int:
         """Run the erasures recorded and not finished (a crash or an outage stopped them), the
-        oldest first; the count finished. Each failure is logged and left for the next sweep."""
+        oldest first, and forget the records of those finished more than ERASURE_RECORD_S ago;
+        the count finished. Each failure is logged and left for the next sweep."""
+        await self._users.forget_erasures(finished_before=self._clock() - ERASURE_RECORD_S)
         finished = 0
         for tenant, user_id in await self._users.unfinished_erasures(limit=_RESUME_BATCH):
             try:

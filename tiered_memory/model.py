@@ -261,6 +261,7 @@ class SessionInfo:
     covered_turns: int = 0
     content_chars: int = 0
     tenant: str = ""
+    content_bytes: int = 0  # UTF-8 bytes of all its messages' content
 
     @property
     def closed(self) -> bool:

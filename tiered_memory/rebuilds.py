@@ -30,8 +30,8 @@ import structlog
 
 from tiered_memory.errors import Conflict, HotUnavailable, NotFound, Overloaded, SqlUnavailable
 from tiered_memory.metrics import Metrics
-from tiered_memory.model import JobState, RebuildJob, SessionKey
-from tiered_memory.summarize.scheduler import drain
+from tiered_memory.model import JobState, RebuildJob, SessionKey, key_tenant
+from tiered_memory.summarize.scheduler import SharedSlots, drain
 from tiered_memory.summary_job import Rebuilt, SummaryJob
 from tiered_memory.tier_errors import TierErrors
 from tiered_memory.tiers.jobs import JobStore
@@ -142,7 +142,7 @@ class _Run:
 
 
 class Rebuilds:
-    """Starts, runs and reports this process's rebuild jobs. `slots` is the semaphore background
+    """Starts, runs and reports this process's rebuild jobs. `slots` are the slots background
     summaries take (SUMMARY_CONCURRENCY); `max_pending` bounds the jobs queued or running here
     (None: no bound)."""
 
@@ -152,7 +152,7 @@ class Rebuilds:
         job: SummaryJob,
         store: SqlStore,
         jobs: JobStore,
-        slots: asyncio.Semaphore,
+        slots: SharedSlots,
         metrics: Metrics,
         max_pending: int | None,
         lease_s: float = LEASE_S,
@@ -250,7 +250,7 @@ class Rebuilds:
 
         @contextlib.asynccontextmanager
         async def slot() -> AsyncIterator[None]:
-            async with self._slots:
+            async with self._slots.slot(key_tenant(key)):
                 if run.job.state is JobState.QUEUED:
                     running = dataclasses.replace(run.job, state=JobState.RUNNING, started_at=self._clock())
                     await run.save(running, lease_s=self._lease, ttl_s=self._ttl)

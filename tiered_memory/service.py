@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import structlog
 
 from tiered_memory.erasure import Erased, Erasures
-from tiered_memory.errors import Forbidden, HotUnavailable, NotFound, SqlUnavailable
+from tiered_memory.errors import Forbidden, HotUnavailable, NotFound, RateLimited, SqlUnavailable
 from tiered_memory.events import HELD_MAX_S
 from tiered_memory.history import History
 from tiered_memory.metrics import Metrics
@@ -46,7 +46,7 @@ from tiered_memory.reads import ContextAnswer, SessionReads, authorize
 from tiered_memory.rebuilds import Rebuilds, Started
 from tiered_memory.recall import RecallMatch
 from tiered_memory.settings import Settings
-from tiered_memory.summarize.scheduler import SingleFlight
+from tiered_memory.summarize.scheduler import SharedSlots, SingleFlight
 from tiered_memory.summarize.topics import TopicTagger
 from tiered_memory.summary_job import LOCK_WAIT_S, JobResult, Outcome, SummaryJob
 from tiered_memory.tier_errors import TierErrors
@@ -119,8 +119,8 @@ class MemoryService:
         self._outbox = SqlOutbox(store)
         # Bounds background summaries and rebuild jobs: a start-up sweep that finds hundreds of due
         # sessions, or a burst of rebuilds, must not open hundreds of transactions and LLM calls
-        # at once. close() does not queue.
-        self._slots = asyncio.Semaphore(settings.summary_concurrency)
+        # at once; and one tenant holds at most half of them. close() does not queue.
+        self._slots = SharedSlots(settings.summary_concurrency, share=(settings.summary_concurrency + 1) // 2)
         # A rebuild used to hold a request in flight for its whole run; as a job it holds none, so
         # the jobs a process keeps queued or running get the bound its requests have (0: none).
         self.rebuilds = Rebuilds(
@@ -250,7 +250,7 @@ class MemoryService:
         # the retries while another replica holds the lock.
         refine = key in self._refine
         self._refine.discard(key)
-        result = await self._job.run_waiting(key, gate=lambda: self._slots, refine=refine)
+        result = await self._job.run_waiting(key, gate=lambda: self._slots.slot(key_tenant(key)), refine=refine)
         if result.outcome is Outcome.LOCKED:
             log.info("summary_locked_elsewhere", session_key=key)
             return
@@ -406,14 +406,18 @@ class MemoryService:
         return await self._whole(self._delete(key, caller=caller))
 
     async def _delete(self, key: SessionKey, *, caller: Caller) -> None:
-        """Remove a session from every tier, SQL first. Raises HotUnavailable when Redis could not
-        be cleared: the caller must retry (delete is idempotent) rather than leave a deleted
+        """Remove a session from every tier, SQL first, with what it put in its user's profile and
+        its entries in EVENTS_STREAM. Raises HotUnavailable when Redis could not be cleared: the
+        caller must retry (delete is idempotent) rather than leave a deleted
         conversation readable from the cache until its TTL. Raises Forbidden, deleting nothing,
         when the session is not the caller's (checked under the session-row lock)."""
-        await self._store.delete_session(key, caller=caller)
+        await self._store.delete_session(key, caller=caller, now=self._clock())
         self._history.forget(key)
         with self._errors.counted("hot", "delete"):
             await self._hot.delete(key)
+            if self._s.events_stream:
+                # Its events in EVENTS_STREAM (its summaries among them) go too.
+                await self._hot.remove_from_stream(self._s.events_stream, {"session": key})
 
     async def reset_summary(self, key: SessionKey, *, caller: Caller) -> None:
         """Forget a session's summary in both tiers and keep its messages. The sweeper then builds
@@ -430,10 +434,33 @@ class MemoryService:
         """Start recomputing every slice and the summary from the messages, COMPRESSION_BATCH_TURNS
         turns per slice, with the current prompt and model, as a job (rebuilds.py); or answer with
         the session's rebuild still going. Run whole (`_whole`): a job that took the session's
-        lease is launched even when the request is cancelled. Raises NotFound, Forbidden,
-        SqlUnavailable, HotUnavailable, Overloaded, Conflict; nothing is started then."""
-        await self._owned_session(key, caller)
-        return await self._whole(self.rebuilds.start(key))
+        lease is launched even when the request is cancelled. A new job is charged the session's
+        text against the tenant's rate. Raises NotFound, Forbidden, RateLimited (the tenant's
+        REBUILD_RATE_LIMIT), SqlUnavailable, HotUnavailable, Overloaded, Conflict; nothing is
+        started then."""
+        info = await self._owned_session(key, caller)
+        tenant = key_tenant(key)
+        await self._rebuild_allowed(tenant)
+        started = await self._whole(self.rebuilds.start(key))
+        if started.started:
+            # It reads the whole session into the LLM again: charged its text, as a take-back is.
+            await self._charge(tenant, info.content_bytes)
+        return started
+
+    async def _rebuild_allowed(self, tenant: str) -> None:
+        """Draw a rebuild from the tenant's REBUILD_RATE_LIMIT bucket; RateLimited past it. A hot
+        tier that fails lets it through (counted), as the request rates do."""
+        rate = self._s.rebuild_rate_limit
+        if rate is None:
+            return
+        try:
+            wait = await self._hot.buckets.take(f"rebuild:{tenant}", rate)
+        except HotUnavailable:
+            self._metrics.rate_limit_skipped.inc()
+            return
+        if wait > 0:
+            self._metrics.rate_limited.labels("rebuild").inc()
+            raise RateLimited("the tenant's rebuilds are past REBUILD_RATE_LIMIT; retry", retry_after_s=wait)
 
     async def rebuild_job(self, key: SessionKey, job_id: str, *, caller: Caller) -> RebuildJob:
         """A rebuild job of the session as it is now. Raises NotFound (the session or the job),
@@ -494,7 +521,8 @@ class MemoryService:
         while it runs on. Raises Forbidden as `profile`, SqlUnavailable (nothing recorded), and
         what the run raises (HotUnavailable, SqlUnavailable, Conflict: the sweeper resumes it)."""
         tenant = _user_tenant(user_id, caller)
-        await self._users.request_erasure(tenant, user_id, now=self._clock())
+        if not await self._users.request_erasure(tenant, user_id, now=self._clock()):
+            return Erased(finished=True)  # nothing of the user: nothing recorded, nothing announced
         run = asyncio.ensure_future(self._whole(self._erasures.run(tenant, user_id)))
         done, _ = await asyncio.wait([run], timeout=wait_s)
         if not done:

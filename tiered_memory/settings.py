@@ -159,6 +159,9 @@ class Settings(BaseSettings):
     # requests of none) and per token (`20/s`); past them 429 (rate_limit.py). Unset: no limit.
     rate_limits_setting: str = Field("", alias="RATE_LIMITS")
     token_rate_limit_setting: str = Field("", alias="TOKEN_RATE_LIMIT")
+    # Summary rebuilds per tenant (`6/m`; unset: no limit, as RATE_LIMITS): a rebuild reads a
+    # whole session into the LLM again, on the pool every tenant's summaries share.
+    rebuild_rate_limit_setting: str = Field("", alias="REBUILD_RATE_LIMIT")
     # Past this many requests in progress a new one is refused with 503 (0: no limit).
     max_inflight_requests: int = Field(256, alias="MAX_INFLIGHT_REQUESTS", ge=0, le=1_000_000)
     # Of those, at most this many of one tenant, and of one token (0: no share; admission.py):
@@ -281,14 +284,15 @@ class Settings(BaseSettings):
             raise ValueError(f"RATE_LIMITS: {exc}") from None
         return value
 
-    @field_validator("token_rate_limit_setting")
+    @field_validator("token_rate_limit_setting", "rebuild_rate_limit_setting")
     @classmethod
-    def _token_rate(cls, value: str) -> str:
+    def _one_rate(cls, value: str, info: ValidationInfo) -> str:
         try:
             if value.strip():
                 parse_rate(value)
         except ValueError as exc:
-            raise ValueError(f"TOKEN_RATE_LIMIT: {exc}") from None
+            name = "TOKEN_RATE_LIMIT" if info.field_name == "token_rate_limit_setting" else "REBUILD_RATE_LIMIT"
+            raise ValueError(f"{name}: {exc}") from None
         return value
 
     @property
@@ -298,6 +302,10 @@ class Settings(BaseSettings):
     @property
     def token_rate_limit(self) -> Rate | None:
         return parse_rate(self.token_rate_limit_setting) if self.token_rate_limit_setting.strip() else None
+
+    @property
+    def rebuild_rate_limit(self) -> Rate | None:
+        return parse_rate(self.rebuild_rate_limit_setting) if self.rebuild_rate_limit_setting.strip() else None
 
     @field_validator("llm_prices")
     @classmethod

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,6 +87,39 @@ async def drain(tasks: Collection[asyncio.Task[Any]], timeout_s: float) -> int:
     # Every cancelled task is waited for, whatever one of them ends with.
     await asyncio.gather(*still, return_exceptions=True)
     return len(still)
+
+
+class SharedSlots:
+    """SUMMARY_CONCURRENCY slots that every tenant's summaries and rebuilds share, of which one
+    tenant holds at most `share` at once: one tenant's backlog (a rebuild of a long session, an
+    import's summaries, a slow LLM) leaves the others slots to run in. Waiters get a slot in the
+    order they asked for one, a tenant past its share waiting apart."""
+
+    def __init__(self, total: int, *, share: int) -> None:
+        self._all = asyncio.Semaphore(total)
+        self._share = max(1, share)
+        # Each tenant's own bound, while one of its summaries holds or waits for a slot.
+        self._tenants: dict[str, tuple[asyncio.Semaphore, int]] = {}
+
+    @property
+    def tenants(self) -> int:
+        """How many tenants hold or wait for a slot."""
+        return len(self._tenants)
+
+    @contextlib.asynccontextmanager
+    async def slot(self, tenant: str) -> AsyncIterator[None]:
+        """Hold one slot for `tenant` (its share first, then one of all)."""
+        own, users = self._tenants.get(tenant) or (asyncio.Semaphore(self._share), 0)
+        self._tenants[tenant] = (own, users + 1)
+        try:
+            async with own, self._all:
+                yield
+        finally:
+            own, users = self._tenants[tenant]
+            if users == 1:
+                del self._tenants[tenant]
+            else:
+                self._tenants[tenant] = (own, users - 1)
 
 
 class Periodic:

@@ -74,6 +74,7 @@ def row_to_session(r: sa.Row[*tuple[Any, ...]], covered: int = 0) -> SessionInfo
         covered_turns=covered,
         content_chars=int(r.content_chars),
         tenant=r.tenant,
+        content_bytes=int(r.content_bytes),
     )
 
 

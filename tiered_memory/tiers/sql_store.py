@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import random
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -50,6 +51,7 @@ from tiered_memory.tiers.sql_schema import conversation_summaries as cs
 from tiered_memory.tiers.sql_schema import messages as msgs
 from tiered_memory.tiers.sql_schema import outbox_events, session_state, sessions, summary_slices
 from tiered_memory.tiers.sql_summaries import ANYONE, SummaryRows
+from tiered_memory.tiers.sql_users import rebuild_profile
 from tiered_memory.tracing import Tracing, operation
 
 T = TypeVar("T")
@@ -439,16 +441,21 @@ class SqlStore(MessageReads, SummaryRows):
     async def _lock_accessible(self, conn: AsyncConnection, key: SessionKey, caller: Caller) -> bool:
         """Lock the session row; False when there is none, Forbidden when the caller may not touch it.
         Under the lock, the owner checked is the owner of the rows then changed."""
+        return await self._owner_locked(conn, key, caller) is not None
+
+    async def _owner_locked(self, conn: AsyncConnection, key: SessionKey, caller: Caller) -> Owner | None:
+        """`_lock_accessible`, answering the session's owner (None: no session)."""
         row = (
             await conn.execute(
                 sa.select(sessions.c.tenant, sessions.c.user_id).where(sessions.c.session_id == key).with_for_update()
             )
         ).one_or_none()
         if row is None:
-            return False
-        if not caller.may_access(Owner(row.tenant, row.user_id)):
+            return None
+        owner = Owner(row.tenant, row.user_id)
+        if not caller.may_access(owner):
             raise Forbidden
-        return True
+        return owner
 
     async def patch_message(
         self, key: SessionKey, message_id: str, patch: Patch, *, caller: Caller = ANYONE
@@ -462,20 +469,25 @@ class SqlStore(MessageReads, SummaryRows):
         Raises NotFound (the session), Forbidden, Conflict, changing nothing."""
         return await self._session_write(key, lambda conn: delete_newest(conn, key, message_id, caller))
 
-    async def delete_session(self, key: SessionKey, *, caller: Caller = ANYONE) -> None:
-        """Remove a session's messages, summary and bookkeeping; nothing happens when it is absent.
-        Raises Forbidden, deleting nothing, when the caller may not access the session."""
+    async def delete_session(self, key: SessionKey, *, caller: Caller = ANYONE, now: float | None = None) -> None:
+        """Remove a session's messages, summary and bookkeeping, and make its user's profile again
+        without it (at `now`, default the present); nothing happens when it is absent. Raises
+        Forbidden, deleting nothing, when the caller may not access the session."""
+        at = time.time() if now is None else now
 
         async def body(conn: AsyncConnection) -> None:
-            await self._lock_accessible(conn, key, caller)
+            owner = await self._owner_locked(conn, key, caller)
             await conn.execute(msgs.delete().where(msgs.c.session_id == key))
             await conn.execute(summary_slices.delete().where(summary_slices.c.session_id == key))
-            await conn.execute(cs.delete().where(cs.c.session_id == key))
+            summarized = (await conn.execute(cs.delete().where(cs.c.session_id == key))).rowcount
             await forget_versions(conn, key)
             await conn.execute(session_state.delete().where(session_state.c.session_id == key))
             await conn.execute(sessions.delete().where(sessions.c.session_id == key))
             # Its events not delivered yet tell of what is deleted now: they go too.
             await conn.execute(outbox_events.delete().where(outbox_events.c.subject == key))
+            if owner is not None and owner.user_id is not None and summarized:
+                # What its summaries put in its user's profile goes too.
+                await rebuild_profile(conn, tenant=owner.tenant, user_id=owner.user_id, now=at)
 
         await self._session_write(key, body, deleted=True)
 

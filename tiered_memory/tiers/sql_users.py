@@ -39,6 +39,9 @@ if TYPE_CHECKING:
     from tiered_memory.tiers.sql_store import SqlStore
 
 InsertIfAbsent = Callable[[sa.Table, dict[str, Any]], sa.Executable]
+# The summaries a profile is made again from when one of its user's sessions is deleted: the
+# user's newest (a profile keeps the last 32 sessions it counted; older ones count by number only).
+PROFILE_REBUILD_SESSIONS = 1000
 
 
 def same_user(column: sa.ColumnElement[Any], user_id: str) -> sa.ColumnElement[bool]:
@@ -77,6 +80,42 @@ async def merge_profile(
         .where(user_profiles.c.user_key == key)
         .values(profile=json.dumps(dump_profile(profile), ensure_ascii=False), updated_at=now)
     )
+
+
+async def rebuild_profile(conn: AsyncConnection, *, tenant: str, user_id: str, now: float) -> None:
+    """Make the user's profile again from the summaries of the user's sessions still stored (the
+    newest PROFILE_REBUILD_SESSIONS, merged oldest first), in the caller's transaction: after a
+    session is deleted, nothing only it said stays in the profile. A profile with no session
+    left is removed; a user without a profile gets none."""
+    key = user_key(tenant, user_id)
+    locked = sa.select(user_profiles.c.user_key).where(user_profiles.c.user_key == key).with_for_update()
+    if (await conn.execute(locked)).scalar_one_or_none() is None:
+        return
+    rows = (await conn.execute(user_summaries_query(user_id, tenant=tenant, limit=PROFILE_REBUILD_SESSIONS))).all()
+    if not rows:
+        await conn.execute(user_profiles.delete().where(user_profiles.c.user_key == key))
+        return
+    profile = Profile()
+    for row in reversed(rows):
+        summary = row_to_summary(row)
+        profile = merged(profile, summary, session=row.session_id, now=summary.updated_at)
+    await conn.execute(
+        user_profiles.update()
+        .where(user_profiles.c.user_key == key)
+        .values(profile=json.dumps(dump_profile(profile), ensure_ascii=False), updated_at=now)
+    )
+
+
+async def _has_anything(conn: AsyncConnection, tenant: str, user_id: str) -> bool:
+    """Whether the user has a session or a profile."""
+    session = sa.select(sessions.c.session_id).where(
+        sessions.c.tenant == tenant, same_user(sessions.c.user_id, user_id)
+    )
+    profile = sa.select(user_profiles.c.user_key).where(user_profiles.c.user_key == user_key(tenant, user_id))
+    for q in (session.limit(1), profile):
+        if (await conn.execute(q)).first() is not None:
+            return True
+    return False
 
 
 def user_summaries_query(user_id: str, *, tenant: str | None, limit: int) -> sa.Select[Any]:
@@ -188,28 +227,49 @@ class SqlUsers:
 
     # --- erasure ----------------------------------------------------------------------------
 
-    async def request_erasure(self, tenant: str, user_id: str, *, now: float) -> None:
+    async def request_erasure(self, tenant: str, user_id: str, *, now: float) -> bool:
         """Record that the user is to be erased (again, when an earlier erasure finished): the
-        record stays until `finish_erasure`, so that an erasure a crash stopped is resumed."""
+        record stays until `finish_erasure`, so that an erasure a crash stopped is resumed. False,
+        recording nothing, when there is nothing of the user to erase (no session, no profile, no
+        erasure under way): an id nobody used leaves no trace and announces nothing."""
         key = user_key(tenant, user_id)
 
-        async def body(conn: AsyncConnection) -> None:
+        async def body(conn: AsyncConnection) -> bool:
             found = (
                 await conn.execute(
                     sa.select(user_erasures.c.finished_at).where(user_erasures.c.user_key == key).with_for_update()
                 )
             ).one_or_none()
+            if found is not None and found.finished_at is None:
+                return True  # under way: it is resumed
+            if not await _has_anything(conn, tenant, user_id):
+                return False
+            values = {"tenant": tenant, "user_id": user_id, "requested_at": now}
             if found is None:
-                values = {"user_key": key, "tenant": tenant, "user_id": user_id, "requested_at": now}
-                await conn.execute(user_erasures.insert().values(**values))
-            elif found.finished_at is not None:
+                await conn.execute(user_erasures.insert().values(user_key=key, **values))
+            else:
                 await conn.execute(
                     user_erasures.update()
                     .where(user_erasures.c.user_key == key)
-                    .values(requested_at=now, finished_at=None, sessions=0, messages=0)
+                    .values(**values, finished_at=None, sessions=0, messages=0)
                 )
+            return True
 
-        await self._store.transaction(body)
+        return bool(await self._store.transaction(body))
+
+    async def forget_erasures(self, *, finished_before: float) -> int:
+        """Delete the records of erasures finished before `finished_before` (the status is
+        answered until then), and the user ids records finished by an older version kept; how
+        many were deleted."""
+
+        async def body(conn: AsyncConnection) -> int:
+            finished = user_erasures.c.finished_at.is_not(None)
+            named = sa.func.length(user_erasures.c.user_id) > 0
+            await conn.execute(user_erasures.update().where(finished, named).values(user_id=""))
+            done = finished & (user_erasures.c.finished_at < finished_before)
+            return int((await conn.execute(user_erasures.delete().where(done))).rowcount or 0)
+
+        return int(await self._store.transaction(body))
 
     async def erasure(self, tenant: str, user_id: str) -> ErasureStatus | None:
         async def op(conn: AsyncConnection) -> ErasureStatus | None:
@@ -319,10 +379,13 @@ class SqlUsers:
             if left is not None:
                 return False
             await conn.execute(user_profiles.delete().where(user_profiles.c.user_key == key))
+            # Finished, the record keeps the user's digest (its key) and no longer its id: the
+            # id was needed only to find what was left to erase.
             await conn.execute(
                 user_erasures.update()
                 .where(user_erasures.c.user_key == key)
                 .values(
+                    user_id="",
                     finished_at=now,
                     sessions=user_erasures.c.sessions + sessions_erased,
                     messages=user_erasures.c.messages + messages,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
@@ -45,3 +46,19 @@ def test_readme_documents_every_metric() -> None:
     exported = {m.name for m in registry.collect()}
     # prometheus_client drops the _total suffix from counter family names.
     assert {d.removesuffix("_total") for d in documented} == exported
+
+
+def test_every_install_line_names_this_distribution() -> None:
+    """Every `pip install` of the package in README and the integrations' docstrings names the
+    distribution pyproject.toml builds (the index's `tiered-memory` is another project's: a user
+    following an old line installed a stranger's code)."""
+    name = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["name"]
+    assert name != "tiered-memory"
+    texts = [ROOT / "README.md", *sorted((ROOT / "tiered_memory").rglob("*.py"))]
+    installs = [
+        found
+        for path in texts
+        for found in re.findall(r"pip install '?(tiered[-_]memory[\w-]*)", path.read_text(encoding="utf-8"))
+    ]
+    assert installs
+    assert set(installs) == {name}

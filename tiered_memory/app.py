@@ -445,7 +445,7 @@ def _tracing(settings: Settings) -> tuple[Tracing, Callable[[], None] | None]:
     except ImportError as exc:
         # One line at start-up, as for any other setting, instead of a traceback.
         raise ConfigError(
-            f"OTEL_EXPORTER_OTLP_ENDPOINT: traces need the otel extra (pip install 'tiered-memory[otel]'): {exc}"
+            f"OTEL_EXPORTER_OTLP_ENDPOINT: traces need the otel extra (pip install 'tiered-memory-daemon[otel]'): {exc}"
         ) from None
 
 

@@ -164,7 +164,8 @@ def _parser() -> argparse.ArgumentParser:
     which_events.add_argument("--replay", metavar="ID", help="queue this failed or delivered event again")
     sub.add_parser("eval", help="measure memory quality (see `tiered-memory eval --help`)", add_help=False)
     mcp = sub.add_parser(
-        "mcp", help="serve the memory to agents as MCP tools, over stdio or streamable HTTP (needs tiered-memory[mcp])"
+        "mcp",
+        help="serve the memory to agents as MCP tools, over stdio or streamable HTTP (needs tiered-memory-daemon[mcp])",
     )
     mcp.add_argument("--url", help="the daemon's URL (default: $TIERED_MEMORY_URL, else http://127.0.0.1:8080)")
     mcp.add_argument("--token", help="the daemon's bearer token (default: $TIERED_MEMORY_TOKEN, which ps cannot show)")
@@ -187,7 +188,7 @@ def _mcp(args: argparse.Namespace) -> int:
     except ModuleNotFoundError as exc:
         if exc.name is None or exc.name.partition(".")[0] != "mcp":
             raise
-        print("tiered-memory: mcp needs the mcp extra: pip install 'tiered-memory[mcp]'", file=sys.stderr)
+        print("tiered-memory: mcp needs the mcp extra: pip install 'tiered-memory-daemon[mcp]'", file=sys.stderr)
         return 2
     from tiered_memory.logging import configure_logging
 

@@ -1,4 +1,4 @@
-"""LangChain adapter: a chat message history kept by the daemon (`pip install 'tiered-memory[langchain]'`).
+"""LangChain adapter: a chat message history kept by the daemon (`pip install 'tiered-memory-daemon[langchain]'`).
 
     with Client(URL, token=TOKEN) as client:
         history = TieredMemoryChatHistory("chat-42", client=client, user_id="u-7")

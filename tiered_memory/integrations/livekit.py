@@ -1,5 +1,5 @@
 """LiveKit Agents adapter: the daemon's memory in an agent's chat context, and a session's committed
-conversation recorded in the daemon (`pip install 'tiered-memory[livekit]'`).
+conversation recorded in the daemon (`pip install 'tiered-memory-daemon[livekit]'`).
 
     memory = TieredMemory(client, call_id, user_id=caller)
     agent = Agent(instructions=RULES)

@@ -1,4 +1,5 @@
-"""OpenAI Agents SDK adapter: a session whose history the daemon keeps (`pip install 'tiered-memory[openai-agents]'`).
+"""OpenAI Agents SDK adapter: a session whose history the daemon keeps
+(`pip install 'tiered-memory-daemon[openai-agents]'`).
 
     async with AsyncClient(URL, token=TOKEN) as client:
         session = TieredMemorySession("chat-42", client, user_id="u-7")

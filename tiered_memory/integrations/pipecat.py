@@ -1,5 +1,5 @@
 """Pipecat adapter: a pair of frame processors that give a pipeline the daemon's memory and record
-its conversation in the daemon (`pip install 'tiered-memory[pipecat]'`).
+its conversation in the daemon (`pip install 'tiered-memory-daemon[pipecat]'`).
 
     memory = TieredMemory(client, call_id, user_id=caller)
     pipeline = Pipeline([

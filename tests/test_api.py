@@ -870,3 +870,36 @@ async def test_a_voice_call_continues_in_chat(daemon: Daemon) -> None:
     assert ctx["messages"][-1]["content"].endswith(question)
     stored = (await daemon.get(f"/v1/sessions/{sid}/messages"))["messages"]
     assert [m["channel"] for m in stored] == ["voice"] * 2 * len(ZH_12_TURNS) + ["chat"]
+
+
+async def test_no_summary_before_summary_start_turns(backend_env: dict[str, str], make_daemon: MakeDaemon) -> None:
+    """SUMMARY_START_TURNS=6 with a cadence of 3: the third turn schedules nothing and the session
+    has no summary; the sixth does, and the summary covers six turns."""
+    d = await make_daemon(backend_env | {"SUMMARY_START_TURNS": "6", "SUMMARY_EVERY_N_TURNS": "3"})
+    sid = new_sid()
+    scheduled = []
+    for user, assistant in ZH_12_TURNS[:6]:
+        await d.post(sid, "user", user)
+        scheduled.append((await d.post(sid, "assistant", assistant))["summary_scheduled"])
+        await d.settle()
+        if len(scheduled) == 3:
+            assert (await d.get(f"/v1/sessions/{sid}"))["covered_turns"] == 0
+    assert scheduled == [False] * 5 + [True]
+    summary = await d.get(f"/v1/sessions/{sid}/summary")
+    assert (summary["tier"], summary["covered_turns"]) == ("hot", 6)
+
+
+async def test_a_context_says_whether_it_applied_the_summary(daemon: Daemon) -> None:
+    """`compressions` counts the merges into the session's summary and `compression_applied` says
+    whether this context's memory holds the summary's text: a short session shown whole applies
+    none; a summarized one read at a budget it does not fit applies it."""
+    young, old = new_sid(), new_sid()
+    await play(daemon, young, ZH_12_TURNS[:1])
+    await play(daemon, old, ZH_12_TURNS)
+    await daemon.settle()
+    whole = await daemon.get(f"/v1/sessions/{young}/context")
+    assert (whole["compressions"], whole["compression_applied"]) == (0, False)
+    tight = await daemon.get(f"/v1/sessions/{old}/context?max_chars=300&explain=true")
+    assert tight["compressions"] >= 1
+    assert tight["compression_applied"] is True
+    assert {"summary", "salient", "subject"} & {p["origin"] for p in tight["explain"]["memory"]}

@@ -112,6 +112,11 @@ async def test_every_route_through_the_async_client(authed: Daemon) -> None:
         mine = await mem.user_summaries("u-1", limit=5)
         assert [s.session_id for s in mine] == [sid]
         await mem.delete_summary(sid)
+        # With no summary covering it, the first message can be corrected (before a read: a cold
+        # read of a session whose summary is due schedules it again).
+        first = everything[0]
+        patched = await mem.patch_message(sid, first.message_id, content=first.content + "（更正）")
+        assert (patched.changed, patched.message.seq, patched.turn_count) == (True, 1, 6)
         assert (await mem.summary(sid)).tier == "cold"
         imported = await mem.append_batch(
             sid + "-old", [{"role": "user", "content": "旧的问题"}, {"role": "assistant", "content": "旧的回答"}]
@@ -122,10 +127,6 @@ async def test_every_route_through_the_async_client(authed: Daemon) -> None:
         assert await mem.delete_message(sid + "-old", imported.messages[-1].message_id) is False
         taken_back = await mem.session(sid + "-old")
         assert (taken_back.turn_count, taken_back.message_count) == (0, 1)
-        # With no summary covering it, the first message can be corrected.
-        first = everything[0]
-        patched = await mem.patch_message(sid, first.message_id, content=first.content + "（更正）")
-        assert (patched.changed, patched.message.seq, patched.turn_count) == (True, 1, 6)
         stored_state = await mem.put_state(sid, {"kb_topic": "活力健"}, if_match=0)
         assert stored_state.version == 1
         assert await mem.state(sid) == stored_state

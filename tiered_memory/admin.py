@@ -277,6 +277,7 @@ async def rebuild_stale(settings: Settings, *, out: TextIO = sys.stdout, err: Te
         rule = {
             "every_n": settings.summary_every_n_turns,
             "min_turns_to_persist": settings.summary_min_turns_to_persist,
+            "start_turns": settings.summary_start_turns,
         }
         try:
             total = await tools.maintenance.count_lagging(**rule)

@@ -195,6 +195,8 @@ def _context_json(sid: str, ctx: ContextAnswer, caller: Caller) -> dict[str, Any
         "estimated_tokens": ctx.estimated_tokens,
         "planning": ctx.planning,
         "planning_history": ctx.planning_history,
+        "compressions": ctx.compressions,
+        "compression_applied": ctx.compression_applied,
         # The gateway's own state (PUT …/state) and its version (left out when unknown: SQL down).
         **({"state": ctx.state.value, "state_version": ctx.state.version} if ctx.state is not None else {}),
         # What the memory carried over from the user's earlier sessions (USER_MEMORY); null for nothing.

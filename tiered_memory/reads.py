@@ -73,6 +73,8 @@ _COLD_HEAD_MESSAGES = 50
 _COLD_TAIL_MESSAGES = 100
 # A context read puts at most this many turns between a lagging summary and the window.
 _GAP_MAX_TURNS = 100
+# The parts of a context's memory that come from the session's summary (context_policy.ORIGINS).
+_FROM_SUMMARY = frozenset({"summary", "salient", "subject"})
 # The user messages of a session's first turns say what it is about: a `topic` carry-over matches them.
 _OPENING_TURNS = 3
 
@@ -106,6 +108,8 @@ class ContextAnswer:
     state: SessionState | None = None  # the gateway's, as the hot tier knows it (None: unknown)
     carried: Carried | None = None  # what the session carried over from its user's earlier ones
     explained: Explained | None = None  # where each part of the memory came from (explain=true)
+    compressions: int = 0  # how many times the session's turns were merged into its summary
+    compression_applied: bool = False  # whether this context's memory holds the summary's text
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,7 +348,8 @@ class SessionReads:
         messages = compose(memory_text, raw, max_chars=max_chars)
         shaped = self._shaped(key, walked, recent, messages, system_prompt=want.system_prompt, question=question)
         explained = Explained(cut_parts(parts, memory_room(raw, max_chars)), tuple(chosen.raw), chosen.layout)
-        shaped = dataclasses.replace(shaped, explained=explained)
+        applied = any(origin in _FROM_SUMMARY and text for origin, text in explained.memory)
+        shaped = dataclasses.replace(shaped, explained=explained, compression_applied=applied)
         if carried is not None and carried.shown and carried.shown[-1].text and "carried" in chosen.chars:
             made = carried.shown[-1]
             carried = Carried(
@@ -655,6 +660,7 @@ class SessionReads:
                 max_chars=self._s.planning_history_max_chars,
             ),
             state=walked.hot.state,
+            compressions=summary.compressions if summary else 0,
         )
 
     def _summary_text(self, text: str, idle_seconds: float | None, lang: str) -> str:

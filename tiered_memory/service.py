@@ -32,6 +32,7 @@ from tiered_memory.model import (
     NewMessage,
     Patch,
     PatchOutcome,
+    PatchResult,
     RebuildJob,
     SessionInfo,
     SessionKey,
@@ -46,6 +47,7 @@ from tiered_memory.reads import ContextAnswer, SessionReads, authorize
 from tiered_memory.rebuilds import Rebuilds, Started
 from tiered_memory.recall import RecallMatch
 from tiered_memory.settings import Settings
+from tiered_memory.summarize.cadence import at_cadence_point, past_cadence_point
 from tiered_memory.summarize.scheduler import SharedSlots, SingleFlight
 from tiered_memory.summarize.topics import TopicTagger
 from tiered_memory.summary_job import LOCK_WAIT_S, JobResult, Outcome, SummaryJob
@@ -234,11 +236,13 @@ class MemoryService:
         if not result.duplicate:
             self._history.appended(result.message)
 
-    def _summary_due(self, result: AppendResult) -> bool:
+    def _summary_due(self, result: AppendResult | PatchResult) -> bool:
+        """Whether the turn a write completed is a cadence point (summarize.cadence)."""
+        every_n, start = self._s.summary_every_n_turns, self._s.summary_start_turns
         return (
             self._s.summaries_enabled
             and result.completed_turn
-            and result.turn_count % self._s.summary_every_n_turns == 0
+            and at_cadence_point(result.turn_count, every_n=every_n, start=start)
         )
 
     async def _summarize(self, key: SessionKey) -> None:
@@ -354,11 +358,7 @@ class MemoryService:
         # Even a repeated patch: its first may have answered 503 with the hot tier still holding
         # the old text.
         await self._forget_cached(key, result.message.seq, result.session_bytes)
-        due = (
-            self._s.summaries_enabled
-            and result.completed_turn
-            and result.turn_count % self._s.summary_every_n_turns == 0
-        )
+        due = self._summary_due(result)
         if due:
             self.summaries.schedule(key)
         log.info("message_patched", session_key=key, message_id=message_id, changed=result.changed)
@@ -420,8 +420,9 @@ class MemoryService:
                 await self._hot.remove_from_stream(self._s.events_stream, {"session": key})
 
     async def reset_summary(self, key: SessionKey, *, caller: Caller) -> None:
-        """Forget a session's summary in both tiers and keep its messages. The sweeper then builds
-        a new one from the cold tier at the next cadence point (with the current prompt and model).
+        """Forget a session's summary in both tiers and keep its messages. The next read (or the
+        sweeper) schedules a new one from the cold tier when a cadence point is behind (with the
+        current prompt and model).
         Raises NotFound for an unknown session, Forbidden (changing nothing) when it is not the
         caller's, HotUnavailable when Redis could not be cleared."""
         if not await self._store.delete_summary(key, caller=caller):
@@ -559,7 +560,9 @@ class MemoryService:
         behind it): its summary was lost with both caches, or never made (a bulk import, a job
         that failed), and until it is made every read extracts again on the request path. The
         periodic sweep would find it too, but only at its next pass."""
-        if tier is Tier.COLD and self._s.summaries_enabled and turn_count >= self._s.summary_every_n_turns:
+        every_n, start = self._s.summary_every_n_turns, self._s.summary_start_turns
+        due = past_cadence_point(turn_count, 0, every_n=every_n, start=start)
+        if tier is Tier.COLD and self._s.summaries_enabled and due:
             self.summaries.schedule(key)
 
     async def context(self, key: SessionKey, want: ContextRequest, *, caller: Caller) -> ContextAnswer:
@@ -660,6 +663,7 @@ class MemoryService:
         if self._s.summaries_enabled:
             due = await self._store.sessions_due(
                 every_n=self._s.summary_every_n_turns,
+                start_turns=self._s.summary_start_turns,
                 min_turns_to_persist=self._s.summary_min_turns_to_persist,
                 limit=_SWEEP_BATCH,
             )

@@ -48,6 +48,8 @@ class Settings(BaseSettings):
     # Unset: summary, or window when ENABLE_CONVERSATION_SUMMARY=false.
     memory_mode_setting: Literal["none", "window", "summary"] | None = Field(None, alias="MEMORY_MODE")
     summary_every_n_turns: int = Field(3, alias="SUMMARY_EVERY_N_TURNS", ge=1, le=1000)
+    # No summary of a session before it has this many turns (0: from the first cadence point on).
+    summary_start_turns: int = Field(0, alias="SUMMARY_START_TURNS", ge=0, le=100_000)
     # A text summary's max_tokens; in the structured format, the summary field's length the prompt
     # asks for (180-260 characters at 120).
     summary_max_tokens: int = Field(SUMMARY_TOKENS, alias="SUMMARY_MAX_TOKENS", ge=16, le=32000)

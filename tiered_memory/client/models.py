@@ -89,6 +89,10 @@ class Context:
     estimated_tokens: dict[str, int]
     planning: dict[str, Any] | None
     planning_history: str
+    compressions: int = 0
+    """How many times the session's turns were merged into its summary (0: no summary)."""
+    compression_applied: bool = False
+    """Whether this context's memory holds text of the session's summary."""
     state: dict[str, Any] | None = None
     """The gateway's own state of the session (PUT …/state); None when it has none."""
     state_version: int | None = None

@@ -117,21 +117,21 @@ class SqlMaintenance:
             await conn.execute(table.delete().where(table.c.id.in_(ids)))
         return len(ids)
 
-    async def count_lagging(self, *, every_n: int, min_turns_to_persist: int) -> int:
+    async def count_lagging(self, *, every_n: int, min_turns_to_persist: int, start_turns: int = 0) -> int:
         """Sessions whose summary is behind (the sweeper's rule: see sql_store.summary_due)."""
 
         async def op(conn: AsyncConnection) -> int:
             q = (
                 sa.select(sa.func.count())
                 .select_from(sessions.outerjoin(cs, cs.c.session_id == sessions.c.session_id))
-                .where(summary_due(every_n=every_n, min_turns_to_persist=min_turns_to_persist))
+                .where(summary_due(every_n=every_n, min_turns_to_persist=min_turns_to_persist, start_turns=start_turns))
             )
             return int((await conn.execute(q)).scalar() or 0)
 
         return await self._store.read(op)
 
     async def lagging_sessions(
-        self, *, every_n: int, min_turns_to_persist: int, after: str, limit: int
+        self, *, every_n: int, min_turns_to_persist: int, after: str, limit: int, start_turns: int = 0
     ) -> list[SessionKey]:
         """The next `limit` lagging sessions in session-id order after `after` (keyset paging: a
         session that stays behind, say while another process holds its lock, is not returned twice)."""
@@ -141,7 +141,7 @@ class SqlMaintenance:
                 sa.select(sessions.c.session_id)
                 .select_from(sessions.outerjoin(cs, cs.c.session_id == sessions.c.session_id))
                 .where(
-                    summary_due(every_n=every_n, min_turns_to_persist=min_turns_to_persist),
+                    summary_due(every_n=every_n, min_turns_to_persist=min_turns_to_persist, start_turns=start_turns),
                     sessions.c.session_id > after,
                 )
                 .order_by(sessions.c.session_id)

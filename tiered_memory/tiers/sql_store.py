@@ -72,13 +72,14 @@ _COMMIT_CONCURRENCY = 4
 log = structlog.get_logger("tiered_memory.sql")
 
 
-def summary_due(*, every_n: int, min_turns_to_persist: int) -> sa.ColumnElement[bool]:
+def summary_due(*, every_n: int, min_turns_to_persist: int, start_turns: int = 0) -> sa.ColumnElement[bool]:
     """Whether a session's summary is behind, on `sessions` outer-joined with its summary row: a
-    cadence point (every_n) passed the watermark, or a closed session has turns it does not cover."""
+    cadence point (every_n, from start_turns on) passed the watermark, or a closed session has
+    turns it does not cover (summarize.cadence is the same rule in Python)."""
     covered = sa.func.coalesce(cs.c.covered_turns, 0)
     cadence_point = sessions.c.turn_count - (sessions.c.turn_count % every_n)
     return sa.or_(
-        cadence_point > covered,
+        sa.and_(cadence_point > covered, sessions.c.turn_count >= max(start_turns, 1)),
         sa.and_(
             sessions.c.closed_at.is_not(None),
             sessions.c.turn_count >= max(min_turns_to_persist, 1),
@@ -527,7 +528,9 @@ class SqlStore(MessageReads, SummaryRows):
 
         return await self._session_write(key, body)
 
-    async def sessions_due(self, *, every_n: int, min_turns_to_persist: int, limit: int) -> list[SessionKey]:
+    async def sessions_due(
+        self, *, every_n: int, min_turns_to_persist: int, limit: int, start_turns: int = 0
+    ) -> list[SessionKey]:
         """Sessions whose summary is behind: a cadence point (every_n) passed the watermark, or a
         closed session with turns the summary does not cover yet. Found again after a crash."""
 
@@ -535,7 +538,7 @@ class SqlStore(MessageReads, SummaryRows):
             q = (
                 sa.select(sessions.c.session_id)
                 .select_from(sessions.outerjoin(cs, cs.c.session_id == sessions.c.session_id))
-                .where(summary_due(every_n=every_n, min_turns_to_persist=min_turns_to_persist))
+                .where(summary_due(every_n=every_n, min_turns_to_persist=min_turns_to_persist, start_turns=start_turns))
                 .limit(limit)
             )
             async with self._engine.connect() as conn:

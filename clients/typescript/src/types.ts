@@ -125,6 +125,10 @@ export interface Context {
   estimated_tokens: { context: number; full_history: number };
   planning: Planning | null;
   planning_history: string;
+  /** How many times the session's turns were merged into its summary (0: no summary). */
+  compressions: number;
+  /** Whether this context's memory holds text of the session's summary. */
+  compression_applied: boolean;
   /** The gateway's own state of the session (`putState`), null when it has none; left out only when neither tier could say. */
   state?: JsonObject | null;
   /** The state's version (give it back as `ifMatch`); 0 when it has none. */

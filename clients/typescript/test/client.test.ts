@@ -78,6 +78,8 @@ const CONTEXT: Shape<Context> = {
   estimated_tokens: "required",
   planning: "required",
   planning_history: "required",
+  compressions: "required",
+  compression_applied: "required",
   state: "optional",
   state_version: "optional",
   user_memory: "required",

@@ -265,6 +265,13 @@ def outbox_of(real_servers: RealServers, sink: str) -> list[tuple[int, str, str,
     return [(int(r[0]), r[1], r[2], r[3]) for r in sql_rows(real_servers.mysql_url, query, sink)]
 
 
+def pending_of(real_servers: RealServers, session_ids: list[str]) -> int:
+    """The outbox rows of these sessions not delivered yet, whatever their sink."""
+    marks = ", ".join(["%s"] * len(session_ids))
+    query = f"SELECT COUNT(*) FROM outbox_events WHERE session_id IN ({marks}) AND state <> 'delivered'"
+    return int(sql_rows(real_servers.mysql_url, query, *session_ids)[0][0])
+
+
 def undelivered(real_servers: RealServers, sink: str) -> int:
     query = "SELECT COUNT(*) FROM outbox_events WHERE sink=%s AND state <> 'delivered'"
     return int(sql_rows(real_servers.mysql_url, query, sink)[0][0])
@@ -462,7 +469,9 @@ async def test_one_replica_at_a_time_delivers(real_servers: RealServers, receive
             await play(d, sid, 3, "u-two")
             assert (await d.http.post(f"/v1/sessions/{sid}/close")).status == 200
         await until(lambda: sum(e["type"] == "summary.final" for _, _, e in receiver.received()) >= len(sids))
-        await asyncio.sleep(1.0)  # a second sender would have sent its copies by now
+        # Every row of these sessions marked delivered: a row is marked once it was sent, so what
+        # any sender sent of them has reached the receiver by then.
+        await until(lambda: pending_of(real_servers, sids) == 0)
         got = [e for _, _, e in receiver.received() if e["session_id"] in sids]
         assert len(got) == len({e["id"] for e in got})
         assert sorted(e["session_id"] for e in got if e["type"] == "summary.final") == sorted(sids)

@@ -38,6 +38,7 @@ import http.client
 import json
 import multiprocessing
 import random
+import re
 import secrets
 import subprocess
 import sys
@@ -235,7 +236,7 @@ class Hostile:
                 self.answers[f"{kind}_connect_failed"] += 1
                 await asyncio.sleep(DRIP_S)
                 continue
-            answer = asyncio.create_task(reader.read(64))
+            answer = asyncio.create_task(reader.read(1024))
             try:
                 writer.write(at_once)
                 for byte in dripped:
@@ -250,11 +251,14 @@ class Hostile:
             finally:
                 writer.close()
             if answer.done() and not answer.cancelled() and answer.exception() is None:
-                first = answer.result()
-                status = first.split(b" ", 2)[1].decode() if first.startswith(b"HTTP/1.1 ") else "closed"
+                head = answer.result()
+                status = head.split(b" ", 2)[1].decode() if head.startswith(b"HTTP/1.1 ") else "closed"
                 self.answers[f"{kind}_{status}"] += 1
-                if status == "503":
-                    await asyncio.sleep(1.0)  # its Retry-After
+                # A refusal's Retry-After is obeyed, as a client library does: what is measured is
+                # what slow connections hold, not a flood of refused requests.
+                wait = re.search(rb"\r\nRetry-After: (\d+)", head)
+                if wait is not None:
+                    await asyncio.sleep(min(float(wait[1]), max(0.0, end - time.monotonic())))
             else:
                 answer.cancel()
 

@@ -420,3 +420,19 @@ async def test_concurrent_first_recalls_of_a_big_session_share_one_catch_up(daem
     # Its summary backlog (50 turns of 32 KB) would be found by the next daemon's start-up sweep
     # on the run's shared database, and take its text workers for half a minute.
     assert (await daemon.http.delete(f"/v1/sessions/{sid}")).status == 204
+
+
+async def test_a_refused_host_or_content_type_is_not_repeated(daemon: Daemon) -> None:
+    """Without tokens, a foreign Host (421) and a body that is not JSON (415) are refused in the
+    JSON error shape without repeating the header's value: an error echoes none of the request."""
+    marker = "echo-me-3f9a"
+    foreign = await daemon.http.get(f"/v1/sessions/{new_sid()}", headers={"Host": f"{marker}.example"})
+    assert foreign.status == 421
+    typed = await daemon.http.post(
+        f"/v1/sessions/{new_sid()}/messages", data=b"{}", headers={"Content-Type": f"text/{marker}"}
+    )
+    assert typed.status == 415
+    for resp in (foreign, typed):
+        body = await resp.text()
+        assert marker not in body, body
+        assert json.loads(body)["error"]["message"]

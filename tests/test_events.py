@@ -11,7 +11,7 @@ import json
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -265,7 +265,7 @@ def outbox_of(real_servers: RealServers, sink: str) -> list[tuple[int, str, str,
     return [(int(r[0]), r[1], r[2], r[3]) for r in sql_rows(real_servers.mysql_url, query, sink)]
 
 
-def pending_of(real_servers: RealServers, session_ids: list[str]) -> int:
+def pending_of(real_servers: RealServers, session_ids: Sequence[str]) -> int:
     """The outbox rows of these sessions not delivered yet, whatever their sink."""
     marks = ", ".join(["%s"] * len(session_ids))
     query = f"SELECT COUNT(*) FROM outbox_events WHERE session_id IN ({marks}) AND state <> 'delivered'"

@@ -77,15 +77,16 @@ def local_guard_middleware(allowed_hosts: frozenset[str], *, loopback: bool) -> 
             return await handler(request)
         host = request.headers.get("Host")
         if check_host and not host_allowed(host, allowed_hosts, loopback=loopback):
+            # The Host is not repeated: an error echoes none of the request's bytes.
             raise MisdirectedRequest(
-                f"Host: {host_name(host or '')[:64]!r} is not this daemon's; without tokens it answers only"
-                " localhost and loopback addresses (add a name to ALLOWED_HOSTS)"
+                "Host: not this daemon's name; without tokens it answers only localhost and loopback"
+                " addresses (add a name to ALLOWED_HOSTS)"
             )
         if request.method not in _SAFE_METHODS:
             _same_site(request, allowed_hosts, loopback=loopback, check_host=check_host)
         json_body = request.content_type == "application/json" or request.content_type.endswith("+json")
         if request.method in _BODY_METHODS and request.body_exists and not json_body:
-            raise UnsupportedMedia(f"Content-Type: expected application/json, got {request.content_type!r}")
+            raise UnsupportedMedia("Content-Type: expected application/json (or a +json type)")
         return await handler(request)
 
     return local_guard

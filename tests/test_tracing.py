@@ -309,5 +309,5 @@ def test_an_endpoint_without_the_otel_extra_stops_start_up_with_one_line(monkeyp
     # As on a machine without the extra: the SDK's module cannot be imported.
     monkeypatch.setitem(sys.modules, "opentelemetry.sdk.trace", None)
     settings = Settings.from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"})
-    with pytest.raises(ConfigError, match=r"tiered-memory\[otel\]"):
+    with pytest.raises(ConfigError, match=r"tiered-memory-daemon\[otel\]"):
         create_app(settings)

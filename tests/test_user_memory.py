@@ -140,6 +140,25 @@ async def test_a_deleted_sessions_facts_leave_the_profile(authed: Daemon) -> Non
     assert status == 404, body
 
 
+async def test_a_session_deleted_after_its_summary_was_reset_leaves_the_profile_too(authed: Daemon) -> None:
+    """A session whose summary row was reset (`DELETE …/summary`) before the session was deleted
+    still leaves nothing in the profile: its earlier summaries were merged into it."""
+    ua = new_user("alice")
+    alice = bearer(ACME, ua)
+    trip, laptop = new_sid(), new_sid()
+    await session(authed, trip, TRIP, alice)
+    await session(authed, laptop, LAPTOP, alice)
+    assert (await call(authed, "DELETE", f"/v1/sessions/{trip}/summary", alice))[0] == 204
+    assert (await call(authed, "DELETE", f"/v1/sessions/{trip}", alice))[0] == 204
+    status, profile = await call(authed, "GET", f"/v1/users/{ua}/profile", alice)
+    assert status == 200, profile
+    assert profile["sessions"] == 1
+    said = json.dumps(profile)
+    assert "Portland" not in said
+    assert "vegetarian" not in said
+    assert "LX-5521" in said
+
+
 async def test_a_new_session_carries_the_users_earlier_one_only_when_asked(authed: Daemon) -> None:
     ua = new_user("alice")
     alice = bearer(ACME, ua)

@@ -480,14 +480,15 @@ class SqlStore(MessageReads, SummaryRows):
             owner = await self._owner_locked(conn, key, caller)
             await conn.execute(msgs.delete().where(msgs.c.session_id == key))
             await conn.execute(summary_slices.delete().where(summary_slices.c.session_id == key))
-            summarized = (await conn.execute(cs.delete().where(cs.c.session_id == key))).rowcount
+            await conn.execute(cs.delete().where(cs.c.session_id == key))
             await forget_versions(conn, key)
             await conn.execute(session_state.delete().where(session_state.c.session_id == key))
             await conn.execute(sessions.delete().where(sessions.c.session_id == key))
             # Its events not delivered yet tell of what is deleted now: they go too.
             await conn.execute(outbox_events.delete().where(outbox_events.c.subject == key))
-            if owner is not None and owner.user_id is not None and summarized:
-                # What its summaries put in its user's profile goes too.
+            if owner is not None and owner.user_id is not None:
+                # What its summaries put in its user's profile goes too, also when its summary
+                # row was reset before (its earlier versions were merged into the profile).
                 await rebuild_profile(conn, tenant=owner.tenant, user_id=owner.user_id, now=at)
 
         await self._session_write(key, body, deleted=True)

@@ -42,6 +42,36 @@ async def _until_children(pid: int, count: int, exclude: set[int] | None = None)
     raise AssertionError(f"expected {count} workers, have {_children(pid)}")
 
 
+def _listening_inodes(port: int) -> set[str]:
+    """The inodes of the sockets listening on `port` (state 0A is LISTEN in /proc/net/tcp)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[1].endswith(f":{port:04X}") and fields[3] == "0A":
+                inodes.add(fields[9])
+    return inodes
+
+
+def _holds_one_of(pid: int, inodes: set[str]) -> bool:
+    try:
+        links = [os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()]
+    except FileNotFoundError:
+        return False
+    return any(link.startswith("socket:[") and link[8:-1] in inodes for link in links)
+
+
+async def _until_listening(workers: set[int], port: int) -> None:
+    """Wait until every worker has its own socket listening: the daemon answers ready when the
+    first worker does, and the kernel spreads connections only over sockets already bound."""
+    for _ in range(300):
+        inodes = _listening_inodes(port)
+        if all(_holds_one_of(pid, inodes) for pid in workers):
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"not every worker of {workers} listens on {port}")
+
+
 async def _appends_served(http: aiohttp.ClientSession, base: str) -> int:
     """The appends answered 201 by the worker that answers this scrape."""
     async with http.get(f"{base}/metrics") as resp:
@@ -75,6 +105,7 @@ async def test_two_workers_share_a_port_restart_a_dead_one_and_stop_on_sigterm(
     # A new connection per request, so the kernel spreads them over both workers.
     async with processes(daemon), aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http:
         workers = await _until_children(daemon.pid, 2)
+        await _until_listening(workers, daemon.port)
         sid = new_sid()
         for turn in range(1, 11):
             for role in ("user", "assistant"):

@@ -10,6 +10,7 @@ import pytest
 
 from tests.conftest import Daemon, MakeDaemon, new_sid, play
 from tiered_memory.client import AsyncClient, Client
+from tiered_memory.model import SessionKey
 from tiered_memory.testing import ZH_12_TURNS
 
 
@@ -88,3 +89,84 @@ async def test_pages_are_bounded_in_bytes_and_lead_on(daemon: Daemon) -> None:
             return [m.seq for m in client.iter_messages(sid)]
 
     assert await asyncio.to_thread(blocking) == list(range(1, 41))
+
+
+ACME = "acme-token-0123456789"
+BETA = "beta-token-0123456789"
+
+
+async def _as(daemon: Daemon, token: str, method: str, path: str, body: object = None) -> tuple[int, dict[str, object]]:
+    resp = await daemon.http.request(method, path, json=body, headers={"Authorization": f"Bearer {token}"})
+    answer: dict[str, object] = await resp.json() if resp.content_type == "application/json" else {}
+    return resp.status, answer
+
+
+def _quota_error(answer: dict[str, object], setting: str) -> None:
+    error = answer["error"]
+    assert isinstance(error, dict)
+    assert error["code"] == "quota_exceeded"
+    assert setting in str(error["message"])
+
+
+async def test_a_tenant_at_its_session_quota_opens_no_more_until_it_deletes_one(
+    backend_env: dict[str, str], make_daemon: MakeDaemon
+) -> None:
+    """TENANT_MAX_SESSIONS=2: acme's third session is 409 `quota_exceeded` and is not created,
+    while its two sessions still take messages and beta still opens its own two; once acme
+    deletes one, a new one opens. The refusals are counted."""
+    env = backend_env | {"API_TOKENS": f"acme:{ACME},beta:{BETA}", "TENANT_MAX_SESSIONS": "2"}
+    daemon = await make_daemon(env)
+    first, second, third = new_sid(), new_sid(), new_sid()
+    for sid in (first, second):
+        assert (await _as(daemon, ACME, "POST", f"/v1/sessions/{sid}/messages", {"role": "user", "content": "hi"}))[
+            0
+        ] == 201
+    status, answer = await _as(
+        daemon, ACME, "POST", f"/v1/sessions/{third}/messages", {"role": "user", "content": "hi"}
+    )
+    assert status == 409
+    _quota_error(answer, "TENANT_MAX_SESSIONS")
+    batch = {"messages": [{"role": "user", "content": "hi"}]}
+    assert (await _as(daemon, ACME, "POST", f"/v1/sessions/{third}/messages/batch", batch))[0] == 409
+    assert (await _as(daemon, ACME, "GET", f"/v1/sessions/{third}"))[0] == 404
+    assert (await _as(daemon, ACME, "POST", f"/v1/sessions/{first}/messages", {"role": "assistant", "content": "yo"}))[
+        0
+    ] == 201
+    for _ in range(2):
+        assert (
+            await _as(daemon, BETA, "POST", f"/v1/sessions/{new_sid()}/messages", {"role": "user", "content": "hi"})
+        )[0] == 201
+
+    assert (await _as(daemon, ACME, "DELETE", f"/v1/sessions/{second}"))[0] in (200, 204)
+    assert (await _as(daemon, ACME, "POST", f"/v1/sessions/{third}/messages", {"role": "user", "content": "hi"}))[
+        0
+    ] == 201
+    metrics = await (await daemon.http.get("/metrics")).text()
+    assert 'tiered_memory_quota_refusals_total{quota="sessions"} 2.0' in metrics
+
+
+async def test_a_tenant_at_its_byte_quota_stores_nothing_more(
+    backend_env: dict[str, str], make_daemon: MakeDaemon
+) -> None:
+    """TENANT_MAX_BYTES=36 (4 × 你好吗) over all of acme's sessions: the fifth message, in any of
+    them, is 409 and stores nothing; a retry of a stored one is still answered; beta still stores its own 36."""
+    env = backend_env | {"API_TOKENS": f"acme:{ACME},beta:{BETA}", "TENANT_MAX_BYTES": "36"}
+    daemon = await make_daemon(env)
+    sids = [new_sid(), new_sid()]
+    for n in range(4):
+        body = {"role": "user", "content": "你好吗", "message_id": f"m{n}"}
+        assert (await _as(daemon, ACME, "POST", f"/v1/sessions/{sids[n % 2]}/messages", body))[0] == 201
+    status, answer = await _as(
+        daemon, ACME, "POST", f"/v1/sessions/{sids[0]}/messages", {"role": "user", "content": "x"}
+    )
+    assert status == 409
+    _quota_error(answer, "TENANT_MAX_BYTES")
+    assert [await daemon.store.count_messages(SessionKey(f"acme/{sid}")) for sid in sids] == [2, 2]
+    retry = {"role": "user", "content": "你好吗", "message_id": "m2"}
+    assert (await _as(daemon, ACME, "POST", f"/v1/sessions/{sids[0]}/messages", retry))[0] == 200
+    for _ in range(4):
+        assert (
+            await _as(daemon, BETA, "POST", f"/v1/sessions/{sids[0]}/messages", {"role": "user", "content": "你好吗"})
+        )[0] == 201
+    metrics = await (await daemon.http.get("/metrics")).text()
+    assert 'tiered_memory_quota_refusals_total{quota="bytes"} 1.0' in metrics

@@ -7,9 +7,10 @@ import dataclasses
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import pytest
+import redis
 
 from tests.conftest import RealServers, new_sid, redis_flush_prefix
 from tiered_memory.model import Message, MessageStatus, Role, SessionKey
@@ -30,6 +31,7 @@ from tiered_memory.tiers.postings import (
 )
 from tiered_memory.tiers.redis_hot import RedisHot
 from tiered_memory.tiers.redis_postings import RedisPostings
+from tiered_memory.tiers.redis_recall_usage import RecallBudget
 
 _RECENT = RecentBound(least=4, most=4)
 # Small enough for a test to fill: a few batches of three messages.
@@ -325,3 +327,58 @@ def test_appends_packed_one_by_one_merge_into_the_batch_of_their_messages() -> N
     each = packed_each(_Words(), messages)
     assert [(b.first_seq, b.last_seq, b.read_at) for b in each] == [(1, 1, 5.0), (2, 2, 6.0), (3, 3, 7.0)]
     assert merged(each) == pack(messages, [t.split() for t in texts], read_at=5.0)
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def budgeted(request: pytest.FixtureRequest) -> AsyncIterator[tuple[PostingsStore, int, Callable[[], int]]]:
+    """A store whose tenants may hold two one-message sessions' postings, and all of them four;
+    with the size of one such batch and what the store counts as held in all."""
+    each = _batch(SessionKey("a/s"), 1, ["alpha beta gamma 0"]).size
+    if request.param == "memory":
+        memory = MemoryPostings(max_bytes=4 * each, session_max_bytes=100 * each, tenant_max_bytes=2 * each)
+        yield memory, each, lambda: memory.size
+        return
+    servers: RealServers = request.getfixturevalue("real_servers")
+    prefix = f"tmt{servers.run_id}{uuid.uuid4().hex[:6]}"
+    tier = RedisHot.from_url(
+        servers.redis_url,
+        keys=Keys(prefix),
+        timeout_s=1.0,
+        summary_ttl_s=60,
+        history_ttl_s=60,
+        recent=_RECENT,
+        recall_max_bytes=100 * each,
+        recall_budget=RecallBudget(total=4 * each, tenant=2 * each),
+    )
+    plain = redis.Redis.from_url(servers.redis_url)
+
+    def held() -> int:
+        return int(plain.hget(f"{prefix}:{{recall-usage}}:totals", "*") or 0)
+
+    yield tier.postings, each, held
+    plain.close()
+    await tier.aclose()
+    redis_flush_prefix(servers.redis_url, prefix)
+
+
+async def test_a_tenant_and_all_tenants_hold_postings_within_their_budget(
+    budgeted: tuple[PostingsStore, int, Callable[[], int]],
+) -> None:
+    """Past its tenant's bound a tenant's least recently indexed session's postings go (its own,
+    not another tenant's); past the total, anyone's least recent; the newest stays even alone
+    over a bound. What is dropped is caught up later like postings lost with the hot tier."""
+    store, each, held = budgeted
+    order = ["a/s0", "a/s1", "a/s2", "b/s0", "b/s1", "c/s0"]
+    for n, sid in enumerate(order):
+        await store.add(SessionKey(sid), _batch(SessionKey(sid), 1, [f"alpha beta gamma {n}"]))
+    indexed = {sid: (await store.read(SessionKey(sid), ())).last_seq for sid in order}
+    # a/s0 went for a's bound when a/s2 came; a/s1 for the total when c/s0 came.
+    assert indexed == {"a/s0": 0, "a/s1": 0, "a/s2": 1, "b/s0": 1, "b/s1": 1, "c/s0": 1}
+    assert held() == 4 * each
+    big = _batch(SessionKey("b/big"), 1, ["word " * 60 + "other " * 60])
+    assert big.size > 4 * each
+    await store.add(SessionKey("b/big"), big)
+    assert (await store.read(SessionKey("b/big"), ())).last_seq == 1
+    assert held() == big.size
+    await store.add(SessionKey("a/s0"), _batch(SessionKey("a/s0"), 1, ["alpha beta gamma 0"]))
+    assert (await store.read(SessionKey("a/s0"), ())).last_seq == 1

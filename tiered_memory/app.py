@@ -64,10 +64,12 @@ from tiered_memory.tiers.hot import HotTier
 from tiered_memory.tiers.keys import Keys
 from tiered_memory.tiers.memory_hot import MemoryHot
 from tiered_memory.tiers.redis_hot import RedisHot
+from tiered_memory.tiers.redis_recall_usage import RecallBudget
 from tiered_memory.tiers.sql_append import SessionLimits
 from tiered_memory.tiers.sql_engine import create_engine
 from tiered_memory.tiers.sql_maintenance import SqlMaintenance
 from tiered_memory.tiers.sql_outbox import SqlOutbox
+from tiered_memory.tiers.sql_quota import TenantQuota
 from tiered_memory.tiers.sql_replica import Replica
 from tiered_memory.tiers.sql_schema import SCHEMA_VERSION
 from tiered_memory.tiers.sql_store import SqlStore
@@ -92,6 +94,7 @@ def build_hot(settings: Settings, metrics: Metrics, tracing: Tracing | None = No
             history_ttl_s=settings.history_ttl_seconds,
             recent=settings.redis_recent,
             recall_max_bytes=settings.recall_max_bytes,
+            recall_budget=RecallBudget(total=settings.recall_total_max_bytes, tenant=settings.tenant_max_recall_bytes),
             breaker=metrics.breaker(
                 "redis", failures=settings.redis_breaker_failures, reset_s=settings.redis_breaker_reset_seconds
             ),
@@ -104,6 +107,7 @@ def build_hot(settings: Settings, metrics: Metrics, tracing: Tracing | None = No
         history_ttl_s=settings.history_ttl_seconds,
         recent=settings.embedded_recent,
         recall_max_bytes=settings.recall_max_bytes,
+        tenant_recall_max_bytes=settings.tenant_max_recall_bytes,
         max_bytes=settings.hot_max_bytes,
     )
 
@@ -119,6 +123,7 @@ def build_store(
         breaker=breaker,
         on_commit_batch=metrics.commit_batch.observe,
         limits=SessionLimits(messages=settings.max_session_messages, bytes=settings.max_session_bytes),
+        quota=TenantQuota(sessions=settings.tenant_max_sessions, bytes=settings.tenant_max_bytes),
         sinks=[sink.id for sink in settings.event_sinks],
         tracing=tracing,
         summary_history=settings.summary_history,

@@ -10,6 +10,7 @@ TieredMemoryError
 ├── NotFound               the session does not exist (→ 404)
 ├── Forbidden              the session belongs to another tenant or user (→ 403)
 ├── Conflict               a message_id was reused for different content (→ 409)
+│   └── QuotaExceeded      the tenant is at TENANT_MAX_SESSIONS or TENANT_MAX_BYTES (→ 409)
 ├── Overloaded             this process has MAX_INFLIGHT_REQUESTS in progress (→ 503)
 ├── RateLimited            the tenant or token is past its RATE_LIMITS rate (→ 429)
 ├── DeadlineExceeded       the request ran past REQUEST_TIMEOUT_MS and was cancelled (→ 504)
@@ -92,6 +93,15 @@ class Conflict(TieredMemoryError):
     def __init__(self, message: str, *, code: str = "conflict") -> None:
         super().__init__(message)
         self.code = code
+
+
+class QuotaExceeded(Conflict):
+    """The caller's tenant holds what its quota allows (`quota`: "sessions" or "bytes"):
+    nothing more is stored for it until it deletes something (tiers/sql_quota.py)."""
+
+    def __init__(self, quota: str, message: str) -> None:
+        super().__init__(message, code="quota_exceeded")
+        self.quota = quota
 
 
 class Overloaded(TieredMemoryError):

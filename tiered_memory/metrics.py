@@ -85,6 +85,13 @@ class Metrics:
             ["role", "result"],
             registry=registry,
         )
+        self.quota_refusals = Counter(
+            "tiered_memory_quota_refusals_total",
+            "Appends refused because their tenant is at a quota (sessions: TENANT_MAX_SESSIONS,"
+            " bytes: TENANT_MAX_BYTES).",
+            ["quota"],
+            registry=registry,
+        )
         self.commit_batch = Histogram(
             "tiered_memory_sql_commit_batch_messages",
             "Messages committed together by one group commit (1 when appends do not overlap).",

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import structlog
 
 from tiered_memory.erasure import Erased, Erasures
-from tiered_memory.errors import Forbidden, HotUnavailable, NotFound, RateLimited, SqlUnavailable
+from tiered_memory.errors import Forbidden, HotUnavailable, NotFound, QuotaExceeded, RateLimited, SqlUnavailable
 from tiered_memory.events import HELD_MAX_S
 from tiered_memory.history import History
 from tiered_memory.metrics import Metrics
@@ -162,6 +162,14 @@ class MemoryService:
         except HotUnavailable:
             self._metrics.rate_limit_skipped.inc()
 
+    async def _metered(self, storing: Awaitable[T]) -> T:
+        """`storing`'s result; a refusal for the tenant's quota counted."""
+        try:
+            return await storing
+        except QuotaExceeded as exc:
+            self._metrics.quota_refusals.labels(exc.quota).inc()
+            raise
+
     async def append(self, new: NewMessage, *, caller: Caller) -> AppendOutcome:
         """`_append`, run whole (`_whole`)."""
         return await self._whole(self._append(new, caller=caller))
@@ -173,7 +181,7 @@ class MemoryService:
         Forbidden when the session is not the caller's (nothing is stored then).
         A retry of a stored message_id returns the original result and changes nothing.
         """
-        result = await self._store.append(new, now=self._clock(), caller=caller)
+        result = await self._metered(self._store.append(new, now=self._clock(), caller=caller))
         self._metrics.appends.labels(new.role.value, "duplicate" if result.duplicate else "created").inc()
         log.debug(
             "append",
@@ -211,7 +219,7 @@ class MemoryService:
         carry them on as if appended one by one: the hot tier in order, the recall postings, and
         a summary when a cadence point was passed. A retried batch stores nothing twice. Raises
         SqlUnavailable, Forbidden and Conflict (nothing stored then)."""
-        results = await self._store.append_all(news, now=self._clock(), caller=caller)
+        results = await self._metered(self._store.append_all(news, now=self._clock(), caller=caller))
         for r in results:
             self._metrics.appends.labels(r.message.role.value, "duplicate" if r.duplicate else "created").inc()
             await self._carry_on(r)

@@ -119,6 +119,11 @@ class Settings(BaseSettings):
     # One session's recall postings and the messages they point at, in bytes: past it the index
     # stops growing (questions search the part indexed).
     recall_max_bytes: int = Field(SESSION_BYTES, alias="RECALL_MAX_BYTES", ge=65_536, le=2**30)
+    # All sessions' postings in Redis, and one tenant's (0: no bound): past either, the least
+    # recently indexed sessions' postings go first (the tenant's own for its bound), as in the
+    # embedded tier; keep the total well below Redis's maxmemory, where every tenant fails.
+    recall_total_max_bytes: int = Field(256 * 2**20, alias="RECALL_TOTAL_MAX_BYTES", ge=0, le=2**40)
+    tenant_max_recall_bytes: int = Field(0, alias="TENANT_MAX_RECALL_BYTES", ge=0, le=2**40)
 
     # --- lifecycle ---
     session_idle_close_seconds: int = Field(1800, alias="SESSION_IDLE_CLOSE_SECONDS", ge=1)
@@ -151,6 +156,10 @@ class Settings(BaseSettings):
     # some 800 hours of voice turns; 64 MiB, 2,000 messages at the 32 KiB message limit.
     max_session_messages: int = Field(100_000, alias="MAX_SESSION_MESSAGES", ge=0, le=100_000_000)
     max_session_bytes: int = Field(64 * 1024 * 1024, alias="MAX_SESSION_BYTES", ge=0, le=2**40)
+    # What one tenant may store (0: no bound; the tenant-less namespace has none): past it an
+    # append is 409 `quota_exceeded`, so that one tenant cannot fill the database all share.
+    tenant_max_sessions: int = Field(0, alias="TENANT_MAX_SESSIONS", ge=0, le=2**40)
+    tenant_max_bytes: int = Field(0, alias="TENANT_MAX_BYTES", ge=0, le=2**50)
     # A request's body must arrive within this (else 408): a client that drips it would hold a
     # connection and a handler without end.
     body_timeout_seconds: float = Field(10.0, alias="BODY_TIMEOUT_SECONDS", gt=0, le=3600)

@@ -82,13 +82,17 @@ class MemoryHot:
         history_ttl_s: int,
         recent: RecentBound,
         recall_max_bytes: int = SESSION_BYTES,
+        tenant_recall_max_bytes: int = 0,
         max_bytes: int = HOT_BYTES,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """`recall_max_bytes`: the bound of one session's recall postings; all sessions' are
-        bounded by RECALL_BYTES. `max_bytes` (HOT_MAX_BYTES) bounds the sessions' entries."""
+        """`recall_max_bytes`: the bound of one session's recall postings, `tenant_recall_max_bytes`
+        of one tenant's (0: none); all sessions' are bounded by RECALL_BYTES. `max_bytes`
+        (HOT_MAX_BYTES) bounds the sessions' entries."""
         self._postings = MemoryPostings(
-            max_bytes=max(RECALL_BYTES, recall_max_bytes), session_max_bytes=recall_max_bytes
+            max_bytes=max(RECALL_BYTES, recall_max_bytes),
+            session_max_bytes=recall_max_bytes,
+            tenant_max_bytes=tenant_recall_max_bytes,
         )
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._buckets = MemoryBuckets()

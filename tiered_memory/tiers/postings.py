@@ -28,7 +28,7 @@ from typing import Protocol
 import orjson
 
 from tiered_memory.lru import Lru
-from tiered_memory.model import Channel, Message, MessageStatus, Role, SessionKey
+from tiered_memory.model import Channel, Message, MessageStatus, Role, SessionKey, key_tenant
 
 ENTRY = struct.Struct("<IHH")
 """One posting: seq, the term's frequency in the message, the message's length in terms."""
@@ -247,12 +247,24 @@ class _Session:
 class MemoryPostings:
     """PostingsStore in process memory, for the embedded default: the sessions' postings in
     all bounded by `max_bytes` (as the bound counts them: names and values), the least recently
-    used session dropped first; the newest stays even alone over the bound. One session's are
-    bounded by `session_max_bytes`."""
+    used session dropped first; the newest stays even alone over the bound. One tenant's are
+    bounded by `tenant_max_bytes` (0: none) the same way, its own sessions dropped first; one
+    session's by `session_max_bytes`."""
 
-    def __init__(self, *, max_bytes: int, session_max_bytes: int, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        *,
+        max_bytes: int,
+        session_max_bytes: int,
+        tenant_max_bytes: int = 0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self._max = max_bytes
         self._session_max = session_max_bytes
+        self._tenant_max = tenant_max_bytes
+        # Each tenant's sessions in the order they were last used, and the bytes they hold.
+        self._tenants: dict[str, OrderedDict[str, None]] = {}
+        self._tenant_size: dict[str, int] = {}
         self._clock = clock
         # When each forgotten session was forgotten (the newest _FLOORS of them): a batch read
         # before that is refused.
@@ -274,7 +286,45 @@ class MemoryPostings:
         found = self._sessions.get(key)
         if found is not None:
             self._sessions.move_to_end(key)
+            tenant = key_tenant(key)
+            if tenant:
+                self._tenants[tenant].move_to_end(key)
         return found
+
+    def _put(self, key: SessionKey) -> _Session:
+        found = self._sessions[key] = _Session()
+        tenant = key_tenant(key)
+        if tenant:
+            self._tenants.setdefault(tenant, OrderedDict())[key] = None
+        return found
+
+    def _grew(self, key: SessionKey, size: int) -> None:
+        self._size += size
+        tenant = key_tenant(key)
+        if tenant:
+            self._tenant_size[tenant] = self._tenant_size.get(tenant, 0) + size
+
+    def _remove(self, key: str) -> None:
+        gone = self._sessions.pop(key)
+        self._size -= gone.size
+        tenant = key_tenant(key)
+        if tenant:
+            mine = self._tenants[tenant]
+            del mine[key]
+            self._tenant_size[tenant] -= gone.size
+            if not mine:
+                del self._tenants[tenant], self._tenant_size[tenant]
+
+    def _shed(self, key: SessionKey) -> None:
+        """Drop the least recently used sessions past the bounds, never `key` itself: the
+        tenant's own for its bound, then anyone's for the total."""
+        tenant = key_tenant(key)
+        if tenant and self._tenant_max:
+            mine = self._tenants[tenant]
+            while self._tenant_size[tenant] > self._tenant_max and len(mine) > 1:
+                self._remove(next(k for k in mine if k != key))
+        while self._size > self._max and len(self._sessions) > 1:
+            self._remove(next(k for k in self._sessions if k != key))
 
     async def read(self, key: SessionKey, terms: Sequence[str], *, doc: int | None = None) -> PostingsRead:
         found = self._get(key)
@@ -300,7 +350,7 @@ class MemoryPostings:
         if found is None:
             if batch.first_seq != 1:
                 return 0  # an entry only for postings that start at the session's start
-            found = self._sessions[key] = _Session()
+            found = self._put(key)
         if found.full or batch.first_seq != found.last_seq + 1:
             return found.last_seq
         size = batch.size
@@ -314,10 +364,8 @@ class MemoryPostings:
         found.docs += batch.docs
         found.terms += batch.terms
         found.size += size
-        self._size += size
-        while self._size > self._max and len(self._sessions) > 1:
-            _, gone = self._sessions.popitem(last=False)
-            self._size -= gone.size
+        self._grew(key, size)
+        self._shed(key)
         return found.last_seq
 
     async def forget(self, key: SessionKey) -> None:
@@ -325,6 +373,8 @@ class MemoryPostings:
 
     def clear(self) -> None:
         self._sessions.clear()
+        self._tenants.clear()
+        self._tenant_size.clear()
         self._size = 0
 
     def drop(self, key: SessionKey, *, changed_seq: int = 0) -> bool:
@@ -335,6 +385,5 @@ class MemoryPostings:
         found = self._sessions.get(key)
         if found is None or found.last_seq < changed_seq:
             return False
-        del self._sessions[key]
-        self._size -= found.size
+        self._remove(key)
         return True

@@ -32,6 +32,7 @@ from tiered_memory.tiers.redis_buckets import RedisBuckets
 from tiered_memory.tiers.redis_jobs import RedisJobs
 from tiered_memory.tiers.redis_link import RedisLink
 from tiered_memory.tiers.redis_postings import CHANGED_LUA, RedisPostings, changed_args, forget_commands
+from tiered_memory.tiers.redis_recall_usage import NO_BUDGET, RecallBudget
 from tiered_memory.tiers.redis_url import connect, parse_redis_url
 from tiered_memory.tiers.resp import Endpoint, RespMux, Script
 from tiered_memory.tracing import Tracing
@@ -217,13 +218,17 @@ class RedisHot:
         history_ttl_s: int,
         recent: RecentBound,
         recall_max_bytes: int = SESSION_BYTES,
+        recall_budget: RecallBudget = NO_BUDGET,
         cache: HotCache[object] | None = None,
     ) -> None:
         """`cache`: the reads kept in process memory, with the link's mux created with
         `on_invalidate=cache_invalidator(cache)` (see from_url); used only while it tracks.
-        `recall_max_bytes`: the bound of one session's recall postings."""
+        `recall_max_bytes`: the bound of one session's recall postings, `recall_budget` of all
+        sessions' and of one tenant's."""
         self.link = link
-        self._postings = RedisPostings(link, keys=keys, ttl_s=history_ttl_s, session_max_bytes=recall_max_bytes)
+        self._postings = RedisPostings(
+            link, keys=keys, ttl_s=history_ttl_s, session_max_bytes=recall_max_bytes, budget=recall_budget
+        )
         self._buckets = RedisBuckets(link, keys=keys)
         self._jobs = RedisJobs(link, keys=keys)
         self._mux = link.mux
@@ -281,6 +286,7 @@ class RedisHot:
         history_ttl_s: int,
         recent: RecentBound,
         recall_max_bytes: int = SESSION_BYTES,
+        recall_budget: RecallBudget = NO_BUDGET,
         breaker: CircuitBreaker | None = None,
         cache_sessions: int = 0,
         tracing: Tracing | None = None,
@@ -306,6 +312,7 @@ class RedisHot:
             history_ttl_s=history_ttl_s,
             recent=recent,
             recall_max_bytes=recall_max_bytes,
+            recall_budget=recall_budget,
         )
 
     async def _drop_if_dirty(self, key: SessionKey) -> bool:

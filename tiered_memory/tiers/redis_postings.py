@@ -23,29 +23,39 @@ from collections.abc import Sequence
 
 from tiered_memory.model import Message, SessionKey
 from tiered_memory.tiers.keys import Keys
-from tiered_memory.tiers.postings import PostingsBatch, PostingsRead, decode_doc, doc_field, term_field, term_key
+from tiered_memory.tiers.postings import (
+    STALE,
+    PostingsBatch,
+    PostingsRead,
+    decode_doc,
+    doc_field,
+    term_field,
+    term_key,
+)
 from tiered_memory.tiers.redis_link import RedisLink
+from tiered_memory.tiers.redis_recall_usage import NO_BUDGET, RecallBudget, RecallLedger
 from tiered_memory.tiers.resp import Arg, Command, Script
 
 # Appends one batch if it continues the postings. KEYS: the hash, the floor (when the postings
 # were last forgotten). ARGV: first seq, last seq, answered messages, terms, bytes, the session's
 # bound in bytes, TTL, when the batch was read, then field and value pairs (a `t:` value is
-# appended to the field, a `d:` value set). Answers the last seq indexed after, or -1 for a batch
-# read before the floor. Full postings take nothing more, and stay as long as they are added to.
+# appended to the field, a `d:` value set). Answers the last seq indexed after and the postings'
+# size in bytes, or -1 for a batch read before the floor. Full postings take nothing more, and
+# stay as long as they are added to.
 _ADD_LUA = """
 local floor = redis.call('GET', KEYS[2])
-if floor and tonumber(ARGV[8]) < tonumber(floor) then return -1 end
+if floor and tonumber(ARGV[8]) < tonumber(floor) then return {-1, 0} end
 local state = redis.call('HMGET', KEYS[1], 'last', 'full', 'size')
-local last = tonumber(state[1] or '0')
+local last, size = tonumber(state[1] or '0'), tonumber(state[3] or '0')
 if state[2] == '1' then
   redis.call('EXPIRE', KEYS[1], ARGV[7])
-  return last
+  return {last, size}
 end
-if last ~= tonumber(ARGV[1]) - 1 then return last end
-if tonumber(state[3] or '0') + tonumber(ARGV[5]) > tonumber(ARGV[6]) then
+if last ~= tonumber(ARGV[1]) - 1 then return {last, size} end
+if size + tonumber(ARGV[5]) > tonumber(ARGV[6]) then
   redis.call('HSET', KEYS[1], 'full', '1', 'last', last)
   redis.call('EXPIRE', KEYS[1], ARGV[7])
-  return last
+  return {last, size}
 end
 for i = 9, #ARGV - 1, 2 do
   local name, value = ARGV[i], ARGV[i + 1]
@@ -57,10 +67,10 @@ for i = 9, #ARGV - 1, 2 do
 end
 redis.call('HINCRBY', KEYS[1], 'docs', ARGV[3])
 redis.call('HINCRBY', KEYS[1], 'terms', ARGV[4])
-redis.call('HINCRBY', KEYS[1], 'size', ARGV[5])
+size = redis.call('HINCRBY', KEYS[1], 'size', ARGV[5])
 redis.call('HSET', KEYS[1], 'last', ARGV[2])
 redis.call('EXPIRE', KEYS[1], ARGV[7])
-return tonumber(ARGV[2])
+return {tonumber(ARGV[2]), size}
 """
 
 # Forgets what a session's hot entry holds of a changed message, in one step. KEYS: the hash, the
@@ -88,8 +98,12 @@ def changed_args(
 class RedisPostings:
     """PostingsStore on Redis, through the hot tier's link (its connection and breaker)."""
 
-    def __init__(self, link: RedisLink, *, keys: Keys, ttl_s: int, session_max_bytes: int) -> None:
+    def __init__(
+        self, link: RedisLink, *, keys: Keys, ttl_s: int, session_max_bytes: int, budget: RecallBudget = NO_BUDGET
+    ) -> None:
+        """`budget` bounds all sessions' postings and each tenant's (redis_recall_usage.py)."""
         self._link = link
+        self._ledger = RecallLedger(link, keys=keys, ttl_s=ttl_s, budget=budget) if budget.active else None
         self._keys = keys
         self._ttl = ttl_s
         self._session_max = session_max_bytes
@@ -139,14 +153,21 @@ class RedisPostings:
         for seq, doc in batch.messages.items():
             args += [doc_field(seq), doc]
 
-        async def op() -> int:
+        async def op() -> tuple[int, int]:
             keys = [self._keys.recall(key), self._keys.recall_floor(key)]
             answer = await self._link.script(self._add, keys, args)
-            if not isinstance(answer, int):
-                raise TypeError("expected an integer from the postings script")
-            return answer
+            if not (isinstance(answer, list) and len(answer) == 2 and all(isinstance(n, int) for n in answer)):
+                raise TypeError("expected [last, size] from the postings script")
+            return answer[0], answer[1]
 
-        return await self._link.call(op)
+        last, size = await self._link.call(op)
+        if self._ledger is not None and last != STALE and size > 0:
+            dropped = await self._ledger.record(key, size)
+            if dropped:
+                # Dropped, not forgotten: no floor, so that a later question catches them up.
+                # One DEL each: the sessions' keys are in slots of their own on a cluster.
+                await self._link.call(lambda: self._link.read(*[("DEL", self._keys.recall(k)) for k in dropped]))
+        return last
 
     async def forget(self, key: SessionKey) -> None:
         async def op() -> object:

@@ -22,6 +22,7 @@ from tiered_memory.errors import Conflict, Forbidden
 from tiered_memory.model import AppendResult, Caller, Message, NewMessage, Owner, SessionKey, next_turn
 from tiered_memory.tiers.codec import dumps_text, loads
 from tiered_memory.tiers.group_commit import Outcome
+from tiered_memory.tiers.sql_quota import TenantQuotas
 from tiered_memory.tiers.sql_rows import append_result_of, message_row, row_to_message
 from tiered_memory.tiers.sql_schema import messages as msgs
 from tiered_memory.tiers.sql_schema import sessions
@@ -115,11 +116,15 @@ async def store_batch(
     batch: Sequence[Append],
     insert_if_absent: Callable[[sa.Table, dict[str, Any]], sa.Executable],
     limits: SessionLimits = SessionLimits(),
+    quotas: TenantQuotas | None = None,
 ) -> list[Outcome[AppendResult]]:
     """Store `batch` in the transaction `conn`; one outcome per append, in order: its result, or
     Forbidden / Conflict for a message refused (which writes nothing). `insert_if_absent(table,
     values)` builds the dialect's insert-or-nothing. Messages of one session are numbered in batch
-    order; sessions are locked in id order, so that batches lock rows in one global order."""
+    order; sessions are locked in id order, so that batches lock rows in one global order.
+    `quotas` bound what each caller's tenant stores (sql_quota.py)."""
+    if quotas is not None:
+        await quotas.load(conn, {a.caller.tenant for a in batch if a.caller.tenant is not None})
     sids = sorted({a.new.session_id for a in batch})
     mids = sorted({a.new.message_id for a in batch})
     state, stored = await _lock(conn, st, sids, mids)
@@ -145,7 +150,7 @@ async def store_batch(
     for a in batch:
         s = state[a.new.session_id]
         try:
-            result = _one(a, s, stored.get((a.new.session_id, a.new.message_id)), limits)
+            result = _one(a, s, stored.get((a.new.session_id, a.new.message_id)), limits, quotas)
         except (Forbidden, Conflict) as exc:
             outcomes.append(exc)
             continue
@@ -189,7 +194,9 @@ async def _lock(
     return state, stored
 
 
-def _one(a: Append, s: _Session, stored: tuple[Message, bool] | None, limits: SessionLimits) -> AppendResult:
+def _one(
+    a: Append, s: _Session, stored: tuple[Message, bool] | None, limits: SessionLimits, quotas: TenantQuotas | None
+) -> AppendResult:
     """One append against its session's state, which it advances when it stores a message."""
     new = a.new
     if (s.user_id is not None and new.user_id is not None and s.user_id != new.user_id) or (
@@ -206,6 +213,10 @@ def _one(a: Append, s: _Session, stored: tuple[Message, bool] | None, limits: Se
             owner=Owner(s.tenant, s.user_id),
         )
     size = _admitted(new, s, limits)
+    if quotas is not None and a.caller.tenant is not None:
+        # A session no message was stored in yet is the tenant's new one (an empty row this batch
+        # created is removed again when nothing goes in).
+        quotas.admit(a.caller.tenant, new_session=s.message_count == 0, size=size)
     owner = Owner(s.tenant, s.user_id or new.user_id)
     seq = s.message_count + 1
     place = next_turn(new, completed=s.turn_count, pending=s.pending_user)

@@ -41,6 +41,7 @@ from tiered_memory.tiers.sql_messages import MessageReads
 from tiered_memory.tiers.sql_migrate import current_version, migrate
 from tiered_memory.tiers.sql_outbox import add_event, new_event_id
 from tiered_memory.tiers.sql_patch import Deleted, delete_newest, patch_message
+from tiered_memory.tiers.sql_quota import TenantQuota, TenantQuotas
 from tiered_memory.tiers.sql_replica import Behind, Replica
 from tiered_memory.tiers.sql_rows import (
     row_to_session,
@@ -100,6 +101,7 @@ class SqlStore(MessageReads, SummaryRows):
         breaker: CircuitBreaker | None = None,
         on_commit_batch: Callable[[int], None] = lambda _: None,
         limits: SessionLimits | None = None,
+        quota: TenantQuota | None = None,
         sinks: Sequence[str] = (),
         tracing: Tracing | None = None,
         summary_history: int = 10,
@@ -107,12 +109,14 @@ class SqlStore(MessageReads, SummaryRows):
         replica: Replica | None = None,
     ) -> None:
         """`on_commit_batch` is told the size of each group commit's batch (a metric); `limits`
-        bound what one session holds (MAX_SESSION_MESSAGES, MAX_SESSION_BYTES); `sinks` are the ids
+        bound what one session holds (MAX_SESSION_MESSAGES, MAX_SESSION_BYTES), `quota` what one
+        tenant holds (TENANT_MAX_SESSIONS, TENANT_MAX_BYTES); `sinks` are the ids
         of the sinks each lifecycle event is written to the outbox for (none: no events);
         `summary_history` is how many of a summary's versions are kept (SUMMARY_HISTORY);
         `on_retry` is told of each transaction run again (a metric); `replica` takes the session
         reads asked of it with `replica=True` (DATABASE_READ_URL, sql_replica.py)."""
         self._limits = limits or SessionLimits()
+        self._quotas = TenantQuotas(quota) if quota is not None and quota.active else None
         self._summary_history = summary_history
         self._on_retry = on_retry
         self.replica = replica
@@ -387,7 +391,9 @@ class SqlStore(MessageReads, SummaryRows):
         return stored
 
     def _storing(self, batch: Sequence[Append]) -> Callable[[AsyncConnection], Awaitable[list[Outcome[AppendResult]]]]:
-        return lambda conn: store_batch(conn, self._append_statements, batch, self._insert_if_absent, self._limits)
+        return lambda conn: store_batch(
+            conn, self._append_statements, batch, self._insert_if_absent, self._limits, self._quotas
+        )
 
     # --- sessions -------------------------------------------------------------------------
 

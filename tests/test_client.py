@@ -12,6 +12,7 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 import pytest
@@ -397,6 +398,37 @@ async def test_the_blocking_client_from_several_threads(daemon: Daemon) -> None:
 
     counts = await asyncio.to_thread(gateway)
     assert sorted(counts) == sorted([1, 2, 3, 4, 5] * 3)
+
+
+async def test_a_reply_with_its_reasoning_through_both_clients(daemon: Daemon) -> None:
+    """append sends a reply's reasoning, a batch item may carry it too, and the stored messages
+    come back with it (None on a message without); the context has none of it."""
+    sid = new_sid()
+    async with AsyncClient(base_url(daemon)) as mem:
+        await mem.append(sid, "user", "Is 91 prime?")
+        await mem.append(sid, "assistant", "No: 7 x 13.", thinking_content="Try 7: 7 x 13 = 91.", thinking_duration=4)
+        batch: list[dict[str, Any]] = [
+            {"role": "user", "content": "And 97?"},
+            {"role": "assistant", "content": "Prime.", "thinking_duration": 9},
+        ]
+        await mem.append_batch(sid, batch)
+        stored = await mem.messages(sid)
+        assert [(m.thinking_content, m.thinking_duration) for m in stored] == [
+            (None, None),
+            ("Try 7: 7 x 13 = 91.", 4),
+            (None, None),
+            (None, 9),
+        ]
+        assert "7 x 13 = 91" not in str(await mem.context(sid))
+
+    def blocking() -> tuple[str | None, int | None]:
+        with Client(base_url(daemon)) as mem:
+            mem.append(sid, "user", "And 91 again?")
+            mem.append(sid, "assistant", "Still 7 x 13.", thinking_content="Same as before.", thinking_duration=1)
+            last = mem.messages(sid)[-1]
+            return last.thinking_content, last.thinking_duration
+
+    assert await asyncio.to_thread(blocking) == ("Same as before.", 1)
 
 
 def test_the_client_imports_with_aiohttp_alone(tmp_path: Path) -> None:

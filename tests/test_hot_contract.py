@@ -347,6 +347,22 @@ async def test_backfill_refills_unless_newer_data_arrived(hot: HotTier) -> None:
     assert snap.message_count == 4
 
 
+async def test_the_hot_tier_keeps_no_reasoning(hot: HotTier) -> None:
+    """A reply's reasoning stays in SQL: appended or refilled, the hot tier's copy of the message
+    has none (nothing the hot tier serves shows it, and its records stay small); the rest of the
+    message is kept as it was."""
+    sid = new_sid()
+    await hot.record_append(msg(sid, 1), SessionCounters(0, 1, 101.0, OWNER))
+    reply = dataclasses.replace(msg(sid, 2, Role.ASSISTANT), thinking_content="先想一想 quokka", thinking_duration=7)
+    await hot.record_append(reply, SessionCounters(1, 2, 102.0, OWNER))
+    bare = dataclasses.replace(reply, thinking_content=None, thinking_duration=None)
+    assert (await hot.read_session(sid)).recent == (msg(sid, 1), bare)
+    other = new_sid()
+    refilled = dataclasses.replace(reply, session_id=other)
+    await hot.backfill(other, SessionCounters(1, 2, 102.0, OWNER), summary=None, recent=[msg(other, 1), refilled])
+    assert (await hot.read_session(other)).recent == (msg(other, 1), dataclasses.replace(bare, session_id=other))
+
+
 async def test_owner_goes_with_the_counters(hot: HotTier) -> None:
     """The owner SQL reported is read back by both reads, a session without a user or tenant
     keeps that (not 'unknown'), and a later append that claimed the session updates it; a

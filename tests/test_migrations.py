@@ -437,6 +437,67 @@ async def test_tenant_sessions_move_to_their_namespace(database: str, tmp_path: 
     assert (await daemon.http.get(f"/v1/sessions/{open_sid}")).status == 404
 
 
+async def test_reasoning_columns_are_added_and_taken_away(
+    database: str, tmp_path: Path, make_daemon: MakeDaemon
+) -> None:
+    """Version 12 adds a reply's reasoning to `messages`: a version-11 database's messages keep
+    every field and have none; a downgrade drops the two columns keeping the rows, the upgrade
+    adds them again; then an old message lists without reasoning and a new reply stores its own."""
+    env = {"DATABASE_URL": database, "DATA_DIR": str(tmp_path / "data"), "AUTO_MIGRATE": "false"}
+    sid = new_sid()
+    engine = sync_engine(database)
+    try:
+        with engine.begin() as conn:
+            command.upgrade(config(conn), "0011")
+        with engine.begin() as conn:
+            conn.execute(
+                sa.text(
+                    "INSERT INTO sessions (session_id, tenant, turn_count, message_count, pending_user,"
+                    " content_chars, content_bytes, created_at, last_activity)"
+                    " VALUES (:sid, '', 0, 1, 1, 4, 4, 100.0, 101.0)"
+                ),
+                {"sid": sid},
+            )
+            conn.execute(
+                sa.text(
+                    "INSERT INTO messages (session_id, seq, turn, role, content, channel, message_id,"
+                    " completes_turn, status, created_at) VALUES (:sid, 1, 1, 'user', '2+2?', 'chat', 'm-1', 0,"
+                    " 'completed', 101.0)"
+                ),
+                {"sid": sid},
+            )
+        old = "SELECT seq, role, content, message_id, status FROM messages"
+        with engine.connect() as conn:
+            before = conn.execute(sa.text(old)).all()
+        assert run_cli("migrate", env=env).returncode == 0
+        assert schema_differences(engine) == []
+        with engine.connect() as conn:
+            assert conn.execute(sa.text(old)).all() == before
+            assert conn.execute(sa.text("SELECT thinking_content, thinking_duration FROM messages")).all() == [
+                (None, None)
+            ]
+        with engine.begin() as conn:
+            command.downgrade(config(conn), "0011")
+        with engine.connect() as conn:
+            assert conn.execute(sa.text(old)).all() == before
+        assert not {"thinking_content", "thinking_duration"} & {
+            c["name"] for c in sa.inspect(engine).get_columns("messages")
+        }
+        assert run_cli("migrate", env=env).returncode == 0
+        assert schema_differences(engine) == []
+    finally:
+        engine.dispose()
+
+    daemon = await make_daemon(env)
+    reply = {"role": "assistant", "content": "4.", "thinking_content": "2 + 2 = 4", "thinking_duration": 1}
+    assert (await daemon.http.post(f"/v1/sessions/{sid}/messages", json=reply)).status == 201
+    stored = (await daemon.get(f"/v1/sessions/{sid}/messages"))["messages"]
+    assert [{k: m.get(k) for k in ("content", "thinking_content", "thinking_duration")} for m in stored] == [
+        {"content": "2+2?", "thinking_content": None, "thinking_duration": None},
+        {"content": "4.", "thinking_content": "2 + 2 = 4", "thinking_duration": 1},
+    ]
+
+
 def test_migrate_reports_an_unreachable_database() -> None:
     """`tiered-memory migrate` against a server that is not there exits 1 with the reason."""
     done = run_cli("migrate", env={"DATABASE_URL": "mysql+aiomysql://root@127.0.0.1:1/nothing"})

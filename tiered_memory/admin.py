@@ -26,6 +26,7 @@ from tiered_memory.errors import Conflict, HotUnavailable, SqlUnavailable, TierU
 from tiered_memory.metrics import Metrics
 from tiered_memory.model import Message, SessionInfo, SessionKey, Slice, Summary
 from tiered_memory.progress import Progress
+from tiered_memory.reasoning import reasoning_fields
 from tiered_memory.retention import DAY_S, purge
 from tiered_memory.settings import Settings
 from tiered_memory.summary_job import SummaryJob
@@ -150,6 +151,7 @@ def _message_json(m: Message) -> dict[str, Any]:
         "message_id": m.message_id,
         "channel": m.channel.value,
         **tool_fields(m.tool_calls, m.tool_call_id, m.name),
+        **reasoning_fields(m),
         "user_id": m.user_id,
         "created_at": m.created_at,
     }
@@ -334,7 +336,9 @@ async def write_session(
     )
     after, separator = 0, "\n"
     while True:
-        page = await store.messages_by_seq(key, first_seq=after + 1, last_seq=_LAST_SEQ, limit=_EXPORT_PAGE)
+        page = await store.messages_by_seq(
+            key, first_seq=after + 1, last_seq=_LAST_SEQ, limit=_EXPORT_PAGE, reasoning=True
+        )
         for m in page:
             out.write(separator + compact_json(_message_json(m)))
             separator = ",\n"

@@ -33,6 +33,7 @@ from tiered_memory.model import (
     SummaryAnswer,
 )
 from tiered_memory.reads import ContextAnswer, Explained
+from tiered_memory.reasoning import reasoning_fields
 from tiered_memory.rebuilds import FAILURES
 
 log = structlog.get_logger("tiered_memory.api")
@@ -406,8 +407,8 @@ async def get_messages(request: web.Request) -> web.Response:
         rows,
         limit=limit,
         max_bytes=PAGE_MAX_BYTES,
-        # Bytes, as the read measured them (tool calls hold UTF-8 text too).
-        size=lambda m: len(m.content.encode()) + len(m.tool_calls.encode()),
+        # Bytes, as the read measured them (tool calls and reasoning hold UTF-8 text too).
+        size=lambda m: len(m.content.encode()) + len(m.tool_calls.encode()) + len((m.thinking_content or "").encode()),
     )
     following = kept[-1].seq + 1 if more and kept else None
     return reply({"session_id": sid, "messages": [_message_json(m) for m in kept], "next_from_seq": following})
@@ -436,6 +437,7 @@ def _message_json(m: Message) -> dict[str, Any]:
         "message_id": m.message_id,
         "channel": m.channel.value,
         **tool_fields(m.tool_calls, m.tool_call_id, m.name),
+        **reasoning_fields(m),
         "created_at": m.created_at,
     }
 

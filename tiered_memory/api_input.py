@@ -30,6 +30,7 @@ from tiered_memory.model import (
     SessionKey,
     UserMemory,
 )
+from tiered_memory.reasoning import THINKING_DURATION_MAX
 
 # `{` and `}` are excluded so a session id can never break the Redis hash tag it is wrapped in.
 # Both are used with fullmatch: `$` also matches before a trailing newline, which let "a\n" in.
@@ -47,6 +48,8 @@ _MESSAGE_FIELDS = {
     "tool_calls",
     "tool_call_id",
     "name",
+    "thinking_content",
+    "thinking_duration",
 }
 # A function name as the chat-completions API accepts it.
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -256,6 +259,8 @@ def parse_message(key: SessionKey, body: dict[str, Any], *, max_bytes: int) -> N
     name = body.get("name")
     if name is not None and (role != "tool" or not isinstance(name, str) or not _TOOL_NAME.fullmatch(name)):
         raise InvalidInput("name: expected on a 'tool' message only, 1-64 ASCII letters, digits, _ or -")
+    thinking_content = _thinking_content(body.get("thinking_content"), role, max_bytes)
+    thinking_duration = _thinking_duration(body.get("thinking_duration"), role)
     message_id = _optional_str(body, "message_id", _MESSAGE_ID) or uuid.uuid4().hex
     return NewMessage(
         session_id=key,
@@ -268,6 +273,8 @@ def parse_message(key: SessionKey, body: dict[str, Any], *, max_bytes: int) -> N
         tool_calls=tool_calls,
         tool_call_id=tool_call_id,
         name=name,
+        thinking_content=thinking_content,
+        thinking_duration=thinking_duration,
     )
 
 
@@ -341,6 +348,37 @@ def _content(value: object, max_bytes: int) -> str:
     size = len(value.encode("utf-8"))
     if size > max_bytes:
         raise InvalidInput(f"content: expected at most {max_bytes} bytes of UTF-8 (MAX_MESSAGE_BYTES), got {size}")
+    return value
+
+
+def _thinking_content(value: object, role: object, max_bytes: int) -> str | None:
+    """An assistant message's reasoning, kept verbatim; None for none (null, absent or "": a
+    gateway that got no reasoning may send an empty one)."""
+    if value is None or value == "":
+        return None
+    if role != "assistant":
+        raise InvalidInput("thinking_content: expected on an 'assistant' message only (the model's reasoning)")
+    if not isinstance(value, str):
+        raise InvalidInput("thinking_content: expected a string or null")
+    if not _encodable(value):
+        raise InvalidInput("thinking_content: expected valid Unicode text (it holds a lone surrogate)")
+    size = len(value.encode("utf-8"))
+    if size > max_bytes:
+        raise InvalidInput(
+            f"thinking_content: expected at most {max_bytes} bytes of UTF-8 (MAX_MESSAGE_BYTES), got {size}"
+        )
+    return value
+
+
+def _thinking_duration(value: object, role: object) -> int | None:
+    """How long an assistant message's model reasoned, in whole seconds; None for unknown."""
+    if value is None:
+        return None
+    if role != "assistant":
+        raise InvalidInput("thinking_duration: expected on an 'assistant' message only (the model's reasoning time)")
+    # bool is an int to Python, and 12.0 a float to JSON's reader: neither is a count of seconds.
+    if type(value) is not int or not 0 <= value <= THINKING_DURATION_MAX:
+        raise InvalidInput(f"thinking_duration: expected an integer number of seconds, 0 to {THINKING_DURATION_MAX}")
     return value
 
 

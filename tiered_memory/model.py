@@ -147,6 +147,11 @@ class NewMessage:
     """A tool result's call: the `id` of one of an earlier assistant message's tool_calls."""
     name: str | None = None
     """A tool result's tool name."""
+    thinking_content: str | None = None
+    """An assistant message's reasoning as the model gave it (reasoning.py: stored and returned
+    with the message, never shown to a model or summarized)."""
+    thinking_duration: int | None = None
+    """How long the model reasoned, in whole seconds."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +204,11 @@ class Message:
     """The JSON array of an assistant message's tool calls, verbatim (compact); '' for none."""
     tool_call_id: str | None = None
     name: str | None = None
+    thinking_content: str | None = None
+    """An assistant message's reasoning (reasoning.py); None where it was not read (the hot tier
+    and every read that feeds a context, a summary or the recall index leave it out)."""
+    thinking_duration: int | None = None
+    """How long the model reasoned, in whole seconds."""
 
     @property
     def size(self) -> int:

@@ -490,11 +490,11 @@ class MemoryService:
     async def messages(
         self, key: SessionKey, *, caller: Caller, first_seq: int, last_seq: int, limit: int, max_bytes: int
     ) -> list[Message]:
-        """Raw messages by seq range, from the cold tier (the source of truth): read as far as the
-        first that takes their text past `max_bytes`, and one more."""
+        """Raw messages by seq range, with their reasoning, from the cold tier (the source of
+        truth): read as far as the first that takes their text past `max_bytes`, and one more."""
         await self._owned_session(key, caller)
         return await self._store.messages_by_seq(
-            key, first_seq=first_seq, last_seq=last_seq, limit=limit, max_bytes=max_bytes, replica=True
+            key, first_seq=first_seq, last_seq=last_seq, limit=limit, max_bytes=max_bytes, replica=True, reasoning=True
         )
 
     async def user_summaries(

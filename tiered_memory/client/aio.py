@@ -141,11 +141,16 @@ class AsyncClient:
         tool_calls: list[dict[str, Any]] | None = None,
         tool_call_id: str | None = None,
         name: str | None = None,
+        thinking_content: str | None = None,
+        thinking_duration: int | None = None,
     ) -> AppendResult:
         """Store one message (`role` user, assistant, tool or system; `status` completed,
         interrupted, stopped, failed or streaming for a reply). An assistant message may carry
         `tool_calls` (then `content` may be None); a `tool` message answers one of them by its
-        `tool_call_id`. Durable when this returns; stored once however often it is retried."""
+        `tool_call_id`. An assistant message may carry the model's reasoning (`thinking_content`)
+        and how long it took (`thinking_duration`, seconds): stored and listed with the message,
+        never put in a context or a summary. Durable when this returns; stored once however often
+        it is retried."""
         body = _body(
             role=role,
             content=content,
@@ -156,6 +161,8 @@ class AsyncClient:
             tool_calls=tool_calls,
             tool_call_id=tool_call_id,
             name=name,
+            thinking_content=thinking_content,
+            thinking_duration=thinking_duration,
         )
         code, data = await self._call("POST", f"/v1/sessions/{_sid(session_id)}/messages", body=body, user_id=user_id)
         return build(AppendResult, data, created=code == 201)
@@ -164,8 +171,9 @@ class AsyncClient:
         self, session_id: str, messages: list[dict[str, Any]], *, user_id: str | None = None
     ) -> BatchResult:
         """Store up to 500 messages (each a dict as `append` takes it: role, content, message_id,
-        channel, status) in one transaction, all or none: a bulk import. Give each a `message_id`
-        and a retried batch stores nothing twice (generated here when missing)."""
+        channel, status, tool and reasoning fields) in one transaction, all or none: a bulk
+        import. Give each a `message_id` and a retried batch stores nothing twice (generated here
+        when missing)."""
         items = [{**m, "message_id": m.get("message_id") or new_message_id()} for m in messages]
         path = f"/v1/sessions/{_sid(session_id)}/messages/batch"
         code, data = await self._call("POST", path, body={"messages": items}, user_id=user_id)

@@ -169,6 +169,10 @@ class StoredMessage:
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
     name: str | None = None
+    thinking_content: str | None = None
+    """An assistant reply's reasoning, as it was appended; never part of a context."""
+    thinking_duration: int | None = None
+    """How long the model reasoned, in seconds."""
 
 
 @dataclass(frozen=True, slots=True)

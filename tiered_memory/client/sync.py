@@ -110,6 +110,8 @@ class Client:
         tool_calls: list[dict[str, Any]] | None = None,
         tool_call_id: str | None = None,
         name: str | None = None,
+        thinking_content: str | None = None,
+        thinking_duration: int | None = None,
     ) -> AppendResult:
         return self._run(
             self._async.append(
@@ -123,6 +125,8 @@ class Client:
                 tool_calls=tool_calls,
                 tool_call_id=tool_call_id,
                 name=name,
+                thinking_content=thinking_content,
+                thinking_duration=thinking_duration,
             )
         )
 

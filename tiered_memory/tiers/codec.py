@@ -38,6 +38,8 @@ def message_to_dict(m: Message) -> dict[str, Any]:
         **({"tc": m.tool_calls} if m.tool_calls else {}),
         **({"tci": m.tool_call_id} if m.tool_call_id is not None else {}),
         **({"tn": m.name} if m.name is not None else {}),
+        # No reasoning (thinking_content, thinking_duration): no read of the hot tier shows it, and
+        # it would make a reply's record up to twice as large (reasoning.py).
     }
 
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tiered_memory.model import HotSession, Message, Owner, SessionCounters, SessionKey, SessionState, Summary
+from tiered_memory.reasoning import without_reasoning
 from tiered_memory.tiers.buckets import MemoryBuckets
 from tiered_memory.tiers.hot import HotExpiries, RecentBound
 from tiered_memory.tiers.jobs import MemoryJobs
@@ -225,7 +226,8 @@ class MemoryHot:
         if message.seq == 1:
             entry.summary = None  # a stranger's: no summary of a session precedes its first message
             entry.gateway_state = SessionState(0, None)  # nor any gateway state (PUT needs the session)
-        entry.recent.append(message)
+        # Like the Redis codec, the hot tier keeps no reasoning: nothing it serves shows it.
+        entry.recent.append(without_reasoning(message))
         if len(entry.recent) > self._recent.least:
             entry.recent = list(self._recent.keep(entry.recent))
         entry.recent_until = now + self._history_ttl
@@ -267,7 +269,7 @@ class MemoryHot:
             return
         now = self._clock()
         if recent is not None:
-            entry.recent = list(self._recent.keep(recent))
+            entry.recent = [without_reasoning(m) for m in self._recent.keep(recent)]
             entry.recent_until = now + self._history_ttl
         _count(entry, counters)
         entry.state_until = now + self._summary_ttl

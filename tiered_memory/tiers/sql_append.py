@@ -234,6 +234,8 @@ def _one(
         tool_calls=new.tool_calls,
         tool_call_id=new.tool_call_id,
         name=new.name,
+        thinking_content=new.thinking_content,
+        thinking_duration=new.thinking_duration,
     )
     s.message_count, s.turn_count, s.pending_user = seq, place.completed_after, place.pending_after
     if new.tool_calls:
@@ -310,4 +312,13 @@ def _call_ids(text: str | None, *, key: str | None = None) -> list[str]:
 
 def _fields(m: Message | NewMessage) -> tuple[object, ...]:
     """What a retry must repeat for the same message_id to be the same message."""
-    return (m.role, m.content, m.status, m.tool_calls, m.tool_call_id, m.name)
+    return (
+        m.role,
+        m.content,
+        m.status,
+        m.tool_calls,
+        m.tool_call_id,
+        m.name,
+        m.thinking_content,
+        m.thinking_duration,
+    )

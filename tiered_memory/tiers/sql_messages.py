@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tiered_memory.model import Message, SessionKey
 from tiered_memory.tiers.sql_dialect import OctetLength
-from tiered_memory.tiers.sql_rows import row_to_message
+from tiered_memory.tiers.sql_rows import MEMORY_COLUMNS, row_to_message
 from tiered_memory.tiers.sql_schema import messages as msgs
 
 T = TypeVar("T")
@@ -51,7 +51,7 @@ class MessageReads:
         """The first `limit` messages of a session, oldest first."""
 
         async def op(conn: AsyncConnection) -> list[Message]:
-            q = sa.select(msgs).where(msgs.c.session_id == key).order_by(msgs.c.id).limit(limit)
+            q = sa.select(*MEMORY_COLUMNS).where(msgs.c.session_id == key).order_by(msgs.c.id).limit(limit)
             return [row_to_message(r) for r in (await conn.execute(q)).all()]
 
         return await self.session_read(key, op, replica=replica, known_seq=known_seq)
@@ -62,7 +62,7 @@ class MessageReads:
         """The last `limit` messages of a session, oldest first."""
 
         async def op(conn: AsyncConnection) -> list[Message]:
-            q = sa.select(msgs).where(msgs.c.session_id == key).order_by(msgs.c.id.desc()).limit(limit)
+            q = sa.select(*MEMORY_COLUMNS).where(msgs.c.session_id == key).order_by(msgs.c.id.desc()).limit(limit)
             return [row_to_message(r) for r in reversed((await conn.execute(q)).all())]
 
         return await self.session_read(key, op, replica=replica, known_seq=known_seq)
@@ -89,7 +89,7 @@ class MessageReads:
         async def op(conn: AsyncConnection) -> list[Message]:
             if after_turn < 1:
                 # Every turn from the first: one forward read of the whole session.
-                q = sa.select(msgs).where(msgs.c.session_id == key)
+                q = sa.select(*MEMORY_COLUMNS).where(msgs.c.session_id == key)
                 if through_turn is not None:
                     q = q.where(msgs.c.turn <= through_turn)
                 return [row_to_message(r) for r in (await conn.execute(q.order_by(msgs.c.id))).all()]
@@ -97,7 +97,7 @@ class MessageReads:
             before_id: int | None = None
             page = _TAIL_PAGE
             while True:
-                q = sa.select(msgs).where(msgs.c.session_id == key)
+                q = sa.select(*MEMORY_COLUMNS).where(msgs.c.session_id == key)
                 if before_id is not None:
                     q = q.where(msgs.c.id < before_id)
                 rows = (await conn.execute(q.order_by(msgs.c.id.desc()).limit(page))).all()
@@ -120,14 +120,17 @@ class MessageReads:
         limit: int,
         max_bytes: int | None = None,
         replica: bool = False,
+        reasoning: bool = False,
     ) -> list[Message]:
         """Messages first_seq..last_seq (at most `limit`), oldest first: where a slice leads back to.
+        With `reasoning`, with their reasoning (only for the client's reads of stored messages:
+        reasoning.py).
 
-        With `max_bytes`, the read stops at the first message whose text (content and tool calls)
-        takes the messages read past it, and takes one message more, so that a caller cutting a
-        page there can tell whether more follow. The sizes are read first, without the text: a
-        page of a thousand 32 KiB messages would otherwise bring 32 MiB over the wire, parsed on
-        the event loop, to keep one MiB of it."""
+        With `max_bytes`, the read stops at the first message whose text (content and tool calls,
+        and the reasoning it reads) takes the messages read past it, and takes one message more,
+        so that a caller cutting a page there can tell whether more follow. The sizes are read
+        first, without the text: a page of a thousand 32 KiB messages would otherwise bring 32 MiB
+        over the wire, parsed on the event loop, to keep one MiB of it."""
 
         def in_range(q: sa.Select[Any]) -> sa.Select[Any]:
             return (
@@ -139,9 +142,9 @@ class MessageReads:
         async def op(conn: AsyncConnection) -> list[Message]:
             last = last_seq
             if max_bytes is not None:
-                sizes = (await conn.execute(in_range(sa.select(msgs.c.seq, _text_bytes())))).all()
+                sizes = (await conn.execute(in_range(sa.select(msgs.c.seq, _text_bytes(reasoning))))).all()
                 last = _last_within(sizes, max_bytes, last_seq)
-            q = in_range(sa.select(msgs)).where(msgs.c.seq <= last)
+            q = in_range(sa.select(*(msgs.c if reasoning else MEMORY_COLUMNS))).where(msgs.c.seq <= last)
             return [row_to_message(r) for r in (await conn.execute(q)).all()]
 
         return await self.session_read(key, op, replica=replica)
@@ -154,9 +157,11 @@ class MessageReads:
         return await self.read(op)
 
 
-def _text_bytes() -> sa.ColumnElement[Any]:
-    """A message's content and tool calls in bytes of UTF-8, computed by the database."""
-    return OctetLength(msgs.c.content) + sa.func.coalesce(OctetLength(msgs.c.tool_calls), 0)
+def _text_bytes(reasoning: bool) -> sa.ColumnElement[Any]:
+    """A message's content and tool calls (and `reasoning`) in bytes of UTF-8, computed by the
+    database."""
+    size = OctetLength(msgs.c.content) + sa.func.coalesce(OctetLength(msgs.c.tool_calls), 0)
+    return size + sa.func.coalesce(OctetLength(msgs.c.thinking_content), 0) if reasoning else size
 
 
 def _last_within(sizes: Sequence[Any], max_bytes: int, last_seq: int) -> int:

@@ -19,7 +19,15 @@ from tiered_memory.model import (
     SummarySource,
 )
 from tiered_memory.tiers.sql_schema import conversation_summaries as cs
+from tiered_memory.tiers.sql_schema import messages as msgs
 from tiered_memory.tiers.sql_schema import sessions
+
+# A message's reasoning (reasoning.py), read only where the client reads stored messages.
+REASONING_COLUMNS = frozenset({"thinking_content", "thinking_duration"})
+# What the reads that feed a context, a summary or the recall index select: every column but the
+# reasoning, which none of them may see and which would cost each of them up to
+# MAX_MESSAGE_BYTES a message more to read.
+MEMORY_COLUMNS = tuple(c for c in msgs.c if c.name not in REASONING_COLUMNS)
 
 
 def message_row(m: Message, completes: bool) -> dict[str, Any]:
@@ -38,6 +46,8 @@ def message_row(m: Message, completes: bool) -> dict[str, Any]:
         "tool_calls": m.tool_calls or None,
         "tool_call_id": m.tool_call_id,
         "name": m.name,
+        "thinking_content": m.thinking_content,
+        "thinking_duration": m.thinking_duration,
         "created_at": m.created_at,
     }
 
@@ -59,6 +69,9 @@ def row_to_message(r: sa.Row[*tuple[Any, ...]], prefix: str = "") -> Message:
         tool_calls=m[prefix + "tool_calls"] or "",
         tool_call_id=m[prefix + "tool_call_id"],
         name=m[prefix + "name"],
+        # Absent from a row of MEMORY_COLUMNS.
+        thinking_content=m.get(prefix + "thinking_content"),
+        thinking_duration=m.get(prefix + "thinking_duration"),
     )
 
 

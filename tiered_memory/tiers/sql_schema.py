@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 
 # The Alembic head revision, as a number: the schema version this code needs.
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 
 _MYSQL_TABLE: dict[str, Any] = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin"}
 
@@ -95,6 +95,10 @@ messages = sa.Table(
     sa.Column("tool_calls", sa.Text().with_variant(mysql.MEDIUMTEXT(), "mysql"), nullable=True),
     sa.Column("tool_call_id", sa.String(128), nullable=True),
     sa.Column("name", sa.String(64), nullable=True),
+    # An assistant reply's reasoning and its seconds (reasoning.py: returned with the message, never
+    # read into a context, a summary or the recall index). (Version 12.)
+    sa.Column("thinking_content", sa.Text().with_variant(mysql.MEDIUMTEXT(), "mysql"), nullable=True),
+    sa.Column("thinking_duration", sa.Integer, nullable=True),
     sa.Column("created_at", _TIMESTAMP, nullable=False),
     sa.Index("ix_messages_session_id", "session_id", "id"),
     # Reads by seq range: the context's older turns, GET …/messages. (Version 5.)

@@ -96,6 +96,10 @@ export interface AppendOptions extends CallOptions {
   toolCalls?: ToolCall[];
   toolCallId?: string;
   name?: string;
+  /** An assistant message's reasoning: stored and listed with it, never put in a context or summary. */
+  thinkingContent?: string;
+  /** How long the model reasoned, in whole seconds. */
+  thinkingDuration?: number;
 }
 
 /** `turn`'s fields beside the content. */
@@ -198,7 +202,8 @@ export class MemoryClient {
   /**
    * Store one message (`status` completed, interrupted, stopped, failed or streaming for a reply).
    * An assistant message may carry `toolCalls` (then `content` may be null); a `tool` message
-   * answers one of them by its `toolCallId`. Durable when this resolves; stored once however
+   * answers one of them by its `toolCallId`; an assistant message may carry the model's reasoning
+   * (`thinkingContent`, `thinkingDuration` in seconds). Durable when this resolves; stored once however
    * often it is retried. `userId` goes as X-User-ID and as the body's user_id.
    */
   async append(sessionId: string, role: Role, content: string | null, options: AppendOptions = {}): Promise<AppendResult> {
@@ -212,6 +217,8 @@ export class MemoryClient {
       tool_calls: options.toolCalls,
       tool_call_id: options.toolCallId,
       name: options.name,
+      thinking_content: options.thinkingContent,
+      thinking_duration: options.thinkingDuration,
     });
     const { status, data } = await this.#call(options, { method: "POST", path: `${session(sessionId)}/messages`, body });
     return { ...(data as Omit<AppendResult, "created">), created: status === 201 };

@@ -44,6 +44,10 @@ export interface NewMessage {
   tool_calls?: ToolCall[];
   tool_call_id?: string;
   name?: string;
+  /** An assistant message's reasoning (the model's chain of thought): stored, never in a context. */
+  thinking_content?: string | null;
+  /** How long the model reasoned, in whole seconds (0 to 86400); on an assistant message only. */
+  thinking_duration?: number | null;
 }
 
 /** One message for a chat-completions call: hand a context's `messages` to the model as they are. */
@@ -183,6 +187,10 @@ export interface StoredMessage {
   tool_calls?: ToolCall[];
   tool_call_id?: string;
   name?: string;
+  /** An assistant reply's reasoning, as appended (left out when it had none). */
+  thinking_content?: string;
+  /** How long the model reasoned, in seconds (left out when unknown). */
+  thinking_duration?: number;
 }
 
 /** GET …/messages: one page of stored messages, and where the next begins (null after the last). */

@@ -135,6 +135,8 @@ const STORED: Shape<StoredMessage> = {
   tool_calls: "optional",
   tool_call_id: "optional",
   name: "optional",
+  thinking_content: "optional",
+  thinking_duration: "optional",
 };
 const PAGE: Shape<MessagesPage> = { session_id: "required", messages: "required", next_from_seq: "required" };
 const SLICE: Shape<Slice> = {
@@ -416,6 +418,18 @@ describe("MemoryClient against a real daemon", () => {
     assert.equal(await memory.deleteMessage(streamed, start.message_id), true);
     assert.equal(await memory.deleteMessage(streamed, start.message_id), false);
     assert.deepEqual([(await memory.session(streamed)).turn_count, (await memory.messages(streamed)).length], [0, 1]);
+
+    // A reply's reasoning is stored and listed with it, and never shown to the model again.
+    const reasoned = newSid();
+    await memory.append(reasoned, "user", "Is 91 prime?");
+    await memory.append(reasoned, "assistant", "No: 7 times 13.", { thinkingContent: "Try 7: 7 x 13 = 91.", thinkingDuration: 4 });
+    const listed = await memory.messages(reasoned);
+    listed.forEach((m) => assertShape(m, STORED, "messages[] with reasoning"));
+    assert.deepEqual(
+      listed.map((m) => [m.thinking_content, m.thinking_duration]),
+      [[undefined, undefined], ["Try 7: 7 x 13 = 91.", 4]],
+    );
+    assert.ok(!JSON.stringify(await memory.context(reasoned)).includes("7 x 13"));
 
     const imported = newSid();
     const history = [

@@ -284,3 +284,25 @@ def test_import_file_lines_take_reasoning(tmp_path: Path) -> None:
     bad.write_text(json.dumps({"session_id": "s-1", "role": "user", "content": "Hi", "thinking_duration": 1}) + "\n")
     with pytest.raises(BadLine, match="line 1: thinking_duration: expected on an 'assistant'"):
         list(_lines(bad, 1024))
+
+
+async def test_reasoning_counts_in_what_a_session_stores(backend_env: dict[str, str], make_daemon: MakeDaemon) -> None:
+    """MAX_SESSION_BYTES=300: a short reply with 400 bytes of reasoning does not fit; one with 200
+    does, and once it is taken back (DELETE of the newest) the session has room for it again."""
+    daemon = await make_daemon(backend_env | {"MAX_SESSION_BYTES": "300"})
+    sid = new_sid()
+    await _send(daemon, sid, {"role": "user", "content": "hi", "message_id": "q"})
+    big = {"role": "assistant", "content": "ok", "message_id": "a", "thinking_content": "x" * 400}
+    refused = await _send(daemon, sid, big, status=409)
+    assert refused["error"]["code"] == "session_full"
+    fits = {"role": "assistant", "content": "ok", "message_id": "b", "thinking_content": "x" * 200}
+    await _send(daemon, sid, fits)
+    second = {"role": "user", "content": "again", "message_id": "q2"}
+    third = {"role": "assistant", "content": "ok", "message_id": "c", "thinking_content": "y" * 200}
+    await _send(daemon, sid, second)
+    assert (await _send(daemon, sid, third, status=409))["error"]["code"] == "session_full"
+    resp = await daemon.http.delete(f"/v1/sessions/{sid}/messages/q2")
+    assert resp.status == 204, await resp.text()
+    resp = await daemon.http.delete(f"/v1/sessions/{sid}/messages/b")
+    assert resp.status == 204, await resp.text()
+    await _send(daemon, sid, third)

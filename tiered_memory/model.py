@@ -154,6 +154,14 @@ class NewMessage:
     """How long the model reasoned, in whole seconds."""
 
 
+def stored_bytes(m: NewMessage | Message) -> int:
+    """UTF-8 bytes a message adds to what its session and tenant store (MAX_SESSION_BYTES,
+    TENANT_MAX_BYTES): its content, its tool calls and its reasoning, which a prompt never
+    carries but the cold tier keeps."""
+    reasoning = m.thinking_content or ""
+    return len(m.content.encode()) + len(m.tool_calls.encode()) + len(reasoning.encode())
+
+
 @dataclass(frozen=True, slots=True)
 class TurnPlace:
     """Where a new message goes in its session (see `next_turn`)."""
@@ -271,7 +279,7 @@ class SessionInfo:
     covered_turns: int = 0
     content_chars: int = 0
     tenant: str = ""
-    content_bytes: int = 0  # UTF-8 bytes of all its messages' content
+    content_bytes: int = 0  # UTF-8 bytes its messages store (model.stored_bytes)
 
     @property
     def closed(self) -> bool:

@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tiered_memory.errors import Conflict, Forbidden
-from tiered_memory.model import AppendResult, Caller, Message, NewMessage, Owner, SessionKey, next_turn
+from tiered_memory.model import AppendResult, Caller, Message, NewMessage, Owner, SessionKey, next_turn, stored_bytes
 from tiered_memory.tiers.codec import dumps_text, loads
 from tiered_memory.tiers.group_commit import Outcome
 from tiered_memory.tiers.sql_quota import TenantQuotas
@@ -269,7 +269,7 @@ def _admitted(new: NewMessage, s: _Session, limits: SessionLimits) -> int:
             f"tool_call_id {new.tool_call_id!r} answers no tool call of this session that is waiting for its result",
             code="unknown_tool_call_id",
         )
-    size = len(new.content.encode("utf-8")) + len(new.tool_calls.encode("utf-8"))
+    size = stored_bytes(new)
     if (limits.messages and s.message_count >= limits.messages) or (
         limits.bytes and s.content_bytes + size > limits.bytes
     ):

@@ -16,7 +16,17 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tiered_memory.errors import Conflict, Forbidden, InvalidInput, NotFound
-from tiered_memory.model import Caller, Message, MessageStatus, Owner, Patch, PatchResult, Role, SessionKey
+from tiered_memory.model import (
+    Caller,
+    Message,
+    MessageStatus,
+    Owner,
+    Patch,
+    PatchResult,
+    Role,
+    SessionKey,
+    stored_bytes,
+)
 from tiered_memory.tiers.codec import dumps_text, loads
 from tiered_memory.tiers.sql_append import OPEN_CALLS_MAX
 from tiered_memory.tiers.sql_rows import row_to_message
@@ -137,7 +147,7 @@ async def delete_newest(conn: AsyncConnection, key: SessionKey, message_id: str,
             " it can no longer be removed",
             code="already_summarized",
         )
-    size = len(m.content.encode()) + len(m.tool_calls.encode())
+    size = stored_bytes(m)
     values: dict[str, object] = {
         "message_count": m.seq - 1,
         "content_chars": sessions.c.content_chars - m.size,

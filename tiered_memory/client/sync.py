@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine, Iterator, Mapping
+from collections.abc import Coroutine, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -166,6 +166,7 @@ class Client:
         system_prompt: str | None = None,
         max_chars: int | None = None,
         user_memory: str | None = None,
+        kb_snippets: Sequence[str] | None = None,
     ) -> TurnResult:
         return self._run(
             self._async.turn(
@@ -177,6 +178,7 @@ class Client:
                 system_prompt=system_prompt,
                 max_chars=max_chars,
                 user_memory=user_memory,
+                kb_snippets=kb_snippets,
             )
         )
 
@@ -230,6 +232,7 @@ class Client:
         system_prompt: str | None = None,
         question: str | None = None,
         user_memory: str | None = None,
+        kb_snippets: Sequence[str] | None = None,
     ) -> Context:
         return self._run(
             self._async.context(
@@ -239,6 +242,7 @@ class Client:
                 system_prompt=system_prompt,
                 question=question,
                 user_memory=user_memory,
+                kb_snippets=kb_snippets,
             )
         )
 

@@ -32,6 +32,7 @@ from tiered_memory.client import (
     Unauthorized,
     Unavailable,
 )
+from tiered_memory.kb_snippets import LABELS
 from tiered_memory.testing import ZH_12_TURNS, Behaviour, FakeLlm, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -429,6 +430,36 @@ async def test_a_reply_with_its_reasoning_through_both_clients(daemon: Daemon) -
             return last.thinking_content, last.thinking_duration
 
     assert await asyncio.to_thread(blocking) == ("Same as before.", 1)
+
+
+async def test_both_clients_send_kb_snippets(daemon: Daemon) -> None:
+    """`kb_snippets` on `context` (repeated query parameters, in order) and on `turn` (the body),
+    in the async and the blocking client: the messages show them and `kb_snippets_used` counts
+    them; without any it is None."""
+    sid = new_sid()
+    snippets = ["第一条：活力健每日两次。", "第二条：饭后服用 & 多喝水?"]
+    async with AsyncClient(base_url(daemon)) as mem:
+        turn = await mem.turn(sid, "怎么吃？", kb_snippets=snippets)
+        assert turn.context.kb_snippets_used == 2
+        assert turn.context.messages[0].content == "\n".join(
+            ["<reference>", LABELS["zh"], f"[1] {snippets[0]}", f"[2] {snippets[1]}", "</reference>", "怎么吃？"]
+        )
+        await mem.append(sid, "assistant", "每日两次。")
+        ctx = await mem.context(sid, kb_snippets=snippets[::-1])
+        assert ctx.kb_snippets_used == 2
+        assert f"[1] {snippets[1]}\n[2] {snippets[0]}" in (ctx.messages[0].content or "")
+        assert (await mem.context(sid)).kb_snippets_used is None
+
+    def blocking() -> None:
+        with Client(base_url(daemon)) as mem:
+            ctx = mem.context(sid, kb_snippets=snippets[:1], question="还有吗？")
+            assert ctx.kb_snippets_used == 1
+            assert (ctx.messages[-1].content or "").endswith("还有吗？")
+            turn = mem.turn(sid, "还有吗？", kb_snippets=snippets[1:])
+            assert turn.context.kb_snippets_used == 1
+            assert snippets[1] in (turn.context.messages[0].content or "")
+
+    await asyncio.to_thread(blocking)
 
 
 def test_the_client_imports_with_aiohttp_alone(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from tiered_memory.api_input import parse_message
 from tiered_memory.context import alternate, compose
 from tiered_memory.context_policy import Candidates, choose
 from tiered_memory.errors import InvalidInput
+from tiered_memory.kb_snippets import KB_SHARE, fitting, reserve, shown
 from tiered_memory.model import Message, MessageStatus, NewMessage, Role, SessionKey
 from tiered_memory.quoting import frame_chars
 from tiered_memory.summarize.extractive import Extractor
@@ -240,3 +241,35 @@ def test_the_chosen_context_never_exceeds_its_budget(
     answered = [m for m in messages if m.answered]
     if max_chars >= 200 and answered and answered[-1].role is Role.USER:
         assert any(answered[-1].content[-1:] in m.content for m in turns)
+
+
+@_bounded(200)
+@given(
+    summary=st.none() | st.text(st.sampled_from("摘要ab "), max_size=200),
+    messages=_BUDGET_MESSAGES,
+    snippets=st.lists(st.text(st.sampled_from("资料ab <>/reference"), min_size=1, max_size=90), max_size=5),
+    lang=st.sampled_from(["zh", "en"]),
+    max_chars=st.integers(min_value=1, max_value=400),
+)
+def test_a_context_with_snippets_never_exceeds_its_budget(
+    summary: str | None, messages: list[Message], snippets: list[str], lang: str, max_chars: int
+) -> None:
+    """Whatever the snippets beside the memory, the context as the daemon assembles it (the
+    snippets' reserve first, the memory in the rest, then the snippets placed) stays within
+    max_chars, with at most one leading system message, alternating from a user message; it
+    shows the first snippets that fit their share at least, each whole."""
+    facts = None if summary is None else (lambda room, _before, _by_rank: summary[: max(room, 0)])
+    budget = max_chars - reserve(snippets, max_chars)
+    sel = choose(Candidates(messages=messages, whole=True, lang=lang, facts=facts, frame=frame_chars()), budget)
+    out, used, reference = shown(
+        compose(sel.system, alternate(sel.raw), max_chars=budget), snippets, max_chars=max_chars, lang=lang
+    )
+    assert sum(len(m.content) for m in out) <= max_chars
+    assert used >= fitting(snippets, int(max_chars * KB_SHARE))
+    assert all(m.role != "system" for m in out[1:])
+    turns = [m for m in out if m.role != "system"]
+    assert not turns or turns[0].role == "user"
+    assert all(a.role != b.role for a, b in itertools.pairwise(turns))
+    if used:
+        assert turns[0].content.startswith(reference)
+        assert reference.count("\n[") == used + 1  # the label, then one line per snippet

@@ -198,6 +198,8 @@ def _context_json(sid: str, ctx: ContextAnswer, caller: Caller) -> dict[str, Any
         "planning_history": ctx.planning_history,
         "compressions": ctx.compressions,
         "compression_applied": ctx.compression_applied,
+        # How many of the request's kb_snippets the context shows, the first ones (left out without any).
+        **({"kb_snippets_used": ctx.kb_snippets_used} if ctx.kb_snippets_used is not None else {}),
         # The gateway's own state (PUT …/state) and its version (left out when unknown: SQL down).
         **({"state": ctx.state.value, "state_version": ctx.state.version} if ctx.state is not None else {}),
         # What the memory carried over from the user's earlier sessions (USER_MEMORY); null for nothing.
@@ -212,7 +214,8 @@ def _context_json(sid: str, ctx: ContextAnswer, caller: Caller) -> dict[str, Any
 
 
 async def get_context(request: web.Request) -> web.Response:
-    call = api_input.session_call(request, "max_chars", "system_prompt", "question", "user_memory", "explain")
+    names = ("max_chars", "system_prompt", "question", "user_memory", "explain", "kb_snippet")
+    call = api_input.session_call(request, *names, repeated={"kb_snippet"})
     explain = api_input.bool_query(request, "explain")
     limit = request.app[SETTINGS_KEY].max_message_bytes
     want = ContextRequest(
@@ -221,6 +224,8 @@ async def get_context(request: web.Request) -> web.Response:
         question=api_input.framing_text(request.query.get("question"), "question", limit),
         user_memory=api_input.user_memory(request),
         user_id=call.caller.user_id,
+        # A GET has no body: the snippets come as `kb_snippet`, once for each, in their order.
+        kb_snippets=api_input.kb_snippets(request.query.getall("kb_snippet", None), "kb_snippet"),
     )
     ctx = await request.app[SERVICE_KEY].context(call.key, want, caller=call.caller)
     request[TIER_KEY] = ctx.summary_tier.value
@@ -251,6 +256,7 @@ async def post_turn(request: web.Request) -> web.Response:
     sid = api_input.session_id(request)
     body = await _body(request)
     system_prompt = api_input.framing_text(body.pop("system_prompt", None), "system_prompt", settings.max_message_bytes)
+    kb_snippets = api_input.kb_snippets(body.pop("kb_snippets", None), "kb_snippets")
     body.setdefault("role", "user")
     if body["role"] != "user":
         raise InvalidInput("role: a turn starts with the user's message; expected 'user'")
@@ -260,6 +266,7 @@ async def post_turn(request: web.Request) -> web.Response:
         system_prompt=system_prompt,
         exclude_message_id=new.message_id if "message_id" in body else None,
         user_memory=user_memory,
+        kb_snippets=kb_snippets,
     )
     turn = await request.app[SERVICE_KEY].turn(new, want, caller=caller)
     ctx, r = turn.context, turn.appended.result

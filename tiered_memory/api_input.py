@@ -11,6 +11,7 @@ import json
 import re
 import unicodedata
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import unquote_to_bytes
@@ -19,6 +20,7 @@ from aiohttp import web
 
 from tiered_memory.auth import PRINCIPAL_KEY, valid_tenant
 from tiered_memory.errors import BodyTimeout, Forbidden, InvalidInput, UnsupportedMedia
+from tiered_memory.kb_snippets import KB_SNIPPETS_MAX, KB_SNIPPETS_MAX_BYTES
 from tiered_memory.model import (
     USER_MEMORY_MODES,
     Caller,
@@ -189,9 +191,10 @@ def _one_header(request: web.Request, name: str) -> str | None:
     return values[0] if values else None
 
 
-def check_query(request: web.Request, *allowed: str) -> None:
-    """Refuse query parameters the route does not read, or read twice: a misspelt one would
-    otherwise be ignored without a word. So is a query string that is not UTF-8 once
+def check_query(request: web.Request, *allowed: str, repeated: Collection[str] = ()) -> None:
+    """Refuse query parameters the route does not read, or read twice (but those `repeated`, a
+    list's items, of `allowed` too): a misspelt one would otherwise be ignored without a word.
+    So is a query string that is not UTF-8 once
     percent-decoded: aiohttp would hand on U+FFFD in place of the bytes, so that a question or a
     search text would be answered for text nobody sent."""
     raw = request.rel_url.raw_query_string
@@ -209,7 +212,7 @@ def check_query(request: web.Request, *allowed: str) -> None:
         expected = ", ".join(allowed) if allowed else "none"
         raise InvalidInput(f"{len(unknown)} unknown query parameter(s): this route reads {expected}")
     for name in allowed:
-        if len(request.query.getall(name, [])) > 1:
+        if name not in repeated and len(request.query.getall(name, [])) > 1:
             raise InvalidInput(f"{name}: expected at most one value")
 
 
@@ -226,10 +229,11 @@ class SessionCall:
         return self.caller.session_key(self.sid)
 
 
-def session_call(request: web.Request, *allowed: str) -> SessionCall:
+def session_call(request: web.Request, *allowed: str, repeated: Collection[str] = ()) -> SessionCall:
     """The preamble of a request on one session, in the order every handler checks it: the query
-    (`allowed`: the names it takes), the session id, the caller."""
-    check_query(request, *allowed)
+    (`allowed`: the names it takes; `repeated`: those of them that may come more than once), the
+    session id, the caller."""
+    check_query(request, *allowed, repeated=repeated)
     return SessionCall(session_id(request), caller(request))
 
 
@@ -422,6 +426,29 @@ def framing_text(value: object, name: str, max_bytes: int) -> str | None:
     if not isinstance(value, str) or not _encodable(value) or len(value.encode("utf-8")) > max_bytes:
         raise InvalidInput(f"{name}: expected a string of at most {max_bytes} bytes of UTF-8 (MAX_MESSAGE_BYTES)")
     return value or None
+
+
+def kb_snippets(value: object, name: str) -> tuple[str, ...] | None:
+    """A context's knowledge-base snippets (`kb_snippets` in a body, the repeated `kb_snippet`
+    query parameter, named `name`): a list of at most KB_SNIPPETS_MAX non-empty strings of valid
+    Unicode, KB_SNIPPETS_MAX_BYTES of UTF-8 in all; None when not given. Raises InvalidInput
+    naming the field, and the snippet when one is at fault."""
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise InvalidInput(f"{name}: expected a list of strings")
+    if len(value) > KB_SNIPPETS_MAX:
+        raise InvalidInput(f"{name}: expected at most {KB_SNIPPETS_MAX} snippets, got {len(value)}")
+    size = 0
+    for i, snippet in enumerate(value):
+        if not isinstance(snippet, str) or not snippet.strip():
+            raise InvalidInput(f"{name}[{i}]: expected a non-empty string")
+        if not _encodable(snippet):
+            raise InvalidInput(f"{name}[{i}]: expected valid Unicode text (it holds a lone surrogate)")
+        size += len(snippet.encode("utf-8"))
+    if size > KB_SNIPPETS_MAX_BYTES:
+        raise InvalidInput(f"{name}: expected at most {KB_SNIPPETS_MAX_BYTES} bytes of UTF-8 in all, got {size}")
+    return tuple(value)
 
 
 def user_memory(request: web.Request) -> UserMemory | None:

@@ -387,6 +387,9 @@ class ContextRequest:
     """What the session carries over from its user's earlier sessions; None: USER_MEMORY."""
     user_id: str | None = None
     """The user of a session not stored yet."""
+    kb_snippets: tuple[str, ...] | None = None
+    """The caller's knowledge-base snippets for this turn, best first (kb_snippets.py): shown, never
+    stored; None when the request gave none."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
+from tiered_memory import kb_snippets
 from tiered_memory.context import (
     ChatMessage,
     alternate,
@@ -110,6 +111,7 @@ class ContextAnswer:
     explained: Explained | None = None  # where each part of the memory came from (explain=true)
     compressions: int = 0  # how many times the session's turns were merged into its summary
     compression_applied: bool = False  # whether this context's memory holds the summary's text
+    kb_snippets_used: int | None = None  # how many of the request's kb_snippets it shows (None: none given)
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,12 +302,17 @@ class SessionReads:
         the window are added raw when they fit, or as a deterministic digest: no turn falls
         between the summary and the window. `system_prompt`, `question` and the memory block's tags
         (not counted in max_chars) frame it: rules and memory in one system message, question last.
+        The caller's `kb_snippets` are counted in max_chars: the first that fit its KB_SHARE are
+        set apart before the memory is chosen in the rest, and what the memory leaves goes to
+        the next ones; they lead the first user message (kb_snippets.py).
 
         The owner comes from the same hot round trip; only when the hot tier does not know it is
         SQL asked, and for a restricted caller that answer is required (SqlUnavailable otherwise).
         Raises Forbidden when the session is not the caller's.
         """
-        max_chars, question, excluded = want.max_chars, want.question, want.exclude_message_id
+        question, excluded, kb = want.question, want.exclude_message_id, want.kb_snippets or ()
+        # The memory's budget: what the knowledge-base snippets' share leaves (all without them).
+        max_chars = want.max_chars - kb_snippets.reserve(kb, want.max_chars)
         hot = await self._errors.hot("read_session", self._hot.read_session(key), _NO_HOT)
         if hot.owner is not None and not _in_namespace(hot.owner, key):
             hot = _NO_HOT
@@ -346,10 +353,19 @@ class SessionReads:
         raw = alternate(chosen.raw)
         memory_text = "\n".join(text for _, text in parts) or None
         messages = compose(memory_text, raw, max_chars=max_chars)
-        shaped = self._shaped(key, walked, recent, messages, system_prompt=want.system_prompt, question=question)
+        # The snippets set apart, and more of them when the memory did not need all its room.
+        messages, used, reference = kb_snippets.shown(messages, kb, max_chars=want.max_chars, lang=candidates.lang)
+        shaped = self._shaped(
+            key, walked, recent, messages, system_prompt=want.system_prompt, question=question, reference=reference
+        )
         explained = Explained(cut_parts(parts, memory_room(raw, max_chars)), tuple(chosen.raw), chosen.layout)
         applied = any(origin in _FROM_SUMMARY and text for origin, text in explained.memory)
-        shaped = dataclasses.replace(shaped, explained=explained, compression_applied=applied)
+        shaped = dataclasses.replace(
+            shaped,
+            explained=explained,
+            compression_applied=applied,
+            kb_snippets_used=None if want.kb_snippets is None else used,
+        )
         if carried is not None and carried.shown and carried.shown[-1].text and "carried" in chosen.chars:
             made = carried.shown[-1]
             carried = Carried(
@@ -630,12 +646,14 @@ class SessionReads:
         *,
         system_prompt: str | None,
         question: str | None,
+        reference: str = "",
     ) -> ContextAnswer:
         """The answer: the messages framed for a provider, the transcripts, the token estimates."""
         summary, info = walked.answer.summary, walked.info
         messages = frame(messages, system_prompt=system_prompt, question=question)
-        # What sending the whole history instead would cost, framed the same way.
-        framing = len(system_prompt or "") + len(question or "")
+        # What sending the whole history instead would cost, framed the same way (`reference`:
+        # the knowledge-base block, which it would carry too).
+        framing = len(system_prompt or "") + len(question or "") + len(reference)
         full = (info.content_chars if info else (walked.hot.content_chars or 0)) + framing
         returned = sum(m.size for m in messages)
         payload = summary.structured.get("payload") if summary else None

@@ -15,7 +15,7 @@ import functools
 import json
 import random
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 from urllib.parse import quote
@@ -239,16 +239,19 @@ class AsyncClient:
         system_prompt: str | None = None,
         max_chars: int | None = None,
         user_memory: str | None = None,
+        kb_snippets: Sequence[str] | None = None,
     ) -> TurnResult:
         """Load-then-append, the per-utterance call: the context to send the model (ending with
         the user's `content` as the question, framed by `system_prompt`, led by what `user_memory`
-        carries over from the user's earlier sessions), and the message stored."""
+        carries over from the user's earlier sessions, with this turn's `kb_snippets`, best first,
+        before the recent turns: counted in `max_chars`, never stored), and the message stored."""
         body = _body(
             content=content,
             message_id=message_id or new_message_id(),
             user_id=user_id,
             channel=channel,
             system_prompt=system_prompt,
+            kb_snippets=list(kb_snippets) if kb_snippets is not None else None,
         )
         code, data = await self._call(
             "POST",
@@ -355,11 +358,15 @@ class AsyncClient:
         system_prompt: str | None = None,
         question: str | None = None,
         user_memory: str | None = None,
+        kb_snippets: Sequence[str] | None = None,
     ) -> Context:
         """The memory to send the model, within `max_chars` (CONTEXT_MAX_CHARS by default); with
         `user_memory` (`profile`, `last_session`, `topic`, `off`; USER_MEMORY by default), led by
-        what the session carries over from its user's earlier sessions."""
+        what the session carries over from its user's earlier sessions; with `kb_snippets` (this
+        turn's knowledge-base passages, best first, sent in the URL: keep them short, or use
+        `turn`), those that fit before the recent turns (`Context.kb_snippets_used`)."""
         params = _params(max_chars=max_chars, system_prompt=system_prompt, question=question, user_memory=user_memory)
+        params += [("kb_snippet", snippet) for snippet in kb_snippets or ()]
         _, data = await self._call("GET", f"/v1/sessions/{_sid(session_id)}/context", params=params, user_id=user_id)
         return context_of(data)
 
@@ -505,7 +512,7 @@ class AsyncClient:
         path: str,
         *,
         body: dict[str, Any] | None = None,
-        params: dict[str, str] | None = None,
+        params: list[tuple[str, str]] | None = None,
         user_id: str | None = None,
         attempt_timeout: float | None = None,
         ok: tuple[int, ...] = (200, 201, 204),
@@ -548,7 +555,7 @@ class AsyncClient:
         self,
         method: str,
         path: str,
-        params: dict[str, str] | None,
+        params: list[tuple[str, str]] | None,
         body: dict[str, Any] | None,
         user_id: str | None,
         attempt_timeout: float | None,
@@ -599,8 +606,9 @@ def _body(**fields: object) -> dict[str, object]:
     return {k: v for k, v in fields.items() if v is not None}
 
 
-def _params(**fields: object) -> dict[str, str]:
-    return {k: str(v) for k, v in fields.items() if v is not None}
+def _params(**fields: object) -> list[tuple[str, str]]:
+    """The query of the fields given, as pairs: a parameter may repeat (`kb_snippet`)."""
+    return [(k, str(v)) for k, v in fields.items() if v is not None]
 
 
 def _retry_after(value: str | None) -> float | None:

@@ -98,6 +98,8 @@ class Context:
     state_version: int | None = None
     user_memory: CarriedMemory | None = None
     """What the memory carried over from the user's earlier sessions (`user_memory=`); None for nothing."""
+    kb_snippets_used: int | None = None
+    """How many of the call's `kb_snippets` the messages show, the first ones; None when it gave none."""
 
 
 @dataclass(frozen=True, slots=True)

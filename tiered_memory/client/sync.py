@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine, Iterator, Mapping
+from collections.abc import Coroutine, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -170,6 +170,7 @@ class Client:
         system_prompt: str | None = None,
         max_chars: int | None = None,
         user_memory: str | None = None,
+        kb_snippets: Sequence[str] | None = None,
     ) -> TurnResult:
         return self._run(
             self._async.turn(
@@ -181,6 +182,7 @@ class Client:
                 system_prompt=system_prompt,
                 max_chars=max_chars,
                 user_memory=user_memory,
+                kb_snippets=kb_snippets,
             )
         )
 
@@ -234,6 +236,7 @@ class Client:
         system_prompt: str | None = None,
         question: str | None = None,
         user_memory: str | None = None,
+        kb_snippets: Sequence[str] | None = None,
     ) -> Context:
         return self._run(
             self._async.context(
@@ -243,6 +246,7 @@ class Client:
                 system_prompt=system_prompt,
                 question=question,
                 user_memory=user_memory,
+                kb_snippets=kb_snippets,
             )
         )
 

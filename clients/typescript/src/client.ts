@@ -112,6 +112,11 @@ export interface TurnOptions extends CallOptions {
   maxChars?: number;
   /** What to carry over from the user's earlier sessions (USER_MEMORY by default). */
   userMemory?: UserMemoryMode;
+  /**
+   * This turn's knowledge-base (or MCP) snippets, best first (at most 16, 16 KiB in all): shown
+   * before the recent turns, counted in `maxChars`, never stored (`context.kb_snippets_used`).
+   */
+  kbSnippets?: readonly string[];
 }
 
 /** `context`'s query. */
@@ -121,6 +126,8 @@ export interface ContextOptions extends CallOptions {
   /** The question the context ends with; earlier turns that hold its words are recalled. */
   question?: string;
   userMemory?: UserMemoryMode;
+  /** As `turn`'s, sent in the URL (one `kb_snippet` each): keep them short, or use `turn`. */
+  kbSnippets?: readonly string[];
 }
 
 /** `rebuildSummary`'s wait. */
@@ -308,6 +315,7 @@ export class MemoryClient {
       user_id: options.userId,
       channel: options.channel,
       system_prompt: options.systemPrompt,
+      kb_snippets: options.kbSnippets,
     });
     const query = { max_chars: options.maxChars, user_memory: options.userMemory };
     const { status, data } = await this.#call(options, { method: "POST", path: `${session(sessionId)}/turns`, body, query });
@@ -408,6 +416,7 @@ export class MemoryClient {
       system_prompt: options.systemPrompt,
       question: options.question,
       user_memory: options.userMemory,
+      kb_snippet: options.kbSnippets,
     };
     const { data } = await this.#call(options, { method: "GET", path: `${session(sessionId)}/context`, query });
     return data as Context;

@@ -44,7 +44,8 @@ export interface CallSpec {
   method: "GET" | "POST" | "PUT" | "PATCH" | "DELETE";
   /** The path below the base URL, its segments already encoded. */
   path: string;
-  query?: Record<string, string | number | undefined>;
+  /** A list's items go as one parameter each, in order (`kb_snippet`). */
+  query?: Record<string, string | number | readonly string[] | undefined>;
   /** Sent as JSON. */
   body?: unknown;
   /** Sent as X-User-ID. */
@@ -209,7 +210,9 @@ export class Transport {
   #url(path: string, query: CallSpec["query"]): string {
     const params = new URLSearchParams();
     for (const [key, value] of Object.entries(query ?? {})) {
-      if (value !== undefined) {
+      if (Array.isArray(value)) {
+        value.forEach((item: string) => params.append(key, item));
+      } else if (value !== undefined) {
         params.append(key, String(value));
       }
     }

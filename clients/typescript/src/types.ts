@@ -139,6 +139,8 @@ export interface Context {
   state_version?: number;
   /** What the memory carried over from the user's earlier sessions; null for nothing. */
   user_memory: CarriedMemory | null;
+  /** How many of the call's `kbSnippets` the messages show, the first ones; left out when it gave none. */
+  kb_snippets_used?: number;
 }
 
 /**

@@ -83,6 +83,7 @@ const CONTEXT: Shape<Context> = {
   state: "optional",
   state_version: "optional",
   user_memory: "required",
+  kb_snippets_used: "optional",
 };
 const CHAT_MESSAGE: Shape<ChatMessage> = {
   role: "required",
@@ -312,6 +313,22 @@ describe("MemoryClient against a real daemon", () => {
 
   after(async () => {
     await daemon?.stop();
+  });
+
+  test("kbSnippets on turn (the body) and on context (one kb_snippet each, in order)", async () => {
+    const sid = newSid();
+    const userId = `u-${sid}`;
+    const snippets = ["Vitaboost: twice a day, after meals.", "Vitaboost & water? 30 sachets a box."];
+    const turn = await memory.turn(sid, "How do I take it?", { userId, kbSnippets: snippets });
+    assert.equal(turn.context.kb_snippets_used, 2);
+    const first = turn.context.messages[0]?.content ?? "";
+    assert.match(first, /^<reference>\n/);
+    assert.ok(first.includes(`[1] ${snippets[0]}\n[2] ${snippets[1]}\n</reference>\nHow do I take it?`), first);
+    await memory.append(sid, "assistant", "Twice a day.", { userId });
+    const context = await memory.context(sid, { userId, kbSnippets: [...snippets].reverse() });
+    assert.equal(context.kb_snippets_used, 2);
+    assert.ok((context.messages[0]?.content ?? "").includes(`[1] ${snippets[1]}\n[2] ${snippets[0]}`));
+    assert.equal((await memory.context(sid, { userId })).kb_snippets_used, undefined);
   });
 
   test("the gateway loop: turn, the reply, context, close, summary", async () => {

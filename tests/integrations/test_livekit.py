@@ -1,7 +1,8 @@
 """The LiveKit Agents adapter against a real daemon, driven by livekit-agents' own AgentSession
 without a room (text turns with `session.run`) and a scripted LLM: the memory reaches the model,
-committed items are stored once and in order, a barge-in is stored as interrupted, and the
-AgentSession's close closes the daemon session after the last append."""
+committed items are stored once and in order, function calls and their outputs with them, a
+barge-in is stored as interrupted, and the AgentSession's close closes the daemon session after the
+last append."""
 
 from __future__ import annotations
 
@@ -16,14 +17,16 @@ from livekit.agents import (
     AgentSession,
     AgentStateChangedEvent,
     ConversationItemAddedEvent,
+    FunctionToolsExecutedEvent,
     RunResult,
+    function_tool,
     llm,
 )
 from livekit.agents.types import DEFAULT_API_CONNECT_OPTIONS, NOT_GIVEN, APIConnectOptions, NotGivenOr
 
 from tests.integrations.conftest import LiveDaemon
 from tiered_memory.client import AsyncClient, Context, StoredMessage
-from tiered_memory.integrations.livekit import TieredMemory
+from tiered_memory.integrations.livekit import ITEM_PREFIX, TieredMemory
 
 RULES = "You are the support line of Acme Rail. Answer briefly."
 USER = "caller-7"
@@ -35,12 +38,16 @@ EARLIER_TURNS = [
 ]
 
 
+# A scripted reply: its words, or its words and then a function call.
+Reply = str | tuple[str, llm.FunctionToolCall]
+
+
 class ScriptedLLM(llm.LLM[Never]):
     """An LLM that answers each chat with the next scripted reply, word by word, and keeps every
-    chat context it was sent. With `hold`, a reply stops after its first chunk until cancelled:
-    a reply the user interrupts while it is being spoken."""
+    chat context it was sent. Reply number `hold` (from 0) stops after its first chunk until
+    cancelled: a reply the user interrupts while it is being spoken."""
 
-    def __init__(self, replies: list[str], *, hold: bool = False) -> None:
+    def __init__(self, replies: list[Reply], *, hold: int | None = None) -> None:
         super().__init__()
         self.replies = list(replies)
         self.hold = hold
@@ -56,17 +63,23 @@ class ScriptedLLM(llm.LLM[Never]):
         tool_choice: NotGivenOr[llm.ToolChoice] = NOT_GIVEN,
         extra_kwargs: NotGivenOr[dict[str, Any]] = NOT_GIVEN,
     ) -> llm.LLMStream:
+        hold = self.hold == len(self.seen)
         self.seen.append(chat_ctx.copy())
+        reply = self.replies.pop(0)
+        text, call = reply if isinstance(reply, tuple) else (reply, None)
         return ScriptedStream(
-            self, self.replies.pop(0), chat_ctx=chat_ctx, tools=tools or [], conn_options=conn_options
+            self, text, call, hold=hold, chat_ctx=chat_ctx, tools=tools or [], conn_options=conn_options
         )
 
 
 class ScriptedStream(llm.LLMStream):
-    def __init__(self, scripted: ScriptedLLM, text: str, **kwargs: Any) -> None:
+    def __init__(
+        self, scripted: ScriptedLLM, text: str, call: llm.FunctionToolCall | None, *, hold: bool, **kwargs: Any
+    ) -> None:
         super().__init__(scripted, **kwargs)
         self._text = text
-        self._hold = scripted.hold
+        self._call = call
+        self._hold = hold
 
     async def _run(self) -> None:
         words = self._text.split(" ")
@@ -77,6 +90,9 @@ class ScriptedStream(llm.LLMStream):
             )
             if self._hold and n == 0:
                 await asyncio.Event().wait()  # until the interruption cancels the generation
+        if self._call is not None:
+            delta = llm.ChoiceDelta(role="assistant", tool_calls=[self._call])
+            self._event_ch.send_nowait(llm.ChatChunk(id="scripted", delta=delta))
 
 
 def new_sid() -> str:
@@ -204,7 +220,7 @@ async def test_an_interrupted_reply_is_stored_as_interrupted_with_the_spoken_par
     that was spoken with `interrupted` set, and the daemon stores it so."""
     sid = new_sid()
     memory = TieredMemory(client, sid, user_id=USER)
-    scripted = ScriptedLLM(["Refunds take about fourteen days to arrive."], hold=True)
+    scripted = ScriptedLLM(["Refunds take about fourteen days to arrive."], hold=0)
     async with AgentSession[None](llm=scripted) as session:
         speaking = asyncio.Event()
 
@@ -268,3 +284,115 @@ async def test_a_daemon_failure_never_breaks_the_agent() -> None:
         await memory.aclose()
 
     assert reply.text_content == "Still here."
+
+
+LOOKUP = llm.FunctionToolCall(name="find_booking", arguments='{"code": "ZX-42"}', call_id="call_zx42")
+BOOKING = "Flight TP1351, seat 14C."
+
+
+class BookingAgent(Agent):
+    """An agent with one function tool, which looks a booking up."""
+
+    def __init__(self) -> None:
+        super().__init__(instructions=RULES)
+
+    @function_tool
+    async def find_booking(self, code: str) -> str:
+        """Look a booking up by its code."""
+        assert code == "ZX-42"
+        return BOOKING
+
+
+# A stored message's tool traffic: (role, content, tool_calls, tool_call_id, name).
+Traffic = tuple[str, str, list[dict[str, Any]] | None, str | None, str | None]
+
+
+def traffic(messages: list[StoredMessage]) -> list[Traffic]:
+    return [(m.role, m.content, m.tool_calls, m.tool_call_id, m.name) for m in messages]
+
+
+def recorded(item: llm.ChatItem) -> bool:
+    """Whether the adapter records `item` (LiveKit's history holds its own bookkeeping too)."""
+    if isinstance(item, llm.ChatMessage):
+        return item.role in ("user", "assistant")
+    return isinstance(item, (llm.FunctionCall, llm.FunctionCallOutput))
+
+
+def lookup_and_result() -> list[Traffic]:
+    call = {"id": LOOKUP.call_id, "type": "function", "function": {"name": LOOKUP.name, "arguments": LOOKUP.arguments}}
+    return [("assistant", "", [call], None, None), ("tool", BOOKING, None, LOOKUP.call_id, LOOKUP.name)]
+
+
+async def test_a_function_call_and_its_output_are_stored_in_commit_order(client: AsyncClient) -> None:
+    """The LLM says a few words and calls a tool, then answers with its output: the daemon stores
+    the words, the call (an assistant message with tool_calls) and its output (the tool message
+    answering it), then the answer, each once under its LiveKit item's id; a new agent loading the
+    session gets the call and its output back as LiveKit's own items, after the words before it."""
+    sid = new_sid()
+    memory = TieredMemory(client, sid, user_id=USER)
+    scripted = ScriptedLLM([("Let me look that up.", LOOKUP), "You fly TP1351, seat 14C."])
+    async with AgentSession[None](llm=scripted) as session:
+        memory.attach(session)
+        await session.start(BookingAgent())
+        await session.run(user_input="Which flight is booking ZX-42?")
+        await memory.flush()
+        items = [i for i in session.history.items if recorded(i)]
+        calls = [i for i in items if isinstance(i, llm.FunctionCall)]
+        outputs = [i for i in items if isinstance(i, llm.FunctionCallOutput)]
+        # The same calls recorded again (an event seen twice) are stored once.
+        again = FunctionToolsExecutedEvent(function_calls=calls, function_call_outputs=outputs)
+        session.emit("function_tools_executed", again)
+        await memory.flush()
+    await memory.aclose()
+
+    messages = await stored(client, sid)
+    assert traffic(messages) == [
+        ("user", "Which flight is booking ZX-42?", None, None, None),
+        ("assistant", "Let me look that up.", None, None, None),
+        *lookup_and_result(),
+        ("assistant", "You fly TP1351, seat 14C.", None, None, None),
+    ]
+    assert all(m.status == "completed" for m in messages)
+    assert [m.message_id for m in messages] == [i.id for i in items]
+
+    # An agent with the tool: LiveKit drops a loaded call of a tool the agent does not have.
+    agent = BookingAgent()
+    await TieredMemory(client, sid, user_id=USER).load_into(agent)
+    loaded = [i for i in agent.chat_ctx.items if i.id.startswith(ITEM_PREFIX)]
+    assert [i.type for i in loaded] == ["message", "message", "function_call", "function_call_output", "message"]
+    call, output = loaded[2], loaded[3]
+    assert isinstance(call, llm.FunctionCall)
+    assert (call.call_id, call.name, call.arguments) == (LOOKUP.call_id, LOOKUP.name, LOOKUP.arguments)
+    assert isinstance(output, llm.FunctionCallOutput)
+    assert (output.call_id, output.name, output.output) == (LOOKUP.call_id, LOOKUP.name, BOOKING)
+
+
+async def test_the_answer_to_a_function_call_cut_by_a_barge_in_is_stored_as_interrupted(client: AsyncClient) -> None:
+    """The answer with a tool's output is cut by the user: the call and its output are stored
+    before it, and it is stored `interrupted` with the part that was spoken."""
+    sid = new_sid()
+    memory = TieredMemory(client, sid, user_id=USER)
+    scripted = ScriptedLLM([("", LOOKUP), "You fly TP1351 from gate 12."], hold=1)
+    async with AgentSession[None](llm=scripted) as session:
+        speaking = asyncio.Event()
+
+        def on_state(event: AgentStateChangedEvent) -> None:
+            if event.new_state == "speaking" and len(scripted.seen) == 2:
+                speaking.set()
+
+        session.on("agent_state_changed", on_state)
+        memory.attach(session)
+        await session.start(BookingAgent())
+        run: RunResult[None] = session.run(user_input="Which flight is booking ZX-42?")
+        await asyncio.wait_for(speaking.wait(), 5)
+        await session.interrupt()
+        await run
+    await memory.aclose()
+
+    messages = await stored(client, sid)
+    assert traffic(messages) == [
+        ("user", "Which flight is booking ZX-42?", None, None, None),
+        *lookup_and_result(),
+        ("assistant", "You", None, None, None),
+    ]
+    assert messages[-1].status == "interrupted"

@@ -2,13 +2,16 @@
 aggregator fed the frames an STT service sends (a proposed turn start, the transcript, a proposed
 turn stop), a scripted LLM service, the adapter's two processors and the assistant aggregator.
 Without a TTS and a transport, the LLM's text frames are what the bot says; a barge-in is the
-interruption the user aggregator broadcasts when the user's next turn starts mid-reply."""
+interruption the user aggregator broadcasts when the user's next turn starts mid-reply. A function
+call is made as an LLM service makes it (`run_function_calls`), to a handler registered on it."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -16,6 +19,8 @@ import pytest
 from pipecat.frames.frames import (
     EndFrame,
     Frame,
+    FunctionCallFromLLM,
+    FunctionCallInProgressFrame,
     LLMContextFrame,
     LLMFullResponseEndFrame,
     LLMFullResponseStartFrame,
@@ -34,7 +39,7 @@ from pipecat.processors.aggregators.llm_response_universal import (
     LLMUserAggregatorParams,
 )
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
-from pipecat.services.llm_service import LLMService
+from pipecat.services.llm_service import FunctionCallParams, LLMService
 from pipecat.services.settings import LLMSettings
 from pipecat.turns.user_start import ExternalUserTurnStartStrategy
 from pipecat.turns.user_stop import ExternalUserTurnStopStrategy
@@ -54,11 +59,27 @@ APP_RULES = "Answer in one short sentence."
 STALL = None
 
 
+@dataclass(frozen=True)
+class Call:
+    """In a reply's script: the LLM calls a function (after the words before it, as a provider's
+    stream ends with its tool calls)."""
+
+    name: str
+    call_id: str
+    arguments: dict[str, Any]
+
+
+# In a reply's script, after a Call: the reply ends only once the call has reached the adapter's
+# assistant processor (a provider whose calls run before its response ends).
+CALL_HEARD = "<call heard>"
+Script = list[list[str | Call | None]]
+
+
 class ScriptedLLM(LLMService):
     """An LLM service that answers each context with the next reply of its script, chunk by
     chunk, and keeps a copy of every context it was given."""
 
-    def __init__(self, replies: list[list[str | None]]) -> None:
+    def __init__(self, replies: Script) -> None:
         # Every setting stated (pipecat logs an error for one left unset); none is used.
         settings = LLMSettings(
             model="scripted",
@@ -77,6 +98,7 @@ class ScriptedLLM(LLMService):
         self._replies = list(replies)
         self.contexts: list[list[dict[str, Any]]] = []
         self.stalled = asyncio.Event()
+        self.call_heard = asyncio.Event()
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
         await super().process_frame(frame, direction)
@@ -89,6 +111,11 @@ class ScriptedLLM(LLMService):
             if chunk is STALL:
                 self.stalled.set()
                 await asyncio.Event().wait()
+            elif isinstance(chunk, Call):
+                call = FunctionCallFromLLM(chunk.name, chunk.call_id, chunk.arguments, frame.context)
+                await self.run_function_calls([call])
+            elif chunk == CALL_HEARD:
+                await asyncio.wait_for(self.call_heard.wait(), timeout=10)
             else:
                 await self.push_frame(LLMTextFrame(chunk))
         await self.push_frame(LLMFullResponseEndFrame())
@@ -98,7 +125,7 @@ class Bot:
     """A pipeline of the user aggregator, the adapter's user processor, a scripted LLM, the
     adapter's assistant processor and the assistant aggregator; `say` speaks a user turn."""
 
-    def __init__(self, memory: TieredMemory, replies: list[list[str | None]]) -> None:
+    def __init__(self, memory: TieredMemory, replies: Script) -> None:
         self.llm = ScriptedLLM(replies)
         self.context = LLMContext([{"role": "developer", "content": APP_RULES}])
         strategies = UserTurnStrategies(
@@ -114,6 +141,12 @@ class Bot:
             await self.replies.put(message)
 
         assistant.add_event_handler("on_assistant_turn_stopped", replied)
+
+        async def heard(_: FrameProcessor, frame: Frame) -> None:
+            if isinstance(frame, FunctionCallInProgressFrame):
+                self.llm.call_heard.set()
+
+        memory.assistant().add_event_handler("on_after_process_frame", heard)
 
         processors = [pair.user(), memory.user(), self.llm, memory.assistant(), assistant]
         self.worker = PipelineWorker(
@@ -371,3 +404,147 @@ async def test_without_the_daemon_the_llm_gets_the_frameworks_own_context(sessio
     ]
     events = [e["event"] for e in logs if e["event"].startswith("pipecat.")]
     assert events == ["pipecat.turn_failed", "pipecat.append_failed"] * 2 + ["pipecat.close_failed"]
+
+
+BOOKING = {"flight": "TP1351", "seat": "14C"}
+LOOKUP = Call("find_booking", "call_zx42", {"code": "ZX-42"})
+
+
+def found_booking(bot: Bot) -> None:
+    async def find_booking(params: FunctionCallParams) -> None:
+        assert params.arguments == {"code": "ZX-42"}
+        await params.result_callback(BOOKING)
+
+    bot.llm.register_function("find_booking", find_booking)
+
+
+# A stored message's tool traffic: (role, content, tool_calls, tool_call_id).
+Traffic = tuple[str, str | None, list[dict[str, Any]] | None, str | None]
+
+
+def lookup_and_result() -> list[Traffic]:
+    """The call and its result as the daemon stores them."""
+    arguments = json.dumps(LOOKUP.arguments)
+    call = {"id": LOOKUP.call_id, "type": "function", "function": {"name": LOOKUP.name, "arguments": arguments}}
+    return [("assistant", "", [call], None), ("tool", json.dumps(BOOKING), None, LOOKUP.call_id)]
+
+
+def tool_traffic(messages: list[StoredMessage]) -> list[Traffic]:
+    return [(m.role, m.content, m.tool_calls, m.tool_call_id) for m in messages]
+
+
+@pytest.mark.parametrize("call_heard", ["after_the_response", "before_its_end"])
+async def test_a_function_call_and_its_result_are_stored_between_the_words_around_them(
+    client: AsyncClient, session_id: str, call_heard: str
+) -> None:
+    """The LLM says a few words, calls a function, and answers with its result: the daemon stores
+    the words, the call (an assistant message with tool_calls, ids derived from the call's), its
+    result (a tool message answering it, named after the function) and the answer, in that order,
+    whether the call reaches the adapter after the response or before it has ended; the next
+    turn's context brings the call and its result back as pipecat writes them."""
+    memory = TieredMemory(client, session_id, user_id=USER)
+    first: list[str | Call | None] = ["Let me look ", "that up.", LOOKUP]
+    if call_heard == "before_its_end":
+        first.append(CALL_HEARD)
+    bot = Bot(memory, [first, ["You fly TP1351, ", "seat 14C."], ["Gate 12."]])
+    found_booking(bot)
+
+    async def conversation(bot: Bot) -> None:
+        await bot.say("Which flight is booking ZX-42?")
+        assert (await bot.reply()).content == "Let me look that up."
+        assert (await bot.reply()).content == "You fly TP1351, seat 14C."
+        await bot.say("And the gate?")
+        await bot.reply()
+
+    await bot.run(conversation)
+
+    stored = await client.messages(session_id, user_id=USER)
+    assert said(stored) == [
+        ("user", "Which flight is booking ZX-42?", "completed"),
+        ("assistant", "Let me look that up.", "completed"),
+        ("assistant", "", "completed"),
+        ("tool", json.dumps(BOOKING), "completed"),
+        ("assistant", "You fly TP1351, seat 14C.", "completed"),
+        ("user", "And the gate?", "completed"),
+        ("assistant", "Gate 12.", "completed"),
+    ]
+    assert tool_traffic(stored[2:4]) == lookup_and_result()
+    assert stored[3].name == "find_booking"
+    assert [m.message_id for m in stored[2:4]] == ["pipecat.call.call_zx42", "pipecat.result.call_zx42"]
+    # The second inference had the result in pipecat's own context; the next turn's context is
+    # the daemon's, and holds the call (with the words before it) and its result the same way.
+    call = {"role": "assistant", "content": "Let me look that up.", "tool_calls": lookup_and_result()[0][2]}
+    result = {"role": "tool", "content": json.dumps(BOOKING), "tool_call_id": LOOKUP.call_id}
+    third = bot.llm.contexts[2]
+    assert third[-5:] == [
+        {"role": "user", "content": "Which flight is booking ZX-42?"},
+        call,
+        result,
+        {"role": "assistant", "content": "You fly TP1351, seat 14C."},
+        {"role": "user", "content": "And the gate?"},
+    ]
+
+
+async def test_a_reply_after_a_function_call_cut_by_a_barge_in_is_stored_as_interrupted(
+    client: AsyncClient, session_id: str
+) -> None:
+    """The answer with the function's result is cut by the user: the call and its result are
+    stored before it, and it is stored `interrupted` with the words spoken."""
+    memory = TieredMemory(client, session_id, user_id=USER)
+    bot = Bot(memory, [[LOOKUP], ["You fly ", "TP1351", STALL, " from gate 12."], ["Seat 14C."]])
+    found_booking(bot)
+
+    async def conversation(bot: Bot) -> None:
+        await bot.say("Which flight is booking ZX-42?")
+        assert (await bot.reply()).content == ""  # the response that only called the function
+        await asyncio.wait_for(bot.llm.stalled.wait(), timeout=10)
+        await bot.say("Which seat?")
+        cut = await bot.reply()
+        assert (cut.content, cut.interrupted) == ("You fly TP1351", True)
+        assert (await bot.reply()).content == "Seat 14C."
+
+    await bot.run(conversation)
+
+    stored = await client.messages(session_id, user_id=USER)
+    assert said(stored) == [
+        ("user", "Which flight is booking ZX-42?", "completed"),
+        ("assistant", "", "completed"),
+        ("tool", json.dumps(BOOKING), "completed"),
+        ("assistant", "You fly TP1351", "interrupted"),
+        ("user", "Which seat?", "completed"),
+        ("assistant", "Seat 14C.", "completed"),
+    ]
+    assert tool_traffic(stored[1:3]) == lookup_and_result()
+
+
+async def test_a_function_call_a_barge_in_cancels_is_answered_cancelled(client: AsyncClient, session_id: str) -> None:
+    """The user speaks on while the function runs: pipecat cancels the call, and the daemon gets
+    the call answered `CANCELLED`, as pipecat's context has it."""
+    memory = TieredMemory(client, session_id, user_id=USER)
+    bot = Bot(memory, [["One moment.", LOOKUP], ["Seat 14C."]])
+    running = asyncio.Event()
+
+    async def find_booking(params: FunctionCallParams) -> None:
+        running.set()
+        await asyncio.Event().wait()  # until the interruption cancels the call
+
+    bot.llm.register_function("find_booking", find_booking)
+
+    async def conversation(bot: Bot) -> None:
+        await bot.say("Which flight is booking ZX-42?")
+        await asyncio.wait_for(running.wait(), timeout=10)
+        assert (await bot.reply()).content == "One moment."
+        await bot.say("Just tell me the seat.")
+        assert (await bot.reply()).content == "Seat 14C."
+
+    await bot.run(conversation)
+
+    stored = await client.messages(session_id, user_id=USER)
+    assert tool_traffic(stored) == [
+        ("user", "Which flight is booking ZX-42?", None, None),
+        ("assistant", "One moment.", None, None),
+        lookup_and_result()[0],
+        ("tool", "CANCELLED", None, LOOKUP.call_id),
+        ("user", "Just tell me the seat.", None, None),
+        ("assistant", "Seat 14C.", None, None),
+    ]

@@ -12,25 +12,35 @@ The memory is the daemon's context as it stands (its leading system message, the
 put after the agent's own instructions: LiveKit keeps the instructions in a system message of their
 own (`update_instructions` replaces only that one), so the memory is a second system message, and
 a provider that takes one system prompt gets both joined, rules first, as the daemon lays them out.
+A tool call and its result come back as a FunctionCall and its FunctionCallOutput; LiveKit keeps
+them only in an agent that has that tool (`Agent.update_chat_ctx` drops the others).
 
 Recording follows `conversation_item_added`, which LiveKit emits once an item is committed to the
 history: a user's transcript, or a reply with only the part that was spoken (`interrupted` when the
-user cut in). Each is appended with the item's id as its message_id, so a retry is stored once; the
-appends wait in a queue drained by one task, in commit order, and never hold up the agent. A failed
-call to the daemon is logged and dropped: memory degrades, the conversation goes on.
+user cut in); and `function_tools_executed`, which it emits once a reply's function calls have run
+(or ended with the turn a user cut): each call as an assistant message with that one call in
+`tool_calls`, then each output as the `tool` message answering it, named after the function. A
+call whose output is empty (a tool that returned nothing, or asked for silence) is left out with
+it: the daemon stores no empty message, and a call without its result never reaches a context.
+Each is appended with the item's id as its message_id, so a retry is stored once; the appends wait
+in a queue drained by one task, in commit order, and never hold up the agent. A failed call to the
+daemon is logged and dropped: memory degrades, the conversation goes on. An async tool's later
+updates (`ctx.update`, a deferred result) go into the history without an event and are not stored.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from typing import Any, Final, Literal
 
 import structlog
-from livekit.agents import Agent, AgentSession, CloseEvent, ConversationItemAddedEvent, llm
+from livekit.agents import Agent, AgentSession, CloseEvent, ConversationItemAddedEvent, FunctionToolsExecutedEvent, llm
 
 from tiered_memory.client import AsyncClient, ClientError, Context
 from tiered_memory.client import ChatMessage as MemoryMessage
+from tiered_memory.integrations.tool_calls import call_of, tool_name
 
 log = structlog.get_logger("tiered_memory.integrations.livekit")
 
@@ -38,6 +48,8 @@ log = structlog.get_logger("tiered_memory.integrations.livekit")
 ITEM_PREFIX: Final = "tiered_memory."
 # The roles of the daemon's context messages that are LiveKit chat messages (a `tool` result is not).
 _ROLES: Final[dict[str, llm.ChatRole]] = {"system": "system", "user": "user", "assistant": "assistant"}
+# A committed item that is recorded: words said, a function call, or a call's output.
+_Item = llm.ChatMessage | llm.FunctionCall | llm.FunctionCallOutput
 
 
 def chat_items(context: Context, *, now: float | None = None) -> list[llm.ChatItem]:
@@ -119,7 +131,7 @@ class TieredMemory:
         self._channel = channel
         self._max_chars = max_chars
         self._user_memory = user_memory
-        self._queue: asyncio.Queue[llm.ChatMessage | None] = asyncio.Queue()
+        self._queue: asyncio.Queue[_Item | None] = asyncio.Queue()
         self._drain: asyncio.Task[None] | None = None
         self._closing: asyncio.Task[None] | None = None
         self._session: AgentSession[Any] | None = None
@@ -156,6 +168,7 @@ class TieredMemory:
         self._session = session
         self._drain = asyncio.get_running_loop().create_task(self._store_all(), name="tiered_memory.livekit.drain")
         session.on("conversation_item_added", self._on_item_added)
+        session.on("function_tools_executed", self._on_tools_executed)
         session.on("close", self._on_close)
 
     async def flush(self) -> None:
@@ -174,10 +187,19 @@ class TieredMemory:
         # Handoffs between agents and system notes are LiveKit's bookkeeping, not conversation.
         if not isinstance(item, llm.ChatMessage) or item.role not in ("user", "assistant"):
             return
-        if self._closing is not None:
-            log.warning("livekit.item_after_close", session_id=self.session_id, message_id=item.id)
+        self._record([item])
+
+    def _on_tools_executed(self, event: FunctionToolsExecutedEvent) -> None:
+        # The calls, then their outputs: the order LiveKit commits them to the history in.
+        ran = [(call, output) for call, output in event.zipped() if output.output.strip()]
+        self._record([call for call, _ in ran] + [output for _, output in ran])
+
+    def _record(self, items: Sequence[_Item]) -> None:
+        if items and self._closing is not None:
+            log.warning("livekit.item_after_close", session_id=self.session_id, message_id=items[0].id)
             return
-        self._queue.put_nowait(item)
+        for item in items:
+            self._queue.put_nowait(item)
 
     def _on_close(self, event: CloseEvent) -> None:
         # An event handler cannot await: the close runs as a task (`aclose` waits for it).
@@ -198,30 +220,53 @@ class TieredMemory:
                 self._queue.task_done()
         self._queue.task_done()
 
-    async def _store(self, item: llm.ChatMessage) -> None:
-        # `text_content` is what was said: LiveKit's expressive markup stripped from a reply.
-        text = item.text_content
-        if not text or not text.strip():
-            return
-        status = None if item.role == "user" else ("interrupted" if item.interrupted else "completed")
+    async def _store(self, item: _Item) -> None:
+        if isinstance(item, llm.FunctionCall):
+            call = call_of(item.call_id, item.name, item.arguments)
+            await self._append(item.id, "assistant", None, tool_calls=[call])
+        elif isinstance(item, llm.FunctionCallOutput):
+            await self._append(item.id, "tool", item.output, tool_call_id=item.call_id, name=tool_name(item.name))
+        else:
+            # `text_content` is what was said: LiveKit's expressive markup stripped from a reply.
+            text = item.text_content
+            if not text or not text.strip():
+                return
+            status = None if item.role == "user" else ("interrupted" if item.interrupted else "completed")
+            await self._append(item.id, item.role, text, status=status)
+
+    async def _append(
+        self,
+        message_id: str,
+        role: str,
+        content: str | None,
+        *,
+        status: str | None = None,
+        tool_calls: list[dict[str, Any]] | None = None,
+        tool_call_id: str | None = None,
+        name: str | None = None,
+    ) -> None:
         try:
             await self._client.append(
                 self.session_id,
-                item.role,
-                text,
-                message_id=item.id,
+                role,
+                content,
+                message_id=message_id,
                 user_id=self.user_id,
                 channel=self._channel,
                 status=status,
+                tool_calls=tool_calls,
+                tool_call_id=tool_call_id,
+                name=name,
             )
         except ClientError as exc:
             log.warning(
-                "livekit.append_failed", session_id=self.session_id, message_id=item.id, role=item.role, error=repr(exc)
+                "livekit.append_failed", session_id=self.session_id, message_id=message_id, role=role, error=repr(exc)
             )
 
     async def _close(self) -> None:
         if self._session is not None:
             self._session.off("conversation_item_added", self._on_item_added)
+            self._session.off("function_tools_executed", self._on_tools_executed)
             self._session.off("close", self._on_close)
         if self._drain is not None:
             self._queue.put_nowait(None)

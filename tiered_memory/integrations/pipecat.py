@@ -31,7 +31,16 @@ The store runs in the background; the next user turn waits for it, so the daemon
 assistant messages in the order they were spoken. EndFrame and CancelFrame (what a pipeline gets
 when the caller hangs up: bots cancel their pipeline on disconnect) both close the daemon session,
 after the last reply is stored; a reply still being spoken at a CancelFrame is stored as
-interrupted. Function calls and their results are not stored: the spoken reply says what they found.
+interrupted.
+
+Function calls are stored as pipecat's assistant aggregator puts them in the context: each call, as
+its FunctionCallInProgressFrame passes, as an assistant message with that one call in `tool_calls`;
+its final result (the handler's result as JSON, `COMPLETED` for none) or `CANCELLED` when an
+interruption cancelled it, as the `tool` message answering it, named after the function. Their
+message_ids derive from the call id (`pipecat.call.<id>`, `pipecat.result.<id>`), so a call is
+stored once. A call made while a reply is being spoken is stored after that reply, as the LLM wrote
+them; an async call's progress reports are not stored (its final result answers the call). On the
+way back, the daemon's context brings calls and results into the LLM context in pipecat's shape.
 
 The daemon failing never stops the pipeline: a failed turn is logged and the LLM gets the
 framework's own context unchanged; a failed store or close is logged and dropped.
@@ -40,7 +49,9 @@ framework's own context unchanged; a failed store or close is logged and dropped
 from __future__ import annotations
 
 import asyncio
-from typing import Final, cast
+import json
+from dataclasses import dataclass
+from typing import Any, Final, cast
 
 import structlog
 from pipecat.frames.frames import (
@@ -49,6 +60,9 @@ from pipecat.frames.frames import (
     EagerTranscriptionFrame,
     EndFrame,
     Frame,
+    FunctionCallCancelFrame,
+    FunctionCallInProgressFrame,
+    FunctionCallResultFrame,
     InterimTranscriptionFrame,
     InterruptionFrame,
     LLMAssistantPushAggregationFrame,
@@ -66,6 +80,7 @@ from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 from pipecat.utils.string import TextPartForConcatenation, concatenate_aggregated_text
 
 from tiered_memory.client import AsyncClient, ChatMessage, ClientError, NotFound, TurnResult, new_message_id
+from tiered_memory.integrations.tool_calls import call_of, derived_message_id, tool_name
 
 log = structlog.get_logger("tiered_memory.integrations.pipecat")
 
@@ -73,12 +88,29 @@ log = structlog.get_logger("tiered_memory.integrations.pipecat")
 _INSTRUCTIONS: Final = ("system", "developer")
 # Text frames that are what the user said, not the bot (the assistant aggregator skips them too).
 _HEARD: Final = (TranscriptionFrame, InterimTranscriptionFrame, TranslationFrame, EagerTranscriptionFrame)
+# What pipecat's assistant aggregator puts in the context as the result of a call that returned
+# nothing, or that an interruption cancelled: the daemon gets the same.
+_NO_RESULT: Final = "COMPLETED"
+_CANCELLED: Final = "CANCELLED"
 # Seconds the end of a pipeline waits for the replies still being stored, then for the close.
 _FLUSH_TIMEOUT_S: Final = 5.0
 _CLOSE_TIMEOUT_S: Final = 5.0
 # Seconds a user turn waits for an interruption to travel from user() to assistant(): frames take
 # milliseconds; the bound only keeps a pipeline that swallows interruptions from stalling.
 _CUT_TIMEOUT_S: Final = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Message:
+    """One message for the daemon's append API, as `AsyncClient.append` takes it."""
+
+    role: str
+    content: str | None
+    message_id: str
+    status: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
 
 
 class TieredMemory:
@@ -244,6 +276,11 @@ class TieredMemoryUserProcessor(FrameProcessor):
             item = message.to_dict()
             if n == 0 and message.role == "system":
                 item["role"] = "developer"
+            # Tool traffic as pipecat's assistant aggregator writes it: a call message has no
+            # content of its own, a result no name (the providers' adapters find it by call id).
+            if message.tool_calls and not message.content:
+                del item["content"]
+            item.pop("name", None)
             out.append(cast(LLMContextMessage, item))
         self._note = out[0] if out and messages[0].role == "system" else None
         self._question = out[-1] if out and messages[-1].role == "user" else None
@@ -260,6 +297,10 @@ class TieredMemoryAssistantProcessor(FrameProcessor):
         super().__init__(enable_direct_mode=True)
         self._memory = memory
         self._reply: list[TextPartForConcatenation] | None = None  # None: no reply in progress
+        # Function calls and results seen while a reply is in progress, stored after it: the LLM
+        # wrote the reply's words before its calls, and the daemon gets them in that order.
+        self._held: list[_Message] = []
+        self._calls: set[str] = set()  # the calls stored (or held) without their result yet
         self._closed = False
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
@@ -279,6 +320,8 @@ class TieredMemoryAssistantProcessor(FrameProcessor):
                 self._memory._interrupted()
             elif isinstance(frame, TextFrame):
                 self._hear(frame)
+            elif isinstance(frame, (FunctionCallInProgressFrame, FunctionCallResultFrame, FunctionCallCancelFrame)):
+                self._function_call(frame)
             elif isinstance(frame, EndFrame):
                 # The transport passes EndFrame on once everything before it has been played.
                 self._end_reply("completed")
@@ -295,37 +338,91 @@ class TieredMemoryAssistantProcessor(FrameProcessor):
         text = frame.raw_text if isinstance(frame, AggregatedTextFrame) and frame.raw_text else frame.text
         self._reply.append(TextPartForConcatenation(text, includes_inter_part_spaces=frame.includes_inter_frame_spaces))
 
+    def _function_call(
+        self, frame: FunctionCallInProgressFrame | FunctionCallResultFrame | FunctionCallCancelFrame
+    ) -> None:
+        """Store a call as the assistant message that makes it, and its final result (or its
+        cancellation) as the tool message answering it, as pipecat's assistant aggregator puts
+        them in the context: one message per call, the result as JSON text."""
+        call_id = frame.tool_call_id
+        if isinstance(frame, FunctionCallInProgressFrame):
+            arguments = json.dumps(frame.arguments, ensure_ascii=False)
+            self._calls.add(call_id)
+            self._tool_message(
+                _Message(
+                    "assistant",
+                    None,
+                    derived_message_id("pipecat.call", call_id),
+                    tool_calls=[call_of(call_id, frame.function_name, arguments)],
+                )
+            )
+            return
+        if isinstance(frame, FunctionCallResultFrame):
+            if frame.properties is not None and not frame.properties.is_final:
+                return  # an async call's progress report: its final result answers the call
+            result = json.dumps(frame.result, ensure_ascii=False) if frame.result else _NO_RESULT
+        else:
+            result = _CANCELLED
+        if call_id not in self._calls:
+            return  # a call this processor never saw start (the aggregator drops it too), or settled
+        self._calls.discard(call_id)
+        self._tool_message(
+            _Message(
+                "tool",
+                result,
+                derived_message_id("pipecat.result", call_id),
+                tool_call_id=call_id,
+                name=tool_name(frame.function_name),
+            )
+        )
+
+    def _tool_message(self, message: _Message) -> None:
+        if self._reply is not None:
+            self._held.append(message)
+        else:
+            self._store(message)
+
     def _end_reply(self, status: str) -> None:
         parts, self._reply = self._reply, None
+        held, self._held = self._held, []
         text = concatenate_aggregated_text(parts).strip() if parts else ""
-        if not text:
-            return  # nothing was said: the question stands unanswered
-        # Stored after what is being stored already, so a slow or retried store (a function call's
-        # first reply) is not overtaken by the next reply.
+        # Nothing said: the question stands unanswered (the calls made meanwhile are still stored).
+        if text:
+            self._store(_Message("assistant", text, new_message_id(), status=status))
+        for message in held:
+            self._store(message)
+
+    def _store(self, message: _Message) -> None:
+        """Store `message` in the background, after what is being stored already, so a slow or
+        retried store (a function call's first reply) is not overtaken by the next message."""
         before = list(self._memory._stores)
-        task = self.create_task(self._store(text, status, new_message_id(), before), name="tiered_memory_store")
+        task = self.create_task(self._append(message, before), name="tiered_memory_store")
         self._memory._track(task)
 
-    async def _store(self, text: str, status: str, message_id: str, before: list[asyncio.Task[object]]) -> None:
+    async def _append(self, message: _Message, before: list[asyncio.Task[object]]) -> None:
         memory = self._memory
         if before:
             await asyncio.wait(before)
         try:
             await memory.client.append(
                 memory.session_id,
-                "assistant",
-                text,
-                message_id=message_id,
+                message.role,
+                message.content,
+                message_id=message.message_id,
                 user_id=memory.user_id,
                 channel=memory.channel,
-                status=status,
+                status=message.status,
+                tool_calls=message.tool_calls,
+                tool_call_id=message.tool_call_id,
+                name=message.name,
             )
         except ClientError as exc:
             log.warning(
                 "pipecat.append_failed",
                 session_id=memory.session_id,
-                message_id=message_id,
-                status=status,
+                message_id=message.message_id,
+                role=message.role,
+                status=message.status,
                 error=repr(exc),
             )
 

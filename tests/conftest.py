@@ -379,6 +379,11 @@ class Daemon:
         body: dict[str, Any] = await resp.json()
         return body
 
+    async def stored(self, sid: str) -> list[dict[str, Any]]:
+        """The session's stored messages, as `GET …/messages` lists them (its first page)."""
+        messages: list[dict[str, Any]] = (await self.get(f"/v1/sessions/{sid}/messages"))["messages"]
+        return messages
+
     async def start_quiet(self, llm: FakeLlm) -> None:
         """Start, let the start-up sweep finish with a working LLM, and forget the calls it made:
         on the real servers the database is shared by the run's tests, and the sweep summarizes

@@ -19,11 +19,6 @@ async def _patch(daemon: Daemon, sid: str, mid: str, body: dict[str, Any], statu
     return answer
 
 
-async def _stored(daemon: Daemon, sid: str) -> list[dict[str, Any]]:
-    messages: list[dict[str, Any]] = (await daemon.get(f"/v1/sessions/{sid}/messages"))["messages"]
-    return messages
-
-
 async def test_a_streaming_reply_is_finalized_and_completes_its_turn(daemon: Daemon) -> None:
     """A reply stored while streaming completes no turn; patched to completed with its final
     text it completes the turn (a summary at its cadence point), the context shows it, and the
@@ -68,7 +63,7 @@ async def test_a_reply_cut_by_a_barge_in_and_a_corrected_transcript(daemon: Daem
         {"role": "user", "content": "我想订三张去杭州的票"},
         {"role": "assistant", "content": "好的，三张去杭州的票，请问哪天（被打断）"},
     ]
-    stored = await _stored(daemon, sid)
+    stored = await daemon.stored(sid)
     assert [(m["content"], m["status"]) for m in stored[2:]] == [
         ("我想订三张去杭州的票", "completed"),
         ("好的，三张去杭州的票，请问哪天", "interrupted"),
@@ -92,7 +87,7 @@ async def test_a_summarized_message_cannot_be_changed(daemon: Daemon) -> None:
     assert (await daemon.get(f"/v1/sessions/{sid}/summary"))["covered_turns"] == 3
     refused = await _patch(daemon, sid, "u-1", {"content": "改过的话"}, status=409)
     assert refused["error"]["code"] == "already_summarized"
-    assert (await _stored(daemon, sid))[0]["content"] == ZH_12_TURNS[0][0]
+    assert (await daemon.stored(sid))[0]["content"] == ZH_12_TURNS[0][0]
     assert (await _patch(daemon, sid, "u-4", {"content": "改过的第四句"}))["changed"] is True
 
 
@@ -121,10 +116,10 @@ async def test_bad_patches_change_nothing(
     await daemon.post(sid, "assistant", "活力健是", status="streaming", message_id="r-0")
     await daemon.post(sid, "assistant", ZH_12_TURNS[0][1], message_id="r-1")
     await daemon.post(sid, "user", ZH_12_TURNS[1][0], message_id="u-2")
-    before = await _stored(daemon, sid)
+    before = await daemon.stored(sid)
     answer = await _patch(daemon, sid, mid, body, status=status)
     assert answer["error"]["code"] == code
-    assert await _stored(daemon, sid) == before
+    assert await daemon.stored(sid) == before
     assert (await daemon.get(f"/v1/sessions/{sid}"))["turn_count"] == 1
 
 
@@ -136,4 +131,4 @@ async def test_a_patch_of_an_unknown_session_or_another_users_is_refused(daemon:
         f"/v1/sessions/{sid}/messages/u-1", json={"content": "x"}, headers={"X-User-ID": "bob"}
     )
     assert resp.status == 403
-    assert (await _stored(daemon, sid))[0]["content"] == "你好"
+    assert (await daemon.stored(sid))[0]["content"] == "你好"

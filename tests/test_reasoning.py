@@ -44,11 +44,6 @@ async def _send(daemon: Daemon, sid: str, body: dict[str, Any], status: int = 20
     return answer
 
 
-async def _stored(daemon: Daemon, sid: str) -> list[dict[str, Any]]:
-    messages: list[dict[str, Any]] = (await daemon.get(f"/v1/sessions/{sid}/messages"))["messages"]
-    return messages
-
-
 async def _reasoned_conversation(daemon: Daemon, sid: str, **user: str) -> None:
     """Four turns; the second reply's reasoning holds _SECRET."""
     for n, (question, answer) in enumerate(_LONG_TURNS):
@@ -84,7 +79,7 @@ async def test_reasoning_is_stored_and_listed_with_its_message(daemon: Daemon) -
     resp = await daemon.http.post(f"/v1/sessions/{sid}/messages/batch", json=batch)
     assert resp.status == 201, await resp.text()
     await daemon.flush_hot()
-    stored = await _stored(daemon, sid)
+    stored = await daemon.stored(sid)
     assert [(m.get("thinking_content"), m.get("thinking_duration")) for m in stored] == [
         (None, None),
         ("试 7：7 × 13 = 91。", 0),
@@ -114,7 +109,7 @@ async def test_a_retry_must_repeat_the_reasoning(daemon: Daemon) -> None:
     for changed in ({"thinking_content": "13 × 7"}, {"thinking_duration": 4}, {"thinking_content": None}):
         answer = await _send(daemon, sid, {**reply, **changed}, 409)
         assert answer["error"]["code"] == "conflict", answer
-    stored = await _stored(daemon, sid)
+    stored = await daemon.stored(sid)
     assert [(m["message_id"], m.get("thinking_content"), m.get("thinking_duration")) for m in stored[1:]] == [
         ("r-1", "7 × 13", 3)
     ]
@@ -175,7 +170,7 @@ async def test_a_patch_keeps_the_reasoning_and_answers_with_it(daemon: Daemon) -
         "A fox, then a crow.",
         5,
     )
-    assert (await _stored(daemon, sid))[1] == patched
+    assert (await daemon.stored(sid))[1] == patched
 
 
 async def test_reasoning_never_reaches_a_context_the_summary_recall_or_the_profile(daemon: Daemon) -> None:
@@ -186,7 +181,7 @@ async def test_reasoning_never_reaches_a_context_the_summary_recall_or_the_profi
     sid = new_sid()
     user = "u-" + sid
     await _reasoned_conversation(daemon, sid, user_id=user)
-    assert _SECRET in json.dumps(await _stored(daemon, sid))
+    assert _SECRET in json.dumps(await daemon.stored(sid))
     asking = await daemon.get(f"/v1/sessions/{sid}/context?question=What+about+{_SECRET}%3F&max_chars=400")
     # The question is the caller's own, handed back as the last message: only the rest is memory.
     assert asking["messages"].pop()["content"] == f"What about {_SECRET}?"

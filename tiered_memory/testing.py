@@ -28,6 +28,22 @@ from typing import IO, Any
 import aiohttp
 from aiohttp import web
 
+__all__ = [
+    "EN_3_TURNS",
+    "MIXED_3_TURNS",
+    "ZH_12_TURNS",
+    "ZH_EARLY_EVIDENCE",
+    "Behaviour",
+    "ChildFailed",
+    "ChildProcess",
+    "DaemonProcess",
+    "FakeLlm",
+    "command",
+    "free_port",
+    "processes",
+    "read_terminal",
+]
+
 # How often a starting child is asked whether it is ready, and how long one answer may take (a
 # slower one counts as not ready yet: the start-up deadline is what fails).
 _POLL_S = 0.05

@@ -59,6 +59,8 @@ from langchain_core.runnables.config import run_in_executor
 
 from tiered_memory.client import AsyncClient, ChatMessage, Client, NotFound, StoredMessage, new_message_id
 
+__all__ = ["TieredMemoryChatHistory"]
+
 # What the daemon accepts as a message_id, and how many messages one batch holds at most.
 _MESSAGE_ID = re.compile(r"[\x21-\x7e]{1,128}")
 _BATCH = 500

@@ -40,7 +40,9 @@ from livekit.agents import Agent, AgentSession, CloseEvent, ConversationItemAdde
 
 from tiered_memory.client import AsyncClient, ClientError, Context
 from tiered_memory.client import ChatMessage as MemoryMessage
-from tiered_memory.integrations.tool_calls import call_of, tool_name
+from tiered_memory.integrations._tool_calls import call_of, tool_name
+
+__all__ = ["ITEM_PREFIX", "TieredMemory", "chat_items", "with_memory"]
 
 log = structlog.get_logger("tiered_memory.integrations.livekit")
 

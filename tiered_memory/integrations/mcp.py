@@ -28,6 +28,8 @@ from tiered_memory import __version__
 from tiered_memory.client import ApiError, AsyncClient, ClientError, Timeout
 from tiered_memory.client.models import ChatMessage, ProfileItem, StoredMessage
 
+__all__ = ["DEFAULT_HTTP_PORT", "Options", "build_server", "run"]
+
 log = structlog.get_logger("tiered_memory.mcp")
 
 DEFAULT_HTTP_PORT = 8090

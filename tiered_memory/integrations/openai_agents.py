@@ -50,6 +50,8 @@ from agents.memory.session_settings import resolve_session_limit
 
 from tiered_memory.client import AsyncClient, Conflict, NotFound, StoredMessage, new_message_id
 
+__all__ = ["TieredMemorySession"]
+
 # What the daemon accepts as a message id and as a tool's name, and a batch's size at most.
 _MESSAGE_ID = re.compile(r"[\x21-\x7e]{1,128}")
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")

@@ -80,7 +80,9 @@ from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 from pipecat.utils.string import TextPartForConcatenation, concatenate_aggregated_text
 
 from tiered_memory.client import AsyncClient, ChatMessage, ClientError, NotFound, TurnResult, new_message_id
-from tiered_memory.integrations.tool_calls import call_of, derived_message_id, tool_name
+from tiered_memory.integrations._tool_calls import call_of, derived_message_id, tool_name
+
+__all__ = ["TieredMemory", "TieredMemoryAssistantProcessor", "TieredMemoryUserProcessor"]
 
 log = structlog.get_logger("tiered_memory.integrations.pipecat")
 

@@ -1,4 +1,4 @@
-"""The README and the example env file stay true to the code: every setting and metric is listed."""
+"""The README, docs/ and the example env file stay true to the code: every setting and metric is listed."""
 
 from __future__ import annotations
 
@@ -12,16 +12,17 @@ from tiered_memory.metrics import Metrics
 from tiered_memory.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
+DOCS = sorted((ROOT / "docs").glob("*.md"))
 
 
 def _setting_names() -> set[str]:
     return {f.alias for f in Settings.model_fields.values() if f.alias}
 
 
-def test_readme_documents_every_variable() -> None:
-    """The README's environment table lists exactly the variables the daemon reads."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    table = set(re.findall(r"^\| `([A-Z_]+)` \|", readme, flags=re.MULTILINE))
+def test_docs_document_every_variable() -> None:
+    """docs/CONFIGURATION.md's environment table lists exactly the variables the daemon reads."""
+    text = (ROOT / "docs" / "CONFIGURATION.md").read_text(encoding="utf-8")
+    table = set(re.findall(r"^\| `([A-Z_]+)` \|", text, flags=re.MULTILINE))
     assert table == _setting_names()
 
 
@@ -37,10 +38,10 @@ def test_example_env_lists_every_variable() -> None:
         assert effective[name] in (value, f"{value}.0"), name
 
 
-def test_readme_documents_every_metric() -> None:
-    """The README's metrics table names every metric the daemon exports."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    documented = set(re.findall(r"^\| `(tiered_memory_[a-z_]+)` \|", readme, flags=re.MULTILINE))
+def test_docs_document_every_metric() -> None:
+    """docs/DEPLOY.md's metrics table names every metric the daemon exports."""
+    text = (ROOT / "docs" / "DEPLOY.md").read_text(encoding="utf-8")
+    documented = set(re.findall(r"^\| `(tiered_memory_[a-z_]+)` \|", text, flags=re.MULTILINE))
     registry = CollectorRegistry()
     Metrics(registry)
     exported = {m.name for m in registry.collect()}
@@ -49,12 +50,12 @@ def test_readme_documents_every_metric() -> None:
 
 
 def test_every_install_line_names_this_distribution() -> None:
-    """Every `pip install` of the package in README and the integrations' docstrings names the
+    """Every `pip install` of the package in README, docs/ and the integrations' docstrings names the
     distribution pyproject.toml builds (the index's `tiered-memory` is another project's: a user
     following an old line installed a stranger's code)."""
     name = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["name"]
     assert name != "tiered-memory"
-    texts = [ROOT / "README.md", *sorted((ROOT / "tiered_memory").rglob("*.py"))]
+    texts = [ROOT / "README.md", *DOCS, *sorted((ROOT / "tiered_memory").rglob("*.py"))]
     installs = [
         found
         for path in texts

@@ -1,7 +1,8 @@
 """Lifecycle events through a real receiver process (tests/receiver.py): what each event says and
-in which order, signed as README documents (its snippet is what checks them here), a receiver
-slow for one session, the Redis stream sink, and, on real Redis + MariaDB, delivery through a
-receiver that fails, hangs and drops connections while the daemon is SIGKILLed and restarted."""
+in which order, signed as docs/OPERATIONS.md documents (its snippet is what checks them here), a
+receiver slow for one session, the Redis stream sink, and, on real Redis + MariaDB, delivery
+through a receiver that fails, hangs and drops connections while the daemon is SIGKILLed and
+restarted."""
 
 from __future__ import annotations
 
@@ -32,8 +33,8 @@ Verify = Callable[[bytes, dict[str, str], bytes], bool]
 
 
 def documented_verify(tmp: Path) -> Verify:
-    """README's snippet for checking a webhook, imported as written."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    """docs/OPERATIONS.md's snippet for checking a webhook, imported as written."""
+    text = (ROOT / "docs" / "OPERATIONS.md").read_text(encoding="utf-8")
     code = text.split("<!-- webhook-verify -->\n```python\n", 1)[1].split("\n```", 1)[0]
     path = tmp / "readme_verify.py"
     path.write_text(code, encoding="utf-8")

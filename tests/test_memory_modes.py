@@ -518,7 +518,7 @@ async def test_a_late_reply_part_is_summarized_with_the_next_turn(daemon: Daemon
 
 
 async def test_the_product_named_in_turn_one_is_in_every_context_from_150_characters(daemon: Daemon) -> None:
-    """The README's 12-turn example: 活力健 is named only in turn 1 (and by the assistant),
+    """The 12-turn test conversation (ZH_12_TURNS): 活力健 is named only in turn 1 (and by the assistant),
     and the context holds it at every budget of 150 characters or more, with the last turn raw."""
     sid = new_sid()
     await play(daemon, sid, ZH_12_TURNS[:11])

@@ -131,7 +131,7 @@ def body(
 
 def signature(secret: bytes, timestamp: str, raw_body: bytes) -> str:
     """`sha256=` and the hex HMAC-SHA256 of `timestamp`, a dot and the body, keyed by WEBHOOK_SECRET:
-    what SIGNATURE_HEADER carries (README shows a receiver's check)."""
+    what SIGNATURE_HEADER carries (docs/OPERATIONS.md shows a receiver's check)."""
     mac = hmac.new(secret, timestamp.encode() + b"." + raw_body, hashlib.sha256)
     return "sha256=" + mac.hexdigest()
 

@@ -23,7 +23,7 @@ import redis
 from tests.conftest import Daemon, MakeDaemon, RealServers, new_sid, redis_flush_prefix, sql_rows
 from tests.processes import run_cli
 from tiered_memory.errors import ConfigError
-from tiered_memory.events import Sink
+from tiered_memory.events import SIGNATURE_HEADER, TIMESTAMP_HEADER, Sink, signature
 from tiered_memory.settings import Settings
 from tiered_memory.testing import ChildProcess, DaemonProcess, FakeLlm, free_port, processes
 
@@ -437,6 +437,21 @@ async def test_a_receiver_is_never_followed_elsewhere_nor_read_whole(
     await until(lambda: (tmp_path / "huge-sent").exists())
     await until(lambda: attempts("delivered") >= 1, 10)
     assert int((tmp_path / "huge-sent").read_text()) < 32 << 20
+
+
+def test_the_documented_snippet_accepts_the_daemons_signature_only(tmp_path: Path) -> None:
+    """The receiver's check in docs/OPERATIONS.md accepts what `events.signature` signs, and refuses
+    another body, another secret and a timestamp older than its tolerance."""
+    verify = documented_verify(tmp_path)
+    body = b'{"id": "e-1", "type": "session.closed"}'
+    now = str(int(time.time()))
+    headers = {TIMESTAMP_HEADER: now, SIGNATURE_HEADER: signature(SECRET.encode(), now, body)}
+    assert verify(SECRET.encode(), headers, body)
+    assert not verify(SECRET.encode(), headers, body + b" ")
+    assert not verify(b"another-secret", headers, body)
+    old = str(int(time.time()) - 301)
+    stale = {TIMESTAMP_HEADER: old, SIGNATURE_HEADER: signature(SECRET.encode(), old, body)}
+    assert not verify(SECRET.encode(), stale, body)
 
 
 def test_webhooks_may_be_required_to_be_https() -> None:

@@ -313,20 +313,7 @@ class SessionReads:
         question, excluded, kb = want.question, want.exclude_message_id, want.kb_snippets or ()
         # The memory's budget: what the knowledge-base snippets' share leaves (all without them).
         max_chars = want.max_chars - kb_snippets.reserve(kb, want.max_chars)
-        hot = await self._errors.hot("read_session", self._hot.read_session(key), _NO_HOT)
-        if hot.owner is not None and not _in_namespace(hot.owner, key):
-            hot = _NO_HOT
-        known: SessionInfo | None = None
-        if hot.owner is not None:
-            authorize(caller, hot.owner)
-        elif not caller.unrestricted:
-            known = await self._store.get_session(key, replica=True)
-            if known is None:
-                # SQL knows no such session: whatever the cache still holds is shown to nobody.
-                hot = _NO_HOT
-            else:
-                authorize(caller, known.owner)
-
+        hot, known = await self._authorized(key, caller)
         keep = 0 if self._s.memory_mode == "none" else self._s.keep_recent_turns
         (answer, warm_info), (available, info, rows) = await asyncio.gather(
             self._context_summary(key, caller, hot, max_chars), self._window_rows(key, hot, known, keep)
@@ -373,6 +360,24 @@ class SessionReads:
             )
             return dataclasses.replace(shaped, carried=carried)
         return shaped
+
+    async def _authorized(self, key: SessionKey, caller: Caller) -> tuple[HotSession, SessionInfo | None]:
+        """The hot tier's entry of the session once the caller may read it, and the SQL row when
+        the hot tier did not know the owner and SQL was asked (Forbidden otherwise)."""
+        hot = await self._errors.hot("read_session", self._hot.read_session(key), _NO_HOT)
+        if hot.owner is not None and not _in_namespace(hot.owner, key):
+            hot = _NO_HOT
+        known: SessionInfo | None = None
+        if hot.owner is not None:
+            authorize(caller, hot.owner)
+        elif not caller.unrestricted:
+            known = await self._store.get_session(key, replica=True)
+            if known is None:
+                # SQL knows no such session: whatever the cache still holds is shown to nobody.
+                hot = _NO_HOT
+            else:
+                authorize(caller, known.owner)
+        return hot, known
 
     async def _carried(
         self,

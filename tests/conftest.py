@@ -42,14 +42,14 @@ from tests.galera import galera  # noqa: F401 - the fixture, for every test modu
 from tests.replication import replication  # noqa: F401 - the fixture, for every test module
 from tests.topologies import RedisClusterProcesses
 from tiered_memory.app import create_app
-from tiered_memory.app_keys import HOT_KEY, SERVICE_KEY, STORE_KEY, TEXT_KEY
+from tiered_memory.core.service import MemoryService
+from tiered_memory.http.keys import HOT_KEY, SERVICE_KEY, STORE_KEY, TEXT_KEY
 from tiered_memory.model import SessionKey
-from tiered_memory.service import MemoryService
 from tiered_memory.settings import Settings
 from tiered_memory.summarize.extractive import Extractor
+from tiered_memory.summarize.lane import new_pools
 from tiered_memory.testing import Behaviour, FakeLlm
-from tiered_memory.text_lane import new_pools
-from tiered_memory.tiers.sql_store import SqlStore
+from tiered_memory.tiers.sql.store import SqlStore
 from tiered_memory.tracing import Tracing
 
 

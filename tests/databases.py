@@ -17,8 +17,8 @@ from urllib.parse import urlparse
 import asyncpg
 import pymysql
 
-from tiered_memory.tiers.sql_engine import create_engine
-from tiered_memory.tiers.sql_migrate import migrate
+from tiered_memory.tiers.sql.engine import create_engine
+from tiered_memory.tiers.sql.migrate import migrate
 
 T = TypeVar("T")
 

@@ -15,10 +15,10 @@ from tests.conftest import _EXTRACTOR, _TEXT_POOLS
 from tiered_memory.app import build_hot, build_store, build_tagger
 from tiered_memory.metrics import Metrics
 from tiered_memory.settings import Settings
+from tiered_memory.summarize.lane import TextLane
 from tiered_memory.summarize.topics import TopicTagger
-from tiered_memory.text_lane import TextLane
 from tiered_memory.tiers.hot import HotTier
-from tiered_memory.tiers.sql_store import SqlStore
+from tiered_memory.tiers.sql.store import SqlStore
 
 # A booking call with names, numbers, a date and a plan, as a gateway would record it.
 DENTIST_TURNS = [

@@ -22,8 +22,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from tests.conftest import Daemon, MakeDaemon, backend_environment, new_sid, own_database, play
 from tiered_memory.model import NewMessage, Role
 from tiered_memory.testing import ZH_12_TURNS, free_port, read_terminal
-from tiered_memory.tiers.sql_maintenance import SqlMaintenance
-from tiered_memory.tiers.sql_schema import sessions
+from tiered_memory.tiers.sql.maintenance import SqlMaintenance
+from tiered_memory.tiers.sql.schema import sessions
 
 pytestmark = pytest.mark.slow
 
@@ -291,8 +291,8 @@ async def test_the_daemon_purges_on_schedule_with_retention_days(
 async def test_one_replica_purges_at_a_time(daemon: Daemon) -> None:
     """The scheduled pass skips while another replica holds the retention lock, and purges once
     the lock is free."""
-    from tiered_memory.app_keys import HOT_KEY
-    from tiered_memory.retention import _LOCK_ID, RetentionJob
+    from tiered_memory.core.retention import _LOCK_ID, RetentionJob
+    from tiered_memory.http.keys import HOT_KEY
 
     sid = new_sid()
     await play(daemon, sid, ZH_12_TURNS[:2])
@@ -311,8 +311,8 @@ async def test_one_replica_purges_at_a_time(daemon: Daemon) -> None:
 
 def test_the_retention_lock_is_not_a_session_lock() -> None:
     """The scheduled purge's lock id can never be a session's: session ids exclude '#'."""
-    from tiered_memory.api_input import SESSION_ID as _SESSION_ID
-    from tiered_memory.retention import _LOCK_ID
+    from tiered_memory.core.retention import _LOCK_ID
+    from tiered_memory.http.input import SESSION_ID as _SESSION_ID
 
     assert not _SESSION_ID.fullmatch(_LOCK_ID)
 

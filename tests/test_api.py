@@ -16,10 +16,10 @@ from sqlalchemy import event as sa_event
 from yarl import URL
 
 from tests.conftest import Daemon, MakeDaemon, memory_of, new_sid, play
-from tiered_memory.app_keys import HOT_KEY
+from tiered_memory.http.keys import HOT_KEY
 from tiered_memory.model import NewMessage, Role, SessionKey, Summary, SummarySource
 from tiered_memory.testing import ZH_12_TURNS, ZH_EARLY_EVIDENCE
-from tiered_memory.tiers.keys import Keys
+from tiered_memory.tiers.redis.keys import Keys
 
 _JSON = {"Content-Type": "application/json"}
 

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import event as sa_event
 
 from tests.conftest import Daemon, MakeDaemon, new_sid, play
-from tiered_memory.app_keys import HOT_KEY
+from tiered_memory.http.keys import HOT_KEY
 from tiered_memory.model import SessionKey
 from tiered_memory.testing import ZH_12_TURNS
 

@@ -32,7 +32,7 @@ from tiered_memory.client import (
     Unauthorized,
     Unavailable,
 )
-from tiered_memory.kb_snippets import LABELS
+from tiered_memory.prompt.kb_snippets import LABELS
 from tiered_memory.testing import ZH_12_TURNS, Behaviour, FakeLlm, free_port
 
 ROOT = Path(__file__).resolve().parent.parent

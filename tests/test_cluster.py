@@ -12,7 +12,7 @@ from tests.failover import kill_master_under_load
 from tests.test_crash import Gateway
 from tests.topologies import RedisClusterProcesses
 from tiered_memory.testing import ZH_12_TURNS, ZH_EARLY_EVIDENCE
-from tiered_memory.tiers.keys import Keys
+from tiered_memory.tiers.redis.keys import Keys
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from tiered_memory.context import (
+from tiered_memory.model import Message, Role, SessionKey
+from tiered_memory.prompt.context import (
     ChatMessage,
     ago,
     alternate,
@@ -10,7 +11,6 @@ from tiered_memory.context import (
     hot_window_complete,
     window,
 )
-from tiered_memory.model import Message, Role, SessionKey
 
 
 def conv(n_turns: int, trailing_user: bool = False) -> list[Message]:

@@ -1,4 +1,4 @@
-"""The budget policy (context_policy.py) and the condenser it uses: each rule of the policy is a
+"""The budget policy (prompt/policy.py) and the condenser it uses: each rule of the policy is a
 test here, on self-made conversations, with no store and no daemon."""
 
 from __future__ import annotations
@@ -8,16 +8,16 @@ import itertools
 
 import pytest
 
-from tiered_memory.condense import clauses, condense, is_phatic, keys
-from tiered_memory.context_policy import ORIGINS, QUESTION_SHARE, Candidates, Selection, choose, lagging_digest
 from tiered_memory.eval.command import shipped_set
 from tiered_memory.eval.dataset import load_jsonl
 from tiered_memory.model import Message, Role, SessionKey
-from tiered_memory.notes import features
-from tiered_memory.quoting import frame_chars
+from tiered_memory.prompt.facts import render
+from tiered_memory.prompt.notes import features
+from tiered_memory.prompt.policy import ORIGINS, QUESTION_SHARE, Candidates, Selection, choose, lagging_digest
 from tiered_memory.summarize.extractive import Extractor
-from tiered_memory.summarize.facts import render
 from tiered_memory.testing import ZH_12_TURNS
+from tiered_memory.text.condense import clauses, condense, is_phatic, keys
+from tiered_memory.text.quoting import frame_chars
 
 _BUDGETS = (150, 200, 300, 600, 1000, 2000, 4000)
 

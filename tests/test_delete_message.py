@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from tests.conftest import Daemon, new_sid, play
 from tiered_memory.client import AsyncClient, Conflict
 from tiered_memory.testing import ZH_12_TURNS
-from tiered_memory.tiers.sql_schema import sessions
+from tiered_memory.tiers.sql.schema import sessions
 
 _CALL = [{"id": "call-1", "type": "function", "function": {"name": "price", "arguments": '{"product": "活力健"}'}}]
 # Each: the messages before, then the one deleted (role, content, extra fields).

@@ -23,9 +23,9 @@ import redis
 from tests.conftest import Daemon, MakeDaemon, RealServers, new_sid, redis_flush_prefix, sql_rows
 from tests.processes import run_cli
 from tiered_memory.errors import ConfigError
-from tiered_memory.events import SIGNATURE_HEADER, TIMESTAMP_HEADER, Sink, signature
 from tiered_memory.settings import Settings
 from tiered_memory.testing import ChildProcess, DaemonProcess, FakeLlm, free_port, processes
+from tiered_memory.webhooks import SIGNATURE_HEADER, TIMESTAMP_HEADER, Sink, signature
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "webhook-secret-for-tests"

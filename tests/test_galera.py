@@ -29,9 +29,9 @@ from tests.galera import GaleraCluster
 from tests.processes import run_cli
 from tiered_memory.errors import Conflict, SqlUnavailable
 from tiered_memory.model import AppendResult, NewMessage, Role, SessionKey, Summary, SummarySource
-from tiered_memory.tiers.sql_engine import create_engine
-from tiered_memory.tiers.sql_schema import SCHEMA_VERSION
-from tiered_memory.tiers.sql_store import SqlStore
+from tiered_memory.tiers.sql.engine import create_engine
+from tiered_memory.tiers.sql.schema import SCHEMA_VERSION
+from tiered_memory.tiers.sql.store import SqlStore
 
 NODES = 3
 

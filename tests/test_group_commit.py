@@ -1,4 +1,4 @@
-"""GroupCommit (tiers/group_commit.py): concurrent writes share a commit, a session's writes are
+"""GroupCommit (tiers/sql/group_commit.py): concurrent writes share a commit, a session's writes are
 never in two batches at once and keep their order. Each batch here is held until the test lets
 it go, so the interleaving is the test's, not the scheduler's luck."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from tiered_memory.tiers.group_commit import GroupCommit
+from tiered_memory.tiers.sql.group_commit import GroupCommit
 
 
 class _Held:

@@ -19,9 +19,9 @@ from tests.test_crash import _env
 from tiered_memory.model import Message, Owner, Role, SessionCounters, SessionKey
 from tiered_memory.testing import DaemonProcess, FakeLlm, processes
 from tiered_memory.tiers.hot import RecentBound
-from tiered_memory.tiers.hot_cache import HotCache
-from tiered_memory.tiers.keys import Keys
-from tiered_memory.tiers.redis_hot import RedisHot
+from tiered_memory.tiers.redis.hot import RedisHot
+from tiered_memory.tiers.redis.hot_cache import HotCache
+from tiered_memory.tiers.redis.keys import Keys
 
 _OWNER = Owner("", "u1")
 

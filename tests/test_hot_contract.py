@@ -15,10 +15,10 @@ from tiered_memory.errors import HotUnavailable
 from tiered_memory.model import Message, Owner, Role, SessionCounters, SessionKey, Summary, SummarySource
 from tiered_memory.tiers.codec import MessageDecoder, encode_message
 from tiered_memory.tiers.hot import HotExpiries, HotTier, RecentBound
-from tiered_memory.tiers.keys import Keys
 from tiered_memory.tiers.memory_hot import MemoryHot
 from tiered_memory.tiers.postings import STALE, pack
-from tiered_memory.tiers.redis_hot import RedisHot
+from tiered_memory.tiers.redis.hot import RedisHot
+from tiered_memory.tiers.redis.keys import Keys
 
 RECENT = RecentBound(least=4, most=4)
 SUMMARY_TTL = 7200

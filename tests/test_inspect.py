@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import Daemon, MakeDaemon, memory_of, new_sid, play
-from tiered_memory.api_inspect import CONTENT_SECURITY_POLICY
-from tiered_memory.context_policy import ORIGINS
+from tiered_memory.http.inspect import CONTENT_SECURITY_POLICY
+from tiered_memory.prompt.policy import ORIGINS
 from tiered_memory.settings import Settings
 from tiered_memory.testing import ZH_12_TURNS
 

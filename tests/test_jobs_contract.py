@@ -17,7 +17,7 @@ from tests.test_hot_contract import RECENT, _tier_of
 from tiered_memory.model import JobState, RebuildJob, SessionKey, SummarySource
 from tiered_memory.tiers.hot import HotTier
 from tiered_memory.tiers.jobs import JobStore
-from tiered_memory.tiers.keys import Keys
+from tiered_memory.tiers.redis.keys import Keys
 
 
 @pytest.fixture(params=["memory", "redis", "redis-py"])

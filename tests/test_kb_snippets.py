@@ -10,8 +10,8 @@ from typing import Any
 from urllib.parse import urlencode
 
 from tests.conftest import Daemon, MakeDaemon, memory_of, new_sid, play
-from tiered_memory.context import ChatMessage
-from tiered_memory.kb_snippets import (
+from tiered_memory.prompt.context import ChatMessage
+from tiered_memory.prompt.kb_snippets import (
     KB_SHARE,
     KB_SNIPPETS_MAX,
     KB_SNIPPETS_MAX_BYTES,

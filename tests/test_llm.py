@@ -20,11 +20,11 @@ from tests.conftest import MakeDaemon, llm_env, new_sid, play
 from tests.test_tools import _order_turn
 from tiered_memory.breaker import CircuitBreaker
 from tiered_memory.errors import LlmFailed
-from tiered_memory.language import Language, conversation_language, language_of
 from tiered_memory.metrics import Metrics
 from tiered_memory.model import Message, Role, SessionKey
 from tiered_memory.summarize.llm import LlmSummarizer, default_prompt, load_prompts
 from tiered_memory.testing import EN_3_TURNS, MIXED_3_TURNS, ZH_12_TURNS, ZH_EARLY_EVIDENCE, Behaviour, FakeLlm
+from tiered_memory.text.language import Language, conversation_language, language_of
 
 
 def _messages(turns: Sequence[tuple[str, str]] = ZH_12_TURNS[:3]) -> list[Message]:

@@ -21,20 +21,20 @@ from sqlalchemy.dialects import mysql
 
 from tests.conftest import Daemon, MakeDaemon, RealServers, new_sid, own_database
 from tiered_memory.errors import ConfigError
-from tiered_memory.tiers.sql_migrate import config, head_version
-from tiered_memory.tiers.sql_schema import SCHEMA_VERSION, metadata
-from tiered_memory.tiers.sql_schema import conversation_summaries as t_summaries
-from tiered_memory.tiers.sql_schema import messages as t_messages
-from tiered_memory.tiers.sql_schema import sessions as t_sessions
-from tiered_memory.tiers.sql_schema import summary_slices as t_slices
+from tiered_memory.tiers.sql.migrate import config, head_version
+from tiered_memory.tiers.sql.schema import SCHEMA_VERSION, metadata
+from tiered_memory.tiers.sql.schema import conversation_summaries as t_summaries
+from tiered_memory.tiers.sql.schema import messages as t_messages
+from tiered_memory.tiers.sql.schema import sessions as t_sessions
+from tiered_memory.tiers.sql.schema import summary_slices as t_slices
 
 _MYSQL_TABLE: dict[str, Any] = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin"}
 _BIGID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 
 
 def legacy_metadata(version: str) -> sa.MetaData:
-    """The tables as the pre-Alembic sql_schema.py declared them at `version`: "1-early" (the
-    first commit), "1", "2" or "3" (see `git log -p tiered_memory/tiers/sql_schema.py`)."""
+    """The tables as the pre-Alembic tiers/sql/schema.py declared them at `version`: "1-early" (the
+    first commit), "1", "2" or "3" (see `git log -p tiered_memory/tiers/sql/schema.py`)."""
     v = {"1-early": 0, "1": 1, "2": 2, "3": 3}[version]
     md = sa.MetaData()
     sa.Table(
@@ -244,7 +244,7 @@ def test_revision_ids_are_schema_versions() -> None:
 
 
 def test_a_new_database_gets_exactly_the_declared_schema(database: str, tmp_path: Path) -> None:
-    """`tiered-memory migrate` on an empty database builds what sql_schema.py declares (Alembic's
+    """`tiered-memory migrate` on an empty database builds what tiers/sql/schema.py declares (Alembic's
     autogenerate finds no difference) and records the head; a second run changes nothing."""
     env = {"DATABASE_URL": database, "DATA_DIR": str(tmp_path)}
     first = run_cli("migrate", env=env)

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.conftest import Daemon, MakeDaemon, new_sid, play, required_tool
 from tests.faults import RedisProcess
 from tests.promql import Selector, grouping_labels, selectors
-from tiered_memory.api import add_routes
+from tiered_memory.http.api import add_routes
 from tiered_memory.testing import Behaviour, FakeLlm
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from tiered_memory.lru import Lru
 from tiered_memory.model import Message, Role, SessionKey
-from tiered_memory.notes import NoteCache, features, notes_of, view_of
+from tiered_memory.prompt.notes import NoteCache, features, notes_of, view_of
 
 _TERMS = frozenset({"harbour"})
 _NAMES = frozenset({"oskar"})

@@ -13,10 +13,9 @@ import pytest
 import redis
 
 from tests.conftest import RealServers, new_sid, redis_flush_prefix
+from tiered_memory.core.recall import TERM_SCAN, around, asked_kind, boosted, search, with_neighbours
 from tiered_memory.model import Message, MessageStatus, Role, SessionKey
-from tiered_memory.recall import TERM_SCAN, around, asked_kind, boosted, search, with_neighbours
 from tiered_memory.tiers.hot import RecentBound
-from tiered_memory.tiers.keys import Keys
 from tiered_memory.tiers.memory_hot import MemoryHot
 from tiered_memory.tiers.postings import (
     ENTRY,
@@ -29,9 +28,10 @@ from tiered_memory.tiers.postings import (
     pack,
     packed_each,
 )
-from tiered_memory.tiers.redis_hot import RedisHot
-from tiered_memory.tiers.redis_postings import RedisPostings
-from tiered_memory.tiers.redis_recall_usage import RecallBudget
+from tiered_memory.tiers.redis.hot import RedisHot
+from tiered_memory.tiers.redis.keys import Keys
+from tiered_memory.tiers.redis.postings import RedisPostings
+from tiered_memory.tiers.redis.recall_usage import RecallBudget
 
 _RECENT = RecentBound(least=4, most=4)
 # Small enough for a test to fill: a few batches of three messages.

@@ -17,14 +17,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import Daemon, new_sid
-from tiered_memory.api_input import parse_message
-from tiered_memory.context import alternate, compose
-from tiered_memory.context_policy import Candidates, choose
 from tiered_memory.errors import InvalidInput
-from tiered_memory.kb_snippets import KB_SHARE, fitting, reserve, shown
+from tiered_memory.http.input import parse_message
 from tiered_memory.model import Message, MessageStatus, NewMessage, Role, SessionKey
-from tiered_memory.quoting import frame_chars
+from tiered_memory.prompt.context import alternate, compose
+from tiered_memory.prompt.kb_snippets import KB_SHARE, fitting, reserve, shown
+from tiered_memory.prompt.policy import Candidates, choose
 from tiered_memory.summarize.extractive import Extractor
+from tiered_memory.text.quoting import frame_chars
 
 
 def _bounded(max_examples: int) -> settings:

@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import Daemon, memory_of, new_sid, play
-from tiered_memory.notes import notes_of, view_of
-from tiered_memory.quoting import frame_chars, memory_block, quoted
+from tiered_memory.prompt.notes import notes_of, view_of
 from tiered_memory.testing import ZH_12_TURNS
+from tiered_memory.text.quoting import frame_chars, memory_block, quoted
 
 # The review's strings: a forged role line, an override, the block's own closing tag, and a chat
 # template's control tokens.

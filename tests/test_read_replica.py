@@ -1,4 +1,4 @@
-"""Session reads on a real asynchronous MariaDB replica (DATABASE_READ_URL, tiers/sql_replica.py):
+"""Session reads on a real asynchronous MariaDB replica (DATABASE_READ_URL, tiers/sql/replica.py):
 answered there when it holds the session's last write this process knows, by the primary when it
 lags behind that, hangs or is gone; through the store, and end to end through the daemon.
 
@@ -23,9 +23,9 @@ from tests.conftest import Daemon, MakeDaemon, RealServers, new_sid, play
 from tests.replication import ReplicationPair
 from tiered_memory.model import NewMessage, Role, SessionKey, Summary, SummarySource
 from tiered_memory.testing import free_port
-from tiered_memory.tiers.sql_engine import create_engine
-from tiered_memory.tiers.sql_replica import COOL_DOWN_S, PIN_S, Replica
-from tiered_memory.tiers.sql_store import SqlStore
+from tiered_memory.tiers.sql.engine import create_engine
+from tiered_memory.tiers.sql.replica import COOL_DOWN_S, PIN_S, Replica
+from tiered_memory.tiers.sql.store import SqlStore
 
 pytestmark = pytest.mark.real
 

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 from tests.conftest import memory_of, new_sid
 from tests.embedded import DENTIST_TURNS, embedded
 from tiered_memory.app import build_history, build_reads
+from tiered_memory.core.reads import ContextAnswer, SessionReads
 from tiered_memory.errors import Forbidden
 from tiered_memory.model import (
     Caller,
@@ -27,9 +28,8 @@ from tiered_memory.model import (
     SummarySource,
     Tier,
 )
-from tiered_memory.reads import ContextAnswer, SessionReads
 from tiered_memory.tiers.hot import HotTier
-from tiered_memory.tiers.sql_store import SqlStore
+from tiered_memory.tiers.sql.store import SqlStore
 
 ACME = Caller(tenant="acme")
 _TURNS = DENTIST_TURNS

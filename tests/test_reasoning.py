@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Daemon, MakeDaemon, backend_environment, llm_env, new_sid
-from tiered_memory.importer import BadLine, _lines
+from tiered_memory.ops.importer import BadLine, _lines
 from tiered_memory.testing import Behaviour, FakeLlm
 
 # In the reasoning only: wherever memory shows or keeps the conversation, it must not appear.

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Daemon, MakeDaemon, RealServers, await_job, llm_env, new_sid, play
-from tiered_memory.app_keys import HOT_KEY
+from tiered_memory.http.keys import HOT_KEY
 from tiered_memory.model import JobState, RebuildJob
 from tiered_memory.testing import ZH_12_TURNS, Behaviour, FakeLlm
 

@@ -13,11 +13,11 @@ import pytest
 from tests.conftest import Daemon, MakeDaemon, new_sid, play
 from tests.test_api import sql_statements
 from tests.test_text_lane import _slow
-from tiered_memory.app_keys import HOT_KEY, TEXT_KEY
+from tiered_memory.http.keys import HOT_KEY, TEXT_KEY
 from tiered_memory.model import SessionKey
 from tiered_memory.summarize.extractive import Extractor
+from tiered_memory.summarize.lane import Ticket
 from tiered_memory.testing import ZH_12_TURNS
-from tiered_memory.text_lane import Ticket
 from tiered_memory.tiers.postings import STALE, pack
 
 # Chit-chat that pushes the facts of ZH_12_TURNS far out of the raw window.

@@ -7,7 +7,7 @@ import pytest
 
 from tiered_memory.errors import ConfigError
 from tiered_memory.settings import Settings
-from tiered_memory.tiers.redis_url import RedisTarget, parse_redis_url
+from tiered_memory.tiers.redis.url import RedisTarget, parse_redis_url
 
 
 @pytest.mark.parametrize(

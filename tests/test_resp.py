@@ -19,9 +19,9 @@ from tests.faults import RedisProcess, proxied
 from tiered_memory.breaker import CircuitBreaker
 from tiered_memory.model import HotSession, SessionKey
 from tiered_memory.tiers.hot import RecentBound
-from tiered_memory.tiers.keys import Keys
-from tiered_memory.tiers.redis_hot import RedisHot
-from tiered_memory.tiers.resp import Endpoint, RespMux, Script
+from tiered_memory.tiers.redis.hot import RedisHot
+from tiered_memory.tiers.redis.keys import Keys
+from tiered_memory.tiers.redis.resp import Endpoint, RespMux, Script
 
 # Keeps the server busy for 0.3 s, then answers.
 _BUSY_300_MS = """

@@ -6,9 +6,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from tiered_memory.context_policy import Candidates
 from tiered_memory.model import Message, MessageStatus, Role, SessionKey
-from tiered_memory.selections import SelectionMemo, fingerprint
+from tiered_memory.prompt.policy import Candidates
+from tiered_memory.prompt.selections import SelectionMemo, fingerprint
 
 
 def _messages(texts: list[str]) -> list[Message]:

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 from tests.conftest import new_sid
 from tests.embedded import DENTIST_TURNS, embedded
 from tiered_memory.app import build_job, build_service
+from tiered_memory.core.service import MemoryService
 from tiered_memory.errors import Forbidden, NotFound
 from tiered_memory.model import (
     AppendOutcome,
@@ -26,9 +27,8 @@ from tiered_memory.model import (
     SessionKey,
     SummarySource,
 )
-from tiered_memory.service import MemoryService
 from tiered_memory.tiers.hot import HotTier
-from tiered_memory.tiers.sql_store import SqlStore
+from tiered_memory.tiers.sql.store import SqlStore
 
 ACME = Caller(tenant="acme")
 _TURNS = DENTIST_TURNS[:3]

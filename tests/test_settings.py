@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from tiered_memory.auth import authenticate
 from tiered_memory.cli import main
 from tiered_memory.errors import ConfigError
+from tiered_memory.http.auth import authenticate
 from tiered_memory.settings import Settings
-from tiered_memory.tiers.sql_schema import SCHEMA_VERSION
-from tiered_memory.tiers.sql_url import server_urls
+from tiered_memory.tiers.sql.schema import SCHEMA_VERSION
+from tiered_memory.tiers.sql.url import server_urls
 
 TOKEN = "t0ken-0123456789abcdef"
 

@@ -19,17 +19,17 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tests.conftest import RealServers, new_sid, own_database
 from tiered_memory.errors import Conflict, Forbidden, SqlUnavailable
-from tiered_memory.events import Event, retry_delay
 from tiered_memory.model import Caller, NewMessage, Owner, Role, SessionKey, Summary, SummarySource
 from tiered_memory.testing import free_port
-from tiered_memory.tiers.sql_engine import create_engine
-from tiered_memory.tiers.sql_maintenance import SqlMaintenance
-from tiered_memory.tiers.sql_migrate import current_version
-from tiered_memory.tiers.sql_outbox import SqlOutbox, add_event
-from tiered_memory.tiers.sql_replica import Replica
-from tiered_memory.tiers.sql_schema import SCHEMA_VERSION, metadata
-from tiered_memory.tiers.sql_store import SqlStore
-from tiered_memory.tiers.sql_users import SqlUsers
+from tiered_memory.tiers.sql.engine import create_engine
+from tiered_memory.tiers.sql.maintenance import SqlMaintenance
+from tiered_memory.tiers.sql.migrate import current_version
+from tiered_memory.tiers.sql.outbox import SqlOutbox, add_event
+from tiered_memory.tiers.sql.replica import Replica
+from tiered_memory.tiers.sql.schema import SCHEMA_VERSION, metadata
+from tiered_memory.tiers.sql.store import SqlStore
+from tiered_memory.tiers.sql.users import SqlUsers
+from tiered_memory.webhooks import Event, retry_delay
 
 
 @pytest.fixture(params=["sqlite", "mariadb", "postgres"])
@@ -451,7 +451,7 @@ async def test_concurrent_migrations_all_succeed(real_servers: RealServers, post
 
 
 async def test_a_new_postgresql_database_gets_exactly_the_declared_schema(postgres_url: str) -> None:
-    """Migrated from empty, a PostgreSQL database holds what sql_schema.py declares: Alembic's
+    """Migrated from empty, a PostgreSQL database holds what tiers/sql/schema.py declares: Alembic's
     autogenerate finds no difference (MariaDB and SQLite: test_migrations.py)."""
     with own_database(postgres_url) as url:
         store = SqlStore(create_engine(url), timeout_s=30)

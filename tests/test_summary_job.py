@@ -14,9 +14,9 @@ from prometheus_client import CollectorRegistry
 from tests.conftest import new_sid
 from tests.embedded import DENTIST_TURNS, embedded
 from tiered_memory.model import NewMessage, Role, SessionKey, SummarySource
-from tiered_memory.summary_job import JobResult, Outcome, SummaryJob
+from tiered_memory.summarize.job import JobResult, Outcome, SummaryJob
 from tiered_memory.tiers.hot import HotTier
-from tiered_memory.tiers.sql_store import SqlStore
+from tiered_memory.tiers.sql.store import SqlStore
 
 _TURNS = DENTIST_TURNS[:4]
 

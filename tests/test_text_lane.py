@@ -1,4 +1,4 @@
-"""The text lane (text_lane.py): its work runs in worker processes, a tenant's backlog does not
+"""The text lane (summarize/lane.py): its work runs in worker processes, a tenant's backlog does not
 delay another tenant's work by more than a call, a request's call never waits behind background
 work, background work yields the CPU, a tenant's queue is bounded, and a worker that dies is
 replaced."""
@@ -19,7 +19,7 @@ import pytest
 from tiered_memory.errors import Overloaded
 from tiered_memory.model import Message, Role, SessionKey
 from tiered_memory.summarize.extractive import Extractor
-from tiered_memory.text_lane import TextLane, TextQueueFull, Ticket, text_bytes
+from tiered_memory.summarize.lane import TextLane, TextQueueFull, Ticket, text_bytes
 
 # Long enough that the order of calls is the lane's, not the machine's.
 _CALL_S = 0.3
@@ -187,7 +187,7 @@ def test_workers_go_with_a_serving_process_that_was_killed(tmp_path: Path) -> No
     each) must not outlive it."""
     script = (
         "import asyncio, sys\n"
-        "from tiered_memory.text_lane import TextLane, Ticket\n"
+        "from tiered_memory.summarize.lane import TextLane, Ticket\n"
         "from tiered_memory.summarize.extractive import Extractor\n"
         "async def main():\n"
         "    lane = TextLane(2, tenant_queue_bytes=100)\n"

@@ -14,12 +14,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import Daemon, MakeDaemon, llm_env, new_sid
-from tiered_memory.context import alternate, compose
-from tiered_memory.context_policy import Candidates, choose
-from tiered_memory.dialogue import shown_and_events, tool_fields
 from tiered_memory.model import Message, Role, SessionKey
-from tiered_memory.quoting import frame_chars
+from tiered_memory.prompt.context import alternate, compose
+from tiered_memory.prompt.policy import Candidates, choose
 from tiered_memory.testing import Behaviour, FakeLlm
+from tiered_memory.text.dialogue import shown_and_events, tool_fields
+from tiered_memory.text.quoting import frame_chars
 
 _ORDER = '{"order_id":"A123","status":"shipped","tracking":"1Z999AA10123456784","eta":"2026-12-05","total":"59.90 USD"}'
 

@@ -21,9 +21,9 @@ from tests.conftest import Daemon, MakeDaemon, memory_of, new_sid
 from tests.processes import run_cli
 from tests.test_auth import ACME, ADMIN, OTHER, bearer
 from tiered_memory.model import SessionKey
-from tiered_memory.tiers.sql_schema import metadata, outbox_events, user_erasures
-from tiered_memory.tiers.sql_users import SqlUsers
-from tiered_memory.users import user_key
+from tiered_memory.prompt.users import user_key
+from tiered_memory.tiers.sql.schema import metadata, outbox_events, user_erasures
+from tiered_memory.tiers.sql.users import SqlUsers
 
 TRIP = [
     ("Hi, my name is Alice Chen and I live in Portland.", "Nice to meet you, Alice."),

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tiered_memory.model import SessionKey, Summary, SummarySource
-from tiered_memory.users import (
+from tiered_memory.prompt.users import (
     FACT,
     PREFERENCE,
     PROFILE_MAX_CHARS,

@@ -20,11 +20,20 @@ from aiohttp.typedefs import Middleware
 from prometheus_client import CollectorRegistry
 from sqlalchemy.exc import SQLAlchemyError
 
-from tiered_memory.admission import admission_middleware, read_first_middleware
-from tiered_memory.api import add_routes
-from tiered_memory.api_inspect import add_inspector_routes
-from tiered_memory.api_users import add_user_routes
-from tiered_memory.app_keys import (
+from tiered_memory.core.delivery import Delivery, DeliverySettings
+from tiered_memory.core.history import History
+from tiered_memory.core.inspection import Inspection
+from tiered_memory.core.reads import SessionReads
+from tiered_memory.core.retention import INTERVAL_S as RETENTION_INTERVAL_S
+from tiered_memory.core.retention import RetentionJob
+from tiered_memory.core.service import MemoryService
+from tiered_memory.errors import ConfigError, SqlUnavailable
+from tiered_memory.http.admission import admission_middleware, read_first_middleware
+from tiered_memory.http.api import add_routes
+from tiered_memory.http.auth import auth_middleware
+from tiered_memory.http.edge import deadline_middleware, observe, tracing_middleware
+from tiered_memory.http.inspect import add_inspector_routes
+from tiered_memory.http.keys import (
     EXTRACTOR_KEY,
     HOT_KEY,
     INSPECTION_KEY,
@@ -38,42 +47,33 @@ from tiered_memory.app_keys import (
     TEXT_POOLS_KEY,
     TRACING_KEY,
 )
-from tiered_memory.auth import auth_middleware
-from tiered_memory.delivery import Delivery, DeliverySettings
-from tiered_memory.edge import deadline_middleware, observe, tracing_middleware
-from tiered_memory.errors import ConfigError, SqlUnavailable
-from tiered_memory.history import History
-from tiered_memory.inspection import Inspection
-from tiered_memory.local_guard import local_guard_middleware
+from tiered_memory.http.local_guard import local_guard_middleware
+from tiered_memory.http.openapi import load_document
+from tiered_memory.http.rate_limit import rate_limit_middleware
+from tiered_memory.http.users import add_user_routes
 from tiered_memory.metrics import Metrics
-from tiered_memory.openapi import load_document
-from tiered_memory.rate_limit import rate_limit_middleware
-from tiered_memory.reads import SessionReads
-from tiered_memory.retention import INTERVAL_S as RETENTION_INTERVAL_S
-from tiered_memory.retention import RetentionJob
-from tiered_memory.service import MemoryService
 from tiered_memory.settings import Settings
 from tiered_memory.summarize.extractive import Extractor
+from tiered_memory.summarize.job import SummaryJob
+from tiered_memory.summarize.lane import Pools, TextLane
 from tiered_memory.summarize.llm import LlmSummarizer, load_prompts
 from tiered_memory.summarize.scheduler import Periodic
 from tiered_memory.summarize.topics import TopicTagger, load_keyword_groups
-from tiered_memory.summary_job import SummaryJob
-from tiered_memory.text_lane import Pools, TextLane
-from tiered_memory.tier_errors import TierErrors
+from tiered_memory.tiers.errors import TierErrors
 from tiered_memory.tiers.hot import HotTier
-from tiered_memory.tiers.keys import Keys
 from tiered_memory.tiers.memory_hot import MemoryHot
-from tiered_memory.tiers.redis_hot import RedisHot
-from tiered_memory.tiers.redis_recall_usage import RecallBudget
-from tiered_memory.tiers.sql_append import SessionLimits
-from tiered_memory.tiers.sql_engine import create_engine
-from tiered_memory.tiers.sql_maintenance import SqlMaintenance
-from tiered_memory.tiers.sql_outbox import SqlOutbox
-from tiered_memory.tiers.sql_quota import TenantQuota
-from tiered_memory.tiers.sql_replica import Replica
-from tiered_memory.tiers.sql_schema import SCHEMA_VERSION
-from tiered_memory.tiers.sql_store import SqlStore
-from tiered_memory.tiers.sql_users import SqlUsers
+from tiered_memory.tiers.redis.hot import RedisHot
+from tiered_memory.tiers.redis.keys import Keys
+from tiered_memory.tiers.redis.recall_usage import RecallBudget
+from tiered_memory.tiers.sql.append import SessionLimits
+from tiered_memory.tiers.sql.engine import create_engine
+from tiered_memory.tiers.sql.maintenance import SqlMaintenance
+from tiered_memory.tiers.sql.outbox import SqlOutbox
+from tiered_memory.tiers.sql.quota import TenantQuota
+from tiered_memory.tiers.sql.replica import Replica
+from tiered_memory.tiers.sql.schema import SCHEMA_VERSION
+from tiered_memory.tiers.sql.store import SqlStore
+from tiered_memory.tiers.sql.users import SqlUsers
 from tiered_memory.tracing import Tracing, exporting, shut_down_within
 
 log = structlog.get_logger("tiered_memory.app")

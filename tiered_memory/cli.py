@@ -35,8 +35,8 @@ def _settings() -> Settings:
 
 def _serve(settings: Settings) -> int:
     if settings.workers > 1:
+        from tiered_memory.http.workers import supervise
         from tiered_memory.logging import configure_logging
-        from tiered_memory.workers import supervise
 
         configure_logging(settings.log_level, settings.log_format)
         return supervise(settings, serve_one)
@@ -45,8 +45,8 @@ def _serve(settings: Settings) -> int:
 
 def serve_one(settings: Settings, reuse_port: bool) -> int:
     """One serving process; with reuse_port, one of several WORKERS on the same port."""
-    from tiered_memory import serving
     from tiered_memory.app import create_app
+    from tiered_memory.http import serving
     from tiered_memory.logging import configure_logging
 
     configure_logging(settings.log_level, settings.log_format, message_content=settings.log_message_content)
@@ -78,8 +78,8 @@ def serve_one(settings: Settings, reuse_port: bool) -> int:
 
 
 async def _migrate(settings: Settings) -> int:
-    from tiered_memory.tiers.sql_engine import create_engine
-    from tiered_memory.tiers.sql_store import SqlStore
+    from tiered_memory.tiers.sql.engine import create_engine
+    from tiered_memory.tiers.sql.store import SqlStore
 
     if settings.embedded_sql:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
@@ -209,8 +209,9 @@ def _mcp(args: argparse.Namespace) -> int:
 
 
 def _admin(settings: Settings, args: argparse.Namespace) -> int:
-    from tiered_memory import admin, admin_users
     from tiered_memory.logging import configure_logging
+    from tiered_memory.ops import admin
+    from tiered_memory.ops import users as admin_users
 
     configure_logging(settings.log_level, settings.log_format)
     if args.command == "check":
@@ -224,11 +225,11 @@ def _admin(settings: Settings, args: argparse.Namespace) -> int:
     if args.command == "import":
         from pathlib import Path
 
-        from tiered_memory.importer import import_file
+        from tiered_memory.ops.importer import import_file
 
         return asyncio.run(import_file(settings, Path(args.file)))
     if args.command == "events":
-        from tiered_memory.admin_events import events
+        from tiered_memory.ops.events import events
 
         return asyncio.run(events(settings, failed=args.failed, replay=args.replay))
     if args.command == "export":

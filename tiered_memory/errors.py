@@ -97,7 +97,7 @@ class Conflict(TieredMemoryError):
 
 class QuotaExceeded(Conflict):
     """The caller's tenant holds what its quota allows (`quota`: "sessions" or "bytes"):
-    nothing more is stored for it until it deletes something (tiers/sql_quota.py)."""
+    nothing more is stored for it until it deletes something (tiers/sql/quota.py)."""
 
     def __init__(self, quota: str, message: str) -> None:
         super().__init__(message, code="quota_exceeded")
@@ -106,7 +106,7 @@ class QuotaExceeded(Conflict):
 
 class Overloaded(TieredMemoryError):
     """The process is at its limit of requests in progress (or a tenant at its bound of queued
-    text work, text_lane.py): refused at once, so that a gateway retries (or goes to another
+    text work, summarize/lane.py): refused at once, so that a gateway retries (or goes to another
     replica) instead of queueing behind the others."""
 
 

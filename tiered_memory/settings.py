@@ -17,20 +17,20 @@ from typing import Any, Literal
 from pydantic import Field, PrivateAttr, SecretStr, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from tiered_memory.addresses import host_name, is_loopback, mask_url
-from tiered_memory.auth import ApiToken, merge_tokens, parse_token_list, read_token_file
-from tiered_memory.context import OLDER_MAX_MESSAGES, hot_list_chars
 from tiered_memory.errors import ConfigError
-from tiered_memory.events import Sink, sinks_of
+from tiered_memory.http.addresses import host_name, is_loopback, mask_url
+from tiered_memory.http.auth import ApiToken, merge_tokens, parse_token_list, read_token_file
+from tiered_memory.http.rate_limit import parse_rate_limits
 from tiered_memory.model import UserMemory
-from tiered_memory.rate_limit import parse_rate_limits
+from tiered_memory.prompt.context import OLDER_MAX_MESSAGES, hot_list_chars
 from tiered_memory.summarize.llm import SUMMARY_TOKENS
 from tiered_memory.summarize.topics import load_keyword_groups
 from tiered_memory.tiers.buckets import Rate, parse_rate
 from tiered_memory.tiers.hot import RecentBound
 from tiered_memory.tiers.postings import SESSION_BYTES
-from tiered_memory.tiers.redis_url import parse_redis_url
-from tiered_memory.tiers.sql_url import server_urls
+from tiered_memory.tiers.redis.url import parse_redis_url
+from tiered_memory.tiers.sql.url import server_urls
+from tiered_memory.webhooks import Sink, sinks_of
 
 _LOOPBACK_DEFAULT = "127.0.0.1"
 # The SQL drivers the daemon is built and tested with.
@@ -82,7 +82,7 @@ class Settings(BaseSettings):
     redis_timeout_ms: int = Field(200, alias="REDIS_TIMEOUT_MS", ge=1, le=60_000)
     database_url: str | None = Field(None, alias="DATABASE_URL", repr=False)
     # A replica of DATABASE_URL's server that a session's warm and cold reads go to, when it holds
-    # the session's newest write (tiers/sql_replica.py); writes and the summary job's reads stay
+    # the session's newest write (tiers/sql/replica.py); writes and the summary job's reads stay
     # on the primary.
     database_read_url: str | None = Field(None, alias="DATABASE_READ_URL", repr=False)
     sql_timeout_ms: int = Field(3000, alias="SQL_TIMEOUT_MS", ge=1, le=600_000)
@@ -138,7 +138,7 @@ class Settings(BaseSettings):
     # Serving processes on the one port (SO_REUSEPORT); more than one needs Redis and a SQL server.
     workers: int = Field(1, alias="WORKERS", ge=1, le=64)
     # Processes of each serving process's own for its text work (jieba's words, the extractor;
-    # text_lane.py), so that it never holds the event loop's GIL; 0 runs it in threads instead.
+    # summarize/lane.py), so that it never holds the event loop's GIL; 0 runs it in threads instead.
     # Background work takes all but one: the other is kept for what a request waits on.
     text_workers: int = Field(2, alias="TEXT_WORKERS", ge=0, le=64)
     # Bytes of text a tenant's queued background text work may reach; past it that work is
@@ -197,7 +197,7 @@ class Settings(BaseSettings):
     # (comma-separated; local_guard.py): a web page that rebinds its own name to 127.0.0.1 is not.
     allowed_hosts_setting: str = Field("", alias="ALLOWED_HOSTS")
     _api_tokens: tuple[ApiToken, ...] = PrivateAttr(default=())
-    # The memory inspector (GET /ui, api_inspect.py); unset: on when HOST is a loopback address.
+    # The memory inspector (GET /ui, http/inspect.py); unset: on when HOST is a loopback address.
     ui_enabled_setting: bool | None = Field(None, alias="UI_ENABLED")
 
     # --- context assembly ---
@@ -217,7 +217,7 @@ class Settings(BaseSettings):
     # session_id is a new conversation unless the operator (or the request) asks for more.
     user_memory: UserMemory = Field("off", alias="USER_MEMORY")
 
-    # --- lifecycle events (events.py, delivery.py) ---
+    # --- lifecycle events (webhooks.py, delivery.py) ---
     # Comma-separated http(s) URLs; each gets every event, POSTed and signed with WEBHOOK_SECRET.
     webhook_urls_setting: str = Field("", alias="WEBHOOK_URLS")
     webhook_secret: SecretStr | None = Field(None, alias="WEBHOOK_SECRET")

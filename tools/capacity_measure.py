@@ -48,7 +48,7 @@ from tiered_memory.testing import (
     ChildFailed,
     free_port,
 )
-from tiered_memory.tiers.keys import Keys
+from tiered_memory.tiers.redis.keys import Keys
 from tools.benchkit import procs
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     os.dup2(devnull, 2)  # the daemon logs to stderr
     try:
         configure_logging("INFO", "json")
-        log = structlog.get_logger("tiered_memory.api")
+        log = structlog.get_logger("tiered_memory.http.api")
 
         def daemon_line() -> None:
             # As observe() does: ids bound for the request, then its one line.

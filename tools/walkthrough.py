@@ -32,8 +32,8 @@ from tiered_memory.settings import Settings
 from tiered_memory.testing import ZH_12_TURNS as TURNS
 from tiered_memory.testing import ZH_EARLY_EVIDENCE as EARLY_EVIDENCE
 from tiered_memory.testing import ChildFailed, DaemonProcess, free_port
-from tiered_memory.tiers.sql_engine import create_engine
-from tiered_memory.tiers.sql_store import SqlStore
+from tiered_memory.tiers.sql.engine import create_engine
+from tiered_memory.tiers.sql.store import SqlStore
 
 
 class WalkFailed(ChildFailed):

@@ -9,7 +9,7 @@ import hashlib
 import re
 from typing import Any, Final
 
-# What the daemon accepts as a message id (and a call id), and as a tool's name (api_input.py).
+# What the daemon accepts as a message id (and a call id), and as a tool's name (http/input.py).
 _MESSAGE_ID: Final = re.compile(r"[\x21-\x7e]{1,128}")
 _TOOL_NAME: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
 

@@ -1,6 +1,6 @@
 """Alembic's environment: migrate on the connection the caller hands in.
 
-`tiered_memory.tiers.sql_migrate` passes its open connection in `config.attributes["connection"]`
+`tiered_memory.tiers.sql.migrate` passes its open connection in `config.attributes["connection"]`
 and commits after. A developer writing a new revision runs the Alembic command line against a
 scratch database instead (`alembic -x url=sqlite:///scratch.db revision --autogenerate -m ...`,
 with the repository's alembic.ini); then a synchronous engine is made from that URL.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import context
 
-from tiered_memory.tiers.sql_schema import metadata
+from tiered_memory.tiers.sql.schema import metadata
 
 
 def _configure(connection: sa.Connection) -> None:

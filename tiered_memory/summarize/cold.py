@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import accumulate
 
-from tiered_memory.dialogue import for_summary
-from tiered_memory.language import as_spoken
 from tiered_memory.model import Message, SessionInfo, Summary, SummarySource
 from tiered_memory.summarize.extractive import Extractor
 from tiered_memory.summarize.payload import rule_payload
 from tiered_memory.summarize.topics import TopicTagger
+from tiered_memory.text.dialogue import for_summary
+from tiered_memory.text.language import as_spoken
 
 # What a cold extraction reads, in multiples of the summary's size: an extractor needs a choice of
 # sentences several times what it keeps, and the cost of the read follows what it reads.
@@ -41,7 +41,7 @@ def cold_summary(
     extractor: Extractor, info: SessionInfo, messages: Sequence[Message], *, tagger: TopicTagger, max_chars: int
 ) -> Summary | None:
     """A summary of the session's completed turns in `messages`; None when nothing was answered.
-    Blocking (the extractor is CPU work): callers run it in a text worker (text_lane.py)."""
+    Blocking (the extractor is CPU work): callers run it in a text worker (summarize/lane.py)."""
     answered = for_summary(as_spoken([m for m in messages if m.answered]))
     if not answered:
         return None

@@ -19,9 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tiered_memory.condense import clauses, condense, is_phatic, strip_stamp
 from tiered_memory.model import Message, Role
-from tiered_memory.summarize.facts import (
+from tiered_memory.prompt.facts import (
     CJK,
     EVENT,
     FACT,
@@ -33,6 +32,7 @@ from tiered_memory.summarize.facts import (
     lead,
     render_items,
 )
+from tiered_memory.text.condense import clauses, condense, is_phatic, strip_stamp
 
 _ITEM_CHARS = 80  # one kept sentence at most; longer ones are clipped around their first number
 _CHUNK_CHARS = 60  # comma-only voice transcripts are re-cut into clauses of about this size

@@ -1,6 +1,6 @@
 """Token buckets: how many requests a tenant or a token may make, refilled at a steady rate up to a
 burst. The arithmetic is pure (`take`); the buckets live in the hot tier, so that every replica
-draws on the same one (Redis: redis_buckets.py), or in process memory on the embedded default
+draws on the same one (Redis: tiers/redis/buckets.py), or in process memory on the embedded default
 (`MemoryBuckets`).
 """
 

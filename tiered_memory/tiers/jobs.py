@@ -1,5 +1,5 @@
 """Rebuild jobs' records and leases in the hot tier, where every replica reads them: in Redis
-(redis_jobs.py) or, on the embedded default, in process memory (`MemoryJobs`).
+(tiers/redis/jobs.py) or, on the embedded default, in process memory (`MemoryJobs`).
 
 A session has at most one *live* job: the one whose id its lease holds. The lease expires unless
 the job's process renews it, so a job whose process died stops being live by itself, and its

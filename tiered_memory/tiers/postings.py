@@ -1,5 +1,5 @@
 """Recall postings: each session's search terms and the messages they point at, kept in the hot
-tier so that every replica reads the same index (Redis: one hash per session, redis_postings.py;
+tier so that every replica reads the same index (Redis: one hash per session, tiers/redis/postings.py;
 the embedded default: process memory, below).
 
 A session's postings grow by batches of consecutive messages, only at the end: a batch whose

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from tiered_memory.testing import free_port
-from tiered_memory.tiers.keys import Keys
-from tiered_memory.tiers.sql_engine import create_engine
+from tiered_memory.tiers.redis.keys import Keys
+from tiered_memory.tiers.sql.engine import create_engine
 from tools.benchkit import loadgen, procs, report, seed
 from tools.benchkit.loadgen import Stats
 from tools.benchkit.procs import BenchFailed

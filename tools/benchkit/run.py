@@ -28,7 +28,7 @@ import redis.asyncio as aioredis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tiered_memory.testing import ZH_12_TURNS, free_port
-from tiered_memory.tiers.sql_engine import create_engine
+from tiered_memory.tiers.sql.engine import create_engine
 from tools.benchkit import loadgen, procs, seed
 from tools.benchkit.loadgen import Stats
 from tools.benchkit.procs import BenchFailed, Child

@@ -2,7 +2,7 @@
 
 A 10,000-turn session would take 20,000 HTTP appends to build; the measured operations go through
 HTTP, but the sessions they read are written here: session rows, messages and summary rows with
-the daemon's schema (tiered_memory.tiers.sql_schema), and hot keys with its key builders and codec.
+the daemon's schema (tiered_memory.tiers.sql.schema), and hot keys with its key builders and codec.
 Summary rows are copies of one the daemon itself made, so every summary has a real size.
 """
 
@@ -19,8 +19,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from tiered_memory.model import SessionKey, Summary, SummarySource
 from tiered_memory.testing import ZH_12_TURNS
 from tiered_memory.tiers.codec import encode_summary
-from tiered_memory.tiers.keys import Keys
-from tiered_memory.tiers.sql_schema import conversation_summaries, messages, sessions
+from tiered_memory.tiers.redis.keys import Keys
+from tiered_memory.tiers.sql.schema import conversation_summaries, messages, sessions
 
 _CHUNK = 2000
 USER_ID = "bench-user"

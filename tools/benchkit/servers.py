@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from aiohttp import web
 
 from tiered_memory.testing import Behaviour, FakeLlm
-from tiered_memory.tiers.sql_engine import create_engine
+from tiered_memory.tiers.sql.engine import create_engine
 
 _JSON = "application/json"
 # POST /load carries every hot session's answer at once.

@@ -18,7 +18,7 @@ down_revision = "0006"
 branch_labels = None
 depends_on = None
 
-# As in tiered_memory/tiers/sql_schema.py at this revision.
+# As in tiered_memory/tiers/sql/schema.py at this revision.
 _SID = sa.String(193)
 _MYSQL_TABLE: dict[str, Any] = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin"}
 

@@ -24,7 +24,7 @@ depends_on = None
 
 
 def _columns() -> dict[str, list[sa.Column[object]]]:
-    """The new columns by table, as in tiered_memory/tiers/sql_schema.py at this revision."""
+    """The new columns by table, as in tiered_memory/tiers/sql/schema.py at this revision."""
     return {
         "messages": [
             sa.Column("tool_calls", sa.Text().with_variant(mysql.MEDIUMTEXT(), "mysql"), nullable=True),

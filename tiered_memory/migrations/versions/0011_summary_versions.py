@@ -20,7 +20,7 @@ down_revision = "0010"
 branch_labels = None
 depends_on = None
 
-# As in tiered_memory/tiers/sql_schema.py at this revision.
+# As in tiered_memory/tiers/sql/schema.py at this revision.
 _MYSQL_TABLE: dict[str, Any] = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin"}
 _BIGID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 

@@ -21,7 +21,7 @@ depends_on = None
 
 
 def _columns() -> list[sa.Column[object]]:
-    """The new columns of `messages`, as in tiered_memory/tiers/sql_schema.py at this revision."""
+    """The new columns of `messages`, as in tiered_memory/tiers/sql/schema.py at this revision."""
     return [
         sa.Column("thinking_content", sa.Text().with_variant(mysql.MEDIUMTEXT(), "mysql"), nullable=True),
         sa.Column("thinking_duration", sa.Integer, nullable=True),

@@ -1,0 +1,91 @@
+"""The async SQLAlchemy engine for MySQL/MariaDB, PostgreSQL or SQLite, tuned for the daemon's short
+transactions.
+
+A MySQL URL may name several servers, `mysql+aiomysql://user@db1:3306,db2:3306,db3:3306/memory`:
+the nodes of a multi-primary cluster (MariaDB Galera, Percona XtraDB Cluster), any of which takes
+every write. A new connection goes to the first that answers, in the order given, so that the
+daemons of a deployment write through one node while it lives (fewer certification conflicts
+than spreading them) and move to the next when it dies: its pooled connections fail their
+pre-ping and are opened again elsewhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from tiered_memory.tiers.codec import dumps_text, loads
+from tiered_memory.tiers.sql.url import server_urls
+
+if TYPE_CHECKING:
+    from aiomysql import Connection
+
+# How long a new connection waits for one server before it tries the next (multi-host URLs): a
+# node that died with its machine answers nothing, where a dead process is refused at once.
+_CONNECT_TIMEOUT_S = 3
+
+
+def create_engine(url: str) -> AsyncEngine:
+    """An async engine for a MySQL/MariaDB (one server or several), PostgreSQL or SQLite URL,
+    tuned for short transactions."""
+    if url.startswith("sqlite"):
+        # hide_parameters: driver errors must never carry message content into logs.
+        engine = create_async_engine(
+            url,
+            connect_args={"timeout": 30},
+            hide_parameters=True,
+            json_serializer=dumps_text,
+            json_deserializer=loads,
+        )
+
+        @sa.event.listens_for(engine.sync_engine, "connect")
+        def _sqlite_pragmas(dbapi_conn: sqlite3.Connection, _record: object) -> None:
+            cur = dbapi_conn.cursor()
+            # WAL lets readers proceed during a write; NORMAL sync is durable across process crashes.
+            # WAL is a property of the file: when another process holds the lock while setting it,
+            # this connection's attempt fails at once, and the file ends up in WAL all the same.
+            with contextlib.suppress(sqlite3.OperationalError):
+                cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.close()
+
+        return engine
+    servers = [make_url(server) for server in server_urls(url)]
+    extra: dict[str, Any] = {}
+    if len(servers) > 1:
+
+        async def first_that_answers() -> Connection:
+            """A connection to the first server that takes one (the dialect's own arguments)."""
+            import aiomysql  # the driver the URL names; imported where it is used
+
+            failure: Exception | None = None
+            for server in servers:
+                cargs, cparams = engine.dialect.create_connect_args(server)
+                try:
+                    return await aiomysql.connect(*cargs, **{**cparams, "connect_timeout": _CONNECT_TIMEOUT_S})
+                except (OSError, aiomysql.OperationalError) as exc:
+                    failure = exc
+            assert failure is not None
+            raise failure
+
+        extra["async_creator"] = first_that_answers
+    engine = create_async_engine(
+        servers[0],
+        **extra,
+        pool_size=10,
+        max_overflow=10,
+        pool_pre_ping=True,
+        pool_recycle=1800,
+        hide_parameters=True,
+        # The summary row's JSON columns, on every warm read: orjson, as for the hot tier.
+        json_serializer=dumps_text,
+        json_deserializer=loads,
+        # Fewer gap locks than REPEATABLE READ; every append locks its session row explicitly.
+        isolation_level="READ COMMITTED",
+    )
+    return engine

@@ -1,0 +1,175 @@
+"""Reads of the cold tier's messages: a session's first, latest, by turn range, by seq range.
+
+Each is one bounded read through the store's `read` (its timeout, breaker and error mapping).
+Mixed into SqlStore, so callers read messages from the store they write them with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from tiered_memory.model import Message, SessionKey
+from tiered_memory.tiers.sql.dialect import OctetLength
+from tiered_memory.tiers.sql.rows import MEMORY_COLUMNS, row_to_message
+from tiered_memory.tiers.sql.schema import messages as msgs
+
+T = TypeVar("T")
+
+# messages_in_turns reads the session's tail in pages: the first one holds a summary batch's
+# new turns (a few messages each) with room to spare; later ones grow, to catch up a long lag.
+_TAIL_PAGE = 64
+_TAIL_PAGE_MAX = 4096
+
+
+class _Reader(Protocol):
+    async def read(self, op: Callable[[AsyncConnection], Awaitable[T]]) -> T: ...
+
+    async def session_read(
+        self,
+        key: SessionKey,
+        op: Callable[[AsyncConnection], Awaitable[T]],
+        *,
+        replica: bool = False,
+        known_seq: int = 0,
+        trust: Callable[[T], bool] = ...,
+    ) -> T: ...
+
+
+class MessageReads:
+    """The message reads of SqlStore (which provides `read` and `session_read`). With `replica`,
+    a read may be answered by the replica (DATABASE_READ_URL) when it holds the session's newest
+    write known (`known_seq`, or this process's own): for the reads that serve a context or the
+    API, never for the summary job's, which must see every turn it covers."""
+
+    async def first_messages(
+        self: _Reader, key: SessionKey, limit: int, *, replica: bool = False, known_seq: int = 0
+    ) -> list[Message]:
+        """The first `limit` messages of a session, oldest first."""
+
+        async def op(conn: AsyncConnection) -> list[Message]:
+            q = sa.select(*MEMORY_COLUMNS).where(msgs.c.session_id == key).order_by(msgs.c.id).limit(limit)
+            return [row_to_message(r) for r in (await conn.execute(q)).all()]
+
+        return await self.session_read(key, op, replica=replica, known_seq=known_seq)
+
+    async def recent_messages(
+        self: _Reader, key: SessionKey, limit: int, *, replica: bool = False, known_seq: int = 0
+    ) -> list[Message]:
+        """The last `limit` messages of a session, oldest first."""
+
+        async def op(conn: AsyncConnection) -> list[Message]:
+            q = sa.select(*MEMORY_COLUMNS).where(msgs.c.session_id == key).order_by(msgs.c.id.desc()).limit(limit)
+            return [row_to_message(r) for r in reversed((await conn.execute(q)).all())]
+
+        return await self.session_read(key, op, replica=replica, known_seq=known_seq)
+
+    async def messages_in_turns(
+        self: _Reader,
+        key: SessionKey,
+        *,
+        after_turn: int,
+        through_turn: int | None = None,
+        replica: bool = False,
+        known_seq: int = 0,
+    ) -> list[Message]:
+        """Messages of turns after_turn+1 … through_turn (all later turns when None), oldest first.
+
+        Read backwards from the session's newest message in growing pages, through the
+        (session_id, id) index, until a message of turn after_turn or earlier appears. A message's
+        turn never decreases as its id grows (both are assigned under the session-row lock), so
+        every older row is earlier still. The cost follows the messages after the watermark, not
+        the session's length: a `turn > ?` filter had to visit all 20,000 rows of a 10,000-turn
+        session on every summary job.
+        """
+
+        async def op(conn: AsyncConnection) -> list[Message]:
+            if after_turn < 1:
+                # Every turn from the first: one forward read of the whole session.
+                q = sa.select(*MEMORY_COLUMNS).where(msgs.c.session_id == key)
+                if through_turn is not None:
+                    q = q.where(msgs.c.turn <= through_turn)
+                return [row_to_message(r) for r in (await conn.execute(q.order_by(msgs.c.id))).all()]
+            newest_first: list[Any] = []
+            before_id: int | None = None
+            page = _TAIL_PAGE
+            while True:
+                q = sa.select(*MEMORY_COLUMNS).where(msgs.c.session_id == key)
+                if before_id is not None:
+                    q = q.where(msgs.c.id < before_id)
+                rows = (await conn.execute(q.order_by(msgs.c.id.desc()).limit(page))).all()
+                older = [r for r in rows if r.turn <= after_turn]
+                newest_first.extend(r for r in rows if r.turn > after_turn)
+                if older or len(rows) < page:
+                    break
+                before_id = int(rows[-1].id)
+                page = min(page * 4, _TAIL_PAGE_MAX)
+            return [row_to_message(r) for r in reversed(newest_first) if through_turn is None or r.turn <= through_turn]
+
+        return await self.session_read(key, op, replica=replica, known_seq=known_seq)
+
+    async def messages_by_seq(
+        self: _Reader,
+        key: SessionKey,
+        *,
+        first_seq: int,
+        last_seq: int,
+        limit: int,
+        max_bytes: int | None = None,
+        replica: bool = False,
+        reasoning: bool = False,
+    ) -> list[Message]:
+        """Messages first_seq..last_seq (at most `limit`), oldest first: where a slice leads back to.
+        With `reasoning`, with their reasoning (only for the client's reads of stored messages:
+        reasoning.py).
+
+        With `max_bytes`, the read stops at the first message whose text (content and tool calls,
+        and the reasoning it reads) takes the messages read past it, and takes one message more,
+        so that a caller cutting a page there can tell whether more follow. The sizes are read
+        first, without the text: a page of a thousand 32 KiB messages would otherwise bring 32 MiB
+        over the wire, parsed on the event loop, to keep one MiB of it."""
+
+        def in_range(q: sa.Select[Any]) -> sa.Select[Any]:
+            return (
+                q.where(msgs.c.session_id == key, msgs.c.seq >= first_seq, msgs.c.seq <= last_seq)
+                .order_by(msgs.c.id)
+                .limit(limit)
+            )
+
+        async def op(conn: AsyncConnection) -> list[Message]:
+            last = last_seq
+            if max_bytes is not None:
+                sizes = (await conn.execute(in_range(sa.select(msgs.c.seq, _text_bytes(reasoning))))).all()
+                last = _last_within(sizes, max_bytes, last_seq)
+            q = in_range(sa.select(*(msgs.c if reasoning else MEMORY_COLUMNS))).where(msgs.c.seq <= last)
+            return [row_to_message(r) for r in (await conn.execute(q)).all()]
+
+        return await self.session_read(key, op, replica=replica)
+
+    async def count_messages(self: _Reader, key: SessionKey) -> int:
+        async def op(conn: AsyncConnection) -> int:
+            q = sa.select(sa.func.count()).select_from(msgs).where(msgs.c.session_id == key)
+            return int((await conn.execute(q)).scalar() or 0)
+
+        return await self.read(op)
+
+
+def _text_bytes(reasoning: bool) -> sa.ColumnElement[Any]:
+    """A message's content and tool calls (and `reasoning`) in bytes of UTF-8, computed by the
+    database."""
+    size = OctetLength(msgs.c.content) + sa.func.coalesce(OctetLength(msgs.c.tool_calls), 0)
+    return size + sa.func.coalesce(OctetLength(msgs.c.thinking_content), 0) if reasoning else size
+
+
+def _last_within(sizes: Sequence[Any], max_bytes: int, last_seq: int) -> int:
+    """The seq of the last of `sizes` ((seq, bytes) rows, in order) to read: the first that takes
+    the total past `max_bytes`, and one more; `last_seq` when the total stays within it."""
+    total = 0
+    for i, (_seq, size) in enumerate(sizes):
+        total += int(size)
+        if total > max_bytes:
+            return int(sizes[min(i + 1, len(sizes) - 1)][0])
+    return last_seq

@@ -1,0 +1,166 @@
+"""Mapping between SQL rows and the domain's dataclasses, for the SQL store."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+
+from tiered_memory.model import (
+    AppendResult,
+    Channel,
+    Message,
+    MessageStatus,
+    Role,
+    SessionInfo,
+    SessionKey,
+    Slice,
+    Summary,
+    SummarySource,
+)
+from tiered_memory.tiers.sql.schema import conversation_summaries as cs
+from tiered_memory.tiers.sql.schema import messages as msgs
+from tiered_memory.tiers.sql.schema import sessions
+
+# A message's reasoning (reasoning.py), read only where the client reads stored messages.
+REASONING_COLUMNS = frozenset({"thinking_content", "thinking_duration"})
+# What the reads that feed a context, a summary or the recall index select: every column but the
+# reasoning, which none of them may see and which would cost each of them up to
+# MAX_MESSAGE_BYTES a message more to read.
+MEMORY_COLUMNS = tuple(c for c in msgs.c if c.name not in REASONING_COLUMNS)
+
+
+def message_row(m: Message, completes: bool) -> dict[str, Any]:
+    """The `messages` row of a stored message (`completes`: it completed its turn)."""
+    return {
+        "session_id": m.session_id,
+        "seq": m.seq,
+        "turn": m.turn,
+        "user_id": m.user_id,
+        "role": m.role.value,
+        "content": m.content,
+        "channel": m.channel.value,
+        "message_id": m.message_id,
+        "completes_turn": int(completes),
+        "status": m.status.value,
+        "tool_calls": m.tool_calls or None,
+        "tool_call_id": m.tool_call_id,
+        "name": m.name,
+        "thinking_content": m.thinking_content,
+        "thinking_duration": m.thinking_duration,
+        "created_at": m.created_at,
+    }
+
+
+def row_to_message(r: sa.Row[*tuple[Any, ...]], prefix: str = "") -> Message:
+    """The message in a row of `messages`, or in the columns labelled `prefix` + name of a join."""
+    m = r._mapping
+    return Message(
+        session_id=m[prefix + "session_id"],
+        seq=int(m[prefix + "seq"]),
+        turn=int(m[prefix + "turn"]),
+        role=Role(m[prefix + "role"]),
+        content=m[prefix + "content"],
+        message_id=m[prefix + "message_id"],
+        created_at=float(m[prefix + "created_at"]),
+        user_id=m[prefix + "user_id"],
+        channel=Channel(m[prefix + "channel"]),
+        status=MessageStatus(m[prefix + "status"]),
+        tool_calls=m[prefix + "tool_calls"] or "",
+        tool_call_id=m[prefix + "tool_call_id"],
+        name=m[prefix + "name"],
+        # Absent from a row of MEMORY_COLUMNS.
+        thinking_content=m.get(prefix + "thinking_content"),
+        thinking_duration=m.get(prefix + "thinking_duration"),
+    )
+
+
+def row_to_session(r: sa.Row[*tuple[Any, ...]], covered: int = 0) -> SessionInfo:
+    return SessionInfo(
+        session_id=r.session_id,
+        user_id=r.user_id,
+        turn_count=int(r.turn_count),
+        message_count=int(r.message_count),
+        created_at=float(r.created_at),
+        last_activity=float(r.last_activity),
+        closed_at=float(r.closed_at) if r.closed_at is not None else None,
+        covered_turns=covered,
+        content_chars=int(r.content_chars),
+        tenant=r.tenant,
+        content_bytes=int(r.content_bytes),
+    )
+
+
+def row_to_summary(r: sa.Row[*tuple[Any, ...]]) -> Summary:
+    return Summary(
+        text=r.summary,
+        covered_turns=int(r.covered_turns),
+        version=int(r.version),
+        source=SummarySource(r.source),
+        updated_at=float(r.updated_at),
+        created_at=float(r.summary_created_at),
+        topics=tuple(r.topics or ()),
+        structured=dict(r.structured or {}),
+        compressions=int(r.compressions),
+    )
+
+
+def slice_values(key: SessionKey, s: Slice) -> dict[str, Any]:
+    return {
+        "session_id": key,
+        "from_turn": s.from_turn,
+        "to_turn": s.to_turn,
+        "first_seq": s.first_seq,
+        "last_seq": s.last_seq,
+        "text": s.text,
+        "source": s.source.value,
+        "model": s.model,
+        "prompt_id": s.prompt_id,
+        "summary_version": s.summary_version,
+        "created_at": s.created_at,
+    }
+
+
+def row_to_slice(r: sa.Row[*tuple[Any, ...]]) -> Slice:
+    return Slice(
+        from_turn=int(r.from_turn),
+        to_turn=int(r.to_turn),
+        first_seq=int(r.first_seq),
+        last_seq=int(r.last_seq),
+        text=r.text,
+        source=SummarySource(r.source),
+        summary_version=int(r.summary_version),
+        created_at=float(r.created_at),
+        model=r.model,
+        prompt_id=r.prompt_id,
+    )
+
+
+def append_result_of(message: Message, *, completed_turn: bool, duplicate: bool) -> AppendResult:
+    """The result an append of `message` returned: rebuilt exactly from the stored row on a retry.
+    A message of turn n leaves n-1 turns completed, unless it is the reply that completed turn n."""
+    turns = message.turn if completed_turn else message.turn - 1
+    return AppendResult(
+        message=message,
+        turn_count=turns,
+        message_count=message.seq,
+        duplicate=duplicate,
+        completed_turn=completed_turn,
+    )
+
+
+def sessions_with_summaries() -> sa.Select[Any]:
+    """`sessions` outer-joined with their summary rows, the summary's columns named as
+    `row_to_summary` reads them beside the session's: a session and its summary in one query."""
+    return sa.select(
+        sessions,
+        cs.c.summary,
+        cs.c.covered_turns,
+        cs.c.version,
+        cs.c.source,
+        cs.c.updated_at,
+        cs.c.created_at.label("summary_created_at"),
+        cs.c.topics,
+        cs.c.structured,
+        cs.c.compressions,
+    ).select_from(sessions.outerjoin(cs, cs.c.session_id == sessions.c.session_id))

@@ -19,8 +19,8 @@ from tiered_memory.core.reads import authorize
 from tiered_memory.errors import HotUnavailable, NotFound
 from tiered_memory.model import Caller, HotSession, SessionInfo, SessionKey, Summary
 from tiered_memory.tiers.hot import HotExpiries, HotTier
-from tiered_memory.tiers.sql.history import SummaryVersion
 from tiered_memory.tiers.sql.store import SqlStore
+from tiered_memory.tiers.sql.versions import SummaryVersion
 
 log = structlog.get_logger("tiered_memory.core.inspection")
 

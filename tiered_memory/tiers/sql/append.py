@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from tiered_memory.errors import Conflict, Forbidden
 from tiered_memory.model import AppendResult, Caller, Message, NewMessage, Owner, SessionKey, next_turn, stored_bytes
 from tiered_memory.tiers.codec import dumps_text, loads
-from tiered_memory.tiers.sql.group_commit import Outcome
+from tiered_memory.tiers.sql.group_commit import Settled
 from tiered_memory.tiers.sql.quota import TenantQuotas
 from tiered_memory.tiers.sql.rows import append_result_of, message_row, row_to_message
 from tiered_memory.tiers.sql.schema import messages as msgs
@@ -117,7 +117,7 @@ async def store_batch(
     insert_if_absent: Callable[[sa.Table, dict[str, Any]], sa.Executable],
     limits: SessionLimits = SessionLimits(),
     quotas: TenantQuotas | None = None,
-) -> list[Outcome[AppendResult]]:
+) -> list[Settled[AppendResult]]:
     """Store `batch` in the transaction `conn`; one outcome per append, in order: its result, or
     Forbidden / Conflict for a message refused (which writes nothing). `insert_if_absent(table,
     values)` builds the dialect's insert-or-nothing. Messages of one session are numbered in batch
@@ -145,7 +145,7 @@ async def store_batch(
         more_state, more_stored = await _lock(conn, st, missing, mids)
         state.update(more_state)
         stored.update(more_stored)
-    outcomes: list[Outcome[AppendResult]] = []
+    outcomes: list[Settled[AppendResult]] = []
     inserts: list[dict[str, Any]] = []
     for a in batch:
         s = state[a.new.session_id]

@@ -19,7 +19,7 @@ from typing import Generic, TypeAlias, TypeVar
 T = TypeVar("T")
 R = TypeVar("R")
 
-Outcome: TypeAlias = "R | BaseException"
+Settled: TypeAlias = "R | BaseException"
 """What a batch gives one item: its result, or the exception its caller gets."""
 
 
@@ -38,7 +38,7 @@ class GroupCommit(Generic[T, R]):
 
     def __init__(
         self,
-        run: Callable[[Sequence[T]], Awaitable[list[Outcome[R]]]],
+        run: Callable[[Sequence[T]], Awaitable[list[Settled[R]]]],
         *,
         key: Callable[[T], Hashable],
         max_batch: int,
@@ -136,7 +136,7 @@ def _read(done: asyncio.Future[R]) -> None:
         done.exception()
 
 
-def _settle(done: asyncio.Future[R], outcome: Outcome[R]) -> None:
+def _settle(done: asyncio.Future[R], outcome: Settled[R]) -> None:
     if done.done():
         return
     if isinstance(outcome, BaseException):

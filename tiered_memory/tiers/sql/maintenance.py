@@ -16,11 +16,11 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tiered_memory.model import SessionKey
-from tiered_memory.tiers.sql.history import forget_versions
 from tiered_memory.tiers.sql.schema import conversation_summaries as cs
 from tiered_memory.tiers.sql.schema import messages as msgs
 from tiered_memory.tiers.sql.schema import outbox_events, session_state, sessions, summary_slices
 from tiered_memory.tiers.sql.store import SqlStore, summary_due
+from tiered_memory.tiers.sql.versions import forget_versions
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,8 +34,7 @@ from tiered_memory.model import (
 )
 from tiered_memory.tiers.sql.append import Append, AppendStatements, SessionLimits, store_batch
 from tiered_memory.tiers.sql.dialect import insert_if_absent, refused, retryable
-from tiered_memory.tiers.sql.group_commit import GroupCommit, Outcome
-from tiered_memory.tiers.sql.history import forget_versions
+from tiered_memory.tiers.sql.group_commit import GroupCommit, Settled
 from tiered_memory.tiers.sql.messages import MessageReads
 from tiered_memory.tiers.sql.migrate import current_version, migrate
 from tiered_memory.tiers.sql.outbox import add_event, new_event_id
@@ -52,6 +51,7 @@ from tiered_memory.tiers.sql.schema import messages as msgs
 from tiered_memory.tiers.sql.schema import outbox_events, session_state, sessions, summary_slices
 from tiered_memory.tiers.sql.summaries import ANYONE, SummaryRows
 from tiered_memory.tiers.sql.users import rebuild_profile
+from tiered_memory.tiers.sql.versions import forget_versions
 from tiered_memory.tracing import Tracing, operation
 from tiered_memory.webhooks import SESSION_CLOSED, SUMMARY_FINAL, Event, summary_payload
 
@@ -332,7 +332,7 @@ class SqlStore(MessageReads, SummaryRows):
         with self._tracing.span("sql SqlStore.append", {"db.system.name": self.db_system}, client=True):
             return await self._commits.submit(Append(new, now, caller, trace=self._tracing.current()))
 
-    async def _append_batch(self, batch: Sequence[Append]) -> list[Outcome[AppendResult]]:
+    async def _append_batch(self, batch: Sequence[Append]) -> list[Settled[AppendResult]]:
         """One transaction for the batch (sql_append.store_batch). A statement the server
         refuses aborts it; then each message is tried alone, so that only its own caller gets the
         error. A failure of the server or the connection fails the whole batch."""
@@ -342,10 +342,10 @@ class SqlStore(MessageReads, SummaryRows):
         with self._tracing.linked_root("sql append batch", attributes, links=[a.trace for a in batch]):
             return await self._commit_batch(batch)
 
-    async def _commit_batch(self, batch: Sequence[Append]) -> list[Outcome[AppendResult]]:
+    async def _commit_batch(self, batch: Sequence[Append]) -> list[Settled[AppendResult]]:
         return self._noted(await self._committed(batch))
 
-    def _noted(self, outcomes: list[Outcome[AppendResult]]) -> list[Outcome[AppendResult]]:
+    def _noted(self, outcomes: list[Settled[AppendResult]]) -> list[Settled[AppendResult]]:
         """The outcomes, each stored message's seq remembered for the replica's reads."""
         if self.replica is not None:
             for o in outcomes:
@@ -353,7 +353,7 @@ class SqlStore(MessageReads, SummaryRows):
                     self.replica.wrote(o.message.session_id, o.message.seq)
         return outcomes
 
-    async def _committed(self, batch: Sequence[Append]) -> list[Outcome[AppendResult]]:
+    async def _committed(self, batch: Sequence[Append]) -> list[Settled[AppendResult]]:
         try:
             return await self._transaction(self._storing(batch))
         except SqlUnavailable as exc:
@@ -363,7 +363,7 @@ class SqlStore(MessageReads, SummaryRows):
             split = isinstance(cause, sa.exc.DBAPIError) and (refused(cause) or retryable(cause))
             if len(batch) == 1 or not split:
                 raise
-        outcomes: list[Outcome[AppendResult]] = []
+        outcomes: list[Settled[AppendResult]] = []
         for a in batch:
             try:
                 outcomes.extend(await self._transaction(self._storing([a])))
@@ -390,7 +390,7 @@ class SqlStore(MessageReads, SummaryRows):
         self._noted(list(stored))
         return stored
 
-    def _storing(self, batch: Sequence[Append]) -> Callable[[AsyncConnection], Awaitable[list[Outcome[AppendResult]]]]:
+    def _storing(self, batch: Sequence[Append]) -> Callable[[AsyncConnection], Awaitable[list[Settled[AppendResult]]]]:
         return lambda conn: store_batch(
             conn, self._append_statements, batch, self._insert_if_absent, self._limits, self._quotas
         )

@@ -15,7 +15,6 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from tiered_memory.model import Caller, SessionInfo, SessionKey, Slice, Summary
-from tiered_memory.tiers.sql.history import SummaryVersion, forget_versions, record_version, versions
 from tiered_memory.tiers.sql.outbox import add_event, new_event_id, release_final
 from tiered_memory.tiers.sql.rows import (
     row_to_session,
@@ -27,6 +26,7 @@ from tiered_memory.tiers.sql.rows import (
 from tiered_memory.tiers.sql.schema import conversation_summaries as cs
 from tiered_memory.tiers.sql.schema import sessions, summary_slices
 from tiered_memory.tiers.sql.users import merge_profile, user_summaries_query
+from tiered_memory.tiers.sql.versions import SummaryVersion, forget_versions, record_version, versions
 from tiered_memory.webhooks import SUMMARY_UPDATED, Event, summary_payload
 
 T = TypeVar("T")

@@ -18,7 +18,7 @@ import structlog
 
 from tiered_memory.core.erasure import Erased, Erasures
 from tiered_memory.core.history import History
-from tiered_memory.core.reads import ContextAnswer, SessionReads, authorize
+from tiered_memory.core.reads import SessionReads, authorize
 from tiered_memory.core.recall import RecallMatch
 from tiered_memory.errors import Forbidden, HotUnavailable, NotFound, QuotaExceeded, RateLimited, SqlUnavailable
 from tiered_memory.metrics import Metrics
@@ -44,6 +44,7 @@ from tiered_memory.model import (
     Tier,
     key_tenant,
 )
+from tiered_memory.prompt.assemble import ContextAnswer
 from tiered_memory.prompt.users import Profile
 from tiered_memory.settings import Settings
 from tiered_memory.summarize.cadence import at_cadence_point, past_cadence_point

@@ -1,6 +1,8 @@
 """SessionReads: how the service reads a session across the tiers, for load_best_summary and
 context. Reads walk hot → warm → cold and say which tier answered; a tier that fails or times out
-is skipped, counted and logged; what SQL gave is written back to the hot tier."""
+is skipped, counted and logged; what SQL gave is written back to the hot tier. A context's walk
+gathers everything its answer needs into one value, which prompt/assemble.py makes the answer of
+in one call: this module reads, that one computes."""
 
 from __future__ import annotations
 

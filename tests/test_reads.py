@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from tests.conftest import memory_of, new_sid
 from tests.embedded import DENTIST_TURNS, embedded
 from tiered_memory.app import build_history, build_reads
-from tiered_memory.core.reads import ContextAnswer, SessionReads
+from tiered_memory.core.reads import SessionReads
 from tiered_memory.errors import Forbidden
 from tiered_memory.model import (
     Caller,
@@ -28,6 +28,7 @@ from tiered_memory.model import (
     SummarySource,
     Tier,
 )
+from tiered_memory.prompt.assemble import ContextAnswer
 from tiered_memory.tiers.hot import HotTier
 from tiered_memory.tiers.sql.store import SqlStore
 

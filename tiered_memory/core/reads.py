@@ -1,18 +1,17 @@
 """SessionReads: how the service reads a session across the tiers, for load_best_summary and
 context. Reads walk hot → warm → cold and say which tier answered; a tier that fails or times out
-is skipped, counted and logged; what SQL gave is written back to the hot tier."""
+is skipped, counted and logged; what SQL gave is written back to the hot tier. A context's walk
+gathers everything its answer needs into one value, which prompt/assemble.py makes the answer of
+in one call: this module reads, that one computes."""
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from tiered_memory.core.history import History
 from tiered_memory.errors import Forbidden
-from tiered_memory.lru import Lru
 from tiered_memory.metrics import Metrics
 from tiered_memory.model import (
     Caller,
@@ -20,49 +19,34 @@ from tiered_memory.model import (
     HotSession,
     Message,
     Owner,
-    Role,
     SessionInfo,
     SessionKey,
-    SessionState,
     Summary,
     SummaryAnswer,
-    SummarySource,
     Tier,
     UserMemory,
     key_tenant,
 )
-from tiered_memory.prompt import kb_snippets
-from tiered_memory.prompt.context import (
-    ChatMessage,
-    alternate,
-    answer_transcript,
-    compose,
+from tiered_memory.prompt.assemble import (
+    ContextAnswer,
+    Gathered,
+    Knobs,
+    Memo,
+    Remembered,
+    assemble,
     content_chars,
-    cut_parts,
-    estimate_tokens,
-    frame,
+    earlier_wanted,
     hot_list_whole,
     hot_window_complete,
-    memory_room,
+    memory_budget,
     older_chars,
-    recent_transcript,
-    summary_system_text,
     window,
     window_start_turn,
 )
-from tiered_memory.prompt.facts import FactBook, lead
-from tiered_memory.prompt.notes import NoteCache, View
-from tiered_memory.prompt.policy import Candidates, Facts, Part, Selection, choose, lagging_digest
-from tiered_memory.prompt.selections import SelectionMemo, fingerprint
-from tiered_memory.prompt.users import TOPIC_CANDIDATES, CarriedText, Earlier, Profile, best_by_topic, carried_text
 from tiered_memory.settings import Settings
 from tiered_memory.summarize.cold import COLD_READ_SUMMARIES, cold_slice, cold_summary
 from tiered_memory.summarize.lane import TextLane, Ticket, text_bytes
-from tiered_memory.summarize.payload import planning, planning_history
 from tiered_memory.summarize.topics import TopicTagger
-from tiered_memory.text.dialogue import shown_and_events
-from tiered_memory.text.language import as_spoken, language_of
-from tiered_memory.text.quoting import frame_chars, quoted
 from tiered_memory.tiers.errors import TierErrors
 from tiered_memory.tiers.hot import HotTier
 from tiered_memory.tiers.sql.store import SqlStore
@@ -74,10 +58,6 @@ _COLD_HEAD_MESSAGES = 50
 _COLD_TAIL_MESSAGES = 100
 # A context read puts at most this many turns between a lagging summary and the window.
 _GAP_MAX_TURNS = 100
-# The parts of a context's memory that come from the session's summary (context_policy.ORIGINS).
-_FROM_SUMMARY = frozenset({"summary", "salient", "subject"})
-# The user messages of a session's first turns say what it is about: a `topic` carry-over matches them.
-_OPENING_TURNS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,50 +70,6 @@ class _Walked:
     info: SessionInfo | None
     available: list[Message]
     turn_count: int
-
-
-@dataclass(frozen=True, slots=True)
-class ContextAnswer:
-    session_id: str
-    summary_tier: Tier
-    summary: str | None
-    covered_turns: int
-    topics: tuple[str, ...]
-    messages: list[ChatMessage]
-    turn_count: int
-    recent_transcript: str
-    answer_transcript: str
-    estimated_tokens: dict[str, int]
-    planning: dict[str, Any] | None
-    planning_history: str
-    state: SessionState | None = None  # the gateway's, as the hot tier knows it (None: unknown)
-    carried: Carried | None = None  # what the session carried over from its user's earlier ones
-    explained: Explained | None = None  # where each part of the memory came from (explain=true)
-    compressions: int = 0  # how many times the session's turns were merged into its summary
-    compression_applied: bool = False  # whether this context's memory holds the summary's text
-    kb_snippets_used: int | None = None  # how many of the request's kb_snippets it shows (None: none given)
-
-
-@dataclass(frozen=True, slots=True)
-class Explained:
-    """Where a context's memory came from: the system text's pieces as sent, each with its origin
-    (context_policy.ORIGINS), the raw messages shown after it, and the layout that won."""
-
-    memory: tuple[Part, ...]
-    raw: tuple[Message, ...]
-    layout: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class Carried:
-    """What a context carried over from its user's earlier sessions (USER_MEMORY): the mode, the
-    earlier session whose summary it shows (None: none) and the profile it shows (None: none)."""
-
-    mode: UserMemory
-    earlier: Earlier | None
-    profile: Profile | None
-    # What the policy had rendered, last: the context's answer says what made it in.
-    shown: list[CarriedText] = dataclasses.field(default_factory=list)
 
 
 class SessionReads:
@@ -164,13 +100,18 @@ class SessionReads:
         self._metrics = metrics
         self._errors = TierErrors(metrics.tier_errors)
         self._clock = clock
-        # What the context policy works out of each message (its condensed form, its features),
-        # kept across reads: a session's next context reads most of the same messages again.
-        self._notes = NoteCache()
-        # Each summary's facts, loaded once (None: not the extractor's), by (session, summary stamp).
-        self._books: Lru[tuple[str, tuple[int, float]], tuple[FactBook | None]] = Lru(1024)
-        # The last choice per (session, budget): a read of an unchanged session answers from it.
-        self._selections: SelectionMemo[tuple[Selection, tuple[Part, ...]]] = SelectionMemo()
+        self._knobs = Knobs(
+            memory_mode=settings.memory_mode,
+            summary_max_chars=settings.summary_max_chars,
+            reconnect_gap_seconds=settings.reconnect_gap_seconds,
+            reconnect_templates=settings.reconnect_templates,
+            recent_transcript_max_chars=settings.recent_transcript_max_chars,
+            answer_history_max_chars=settings.answer_history_max_chars,
+            planning_history_max_chars=settings.planning_history_max_chars,
+            chars_per_token=settings.chars_per_token,
+        )
+        # Kept across reads: a session's next context reads most of the same messages again.
+        self._memo = Memo()
 
     async def load_best_summary(self, key: SessionKey, *, caller: Caller) -> SummaryAnswer:
         """Hot summary → warm row (backfilling hot) → deterministic extraction from messages → none.
@@ -310,9 +251,13 @@ class SessionReads:
         SQL asked, and for a restricted caller that answer is required (SqlUnavailable otherwise).
         Raises Forbidden when the session is not the caller's.
         """
-        question, excluded, kb = want.question, want.exclude_message_id, want.kb_snippets or ()
-        # The memory's budget: what the knowledge-base snippets' share leaves (all without them).
-        max_chars = want.max_chars - kb_snippets.reserve(kb, want.max_chars)
+        gathered = await self._gather(key, want, caller)
+        return assemble(gathered, want, knobs=self._knobs, memo=self._memo)
+
+    async def _gather(self, key: SessionKey, want: ContextRequest, caller: Caller) -> Gathered:
+        """The tier walk of a context read: everything `assemble` needs, read (and backfilled)."""
+        question, excluded = want.question, want.exclude_message_id
+        max_chars = memory_budget(want)
         hot, known = await self._authorized(key, caller)
         keep = 0 if self._s.memory_mode == "none" else self._s.keep_recent_turns
         (answer, warm_info), (available, info, rows) = await asyncio.gather(
@@ -334,32 +279,19 @@ class SessionReads:
         shown, recent, snippets = await self._material(
             key, walked, recent, max_chars=max_chars, question=question, write_back=not retried
         )
-        carried = await self._carried(key, walked, shown, want.user_memory or "off", want.user_id, question)
-        candidates, basis = self._candidates(key, walked, shown, snippets, carried, question)
-        chosen, parts = self._chosen(key, walked, candidates, basis, max_chars)
-        raw = alternate(chosen.raw)
-        memory_text = "\n".join(text for _, text in parts) or None
-        messages = compose(memory_text, raw, max_chars=max_chars)
-        # The snippets set apart, and more of them when the memory did not need all its room.
-        messages, used, reference = kb_snippets.shown(messages, kb, max_chars=want.max_chars, lang=candidates.lang)
-        shaped = self._shaped(
-            key, walked, recent, messages, system_prompt=want.system_prompt, question=question, reference=reference
+        remembered = await self._remembered(key, walked, want.user_memory or "off", want.user_id)
+        return Gathered(
+            key=key,
+            hot=hot,
+            answer=answer,
+            info=sql_info,
+            turn_count=turn_count,
+            shown=tuple(shown),
+            recent=tuple(recent),
+            snippets=tuple(snippets),
+            remembered=remembered,
+            now=self._clock(),
         )
-        explained = Explained(cut_parts(parts, memory_room(raw, max_chars)), tuple(chosen.raw), chosen.layout)
-        applied = any(origin in _FROM_SUMMARY and text for origin, text in explained.memory)
-        shaped = dataclasses.replace(
-            shaped,
-            explained=explained,
-            compression_applied=applied,
-            kb_snippets_used=None if want.kb_snippets is None else used,
-        )
-        if carried is not None and carried.shown and carried.shown[-1].text and "carried" in chosen.chars:
-            made = carried.shown[-1]
-            carried = Carried(
-                carried.mode, carried.earlier if made.earlier else None, carried.profile if made.profile else None
-            )
-            return dataclasses.replace(shaped, carried=carried)
-        return shaped
 
     async def _authorized(self, key: SessionKey, caller: Caller) -> tuple[HotSession, SessionInfo | None]:
         """The hot tier's entry of the session once the caller may read it, and the SQL row when
@@ -379,19 +311,13 @@ class SessionReads:
                 authorize(caller, known.owner)
         return hot, known
 
-    async def _carried(
-        self,
-        session: SessionKey,
-        walked: _Walked,
-        shown: list[Message],
-        mode: UserMemory,
-        user_id: str | None,
-        question: str | None,
-    ) -> Carried | None:
-        """What the session may carry over from its user's earlier sessions in the tenant of its
-        key: the profile, and the most recent earlier summary (`last_session`) or the one whose
-        topics the session's first user messages name (`topic`). None when it carries nothing
-        (mode off, no user, nothing stored, or SQL down: a context never fails for it)."""
+    async def _remembered(
+        self, session: SessionKey, walked: _Walked, mode: UserMemory, user_id: str | None
+    ) -> Remembered | None:
+        """What SQL holds for the session to carry over from its user's earlier sessions in the
+        tenant of its key: the profile and the user's most recent earlier summaries, as many as
+        `mode` chooses from (assemble.py chooses). None when it carries nothing (mode off, no
+        user, or SQL down: a context never fails for it)."""
         if mode == "off" or self._s.memory_mode == "none":
             return None
         owner = walked.hot.owner or (walked.info.owner if walked.info else None)
@@ -399,29 +325,15 @@ class SessionReads:
         user = owner.user_id if owner is not None else user_id
         if user is None:
             return None
-        wanted = {"profile": 0, "last_session": 1, "topic": TOPIC_CANDIDATES}[mode]
         found = await self._errors.sql(
             "read_user_memory",
-            self._users.carried(key_tenant(session), user, exclude=session, profile=True, earlier=wanted),
+            self._users.carried(key_tenant(session), user, exclude=session, profile=True, earlier=earlier_wanted(mode)),
             None,
         )
         if found is None:
             return None
         profile, others = found
-        earlier = [Earlier(key, summary, summary.updated_at) for key, summary in others]
-        chosen: Earlier | None = None
-        if mode == "last_session" and earlier:
-            chosen = earlier[0]
-        elif mode == "topic" and earlier:
-            summary = walked.answer.summary
-            opening = [m.content for m in shown if m.role is Role.USER and m.turn <= _OPENING_TURNS]
-            said = [str(summary.structured.get("subject", "")) if summary else "", *opening]
-            if len(opening) < _OPENING_TURNS and question:
-                said.append(question)  # a new session's first question says what it is about
-            chosen = best_by_topic(earlier, "\n".join(said))
-        if chosen is None and (profile is None or not profile.items):
-            return None
-        return Carried(mode, chosen, profile if profile is not None and profile.items else None)
+        return Remembered(mode, profile, tuple(others))
 
     async def _context_summary(
         self, key: SessionKey, caller: Caller, hot: HotSession, max_chars: int
@@ -526,192 +438,6 @@ class SessionReads:
         if fetched and write_back and self._hot.recent.has_room(available):
             await self._keep_older(key, info, hot, [*fetched, *available])
         return [*before_window, *recent], recent, snippets
-
-    def _candidates(
-        self,
-        key: SessionKey,
-        walked: _Walked,
-        shown: list[Message],
-        snippets: list[tuple[Message, float]],
-        carried: Carried | None = None,
-        question: str | None = None,
-    ) -> tuple[Candidates, Hashable]:
-        """The policy's input: the messages, the summary as a renderer of its facts, the subject,
-        the session's terms, and this process's cache of what each message reads as; with what
-        its renderers close over (the summary and its label), for `SelectionMemo`."""
-        summary = walked.answer.summary
-        spoken = as_spoken(shown)
-        matches = list(zip(as_spoken([m for m, _ in snippets]), [score for _, score in snippets], strict=True))
-        shown, events = shown_and_events(spoken, summary.covered_turns if summary else 0)
-        # The user's language labels the memory (a mixed conversation follows the user).
-        said = "".join(m.content for m in shown[-6:] if m.role is Role.USER)
-        earlier = carried.earlier.summary.text if carried is not None and carried.earlier else ""
-        # A new session's first question (or the memory it carries) speaks when nothing else has.
-        lang = language_of(said or (summary.text if summary else "") or question or earlier)
-        # A summary's version and write time tell it apart, even from one of a deleted session
-        # that had the same id.
-        stamp = (summary.version, summary.updated_at) if summary is not None else (0, 0.0)
-        book = self._book(key, stamp, summary)
-        names, salient = book.terms() if book is not None else (frozenset(), frozenset())
-
-        def views(m: Message) -> View:
-            return self._notes.view(key, m, salient, names)
-
-        def text_features(text: str) -> frozenset[str]:
-            return self._notes.features((key, stamp), text, salient, names)
-
-        last = walked.info.last_activity if walked.info else walked.hot.last_activity
-        # Read once: the label (`[Conversation summary]`, or how long ago after a gap) is part of
-        # what the memo of this read's choice is kept under.
-        idle = None if last is None else self._clock() - last
-        # The summary's text too: a cold extraction's stamp (version 0, the session's last activity)
-        # may stay the same when an older message is patched.
-        said_summary = (summary.covered_turns, summary.text) if summary else (0, "")
-        basis = (stamp, said_summary, self._summary_text("", idle, lang))
-        candidates = Candidates(
-            messages=shown,
-            whole=bool(spoken) and spoken[0].seq <= 1,
-            lang=lang,
-            facts=self._facts(summary, book, idle, lang) if summary is not None else None,
-            subject=quoted(str(summary.structured.get("subject", ""))) if summary else "",
-            matches=matches,
-            frame=frame_chars(),
-            terms_salient=salient,
-            names=names,
-            events=events,
-            views=views,
-            text_features=text_features,
-            carried=self._carried_renderer(carried, lang) if carried is not None else None,
-        )
-        return candidates, basis
-
-    def _chosen(
-        self, key: SessionKey, walked: _Walked, candidates: Candidates, basis: Hashable, max_chars: int
-    ) -> tuple[Selection, tuple[Part, ...]]:
-        """The policy's choice and the system text's parts, from the memo when this session was
-        read at this budget from the same input last time. A context that carries memory over is
-        chosen afresh: what it carries is rendered as the policy asks for it."""
-        print_ = fingerprint(candidates, max_chars, basis) if candidates.carried is None else None
-        found = self._selections.get(key, max_chars, print_) if print_ is not None else None
-        if found is not None:
-            return found
-        chosen = choose(candidates, max_chars)
-        room_left = memory_room(alternate(chosen.raw), max_chars)
-        parts = self._with_digest(walked, candidates, chosen, max_chars=max_chars, room_left=room_left)
-        return (chosen, parts) if print_ is None else self._selections.put(key, max_chars, print_, (chosen, parts))
-
-    def _carried_renderer(self, carried: Carried, lang: str) -> Callable[[int], str]:
-        def render(room: int) -> str:
-            made = carried_text(
-                carried.earlier,
-                carried.profile,
-                room=room,
-                now=self._clock(),
-                lang=lang,
-                templates=self._s.reconnect_templates,
-            )
-            carried.shown.append(made)
-            return made.text
-
-        return render
-
-    def _book(self, key: SessionKey, stamp: tuple[int, float], summary: Summary | None) -> FactBook | None:
-        """The extractor's facts of `summary`, loaded once per summary; None for an LLM's summary
-        (its text, not the extractor's facts beside it, is the memory) or without one."""
-        if summary is None or not summary.structured or summary.source is not SummarySource.DETERMINISTIC:
-            return None
-        found = self._books.get((key, stamp))
-        if found is None:
-            found = self._books.put((key, stamp), (FactBook.load(summary.structured),))
-        return found[0]
-
-    def _with_digest(
-        self, walked: _Walked, candidates: Candidates, chosen: Selection, *, max_chars: int, room_left: int
-    ) -> tuple[Part, ...]:
-        """The chosen system text's parts, led by the key points of the turns the summary does
-        not hold yet and that the context does not show, so that a budget cut falls on the rest,
-        not on them; but never over a question's matches, which outrank them: beside those the
-        digest takes only the room the selection left of `room_left` (what the raw turns and the
-        block's tags leave of max_chars)."""
-        if self._s.memory_mode != "summary":
-            return chosen.parts
-        summary = walked.answer.summary
-        room = max(50, min(self._s.summary_max_chars, max_chars // 4))
-        if chosen.chars.get("snippets"):
-            room = min(room, room_left - len(chosen.system or "") - 1)
-        digest = lagging_digest(candidates, chosen, summary.covered_turns if summary else 0, room)
-        return (("lagging", digest), *chosen.parts) if digest else chosen.parts
-
-    def _shaped(
-        self,
-        key: SessionKey,
-        walked: _Walked,
-        recent: list[Message],
-        messages: list[ChatMessage],
-        *,
-        system_prompt: str | None,
-        question: str | None,
-        reference: str = "",
-    ) -> ContextAnswer:
-        """The answer: the messages framed for a provider, the transcripts, the token estimates."""
-        summary, info = walked.answer.summary, walked.info
-        messages = frame(messages, system_prompt=system_prompt, question=question)
-        # What sending the whole history instead would cost, framed the same way (`reference`:
-        # the knowledge-base block, which it would carry too).
-        framing = len(system_prompt or "") + len(question or "") + len(reference)
-        full = (info.content_chars if info else (walked.hot.content_chars or 0)) + framing
-        returned = sum(m.size for m in messages)
-        payload = summary.structured.get("payload") if summary else None
-        return ContextAnswer(
-            session_id=key,
-            summary_tier=walked.answer.tier,
-            summary=summary.text if summary else None,
-            covered_turns=summary.covered_turns if summary else 0,
-            topics=summary.topics if summary else (),
-            messages=messages,
-            turn_count=walked.turn_count,
-            recent_transcript=recent_transcript(as_spoken(recent), max_chars=self._s.recent_transcript_max_chars),
-            answer_transcript=answer_transcript(recent, max_chars=self._s.answer_history_max_chars),
-            estimated_tokens={
-                "context": estimate_tokens(returned, self._s.chars_per_token),
-                "full_history": estimate_tokens(full, self._s.chars_per_token),
-            },
-            planning=planning(payload) if payload else None,
-            planning_history=planning_history(
-                recent_transcript(as_spoken(recent), max_chars=self._s.planning_history_max_chars),
-                payload,
-                max_chars=self._s.planning_history_max_chars,
-            ),
-            state=walked.hot.state,
-            compressions=summary.compressions if summary else 0,
-        )
-
-    def _summary_text(self, text: str, idle_seconds: float | None, lang: str) -> str:
-        return summary_system_text(
-            text,
-            idle_seconds=idle_seconds,
-            reconnect_gap_s=self._s.reconnect_gap_seconds,
-            templates=self._s.reconnect_templates,
-            lang=lang,
-        )
-
-    def _facts(self, summary: Summary, book: FactBook | None, idle_seconds: float | None, lang: str) -> Facts:
-        """The summary's renderer for the policy: an extractor's re-rendered from its stored facts
-        for the room and turns given (whole facts, none shown raw); an LLM's text cut to sentences."""
-        label_chars = len(self._summary_text("", idle_seconds, lang))
-
-        def facts(room: int, before_turn: int | None, by_rank: bool) -> str:
-            if room <= label_chars:
-                return ""
-            if book is not None:
-                body = book.render(
-                    room - label_chars, before_turn=before_turn, topics=summary.topics, newest_first=not by_rank
-                )
-            else:
-                body = lead(quoted(summary.text), room - label_chars)
-            return self._summary_text(body, idle_seconds, lang) if body else ""
-
-        return facts
 
     async def _with_gap(
         self, key: SessionKey, covered: int, turn_count: int, recent: list[Message], available: list[Message]

@@ -18,7 +18,7 @@ import structlog
 
 from tiered_memory.core.erasure import Erased, Erasures
 from tiered_memory.core.history import History
-from tiered_memory.core.reads import ContextAnswer, SessionReads, authorize
+from tiered_memory.core.reads import SessionReads, authorize
 from tiered_memory.core.recall import RecallMatch
 from tiered_memory.errors import Forbidden, HotUnavailable, NotFound, QuotaExceeded, RateLimited, SqlUnavailable
 from tiered_memory.metrics import Metrics
@@ -44,12 +44,14 @@ from tiered_memory.model import (
     Tier,
     key_tenant,
 )
+from tiered_memory.prompt.assemble import ContextAnswer
 from tiered_memory.prompt.users import Profile
 from tiered_memory.settings import Settings
+from tiered_memory.summarize.background import BackgroundSummaries
 from tiered_memory.summarize.cadence import at_cadence_point, past_cadence_point
 from tiered_memory.summarize.job import LOCK_WAIT_S, JobResult, Outcome, SummaryJob
 from tiered_memory.summarize.rebuilds import Rebuilds, Started
-from tiered_memory.summarize.scheduler import SharedSlots, SingleFlight
+from tiered_memory.summarize.scheduler import SharedSlots
 from tiered_memory.summarize.topics import TopicTagger
 from tiered_memory.tiers.buckets import tenant_bucket, tenant_rate, units
 from tiered_memory.tiers.errors import TierErrors
@@ -112,17 +114,12 @@ class MemoryService:
             self._users, hot, forget=self._history.forget, stream=settings.events_stream, clock=clock
         )
         self._reads = reads
-        self.summaries = SingleFlight(self._summarize, on_pending=metrics.pending_summarizations.set)
-        # Sessions a client closed whose next background pass makes their summary again with the
-        # LLM (a close answers with the deterministic merge, never waiting for the LLM).
-        self._refine: set[str] = set()
-        # Closed sessions whose final-summary event waits for their last pass (`_released`).
-        self._final_pending: set[str] = set()
         self._outbox = SqlOutbox(store)
         # Bounds background summaries and rebuild jobs: a start-up sweep that finds hundreds of due
         # sessions, or a burst of rebuilds, must not open hundreds of transactions and LLM calls
         # at once; and one tenant holds at most half of them. close() does not queue.
         self._slots = SharedSlots(settings.summary_concurrency, share=(settings.summary_concurrency + 1) // 2)
+        self.summaries = BackgroundSummaries(job=job, store=store, slots=self._slots, metrics=metrics, clock=clock)
         # A rebuild used to hold a request in flight for its whole run; as a job it holds none, so
         # the jobs a process keeps queued or running get the bound its requests have (0: none).
         self.rebuilds = Rebuilds(
@@ -253,36 +250,6 @@ class MemoryService:
             and at_cadence_point(result.turn_count, every_n=every_n, start=start)
         )
 
-    async def _summarize(self, key: SessionKey) -> None:
-        """A background pass, within SUMMARY_CONCURRENCY. Another replica holding the lock may
-        have started before our latest turn was committed, so wait for it and look again rather
-        than assume it covers everything. The wait happens outside the concurrency slot, so it
-        blocks no other session."""
-        # A close asked for the LLM's summary of what it merged deterministically; kept through
-        # the retries while another replica holds the lock.
-        refine = key in self._refine
-        self._refine.discard(key)
-        result = await self._job.run_waiting(key, gate=lambda: self._slots.slot(key_tenant(key)), refine=refine)
-        if result.outcome is Outcome.LOCKED:
-            log.info("summary_locked_elsewhere", session_key=key)
-            return
-        await self._released(key)
-
-    async def _released(self, key: SessionKey) -> None:
-        """After a closed session's last pass: its held final-summary event goes out with the
-        summary SQL holds (a pass that wrote released it already, in its transaction; one that
-        wrote nothing, the LLM having failed, leaves it to this). A release lost to an outage
-        or a crash is the sweeper's (`release_stale`)."""
-        if key not in self._final_pending or key in self._refine:
-            # A refine is still to run (asked for while this pass was waiting for the lock): the
-            # final summary is its.
-            return
-        self._final_pending.discard(key)
-        try:
-            await self._store.release_final(key, now=self._clock())
-        except SqlUnavailable as exc:
-            log.warning("final_event_not_released", session_key=key, error=str(exc))
-
     async def _close_pass(self, key: SessionKey, *, answering: bool) -> JobResult:
         """The summary pass of a close. One that a caller waits for (`answering`) never waits on
         the LLM: it merges the turns the background passes have not covered yet with the
@@ -343,10 +310,7 @@ class MemoryService:
             if last_pass:
                 # Scheduled only now: a pass that ended before the close committed would find no
                 # held event to release.
-                self._final_pending.add(key)
-                if refine:
-                    self._refine.add(key)
-                self.summaries.schedule(key)
+                self.summaries.after_close(key, refine=refine)
         return CloseResult(key, persisted, cached, info.turn_count)
 
     async def patch_message(self, key: SessionKey, message_id: str, patch: Patch, *, caller: Caller) -> PatchOutcome:
@@ -663,9 +627,7 @@ class MemoryService:
             log.info("sweep_finished_erasures")
         if self._store.sinks:
             now = self._clock()
-            stale = await self._outbox.release_stale(
-                created_before=now - HELD_MAX_S, now=now, skip=self._final_pending | self._refine
-            )
+            stale = await self._outbox.release_stale(created_before=now - HELD_MAX_S, now=now, skip=self.summaries.held)
             if released := stale:
                 log.info("sweep_released_final_events", count=released)
         if self._s.summaries_enabled:

@@ -17,7 +17,6 @@ import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from tiered_memory.core.reads import ContextAnswer, Explained
 from tiered_memory.errors import InvalidInput
 from tiered_memory.http import input as api_input
 from tiered_memory.http.edge import TIER_KEY, reply
@@ -32,6 +31,7 @@ from tiered_memory.model import (
     Slice,
     SummaryAnswer,
 )
+from tiered_memory.prompt.assemble import ContextAnswer, Explained
 from tiered_memory.reasoning import reasoning_fields
 from tiered_memory.summarize.rebuilds import FAILURES
 from tiered_memory.text.dialogue import tool_fields

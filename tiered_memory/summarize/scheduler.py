@@ -1,7 +1,7 @@
 """Background execution for summaries: one job per session at a time, and a periodic sweep.
 
-Knows nothing of what a job does; the service hands in the coroutine. This keeps summarization
-off the request path: schedule returns at once.
+Knows nothing of what a job does: the pool runs what it is handed (background.py hands in the
+summary job's pass). This keeps summarization off the request path: schedule returns at once.
 """
 
 from __future__ import annotations

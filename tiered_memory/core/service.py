@@ -16,11 +16,13 @@ from typing import Any, TypeVar
 
 import structlog
 
-from tiered_memory.core.erasure import Erased, Erasures
+from tiered_memory.core.erasure import Erasures
 from tiered_memory.core.history import History
+from tiered_memory.core.readiness import tier_states
 from tiered_memory.core.reads import SessionReads, authorize
 from tiered_memory.core.recall import RecallMatch
-from tiered_memory.errors import Forbidden, HotUnavailable, NotFound, QuotaExceeded, RateLimited, SqlUnavailable
+from tiered_memory.core.user_memory import UserMemory
+from tiered_memory.errors import HotUnavailable, NotFound, QuotaExceeded, RateLimited, SqlUnavailable
 from tiered_memory.metrics import Metrics
 from tiered_memory.model import (
     AppendOutcome,
@@ -39,13 +41,11 @@ from tiered_memory.model import (
     SessionKey,
     SessionState,
     Slice,
-    Summary,
     SummaryAnswer,
     Tier,
     key_tenant,
 )
 from tiered_memory.prompt.assemble import ContextAnswer
-from tiered_memory.prompt.users import Profile
 from tiered_memory.settings import Settings
 from tiered_memory.summarize.background import BackgroundSummaries
 from tiered_memory.summarize.cadence import at_cadence_point, past_cadence_point
@@ -57,9 +57,8 @@ from tiered_memory.tiers.buckets import tenant_bucket, tenant_rate, units
 from tiered_memory.tiers.errors import TierErrors
 from tiered_memory.tiers.hot import HotTier
 from tiered_memory.tiers.sql.outbox import SqlOutbox
-from tiered_memory.tiers.sql.schema import SCHEMA_VERSION
 from tiered_memory.tiers.sql.store import SqlStore
-from tiered_memory.tiers.sql.users import ErasureStatus, SqlUsers, UserSessionsPage
+from tiered_memory.tiers.sql.users import SqlUsers
 from tiered_memory.webhooks import HELD_MAX_S
 
 log = structlog.get_logger("tiered_memory.core.service")
@@ -114,6 +113,8 @@ class MemoryService:
             self._users, hot, forget=self._history.forget, stream=settings.events_stream, clock=clock
         )
         self._reads = reads
+        # A user's memory across sessions, as the API reads and erases it.
+        self.users = UserMemory(store, self._users, self._erasures, whole=self._whole, clock=clock)
         self._outbox = SqlOutbox(store)
         # Bounds background summaries and rebuild jobs: a start-up sweep that finds hundreds of due
         # sessions, or a burst of rebuilds, must not open hundreds of transactions and LLM calls
@@ -461,54 +462,6 @@ class MemoryService:
             key, first_seq=first_seq, last_seq=last_seq, limit=limit, max_bytes=max_bytes, replica=True, reasoning=True
         )
 
-    async def user_summaries(
-        self, user_id: str, *, caller: Caller, limit: int
-    ) -> list[tuple[SessionKey, int, Summary]]:
-        """The user's most recent session summaries (warm tier), newest first; for a caller
-        restricted to a tenant, of that tenant's sessions only. Raises Forbidden when the caller
-        speaks for another user."""
-        if caller.user_id is not None and caller.user_id != user_id:
-            raise Forbidden
-        return await self._store.user_summaries(user_id, limit=limit, tenant=caller.tenant)
-
-    # --- users ----------------------------------------------------------------------------
-
-    async def profile(self, user_id: str, *, caller: Caller) -> tuple[Profile, float]:
-        """The user's profile (users.py) and when it last changed. Raises NotFound while no
-        summary of the user's sessions was written, Forbidden when the caller speaks for another user."""
-        found = await self._users.profile(_user_tenant(user_id, caller), user_id)
-        if found is None:
-            raise NotFound("the user has no profile: no summary of the user's sessions was written yet")
-        return found
-
-    async def user_sessions(
-        self, user_id: str, *, caller: Caller, before: tuple[float, str] | None, limit: int
-    ) -> UserSessionsPage:
-        """A page of the user's sessions in the caller's tenant, newest first, from `before` (the
-        creation time and stored key the last page ended at). Raises Forbidden as `profile`."""
-        return await self._users.sessions(_user_tenant(user_id, caller), user_id, before=before, limit=limit)
-
-    async def erase_user(self, user_id: str, *, caller: Caller, wait_s: float) -> Erased | None:
-        """Erase the user in the caller's tenant (erasure.py): recorded first, then run to its end
-        even when the request goes away; what it removed when it finished within `wait_s`, None
-        while it runs on. Raises Forbidden as `profile`, SqlUnavailable (nothing recorded), and
-        what the run raises (HotUnavailable, SqlUnavailable, Conflict: the sweeper resumes it)."""
-        tenant = _user_tenant(user_id, caller)
-        if not await self._users.request_erasure(tenant, user_id, now=self._clock()):
-            return Erased(finished=True)  # nothing of the user: nothing recorded, nothing announced
-        run = asyncio.ensure_future(self._whole(self._erasures.run(tenant, user_id)))
-        done, _ = await asyncio.wait([run], timeout=wait_s)
-        if not done:
-            return None
-        return run.result()
-
-    async def erasure(self, user_id: str, *, caller: Caller) -> ErasureStatus:
-        """The state of the user's erasure. Raises NotFound when none was asked for, Forbidden as `profile`."""
-        found = await self._users.erasure(_user_tenant(user_id, caller), user_id)
-        if found is None:
-            raise NotFound("no erasure of this user was asked for")
-        return found
-
     async def session(self, key: SessionKey, *, caller: Caller) -> SessionInfo:
         """The session's bookkeeping. Raises NotFound, or Forbidden when it is not the caller's."""
         return await self._owned_session(key, caller)
@@ -563,18 +516,16 @@ class MemoryService:
     async def put_state(
         self, key: SessionKey, value: dict[str, Any], *, if_match: int | None, caller: Caller
     ) -> SessionState:
-        """`_put_state`, run whole (`_whole`)."""
-        return await self._whole(self._put_state(key, value, if_match=if_match, caller=caller))
-
-    async def _put_state(
-        self, key: SessionKey, value: dict[str, Any], *, if_match: int | None, caller: Caller
-    ) -> SessionState:
         """Store the gateway's state as its next version (only over `if_match` when given), SQL
-        first, then the hot tier. Raises NotFound, Forbidden, Conflict (precondition_failed),
-        SqlUnavailable."""
-        state = await self._store.put_state(key, value, if_match=if_match, now=self._clock(), caller=caller)
-        await self._cache_state(key, state)
-        return state
+        first, then the hot tier, run whole (`_whole`). Raises NotFound, Forbidden, Conflict
+        (precondition_failed), SqlUnavailable."""
+
+        async def put() -> SessionState:
+            state = await self._store.put_state(key, value, if_match=if_match, now=self._clock(), caller=caller)
+            await self._cache_state(key, state)
+            return state
+
+        return await self._whole(put())
 
     async def _cache_state(self, key: SessionKey, state: SessionState) -> None:
         # A failed write leaves an older state cached (it carries its version): counted, and
@@ -596,21 +547,7 @@ class MemoryService:
 
     async def readiness(self) -> dict[str, str]:
         """Each tier's state: `ok`, or `degraded` with reads falling through / writes refused."""
-
-        async def probe(ping: Callable[[], Awaitable[None]]) -> str:
-            try:
-                await asyncio.wait_for(ping(), timeout=1.0)
-            except (HotUnavailable, SqlUnavailable, TimeoutError):
-                return "degraded"
-            return "ok"
-
-        async def sql_ping() -> None:
-            # Reachable is not enough: a database whose schema is missing or old refuses writes.
-            if await self._store.schema_version() < SCHEMA_VERSION:
-                raise SqlUnavailable("schema not migrated")
-
-        hot, sql = await asyncio.gather(probe(self._hot.ping), probe(sql_ping))
-        return {"hot": hot, "sql": sql}
+        return await tier_states(self._hot, self._store)
 
     async def sweep(self) -> None:
         """Close idle sessions and schedule every summary that is due but not done (after a
@@ -650,11 +587,3 @@ class MemoryService:
                 await self.close(sid, caller=Caller(), reason="idle")
             except NotFound:
                 continue
-
-
-def _user_tenant(user_id: str, caller: Caller) -> str:
-    """The tenant whose user a caller asks about: its own ('' for a caller of none, whose sessions
-    are the tenant-less namespace's). Raises Forbidden when the caller speaks for another user."""
-    if caller.user_id is not None and caller.user_id != user_id:
-        raise Forbidden
-    return caller.tenant or ""

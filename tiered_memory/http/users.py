@@ -34,7 +34,7 @@ async def get_user_summaries(request: web.Request) -> web.Response:
     user_id = api_input.path_user_id(request)
     limit = api_input.int_query(request, "limit", 10, 1, 100)
     caller = api_input.caller(request)
-    rows = await request.app[SERVICE_KEY].user_summaries(user_id, caller=caller, limit=limit)
+    rows = await request.app[SERVICE_KEY].users.summaries(user_id, caller=caller, limit=limit)
     now = time.time()
     return reply(
         {
@@ -60,7 +60,7 @@ async def get_profile(request: web.Request) -> web.Response:
     """What the user's session summaries said, aggregated (users.py), and its rendered text."""
     api_input.check_query(request)
     user_id = api_input.path_user_id(request)
-    profile, updated_at = await request.app[SERVICE_KEY].profile(user_id, caller=api_input.caller(request))
+    profile, updated_at = await request.app[SERVICE_KEY].users.profile(user_id, caller=api_input.caller(request))
 
     def items(kind: str) -> list[dict[str, Any]]:
         return [_item_json(i, kind) for i in profile.of(kind)]
@@ -97,7 +97,7 @@ async def get_user_sessions(request: web.Request) -> web.Response:
     key = user_key(caller.tenant or "", user_id)
     raw = request.query.get("cursor")
     before = _cursor(raw, key) if raw is not None else None
-    page = await request.app[SERVICE_KEY].user_sessions(user_id, caller=caller, before=before, limit=limit)
+    page = await request.app[SERVICE_KEY].users.sessions(user_id, caller=caller, before=before, limit=limit)
     last = page.sessions[-1][0] if page.sessions else None
     return reply(
         {
@@ -156,11 +156,11 @@ async def delete_user(request: web.Request) -> web.Response:
     service = request.app[SERVICE_KEY]
     url = _erasure_url(user_id)
     try:
-        done = await service.erase_user(user_id, caller=caller, wait_s=ERASE_WAIT_S)
+        done = await service.users.erase(user_id, caller=caller, wait_s=ERASE_WAIT_S)
     except Conflict:
         done = None  # another process runs it: its status is the answer
     if done is None or not done.finished:
-        status = await service.erasure(user_id, caller=caller)
+        status = await service.users.erasure(user_id, caller=caller)
         return reply(_erasure_json(user_id, status, done), status=202, headers={"Location": url})
     return reply(_erased_json(user_id, done))
 
@@ -168,7 +168,7 @@ async def delete_user(request: web.Request) -> web.Response:
 async def get_erasure(request: web.Request) -> web.Response:
     api_input.check_query(request)
     user_id = api_input.path_user_id(request)
-    status = await request.app[SERVICE_KEY].erasure(user_id, caller=api_input.caller(request))
+    status = await request.app[SERVICE_KEY].users.erasure(user_id, caller=api_input.caller(request))
     return reply(_erasure_json(user_id, status, None))
 
 

@@ -12,7 +12,7 @@ from tiered_memory.eval.command import shipped_set
 from tiered_memory.eval.dataset import load_jsonl
 from tiered_memory.model import Message, Role, SessionKey
 from tiered_memory.prompt.facts import render
-from tiered_memory.prompt.notes import features
+from tiered_memory.prompt.memo import features
 from tiered_memory.prompt.policy import ORIGINS, QUESTION_SHARE, Candidates, Selection, choose, lagging_digest
 from tiered_memory.summarize.extractive import Extractor
 from tiered_memory.testing import ZH_12_TURNS
@@ -213,7 +213,7 @@ def _joined_chars(sel: Selection) -> int:
 def test_the_parts_are_the_system_text_by_origin(extractor: Extractor) -> None:
     """Every context's system text is its parts joined, each part from a known origin (what
     `explain=true` shows): the summary's facts, condensed turns, the subject, a question's
-    snippets, the gateway's notes; at every budget of every shipped conversation."""
+    snippets, the gateway's events; at every budget of every shipped conversation."""
     for conv in load_jsonl(shipped_set()):
         messages = _messages(list(conv.turns))
         lang = "zh" if conv.session.startswith("zh") else "en"

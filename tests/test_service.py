@@ -17,7 +17,7 @@ from tiered_memory.app import build_job, build_service
 from tiered_memory.core.service import MemoryService
 from tiered_memory.errors import Forbidden, NotFound
 from tiered_memory.model import (
-    AppendOutcome,
+    AppendAnswer,
     Caller,
     CloseResult,
     ContextRequest,
@@ -65,7 +65,7 @@ def assistant(key: SessionKey, n: int, content: str) -> NewMessage:
     return NewMessage(key, Role.ASSISTANT, content, f"a{n}", "u1")
 
 
-async def play(service: MemoryService, key: SessionKey, turns: list[tuple[str, str]]) -> list[AppendOutcome]:
+async def play(service: MemoryService, key: SessionKey, turns: list[tuple[str, str]]) -> list[AppendAnswer]:
     """Append each (user, assistant) pair as ACME; every append's outcome, in order."""
     outcomes = []
     for n, (question, answer) in enumerate(turns, 1):

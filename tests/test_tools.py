@@ -1,4 +1,4 @@
-"""Tool calls, their results and the gateway's notes: stored verbatim, shown to the model only in
+"""Tool calls, their results and the gateway's events: stored verbatim, shown to the model only in
 sequences a chat-completions provider accepts (a call followed by all its results, never split by
 the window or the budget), summarized as facts and events, and refused with a clear 4xx when
 malformed. Each runs on the embedded backends and on real Redis + MariaDB."""
@@ -255,7 +255,7 @@ async def test_what_a_tool_returned_is_in_the_summary(daemon: Daemon) -> None:
 async def test_the_llm_reads_tool_results_and_events_labelled(
     backend_env: dict[str, str], fake_llm: FakeLlm, make_daemon: MakeDaemon
 ) -> None:
-    """The LLM's request names the tool's result and the gateway's note by their roles and says
+    """The LLM's request names the tool's result and the gateway's event by their roles and says
     what to keep of them; the call shows as the function it called."""
     payload = {
         "summary": "The user asked about order A123, which shipped; tracking 1Z999AA10123456784.",
@@ -334,7 +334,7 @@ async def test_a_window_boundary_inside_tool_traffic_moves(
 
 def _dialogue(data: Any) -> list[Message]:
     """A stored session of random turns: some replies use one to three tools, some results come
-    late (after the user spoke again) or never, and the gateway notes things in between."""
+    late (after the user spoke again) or never, and the gateway events things in between."""
     out: list[Message] = []
     turn = 0
 

@@ -12,7 +12,7 @@ from typing import Any, Literal, NewType
 
 class Role(enum.StrEnum):
     """Who said a message. `tool` is a tool's result, answering one call of an assistant message's
-    `tool_calls`; `system` is a gateway's note of what happened (call transferred, on hold, DTMF
+    `tool_calls`; `system` is a gateway's event of what happened (call transferred, on hold, DTMF
     entered): summarized as an event and shown inside the leading system message."""
 
     USER = "user"
@@ -182,7 +182,7 @@ def next_turn(new: NewMessage, *, completed: int, pending: bool) -> TurnPlace:
         # Opens (or, after another user message, continues) turn completed+1.
         return TurnPlace(completed + 1, completed, completes=False, pending_after=True)
     if new.role is not Role.ASSISTANT or new.tool_calls or not new.status.answers:
-        # Tool traffic and a gateway's note belong to the turn in progress and answer nothing; a
+        # Tool traffic and a gateway's event belong to the turn in progress and answer nothing; a
         # stopped, failed or streaming reply leaves the question open.
         return TurnPlace(completed + 1, completed, completes=False, pending_after=pending)
     if pending:
@@ -393,7 +393,7 @@ class ContextRequest:
 
 
 @dataclass(frozen=True, slots=True)
-class AppendOutcome:
+class AppendAnswer:
     """What an append did: the stored message with SQL's counters, and whether a summary is due."""
 
     result: AppendResult
@@ -422,7 +422,7 @@ class PatchResult:
 
 
 @dataclass(frozen=True, slots=True)
-class BatchOutcome:
+class BatchAnswer:
     """What a bulk append did: each message's result, in order, and whether a summary is due."""
 
     results: list[AppendResult]
@@ -430,7 +430,7 @@ class BatchOutcome:
 
 
 @dataclass(frozen=True, slots=True)
-class PatchOutcome:
+class PatchAnswer:
     """What a patch did, and whether it made a summary due (a reply finalized at a cadence point)."""
 
     result: PatchResult

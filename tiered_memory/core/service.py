@@ -25,16 +25,16 @@ from tiered_memory.core.user_memory import UserMemory
 from tiered_memory.errors import HotUnavailable, NotFound, QuotaExceeded, RateLimited, SqlUnavailable
 from tiered_memory.metrics import Metrics
 from tiered_memory.model import (
-    AppendOutcome,
+    AppendAnswer,
     AppendResult,
-    BatchOutcome,
+    BatchAnswer,
     Caller,
     CloseResult,
     ContextRequest,
     Message,
     NewMessage,
     Patch,
-    PatchOutcome,
+    PatchAnswer,
     PatchResult,
     RebuildJob,
     SessionInfo,
@@ -74,11 +74,11 @@ _CLOSE_LOCK_WAIT_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
-class TurnOutcome:
+class TurnAnswer:
     """What a turn did: the context before the user's message, and the message's append."""
 
     context: ContextAnswer
-    appended: AppendOutcome
+    appended: AppendAnswer
 
 
 class MemoryService:
@@ -168,11 +168,11 @@ class MemoryService:
             self._metrics.quota_refusals.labels(exc.quota).inc()
             raise
 
-    async def append(self, new: NewMessage, *, caller: Caller) -> AppendOutcome:
+    async def append(self, new: NewMessage, *, caller: Caller) -> AppendAnswer:
         """`_append`, run whole (`_whole`)."""
         return await self._whole(self._append(new, caller=caller))
 
-    async def _append(self, new: NewMessage, *, caller: Caller) -> AppendOutcome:
+    async def _append(self, new: NewMessage, *, caller: Caller) -> AppendAnswer:
         """Commit a message to SQL, then the hot tier; schedule a summary at every Nth turn.
 
         Raises SqlUnavailable when the commit cannot be made (nothing is acknowledged then), and
@@ -198,21 +198,21 @@ class MemoryService:
         if due:
             # On a retry too: the first attempt may have died before it scheduled the summary.
             self.summaries.schedule(new.session_id)
-        return AppendOutcome(result, due)
+        return AppendAnswer(result, due)
 
-    async def turn(self, new: NewMessage, want: ContextRequest, *, caller: Caller) -> TurnOutcome:
+    async def turn(self, new: NewMessage, want: ContextRequest, *, caller: Caller) -> TurnAnswer:
         """Load-then-append, one round trip per utterance: the context as it was before the
         user's new message (`new`, shown as the closing question), then the message recorded.
         A retry of a stored message leaves it out of the history (it is the question)."""
         want = dataclasses.replace(want, question=new.content, user_id=new.user_id)
         context = await self.context(new.session_id, want, caller=caller)
-        return TurnOutcome(context, await self.append(new, caller=caller))
+        return TurnAnswer(context, await self.append(new, caller=caller))
 
-    async def append_batch(self, news: Sequence[NewMessage], *, caller: Caller) -> BatchOutcome:
+    async def append_batch(self, news: Sequence[NewMessage], *, caller: Caller) -> BatchAnswer:
         """`_append_batch`, run whole (`_whole`)."""
         return await self._whole(self._append_batch(news, caller=caller))
 
-    async def _append_batch(self, news: Sequence[NewMessage], *, caller: Caller) -> BatchOutcome:
+    async def _append_batch(self, news: Sequence[NewMessage], *, caller: Caller) -> BatchAnswer:
         """Commit messages of one session in one transaction, all or none (a bulk import), then
         carry them on as if appended one by one: the hot tier in order, the recall postings, and
         a summary when a cadence point was passed. A retried batch stores nothing twice. Raises
@@ -225,7 +225,7 @@ class MemoryService:
         if due:
             self.summaries.schedule(results[0].message.session_id)
         log.info("append_batch", messages=len(results), created=sum(not r.duplicate for r in results))
-        return BatchOutcome(results, due)
+        return BatchAnswer(results, due)
 
     async def _carry_on(self, result: AppendResult) -> None:
         """After a message's commit: the hot tier, then the recall postings (a new message only)."""
@@ -314,11 +314,11 @@ class MemoryService:
                 self.summaries.after_close(key, refine=refine)
         return CloseResult(key, persisted, cached, info.turn_count)
 
-    async def patch_message(self, key: SessionKey, message_id: str, patch: Patch, *, caller: Caller) -> PatchOutcome:
+    async def patch_message(self, key: SessionKey, message_id: str, patch: Patch, *, caller: Caller) -> PatchAnswer:
         """`_patch_message`, run whole (`_whole`)."""
         return await self._whole(self._patch_message(key, message_id, patch, caller=caller))
 
-    async def _patch_message(self, key: SessionKey, message_id: str, patch: Patch, *, caller: Caller) -> PatchOutcome:
+    async def _patch_message(self, key: SessionKey, message_id: str, patch: Patch, *, caller: Caller) -> PatchAnswer:
         """Correct a stored message while no summary covers it (tiers/sql/patch.py), holding the
         session's summary lock so that no summary reads it meanwhile; then the hot tier forgets
         what it cached of the session (its recent list and recall postings held the old text) and
@@ -335,7 +335,7 @@ class MemoryService:
         if due:
             self.summaries.schedule(key)
         log.info("message_patched", session_key=key, message_id=message_id, changed=result.changed)
-        return PatchOutcome(result, due)
+        return PatchAnswer(result, due)
 
     async def delete_message(self, key: SessionKey, message_id: str, *, caller: Caller) -> None:
         """`_delete_message`, run whole (`_whole`)."""

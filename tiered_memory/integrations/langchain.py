@@ -17,7 +17,7 @@ What each message becomes in the daemon:
 - HumanMessage → `user`; AIMessage → `assistant`, its `tool_calls` in the chat-completions shape
   (arguments as JSON text) and read back as `tool_calls`; ToolMessage → `tool` with its
   `tool_call_id` and `name` (its `status` and `artifact` are not kept); SystemMessage → `system`,
-  which in the daemon is a gateway's note of what happened: the context lists it under `[Events]`
+  which in the daemon is a gateway's event of what happened: the context lists it under `[Events]`
   in its leading system message and summaries record it as an event; it is never the model's
   instructions (give those as `system_prompt`). Read back, each is the message class it came from.
 - Content is text: a list of text blocks is stored as one string; an image, audio or file block is

@@ -1,8 +1,8 @@
 """The pure context assembly: a context in one call from what the tier walk gathered
 (`assemble`), which memory it shows within its budget (`policy`, `selections`), how the chosen
-pieces are put in the messages a model reads (`context`), the gateway's notes and knowledge-base
-snippets (`notes`, `kb_snippets`), the summary's facts as a context renders them (`facts`), and a
-user's memory across sessions (`users`).
+pieces are put in the messages a model reads (`context`), what the policy works out once per
+message (`memo`), knowledge-base snippets (`kb_snippets`), the summary's facts as a context
+renders them (`facts`), and a user's memory across sessions (`users`).
 
 No I/O: every function takes values and returns values. It imports `text`, `model` and `lru`,
 and `summarize/payload.py` (pure: the structured summary's planning view) only; the tier walk

@@ -55,7 +55,7 @@ from tiered_memory.prompt.context import (
     window_start_turn,
 )
 from tiered_memory.prompt.facts import FactBook, lead
-from tiered_memory.prompt.notes import NoteCache, View
+from tiered_memory.prompt.memo import MemoCache, View
 from tiered_memory.prompt.policy import Candidates, Facts, Part, Selection, choose, lagging_digest
 from tiered_memory.prompt.selections import SelectionMemo, fingerprint
 from tiered_memory.prompt.users import TOPIC_CANDIDATES, CarriedText, Earlier, Profile, best_by_topic, carried_text
@@ -155,7 +155,7 @@ class Memo:
     each summary's facts, and the last choice per (session, budget). Belongs to one event loop."""
 
     def __init__(self) -> None:
-        self.notes = NoteCache()
+        self.notes = MemoCache()
         # Each summary's facts, loaded once (None: not the extractor's), by (session, summary stamp).
         self.books: Lru[tuple[str, tuple[int, float]], tuple[FactBook | None]] = Lru(1024)
         # The last choice per (session, budget): a read of an unchanged session answers from it.

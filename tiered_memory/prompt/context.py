@@ -176,7 +176,7 @@ def _keep_newest(lines: Sequence[str], max_chars: int) -> str:
 
 def recent_transcript(messages: Sequence[Message], *, max_chars: int) -> str:
     """`用户：…` / `助手：…` lines, each capped (160 / 320 chars), trimmed from the oldest end; tool
-    traffic and the gateway's notes are left out (the replies say what the tools found)."""
+    traffic and the gateway's events are left out (the replies say what the tools found)."""
     lang = language_of("".join(m.content for m in messages[-4:] if m.role in _SPEAKERS["zh"]))
     lines = [
         f"{_SPEAKERS[lang][m.role]}：{_cap(m.content, _TRANSCRIPT_CAPS[m.role])}"

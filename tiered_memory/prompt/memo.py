@@ -1,6 +1,6 @@
 """What the budget policy reads of a message: its features (what a question may ask for), its
 condensed clauses and its key points, worked out once per message and kept in a bounded memo
-(`NoteCache`) by whoever reads contexts, so a long session's context read does not redo it."""
+(`MemoCache`) by whoever reads contexts, so a long session's context read does not redo it."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ class Clause:
 
 
 @dataclass(frozen=True, slots=True)
-class Notes:
+class MessageMemo:
     """What the policy reads of one message whatever the session's summary says, worked out once:
     its condensed clauses, its features, and its text case-folded (to find the session's terms)."""
 
@@ -45,9 +45,9 @@ class Notes:
     folded: str
 
 
-def notes_of(content: str) -> Notes:
+def memo_of(content: str) -> MessageMemo:
     """The notes of a message's `content`."""
-    return Notes(
+    return MessageMemo(
         clauses=tuple(Clause(text, bool(keys(text)), features(text)) for text in condensed_clauses(content)),
         features=features(content),
         folded=content.casefold(),
@@ -66,7 +66,7 @@ class View:
     salient_features: frozenset[str]
 
 
-def view_of(n: Notes, terms: frozenset[str], names: frozenset[str]) -> View:
+def view_of(n: MessageMemo, terms: frozenset[str], names: frozenset[str]) -> View:
     """The notes read with the session's salient `terms` and `names`."""
     present = {t for t in names if t in n.folded}
     tagged = present | {"\x01" + t for t in terms if t in n.folded and t not in n.features}
@@ -89,8 +89,8 @@ def view_of(n: Notes, terms: frozenset[str], names: frozenset[str]) -> View:
 _Source = tuple[Role, str, str, str | None]
 
 
-class NoteCache:
-    """A bounded memo of what the policy reads: each message's `Notes` and its latest `View` by
+class MemoCache:
+    """A bounded memo of what the policy reads: each message's `MessageMemo` and its latest `View` by
     (session, seq), and the features of a text the summary renders by (session, summary, text).
     `summary` is any value that changes whenever the session's terms may (its version and write
     time), so a summary never reads with another's terms.
@@ -103,7 +103,7 @@ class NoteCache:
     one. Owned by whoever reads contexts; the least recently used entries go first."""
 
     def __init__(self, max_entries: int = 16_384) -> None:
-        self._notes: Lru[tuple[str, int], tuple[_Source, Notes]] = Lru(max_entries)
+        self._notes: Lru[tuple[str, int], tuple[_Source, MessageMemo]] = Lru(max_entries)
         self._views: Lru[tuple[str, int], tuple[_Source, frozenset[str], frozenset[str], View]] = Lru(max_entries)
         self._texts: Lru[tuple[str, Hashable, str], frozenset[str]] = Lru(max_entries // 16)
 
@@ -116,7 +116,7 @@ class NoteCache:
             return found[3]
         notes = self._notes.get(key)
         if notes is None or notes[0] != source:
-            notes = self._notes.put(key, (source, notes_of(remembered(m))))
+            notes = self._notes.put(key, (source, memo_of(remembered(m))))
         return self._views.put(key, (source, terms, names, view_of(notes[1], terms, names)))[3]
 
     def features(

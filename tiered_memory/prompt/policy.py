@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tiered_memory.model import Message, Role
-from tiered_memory.prompt.notes import View, features, notes_of, view_of
+from tiered_memory.prompt.memo import View, features, memo_of, view_of
 from tiered_memory.text.dialogue import is_call, joins, units
 from tiered_memory.text.quoting import quoted, remembered
 
@@ -103,7 +103,7 @@ class Candidates:
     frame: int = 0
     terms_salient: frozenset[str] = frozenset()
     names: frozenset[str] = frozenset()  # the session's names that have no capitals (Chinese)
-    events: Sequence[Message] = ()  # the gateway's notes the summary does not hold yet, oldest first
+    events: Sequence[Message] = ()  # the gateway's events the summary does not hold yet, oldest first
     views: Callable[[Message], View] | None = None  # a cache of view_of; worked out here without one
     # A cache of `features` for the summary's rendered text (with the session's terms and names).
     text_features: Callable[[str], frozenset[str]] | None = None
@@ -116,7 +116,7 @@ Part = tuple[str, str]
 """A piece of the system text: its origin (one of ORIGINS) and its text."""
 
 # Where a piece of the memory text came from: what the session carries over from its user's
-# earlier sessions, the gateway's notes, the summary's facts, earlier turns condensed or their key
+# earlier sessions, the gateway's events, the summary's facts, earlier turns condensed or their key
 # clauses, the subject line, the clauses that match the question, and the digest of turns the
 # summary does not hold yet (reads.py).
 ORIGINS = ("carried", "events", "summary", "condensed", "salient", "subject", "snippets", "lagging")
@@ -173,7 +173,7 @@ class _Filled:
     facts_text: str
 
 
-# The gateway's notes may take up to this share of the budget (newest kept first).
+# The gateway's events may take up to this share of the budget (newest kept first).
 EVENTS_SHARE = 0.25
 # What a session carries over from its user's earlier sessions takes this share of the budget at
 # least, and what the session's own memory leaves when it is short (a new session's first turns).
@@ -203,7 +203,7 @@ def choose(c: Candidates, max_chars: int) -> Selection:
 
 
 def _own(c: Candidates, max_chars: int) -> Selection:
-    """The session's own memory in `max_chars`: the gateway's notes first (they are what happened
+    """The session's own memory in `max_chars`: the gateway's events first (they are what happened
     on the call, and short), in the system text's lead, then the rest (`_choose`)."""
     label = LABELS[c.lang]["events"]
     kept = _fit_lines([(m.seq, m.turn, quoted(m.content)) for m in c.events], int(max_chars * EVENTS_SHARE), label)
@@ -234,7 +234,7 @@ def _choose(c: Candidates, max_chars: int) -> Selection:
         return Selection(
             raw=[], system=text or None, chars={"facts": len(text)}, parts=(("summary", text),) if text else ()
         )
-    read = c.views or (lambda m: view_of(notes_of(remembered(m)), c.terms_salient, c.names))
+    read = c.views or (lambda m: view_of(memo_of(remembered(m)), c.terms_salient, c.names))
     view = {m.seq: read(m) for m in messages}
 
     tail = last_turn(messages)
@@ -306,7 +306,7 @@ def lagging_digest(c: Candidates, sel: Selection, covered_turns: int, room: int)
     first = sel.first_turn
     if not first:
         return ""
-    read = c.views or (lambda m: view_of(notes_of(remembered(m)), c.terms_salient, c.names))
+    read = c.views or (lambda m: view_of(memo_of(remembered(m)), c.terms_salient, c.names))
     labels = LABELS[c.lang]
     lines = []
     for m in c.messages:

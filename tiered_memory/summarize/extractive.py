@@ -252,7 +252,7 @@ def _read(jb: _Jieba, state: State, message: Message) -> None:
         # The conversation's language is what its people speak, not a tool's (often English) keys.
         state.count_script(message.content)
     if message.role is Role.SYSTEM:
-        # A gateway's note is what happened (call transferred, on hold): kept as an event, whatever it says.
+        # A gateway's event is what happened (call transferred, on hold): kept as an event, whatever it says.
         state.add(EVENT, "", 1, _clip(_SPACES.sub(" ", message.content).strip(), _ITEM_CHARS), message.turn)
         return
     user = message.role is Role.USER

@@ -126,7 +126,7 @@ def load_prompts(
     return {language: default_prompt(summary_format, language, summary_tokens) for language in LANGUAGES}
 
 
-# A message's role as the request names it: the gateway's notes are events.
+# A message's role as the request names it: the gateway's events are events.
 _ROLES = {Role.USER: "user", Role.ASSISTANT: "assistant", Role.TOOL: "tool", Role.SYSTEM: "event"}
 
 

@@ -1,4 +1,4 @@
-"""Tool traffic and gateway notes in a stored conversation: what a provider accepts of it, and the
+"""Tool traffic and gateway events in a stored conversation: what a provider accepts of it, and the
 text memory reads of it.
 
 A provider refuses a chat whose assistant message with `tool_calls` is not followed at once by a
@@ -6,7 +6,7 @@ result for every call, or that has a tool result without its call before it. A s
 may hold both (a result that came after the user spoke again, a call whose results never came, a
 window that starts between a call and its results), so every raw stretch memory shows is put in
 provider order first, and the budget then treats a call and its results as one unit: it keeps or
-drops them together. A gateway's notes (`system` messages) are never shown as messages of their
+drops them together. A gateway's events (`system` messages) are never shown as messages of their
 own: the context lists them inside its one leading system message.
 
 Pure functions over model objects.
@@ -55,7 +55,7 @@ def provider_order(messages: Sequence[Message]) -> list[Message]:
     """`messages` (oldest first) as a provider accepts them: each assistant message with tool calls
     followed at once by the results of all its calls, in call order; a call message whose results
     are not all there left out with those it has (the boundary moves past it), a result without
-    its call left out, and the gateway's notes left out (the context lists them apart)."""
+    its call left out, and the gateway's events left out (the context lists them apart)."""
     if _plain(messages):
         return list(messages)  # what nearly every context reads: nothing to reorder (a context's hot path)
     results: dict[str | None, list[Message]] = {}
@@ -86,15 +86,15 @@ def _first_after(results: list[Message], seq: int) -> Message | None:
 
 
 def shown_and_events(messages: Sequence[Message], covered_turns: int) -> tuple[list[Message], list[Message]]:
-    """`messages` in provider order, and apart from them the gateway's notes after turn
+    """`messages` in provider order, and apart from them the gateway's events after turn
     `covered_turns` (those the summary does not hold yet)."""
     if _plain(messages):
         return list(messages), []
-    return provider_order(messages), [m for m in notes(messages) if m.turn > covered_turns]
+    return provider_order(messages), [m for m in events(messages) if m.turn > covered_turns]
 
 
 def _plain(messages: Sequence[Message]) -> bool:
-    """Whether `messages` are only users' and assistants' words: no tool traffic, no notes."""
+    """Whether `messages` are only users' and assistants' words: no tool traffic, no events."""
     return all(m.role is Role.USER or (m.role is Role.ASSISTANT and not m.tool_calls) for m in messages)
 
 
@@ -120,8 +120,8 @@ def joins(a: Message, b: Message) -> bool:
     return a.role is b.role and a.role in (Role.USER, Role.ASSISTANT) and not a.tool_calls
 
 
-def notes(messages: Sequence[Message]) -> list[Message]:
-    """The gateway's notes among `messages` (call transferred, on hold, DTMF entered)."""
+def events(messages: Sequence[Message]) -> list[Message]:
+    """The gateway's events among `messages` (call transferred, on hold, DTMF entered)."""
     return [m for m in messages if m.role is Role.SYSTEM]
 
 
@@ -164,6 +164,6 @@ def readable(m: Message) -> str:
 
 def for_summary(messages: Sequence[Message]) -> list[Message]:
     """`messages` as the summarizers read them: tool results and calls as their readable text (the
-    order numbers, prices and dates a tool returned are facts like any the user said), notes as
+    order numbers, prices and dates a tool returned are facts like any the user said), events as
     they are (the summarizers record them as events)."""
     return [dataclasses.replace(m, content=readable(m)) if m.role is Role.TOOL or m.tool_calls else m for m in messages]

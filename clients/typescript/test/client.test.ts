@@ -92,7 +92,13 @@ const CHAT_MESSAGE: Shape<ChatMessage> = {
   tool_call_id: "optional",
   name: "optional",
 };
-const TURN: Shape<TurnResult> = { context: "required", message_id: "required", summary_scheduled: "required", created: "required" };
+const TURN: Shape<TurnResult> = {
+  context: "required",
+  message_id: "required",
+  summary_scheduled: "required",
+  turn_count: "required",
+  created: "required",
+};
 const APPEND: Shape<AppendResult> = {
   session_id: "required",
   message_id: "required",

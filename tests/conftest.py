@@ -174,7 +174,9 @@ class _PostgresTemplate:
 def _postgres_template() -> Iterator[_PostgresTemplate]:
     """This run's migrated database on the real PostgreSQL (TEST_POSTGRES_URL, 127.0.0.1:5432 by
     default), the template of each test's own; made at the first test that asks."""
-    base = os.environ.get("TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+    # Written as the daemon's DATABASE_URL is; asyncpg, asked directly here, takes the plain scheme.
+    url = os.environ.get("TEST_POSTGRES_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
+    base = url.replace("postgresql+asyncpg://", "postgresql://", 1)
     db = f"tm_test_{uuid.uuid4().hex[:10]}"
     try:
         postgres(base, lambda conn: conn.execute(f"CREATE DATABASE \"{db}\" ENCODING 'UTF8'"))

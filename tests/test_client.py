@@ -76,7 +76,7 @@ async def test_every_route_through_the_async_client(authed: Daemon) -> None:
         assert (ready.ready, ready.tiers) == (True, {"hot": "ok", "sql": "ok"})
         for n, (user, assistant) in enumerate(ZH_12_TURNS[:6], start=1):
             turn = await mem.turn(sid, user, user_id="u-1", system_prompt="你是健康顾问。", max_chars=2000)
-            assert turn.created
+            assert (turn.created, turn.turn_count, turn.context.turn_count) == (True, n - 1, n - 1)
             assert turn.context.messages[-1].content == user
             assert turn.context.messages[0].role == "system"
             reply = await mem.append(sid, "assistant", assistant, user_id="u-1")
@@ -384,7 +384,7 @@ async def test_the_blocking_client_from_several_threads(daemon: Daemon) -> None:
             for t in threads:
                 t.join(60)
             turn = mem.turn(f"{sid}-0", "还有呢？")
-            assert (turn.context.turn_count, turn.created) == (5, True)
+            assert (turn.turn_count, turn.context.turn_count, turn.created) == (5, 5, True)
             assert [m.seq for m in mem.iter_messages(f"{sid}-0")] == list(range(1, 12))
             assert mem.close_session(f"{sid}-1").turn_count == 5
             rebuilt = mem.rebuild_summary(f"{sid}-2", poll_interval=0.1)

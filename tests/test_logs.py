@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 
 from tests.conftest import new_sid
+from tests.processes import run_cli
 from tiered_memory.testing import Behaviour, DaemonProcess, FakeLlm, read_terminal
 
 # ASCII, so that no renderer's escaping of other characters could hide it from the search.
@@ -205,3 +206,32 @@ async def test_request_lines_are_human_readable_on_a_terminal(tmp_path: Path) ->
             assert not lines[0].lstrip().startswith("{")
             assert "route=/v1/sessions/{session_id}/summary" in lines[0]
             assert "tier=" in lines[0]
+
+
+@pytest.mark.slow
+async def test_readiness_and_admin_commands_log_no_alembic_line(tmp_path: Path) -> None:
+    """A new embedded database is migrated at start-up: one `schema_migrated` line (0 → the newest
+    version), and none of Alembic's own. Each /readyz looks at the schema, and so does `check`:
+    neither logs a line of Alembic's (its context announcements were two INFO lines a probe)."""
+    env = {"DATA_DIR": str(tmp_path / "data"), "LOG_FORMAT": "json", "LOG_LEVEL": "INFO"}
+    log_path = tmp_path / "daemon.log"
+    daemon = DaemonProcess(env, log_path)
+    try:
+        async with aiohttp.ClientSession(daemon.base) as http:
+            await daemon.start(http)
+            for _ in range(3):
+                async with http.get("/readyz") as resp:
+                    assert resp.status == 200
+    finally:
+        await _stop(daemon)
+    text = log_path.read_text(encoding="utf-8")
+    records = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+    assert [r for r in records if r["event"] == "request" and r["route"] == "/readyz"], text[-2000:]
+    assert not [r for r in records if r.get("logger", "").startswith("alembic")], text[-2000:]
+    migrated = [(r["from_version"], r["to_version"]) for r in records if r["event"] == "schema_migrated"]
+    assert len(migrated) == 1
+    assert migrated[0][0] == 0
+    assert migrated[0][1] > 0
+    code, out, err = await run_cli(env, "check")
+    assert code == 0, out + err
+    assert "alembic" not in err

@@ -12,11 +12,13 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import sys
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
 
+from tiered_memory import __version__
 from tiered_memory.errors import ConfigError, SqlUnavailable
 from tiered_memory.model import SessionKey
 from tiered_memory.settings import Settings
@@ -78,8 +80,12 @@ def serve_one(settings: Settings, reuse_port: bool) -> int:
 
 
 async def _migrate(settings: Settings) -> int:
+    from tiered_memory.logging import configure_logging
     from tiered_memory.tiers.sql.engine import create_engine
     from tiered_memory.tiers.sql.store import SqlStore
+
+    # Its logs (an applied upgrade's `schema_migrated`) go to stderr as the daemon's do.
+    configure_logging(settings.log_level, settings.log_format)
 
     if settings.embedded_sql:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
@@ -118,6 +124,7 @@ def _positive(value: str) -> float:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tiered-memory", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("serve", help="run the daemon (configured by environment variables)")
     sub.add_parser("config", help="print the effective settings, secrets masked")
@@ -246,6 +253,22 @@ def _admin(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; its exit status. A reader that closes the pipe early (`inspect … | head`)
+    ends the command quietly with the status a killed-by-SIGPIPE tool has (141), as a C tool does."""
+    try:
+        code = _run(argv)
+        # What is still buffered is written here, where a closed pipe is handled, not at exit.
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The interpreter flushes stdout again at exit, which would raise once more into a
+        # traceback: stdout is pointed at /dev/null first (Python's documented advice on SIGPIPE).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+    return code
+
+
+def _run(argv: Sequence[str] | None) -> int:
     parser = _parser()
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list[:1] == ["eval"]:

@@ -1,7 +1,7 @@
 """The domain's exception tree. Stores raise these; only the HTTP edge maps them to status codes.
 
 TieredMemoryError
-├── ConfigError            a setting is missing or malformed (start-up stops)
+├── ConfigError            a setting is missing, malformed or unusable (start-up stops)
 ├── InvalidInput           a request is malformed (→ 400)
 │   ├── BodyTimeout        its body did not arrive within BODY_TIMEOUT_SECONDS (→ 408)
 │   ├── UnsupportedMedia   a body that is not application/json, without tokens (→ 415)
@@ -28,7 +28,8 @@ class TieredMemoryError(Exception):
 
 
 class ConfigError(TieredMemoryError):
-    """A setting is missing or malformed; the message names the variable and what it expects."""
+    """A setting is missing or malformed, or cannot be used (HOST and PORT another process holds);
+    the message names the variable and what it expects."""
 
 
 class InvalidInput(TieredMemoryError):

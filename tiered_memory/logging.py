@@ -73,6 +73,9 @@ def configure_logging(level: str, fmt: Literal["auto", "json", "console"], *, me
     logging.getLogger("tiered_memory").setLevel(numeric)
     # jieba announces its dictionary load at INFO; it is not an event of ours.
     logging.getLogger("jieba").setLevel(logging.WARNING)
+    # Alembic announces its context at INFO on every look at the schema (each /readyz, each admin
+    # command): noise. An applied upgrade is logged as `schema_migrated` (tiers/sql/migrate.py).
+    logging.getLogger("alembic").setLevel(logging.WARNING)
     server = logging.getLogger("aiohttp.server")
     if not any(isinstance(f, BadRequests) for f in server.filters):
         server.addFilter(BadRequests())

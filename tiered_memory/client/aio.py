@@ -264,6 +264,7 @@ class AsyncClient:
             context=context_of(data),
             message_id=data["message_id"],
             summary_scheduled=data["summary_scheduled"],
+            turn_count=data["turn_count"],
             created=code == 201,
         )
 

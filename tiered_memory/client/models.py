@@ -125,11 +125,13 @@ class GatewayState:
 @dataclass(frozen=True, slots=True)
 class TurnResult:
     """POST /turns: the context as it was before the user's message (ending with it as the
-    question), and the append of that message. `context.turn_count` counts after the append."""
+    question), and the append of that message. `turn_count` is the answer's: the session's
+    completed turns after the append (a user's message completes none; `context.turn_count` too)."""
 
     context: Context
     message_id: str
     summary_scheduled: bool
+    turn_count: int
     created: bool = True
 
 

@@ -25,12 +25,14 @@ import contextlib
 import enum
 import gc
 import ipaddress
+import os
 from collections import Counter
 from collections.abc import Callable
 from typing import cast
 
 from aiohttp import web
 
+from tiered_memory.errors import ConfigError
 from tiered_memory.http.edge import error_response
 from tiered_memory.http.keys import METRICS_KEY
 
@@ -400,7 +402,12 @@ def run(
                 on_late=metrics.connections_late.inc,
                 reuse_port=reuse_port or None,
             )
-            await site.start()
+            try:
+                await site.start()
+            except OSError as exc:
+                # Most often a second daemon on the same port: a line naming the settings, no traceback.
+                reason = os.strerror(exc.errno).lower() if exc.errno else str(exc)
+                raise ConfigError(f"cannot listen on {host}:{port} (HOST, PORT): {reason}") from None
             server = runner.server
             metrics.connections_open.set_function(lambda: len(server.connections) if server else 0)
             _freeze_start_up_heap()

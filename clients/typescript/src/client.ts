@@ -320,7 +320,7 @@ export class MemoryClient {
     const query = { max_chars: options.maxChars, user_memory: options.userMemory };
     const { status, data } = await this.#call(options, { method: "POST", path: `${session(sessionId)}/turns`, body, query });
     const { message_id, summary_scheduled, ...context } = data as Context & { message_id: string; summary_scheduled: boolean };
-    return { context, message_id, summary_scheduled, created: status === 201 };
+    return { context, message_id, summary_scheduled, turn_count: context.turn_count, created: status === 201 };
   }
 
   /**

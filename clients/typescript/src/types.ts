@@ -145,12 +145,14 @@ export interface Context {
 
 /**
  * POST …/turns: the context as it was before the user's message (ending with it as the question),
- * and the append of that message. `context.turn_count` counts after the append.
+ * and the append of that message.
  */
 export interface TurnResult {
   context: Context;
   message_id: string;
   summary_scheduled: boolean;
+  /** The session's completed turns after the append (a user's message completes none); `context.turn_count` too. */
+  turn_count: number;
   /** The client's: false when the message_id was stored already (a retry, answered 200). */
   created: boolean;
 }

@@ -92,7 +92,13 @@ const CHAT_MESSAGE: Shape<ChatMessage> = {
   tool_call_id: "optional",
   name: "optional",
 };
-const TURN: Shape<TurnResult> = { context: "required", message_id: "required", summary_scheduled: "required", created: "required" };
+const TURN: Shape<TurnResult> = {
+  context: "required",
+  message_id: "required",
+  summary_scheduled: "required",
+  turn_count: "required",
+  created: "required",
+};
 const APPEND: Shape<AppendResult> = {
   session_id: "required",
   message_id: "required",
@@ -341,6 +347,7 @@ describe("MemoryClient against a real daemon", () => {
       assert.match(turn.context.messages[0]?.content ?? "", /pharmacy assistant/);
       assert.deepEqual(turn.context.messages.at(-1), { role: "user", content: utterance });
       assert.equal(turn.context.turn_count, n);
+      assert.equal(turn.turn_count, n);
       const stored = await memory.append(sid, "assistant", reply, { userId });
       assert.deepEqual([stored.created, stored.turn_count, stored.summary_scheduled], [true, n + 1, (n + 1) % SUMMARY_EVERY === 0]);
     }

@@ -4,6 +4,10 @@ daemon's own engine, without an alembic.ini.
 Revision ids are schema version numbers (0003 is version 3, the last one of the versioning that
 came before Alembic, whose databases its script upgrades in place), so "schema version N" means one
 thing in logs, `/readyz` and `tiered-memory migrate` whichever tool recorded it.
+
+Alembic announces its context at INFO each time it looks at a database (every `/readyz`, every
+admin command) and each revision it applies: logging.py keeps its logger at WARNING, and an
+upgrade is told here instead, as one `schema_migrated` line with the versions before and after.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import weakref
 from pathlib import Path
 
 import sqlalchemy as sa
+import structlog
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
@@ -39,6 +44,8 @@ _SQLITE_ATTEMPTS = 5
 # swap each other's context. One lock per loop serializes them; other processes are kept apart by
 # the database (MySQL's named lock, PostgreSQL's advisory lock, SQLite's retries).
 _LOOP_LOCKS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
+
+log = structlog.get_logger("tiered_memory.sql")
 
 
 def config(connection: sa.Connection | None = None) -> Config:
@@ -92,9 +99,13 @@ async def migrate(engine: AsyncEngine) -> int:
     async with lock, engine.connect() as conn:
         locked = await _lock(conn)
         try:
+            before = await conn.run_sync(_revision)
+            await conn.commit()
             await _upgrade_with_retries(conn)
             version = await conn.run_sync(_revision)
             await conn.commit()
+            if version != before:
+                log.info("schema_migrated", dialect=conn.dialect.name, from_version=before, to_version=version)
             return version
         finally:
             if locked:

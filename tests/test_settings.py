@@ -6,7 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
+from structlog.testing import capture_logs
 
+from tiered_memory.app import SETTING_DEPRECATED, create_app
 from tiered_memory.cli import main
 from tiered_memory.errors import ConfigError
 from tiered_memory.http.auth import authenticate
@@ -21,7 +24,8 @@ def test_defaults_are_those_of_the_replaced_system() -> None:
     """With an empty environment the summary knobs keep the replaced system's values and the
     daemon runs embedded on loopback."""
     s = Settings.from_env({})
-    assert s.enable_conversation_summary is True
+    assert s.memory_mode == "summary"
+    assert s.summaries_enabled
     assert (s.summary_every_n_turns, s.summary_max_tokens, s.summary_redis_ttl_seconds) == (3, 120, 7200)
     assert (s.summary_min_turns_to_persist, s.history_ttl_seconds, s.keep_recent_turns) == (2, 1800, 3)
     assert s.redis_url is None
@@ -53,6 +57,11 @@ def test_defaults_are_those_of_the_replaced_system() -> None:
         ({"KEEP_RECENT_TURNS": "0"}, "KEEP_RECENT_TURNS: expected at least 1 in summary mode"),
         ({"KEEP_RECENT_TURNS": "5"}, "SUMMARY_EVERY_N_TURNS: expected at least KEEP_RECENT_TURNS (5)"),
         ({"MEMORY_MODE": "summary", "ENABLE_CONVERSATION_SUMMARY": "false"}, "MEMORY_MODE: expected none or window"),
+        (
+            {"MEMORY_MODE": "window", "ENABLE_CONVERSATION_SUMMARY": "true"},
+            "MEMORY_MODE: expected summary when ENABLE_CONVERSATION_SUMMARY=true",
+        ),
+        ({"MEMORY_MODE": "none", "ENABLE_CONVERSATION_SUMMARY": "yes"}, "MEMORY_MODE: expected summary when"),
         ({"MEMORY_MODE": "all"}, "MEMORY_MODE: input should be 'none', 'window' or 'summary'"),
         ({"SUMMARY_FORMAT": "xml"}, "SUMMARY_FORMAT: input should be 'text' or 'structured'"),
         ({"RECONNECT_TEMPLATE_EN": "no placeholders"}, "RECONNECT_TEMPLATE_EN: expected a template using"),
@@ -318,3 +327,35 @@ def test_webhook_urls_and_secret_are_masked() -> None:
     assert shown["WEBHOOK_URLS"].endswith(",http://127.0.0.1:9/in")
     assert shown["WEBHOOK_SECRET"] == "****"
     assert [sink.kind for sink in s.event_sinks] == ["webhook", "webhook"]
+
+
+@pytest.mark.parametrize(("switch", "mode"), [("true", "summary"), ("false", "window"), ("0", "window")])
+def test_enable_conversation_summary_is_read_as_memory_mode(switch: str, mode: str) -> None:
+    """The deprecated ENABLE_CONVERSATION_SUMMARY still works, as the MEMORY_MODE it means, and
+    start-up logs which one to set instead; with that MEMORY_MODE set too it is no conflict."""
+    s = Settings.from_env({"ENABLE_CONVERSATION_SUMMARY": switch})
+    assert s.memory_mode == mode
+    assert s.masked()["MEMORY_MODE"] == mode
+    assert Settings.from_env({"ENABLE_CONVERSATION_SUMMARY": switch, "MEMORY_MODE": mode}).memory_mode == mode
+    with capture_logs() as logs:
+        create_app(s, registry=CollectorRegistry())
+    warned = [e for e in logs if e["event"] == SETTING_DEPRECATED]
+    assert warned == [
+        {
+            "event": SETTING_DEPRECATED,
+            "log_level": "warning",
+            "variable": "ENABLE_CONVERSATION_SUMMARY",
+            "use": f"MEMORY_MODE={mode}",
+        }
+    ]
+
+
+def test_memory_mode_alone_is_the_documented_default() -> None:
+    """Unset, MEMORY_MODE is `summary`, and `config` prints it so; nothing deprecated is set."""
+    s = Settings.from_env({})
+    assert s.masked()["MEMORY_MODE"] == "summary"
+    assert s.masked()["ENABLE_CONVERSATION_SUMMARY"] == ""
+    assert s.deprecated == ()
+    with capture_logs() as logs:
+        create_app(s, registry=CollectorRegistry())
+    assert not [e for e in logs if e["event"] == SETTING_DEPRECATED]

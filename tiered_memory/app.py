@@ -78,6 +78,9 @@ from tiered_memory.tracing import Tracing, exporting, shut_down_within
 
 log = structlog.get_logger("tiered_memory.app")
 
+# A deprecated variable is set: `variable` and what to set instead (`use`), once per start.
+SETTING_DEPRECATED = "setting_deprecated"
+
 
 # How long a stopping daemon waits for its queued spans to reach the collector.
 _TRACES_FLUSH_S = 5.0
@@ -468,6 +471,8 @@ def create_app(
     dictionaries: tests start many apps in one process, and a worker's start costs a second.
     `tracing` (tests hand in an in-memory exporter's) replaces the OTLP export that an endpoint
     in the OTEL_* settings turns on."""
+    for variable, use in settings.deprecated:
+        log.warning(SETTING_DEPRECATED, variable=variable, use=use)
     metrics = Metrics(registry if registry is not None else CollectorRegistry())
     shutdown = None
     if tracing is None:

@@ -33,6 +33,10 @@ from tiered_memory.tiers.sql.url import server_urls
 from tiered_memory.webhooks import Sink, sinks_of
 
 _LOOPBACK_DEFAULT = "127.0.0.1"
+# ENABLE_CONVERSATION_SUMMARY's values (pydantic's booleans) as the MEMORY_MODE each means.
+_MODE_OF_SWITCH = dict.fromkeys(("1", "on", "t", "true", "y", "yes"), "summary") | dict.fromkeys(
+    ("0", "off", "f", "false", "n", "no"), "window"
+)
 # The SQL drivers the daemon is built and tested with.
 _SQL_SCHEMES = ("mysql+aiomysql://", "postgresql+asyncpg://", "sqlite+aiosqlite://")
 
@@ -43,10 +47,11 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(frozen=True, extra="ignore", populate_by_name=False)
 
     # --- summarization (names and defaults of the system this daemon replaces) ---
-    enable_conversation_summary: bool = Field(True, alias="ENABLE_CONVERSATION_SUMMARY")
     # none: no history; window: the last KEEP_RECENT_TURNS turns; summary: summary + window.
-    # Unset: summary, or window when ENABLE_CONVERSATION_SUMMARY=false.
-    memory_mode_setting: Literal["none", "window", "summary"] | None = Field(None, alias="MEMORY_MODE")
+    memory_mode: Literal["none", "window", "summary"] = Field("summary", alias="MEMORY_MODE")
+    # Deprecated: the replaced system's switch, read as MEMORY_MODE (true: summary, false: window)
+    # when that is unset (`_deprecated_mode`); its conflicts with MEMORY_MODE stop start-up.
+    enable_conversation_summary: bool | None = Field(None, alias="ENABLE_CONVERSATION_SUMMARY")
     summary_every_n_turns: int = Field(3, alias="SUMMARY_EVERY_N_TURNS", ge=1, le=1000)
     # No summary of a session before it has this many turns (0: from the first cadence point on).
     summary_start_turns: int = Field(0, alias="SUMMARY_START_TURNS", ge=0, le=100_000)
@@ -333,12 +338,31 @@ class Settings(BaseSettings):
             return {**data, "SUMMARY_MODEL": data["VOLC_ARK_KB_MODEL"]}
         return data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _deprecated_mode(cls, data: object) -> object:
+        """ENABLE_CONVERSATION_SUMMARY as the MEMORY_MODE it means; a value that is not a boolean
+        is left to its field's check, which names it."""
+        if not isinstance(data, dict) or "ENABLE_CONVERSATION_SUMMARY" not in data:
+            return data
+        implied = _MODE_OF_SWITCH.get(str(data["ENABLE_CONVERSATION_SUMMARY"]).strip().lower())
+        if implied is None:
+            return data
+        if "MEMORY_MODE" not in data:
+            return {**data, "MEMORY_MODE": implied}
+        if (data["MEMORY_MODE"] == "summary") != (implied == "summary"):
+            raise ValueError(
+                "MEMORY_MODE: expected none or window when ENABLE_CONVERSATION_SUMMARY=false"
+                if implied == "window"
+                else "MEMORY_MODE: expected summary when ENABLE_CONVERSATION_SUMMARY=true"
+                " (deprecated: set MEMORY_MODE alone)"
+            )
+        return data
+
     # The checks between variables, one validator per concern; none reads a file (`from_env`
     # reads them, once the values themselves are known to be consistent).
     @model_validator(mode="after")
     def _check_memory_mode(self) -> Settings:
-        if self.memory_mode_setting == "summary" and not self.enable_conversation_summary:
-            raise ValueError("MEMORY_MODE: expected none or window when ENABLE_CONVERSATION_SUMMARY=false")
         if self.memory_mode != "summary":
             return self
         if self.compression_batch_turns < self.summary_every_n_turns:
@@ -499,11 +523,11 @@ class Settings(BaseSettings):
         return self.embedded_sql if self.auto_migrate is None else self.auto_migrate
 
     @property
-    def memory_mode(self) -> Literal["none", "window", "summary"]:
-        """The effective memory strategy (MEMORY_MODE, else derived from ENABLE_CONVERSATION_SUMMARY)."""
-        if self.memory_mode_setting is not None:
-            return self.memory_mode_setting
-        return "summary" if self.enable_conversation_summary else "window"
+    def deprecated(self) -> tuple[tuple[str, str], ...]:
+        """The deprecated variables set, each with what to set instead (logged at start-up)."""
+        if self.enable_conversation_summary is None:
+            return ()
+        return (("ENABLE_CONVERSATION_SUMMARY", f"MEMORY_MODE={self.memory_mode}"),)
 
     @property
     def summaries_enabled(self) -> bool:

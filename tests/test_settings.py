@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import get_args
 
 import pytest
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
-from tiered_memory.app import SETTING_DEPRECATED, create_app
+from tiered_memory.app import SETTING_DEPRECATED, create_app, event_sinks
 from tiered_memory.cli import main
 from tiered_memory.errors import ConfigError
 from tiered_memory.http.auth import authenticate
+from tiered_memory.model import USER_MEMORY_MODES
 from tiered_memory.settings import Settings
+from tiered_memory.summarize.llm import SUMMARY_TOKENS
+from tiered_memory.tiers.postings import SESSION_BYTES
 from tiered_memory.tiers.sql.schema import SCHEMA_VERSION
 from tiered_memory.tiers.sql.url import server_urls
 
@@ -326,7 +330,7 @@ def test_webhook_urls_and_secret_are_masked() -> None:
     assert "crm.example/hook" in shown["WEBHOOK_URLS"]
     assert shown["WEBHOOK_URLS"].endswith(",http://127.0.0.1:9/in")
     assert shown["WEBHOOK_SECRET"] == "****"
-    assert [sink.kind for sink in s.event_sinks] == ["webhook", "webhook"]
+    assert [sink.kind for sink in event_sinks(s)] == ["webhook", "webhook"]
 
 
 @pytest.mark.parametrize(("switch", "mode"), [("true", "summary"), ("false", "window"), ("0", "window")])
@@ -359,3 +363,12 @@ def test_memory_mode_alone_is_the_documented_default() -> None:
     with capture_logs() as logs:
         create_app(s, registry=CollectorRegistry())
     assert not [e for e in logs if e["event"] == SETTING_DEPRECATED]
+
+
+def test_defaults_owned_elsewhere_agree_with_their_owners() -> None:
+    """settings.py imports nothing of the package, so the defaults that other modules own are
+    written out there: these keep them the same."""
+    s = Settings.from_env({})
+    assert s.summary_max_tokens == SUMMARY_TOKENS
+    assert s.recall_max_bytes == SESSION_BYTES
+    assert get_args(Settings.model_fields["user_memory"].annotation) == USER_MEMORY_MODES

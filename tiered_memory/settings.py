@@ -6,8 +6,10 @@ here reads the process environment by itself, so importing this module has no si
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
+import re
 import string
 import urllib.parse
 from collections.abc import Mapping
@@ -18,19 +20,12 @@ from pydantic import Field, PrivateAttr, SecretStr, ValidationError, ValidationI
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from tiered_memory.errors import ConfigError
-from tiered_memory.http.addresses import host_name, is_loopback, mask_url
 from tiered_memory.http.auth import ApiToken, merge_tokens, parse_token_list, read_token_file
 from tiered_memory.http.rate_limit import parse_rate_limits
-from tiered_memory.model import UserMemory
-from tiered_memory.prompt.context import OLDER_MAX_MESSAGES, hot_list_chars
-from tiered_memory.summarize.llm import SUMMARY_TOKENS
 from tiered_memory.summarize.topics import load_keyword_groups
 from tiered_memory.tiers.buckets import Rate, parse_rate
-from tiered_memory.tiers.hot import RecentBound
-from tiered_memory.tiers.postings import SESSION_BYTES
 from tiered_memory.tiers.redis.url import parse_redis_url
 from tiered_memory.tiers.sql.url import server_urls
-from tiered_memory.webhooks import Sink, sinks_of
 
 _LOOPBACK_DEFAULT = "127.0.0.1"
 # ENABLE_CONVERSATION_SUMMARY's values (pydantic's booleans) as the MEMORY_MODE each means.
@@ -57,7 +52,7 @@ class Settings(BaseSettings):
     summary_start_turns: int = Field(0, alias="SUMMARY_START_TURNS", ge=0, le=100_000)
     # A text summary's max_tokens; in the structured format, the summary field's length the prompt
     # asks for (180-260 characters at 120).
-    summary_max_tokens: int = Field(SUMMARY_TOKENS, alias="SUMMARY_MAX_TOKENS", ge=16, le=32000)
+    summary_max_tokens: int = Field(120, alias="SUMMARY_MAX_TOKENS", ge=16, le=32000)  # llm.SUMMARY_TOKENS
     # A JSON payload of seven fields needs far more room than 150 characters of text; a reply cut
     # at the token limit is broken JSON and would always be rejected.
     structured_summary_max_tokens: int = Field(1500, alias="STRUCTURED_SUMMARY_MAX_TOKENS", ge=64, le=32000)
@@ -123,7 +118,7 @@ class Settings(BaseSettings):
     keep_recent_turns: int = Field(3, alias="KEEP_RECENT_TURNS", ge=0, le=1000)
     # One session's recall postings and the messages they point at, in bytes: past it the index
     # stops growing (questions search the part indexed).
-    recall_max_bytes: int = Field(SESSION_BYTES, alias="RECALL_MAX_BYTES", ge=65_536, le=2**30)
+    recall_max_bytes: int = Field(8 * 2**20, alias="RECALL_MAX_BYTES", ge=65_536, le=2**30)  # postings.SESSION_BYTES
     # All sessions' postings in Redis, and one tenant's (0: no bound): past either, the least
     # recently indexed sessions' postings go first (the tenant's own for its bound), as in the
     # embedded tier; keep the total well below Redis's maxmemory, where every tenant fails.
@@ -220,7 +215,9 @@ class Settings(BaseSettings):
     )
     # What a session carries over from its user's earlier sessions (users.py). Off by default: a new
     # session_id is a new conversation unless the operator (or the request) asks for more.
-    user_memory: UserMemory = Field("off", alias="USER_MEMORY")
+    user_memory: Literal["off", "profile", "last_session", "topic"] = Field(
+        "off", alias="USER_MEMORY"
+    )  # model.UserMemory
 
     # --- lifecycle events (webhooks.py, delivery.py) ---
     # Comma-separated http(s) URLs; each gets every event, POSTed and signed with WEBHOOK_SECRET.
@@ -554,22 +551,6 @@ class Settings(BaseSettings):
         # summary has not covered yet are still served from memory.
         return 2 * (self.keep_recent_turns + self.summary_every_n_turns)
 
-    @property
-    def embedded_recent(self) -> RecentBound:
-        """The embedded cache keeps only the window and a summary batch: its SQL is a local file,
-        and each cached message costs Python objects in the daemon's own memory."""
-        return RecentBound(least=self.hot_recent_messages, most=self.hot_recent_messages)
-
-    @property
-    def redis_recent(self) -> RecentBound:
-        """In Redis the list also keeps the older turns a context at the default budget fills its
-        room with (CONTEXT_OLDER_TURNS), by characters, so that a hot session's context needs no
-        SQL at any session length; never more messages than one older-turn read from SQL takes."""
-        least = self.hot_recent_messages
-        if not self.context_older_turns:
-            return RecentBound(least=least, most=least)
-        return RecentBound(least=least, most=least + OLDER_MAX_MESSAGES, chars=hot_list_chars(self.context_max_chars))
-
     @model_validator(mode="after")
     def _check_events(self) -> Settings:
         for url in self.webhook_urls:
@@ -600,20 +581,10 @@ class Settings(BaseSettings):
         return tuple(u.strip() for u in self.webhook_urls_setting.split(",") if u.strip())
 
     @property
-    def event_sinks(self) -> tuple[Sink, ...]:
-        """Where lifecycle events go (none: no events are written)."""
-        return sinks_of(self.webhook_urls, self.events_stream)
-
-    @property
     def ui_enabled(self) -> bool:
         """Whether GET /ui serves the inspector: as UI_ENABLED says, or, unset, when the daemon
         listens on loopback only (a developer's machine), where nobody else can reach the page."""
         return self.ui_enabled_setting if self.ui_enabled_setting is not None else is_loopback(self.host)
-
-    @property
-    def allowed_hosts(self) -> frozenset[str]:
-        # Written as a Host header is (a port, brackets) or bare: the name is what is compared.
-        return frozenset(host_name(h) for h in self.allowed_hosts_setting.split(",") if h.strip())
 
     def masked(self) -> dict[str, str]:
         """Effective settings keyed by variable name, secrets and URL passwords masked."""
@@ -660,3 +631,37 @@ def _one_line(exc: ValidationError) -> str:
     if isinstance(given, str) and "://" in given:
         given = mask_url(given)  # a URL refused for its shape may still hold a password
     return f"{name}: {msg[:1].lower()}{msg[1:]} (got {given!r})"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether HOST only listens on this machine: localhost, 127.0.0.0/8 or ::1."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.is_loopback
+    return address.is_loopback
+
+
+_SECRET_PARAM = re.compile(r"(?i)([?&](?:password|passwd|pwd|secret|token|api_key|apikey|key)=)[^&#]*")
+
+
+def mask_url(url: str) -> str:
+    """`url` with its credentials masked: a password, a user name given alone (it may be a token,
+    as in https://TOKEN@host) and secret query parameters; a user beside a password is a name,
+    and stays. The credentials end at the last `@` before the query, so a password holding `/`
+    or `@` is masked whole (a path holding `@` is taken for credentials: masked too much, never
+    too little)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    main, q, query = rest.partition("?")
+    query = _SECRET_PARAM.sub(r"\1****", q + query)
+    if "@" not in main:
+        return f"{scheme}://{main}{query}"
+    creds, _, host = main.rpartition("@")
+    user, colon, _password = creds.partition(":")
+    return f"{scheme}://{user + ':****' if colon else '****'}@{host}{query}"

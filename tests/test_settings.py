@@ -16,6 +16,7 @@ from tiered_memory.errors import ConfigError
 from tiered_memory.http.auth import authenticate
 from tiered_memory.model import USER_MEMORY_MODES
 from tiered_memory.settings import Settings
+from tiered_memory.startup import api_tokens, load_settings
 from tiered_memory.summarize.llm import SUMMARY_TOKENS
 from tiered_memory.tiers.postings import SESSION_BYTES
 from tiered_memory.tiers.sql.schema import SCHEMA_VERSION
@@ -96,7 +97,7 @@ def test_defaults_are_those_of_the_replaced_system() -> None:
 def test_bad_values_name_the_variable(env: dict[str, str], expected: str) -> None:
     """A bad value raises ConfigError whose one line starts with the variable and what it expects."""
     with pytest.raises(ConfigError) as info:
-        Settings.from_env(env)
+        load_settings(env)
     assert str(info.value).startswith(expected)
     assert "\n" not in str(info.value)
 
@@ -139,7 +140,7 @@ def test_database_url_may_name_the_servers_of_a_mysql_cluster(capsys: pytest.Cap
         ("postgresql+asyncpg://app:hunter2@db1:5432,db2:5432/memory", "MySQL/MariaDB clusters only"),
     ):
         with pytest.raises(ConfigError, match=reason) as raised:
-            Settings.from_env({"DATABASE_URL": bad})
+            load_settings({"DATABASE_URL": bad})
         assert "hunter2" not in str(raised.value)
 
 
@@ -214,21 +215,22 @@ def test_tokens_from_the_variable_and_the_file(tmp_path: Path) -> None:
         "# one entry a line\n\n  other:other-0123456789abcdef  \n# acme:commented-0123456789ab\n",
         encoding="utf-8",
     )
-    s = Settings.from_env({"API_TOKENS": f"{TOKEN}, acme:acme-0123456789abcdef,", "API_TOKENS_FILE": str(token_file)})
-    assert sorted(t.tenant or "" for t in s.api_tokens) == ["", "acme", "other"]
-    tenants = [authenticate(s.api_tokens, t) for t in (TOKEN, "acme-0123456789abcdef", "other-0123456789abcdef")]
+    s = load_settings({"API_TOKENS": f"{TOKEN}, acme:acme-0123456789abcdef,", "API_TOKENS_FILE": str(token_file)})
+    tokens = api_tokens(s)
+    assert sorted(t.tenant or "" for t in tokens) == ["", "acme", "other"]
+    tenants = [authenticate(tokens, t) for t in (TOKEN, "acme-0123456789abcdef", "other-0123456789abcdef")]
     assert [p.tenant if p else "refused" for p in tenants] == [None, "acme", "other"]
     # Each token has an id of its own, which tells nothing of the token (a digest's prefix).
     ids = [p.token_id for p in tenants if p is not None]
     assert len(set(ids)) == 3
     assert all(len(i) == 16 and i not in TOKEN for i in ids)
     for refused in ("commented-0123456789ab", "acme:acme-0123456789abcdef", TOKEN[:-1], ""):
-        assert authenticate(s.api_tokens, refused) is None, refused
+        assert authenticate(tokens, refused) is None, refused
     assert s.masked()["API_TOKENS"] == "****"
-    for shown in (repr(s), str(s), repr(s.api_tokens), json.dumps(s.masked())):
+    for shown in (repr(s), str(s), repr(tokens), json.dumps(s.masked())):
         assert "0123456789abcdef" not in shown
     # The same token listed twice for the same tenant is one token.
-    assert len(Settings.from_env({"API_TOKENS": f"acme:{TOKEN},acme:{TOKEN}"}).api_tokens) == 1
+    assert len(api_tokens(Settings.from_env({"API_TOKENS": f"acme:{TOKEN},acme:{TOKEN}"}))) == 1
 
 
 @pytest.mark.parametrize(
@@ -247,7 +249,7 @@ def test_bad_tokens_name_the_variable_never_the_token(value: str, expected: str)
     """A malformed or too short token stops start-up naming the variable and the entry, and the
     message never repeats the token (nor what might be part of one)."""
     with pytest.raises(ConfigError) as info:
-        Settings.from_env({"API_TOKENS": value})
+        load_settings({"API_TOKENS": value})
     assert str(info.value).startswith(expected)
     assert "short-secret" not in str(info.value)
     assert TOKEN not in str(info.value)
@@ -258,18 +260,18 @@ def test_bad_token_file_names_the_line(tmp_path: Path) -> None:
     token_file = tmp_path / "tokens"
     token_file.write_text(f"# tokens\n{TOKEN}\nacme:short-secret\n", encoding="utf-8")
     with pytest.raises(ConfigError) as info:
-        Settings.from_env({"API_TOKENS_FILE": str(token_file)})
+        load_settings({"API_TOKENS_FILE": str(token_file)})
     assert str(info.value).startswith("API_TOKENS_FILE: line 3: expected a token of 16")
     assert "short-secret" not in str(info.value)
     token_file.write_text("# nothing yet\n\n", encoding="utf-8")
     with pytest.raises(ConfigError, match=r"^API_TOKENS_FILE: expected at least one token"):
-        Settings.from_env({"API_TOKENS_FILE": str(token_file)})
+        load_settings({"API_TOKENS_FILE": str(token_file)})
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "127.8.9.10", "localhost", "LOCALHOST", "::1", "::ffff:127.0.0.1"])
 def test_loopback_hosts_need_no_token(host: str) -> None:
     """Without tokens the daemon may listen on any loopback address."""
-    assert Settings.from_env({"HOST": host}).api_tokens == ()
+    assert api_tokens(load_settings({"HOST": host})) == ()
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3", "::ffff:10.1.2.3", "memory.internal"])
@@ -280,7 +282,7 @@ def test_other_hosts_need_a_token_or_an_explicit_opt_out(host: str) -> None:
         Settings.from_env({"HOST": host})
     assert str(info.value).startswith(f"HOST: {host} is not a loopback address")
     assert Settings.from_env({"HOST": host, "ALLOW_UNAUTHENTICATED": "true"}).host == host
-    assert len(Settings.from_env({"HOST": host, "API_TOKENS": TOKEN}).api_tokens) == 1
+    assert len(api_tokens(load_settings({"HOST": host, "API_TOKENS": TOKEN}))) == 1
 
 
 @pytest.mark.parametrize("command", [["config"], ["check"]])

@@ -54,6 +54,7 @@ from tiered_memory.http.users import add_user_routes
 from tiered_memory.metrics import Metrics
 from tiered_memory.prompt.context import OLDER_MAX_MESSAGES, hot_list_chars
 from tiered_memory.settings import Settings
+from tiered_memory.startup import api_tokens
 from tiered_memory.summarize.extractive import Extractor
 from tiered_memory.summarize.job import SummaryJob
 from tiered_memory.summarize.lane import Pools, TextLane
@@ -507,8 +508,9 @@ def create_app(
     middlewares: list[Middleware] = [observe]
     if tracing.enabled:
         middlewares.insert(0, tracing_middleware(tracing))
-    if settings.api_tokens:
-        middlewares.append(auth_middleware(settings.api_tokens))
+    tokens = api_tokens(settings)
+    if tokens:
+        middlewares.append(auth_middleware(tokens))
     else:
         middlewares.append(
             local_guard_middleware(

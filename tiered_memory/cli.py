@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from tiered_memory.errors import ConfigError, SqlUnavailable
 from tiered_memory.model import SessionKey
 from tiered_memory.settings import Settings
+from tiered_memory.startup import load_settings
 
 # The admin commands address SQL and Redis directly, where a tenant's session lives under its tenant.
 _KEY_HELP = "the stored key: the session id, or <tenant>/<id> for a session of a tenant's token"
@@ -27,7 +28,7 @@ _KEY_HELP = "the stored key: the session id, or <tenant>/<id> for a session of a
 
 def _settings() -> Settings:
     try:
-        return Settings.from_env(os.environ)
+        return load_settings(os.environ)
     except ConfigError as exc:
         print(f"tiered-memory: configuration error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

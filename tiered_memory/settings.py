@@ -2,6 +2,10 @@
 
 The CLI builds one frozen `Settings` from `os.environ`; tests build theirs from a dict. Nothing
 here reads the process environment by itself, so importing this module has no side effect.
+
+It imports nothing of the package but its errors, so that any module may read its settings: a value
+whose format another module owns (a Redis or SQL URL, a token, the topic keywords file) is checked
+here for its shape only, and parsed at start-up by `startup.load_settings`.
 """
 
 from __future__ import annotations
@@ -13,19 +17,14 @@ import re
 import string
 import urllib.parse
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, PrivateAttr, SecretStr, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from tiered_memory.errors import ConfigError
-from tiered_memory.http.auth import ApiToken, merge_tokens, parse_token_list, read_token_file
-from tiered_memory.http.rate_limit import parse_rate_limits
-from tiered_memory.summarize.topics import load_keyword_groups
-from tiered_memory.tiers.buckets import Rate, parse_rate
-from tiered_memory.tiers.redis.url import parse_redis_url
-from tiered_memory.tiers.sql.url import server_urls
 
 _LOOPBACK_DEFAULT = "127.0.0.1"
 # ENABLE_CONVERSATION_SUMMARY's values (pydantic's booleans) as the MEMORY_MODE each means.
@@ -34,6 +33,52 @@ _MODE_OF_SWITCH = dict.fromkeys(("1", "on", "t", "true", "y", "yes"), "summary")
 )
 # The SQL drivers the daemon is built and tested with.
 _SQL_SCHEMES = ("mysql+aiomysql://", "postgresql+asyncpg://", "sqlite+aiosqlite://")
+_RATE = re.compile(r"(\d+(?:\.\d+)?)/(s|m)")
+_TENANT = re.compile(r"[A-Za-z0-9._-]{1,64}")
+# The RATE_LIMITS entry of every tenant not named.
+ANY_TENANT = "*"
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """Requests a second, and the burst a bucket holds when full (a second's worth, at least 1)."""
+
+    per_second: float
+
+    @property
+    def burst(self) -> float:
+        return max(1.0, self.per_second)
+
+
+def parse_rate(text: str) -> Rate:
+    """`200/s` or `600/m`; ValueError otherwise."""
+    found = _RATE.fullmatch(text.strip())
+    if found is None or float(found[1]) <= 0:
+        raise ValueError(f"expected a rate such as 200/s or 600/m, got {text.strip()[:32]!r}")
+    return Rate(float(found[1]) / (60.0 if found[2] == "m" else 1.0))
+
+
+def parse_rate_limits(text: str) -> dict[str, Rate]:
+    """`acme=200/s,*=50/s`: tenant names (or `*`, every other tenant, and the requests of none)
+    and their rates; ValueError naming the bad entry."""
+    rates: dict[str, Rate] = {}
+    for entry in (e.strip() for e in text.split(",")):
+        if not entry:
+            continue
+        name, sep, rate = entry.partition("=")
+        name = name.strip()
+        if not sep or not (name == ANY_TENANT or valid_tenant(name)):
+            raise ValueError(f"expected tenant=rate entries such as acme=200/s or *=50/s, got {entry[:64]!r}")
+        if name in rates:
+            raise ValueError(f"{name!r} is given twice")
+        rates[name] = parse_rate(rate)
+    return rates
+
+
+def valid_tenant(name: str) -> bool:
+    """Whether `name` may name a tenant: 1-64 of [A-Za-z0-9._-], so never the `/` that separates
+    it from the session id in a stored key."""
+    return _TENANT.fullmatch(name) is not None
 
 
 class Settings(BaseSettings):
@@ -188,7 +233,7 @@ class Settings(BaseSettings):
     header_timeout_seconds: float = Field(10.0, alias="HEADER_TIMEOUT_SECONDS", gt=0, le=3600)
 
     # --- authentication ---
-    # `token` or `tenant:token` entries, comma-separated; parsed into `api_tokens` by the cross-check.
+    # `token` or `tenant:token` entries, comma-separated; parsed by startup.api_tokens.
     api_tokens_setting: SecretStr | None = Field(None, alias="API_TOKENS")
     api_tokens_file: Path | None = Field(None, alias="API_TOKENS_FILE")
     # Without tokens only a loopback HOST is served, unless this says otherwise on purpose.
@@ -196,7 +241,6 @@ class Settings(BaseSettings):
     # Without tokens, the Host names answered besides localhost and loopback addresses
     # (comma-separated; local_guard.py): a web page that rebinds its own name to 127.0.0.1 is not.
     allowed_hosts_setting: str = Field("", alias="ALLOWED_HOSTS")
-    _api_tokens: tuple[ApiToken, ...] = PrivateAttr(default=())
     # The memory inspector (GET /ui, http/inspect.py); unset: on when HOST is a loopback address.
     ui_enabled_setting: bool | None = Field(None, alias="UI_ENABLED")
 
@@ -356,8 +400,8 @@ class Settings(BaseSettings):
             )
         return data
 
-    # The checks between variables, one validator per concern; none reads a file (`from_env`
-    # reads them, once the values themselves are known to be consistent).
+    # The checks between variables, one validator per concern; none looks at a file (`from_env`
+    # does, once the values themselves are known to be consistent).
     @model_validator(mode="after")
     def _check_memory_mode(self) -> Settings:
         if self.memory_mode != "summary":
@@ -415,17 +459,6 @@ class Settings(BaseSettings):
                 "DATABASE_READ_URL: expected a replica of DATABASE_URL's MySQL/MariaDB or PostgreSQL server,"
                 " with the same driver (and DATABASE_URL set)"
             )
-        if self.database_url:
-            try:
-                server_urls(self.database_url)
-            except ValueError as exc:
-                raise ValueError(f"DATABASE_URL: {exc}") from None
-        if self.redis_url:
-            try:
-                parse_redis_url(self.redis_url)
-            except ValueError as exc:
-                # The message never repeats the URL: it may carry a password.
-                raise ValueError(f"REDIS_URL: {exc}") from None
         return self
 
     @model_validator(mode="after")
@@ -440,33 +473,21 @@ class Settings(BaseSettings):
                 )
         return self
 
-    def _read_files(self) -> None:
-        """Check and read the files the settings name (TOPIC_KEYWORDS_FILE, SUMMARY_PROMPT_FILE,
-        API_TOKENS_FILE), then the one check that needs the tokens they hold. Raises ValueError
-        naming the variable."""
-        if self.topic_keywords_file is not None:
-            if not self.topic_keywords_file.is_file():
-                raise ValueError(f"TOPIC_KEYWORDS_FILE: expected a readable file, got {self.topic_keywords_file}")
-            try:
-                load_keyword_groups(self.topic_keywords_file)
-            except ValueError as exc:
-                raise ValueError(f"TOPIC_KEYWORDS_FILE: {exc}") from None
-        if self.summary_prompt_file is not None and not self.summary_prompt_file.is_file():
-            raise ValueError(f"SUMMARY_PROMPT_FILE: expected a readable file, got {self.summary_prompt_file}")
-        self._api_tokens = self._read_tokens()
-        if not self._api_tokens and not self.allow_unauthenticated and not is_loopback(self.host):
+    def _check_files(self) -> None:
+        """Check that the files the settings name are there (startup.py parses them), then that a
+        HOST beyond loopback has tokens or says it needs none. Raises ValueError naming the variable."""
+        for name, path in (
+            ("TOPIC_KEYWORDS_FILE", self.topic_keywords_file),
+            ("SUMMARY_PROMPT_FILE", self.summary_prompt_file),
+        ):
+            if path is not None and not path.is_file():
+                raise ValueError(f"{name}: expected a readable file, got {path}")
+        tokens_set = self.api_tokens_setting is not None or self.api_tokens_file is not None
+        if not tokens_set and not self.allow_unauthenticated and not is_loopback(self.host):
             raise ValueError(
                 f"HOST: {self.host} is not a loopback address and no API_TOKENS or API_TOKENS_FILE is set;"
                 " set tokens, or ALLOW_UNAUTHENTICATED=true to serve it without authentication"
             )
-
-    def _read_tokens(self) -> tuple[ApiToken, ...]:
-        groups = []
-        if self.api_tokens_setting is not None:
-            groups.append(("API_TOKENS", parse_token_list(self.api_tokens_setting.get_secret_value())))
-        if self.api_tokens_file is not None:
-            groups.append(("API_TOKENS_FILE", read_token_file(self.api_tokens_file)))
-        return merge_tokens(groups)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Settings:
@@ -481,15 +502,10 @@ class Settings(BaseSettings):
         except ValidationError as exc:
             raise ConfigError(_one_line(exc)) from None
         try:
-            settings._read_files()
+            settings._check_files()
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         return settings
-
-    @property
-    def api_tokens(self) -> tuple[ApiToken, ...]:
-        """The tokens of API_TOKENS and API_TOKENS_FILE together; empty: no authentication."""
-        return self._api_tokens
 
     @property
     def max_body_bytes(self) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from tiered_memory.cli import masked
 from tiered_memory.errors import ConfigError
 from tiered_memory.settings import Settings
 from tiered_memory.startup import load_settings
@@ -70,7 +71,7 @@ def test_passwords_are_neither_echoed_nor_shown() -> None:
     with pytest.raises(ConfigError) as info:
         load_settings({"REDIS_URL": "redis+sentinel://u:hunter2@s1:26379"})
     assert "hunter2" not in str(info.value)
-    shown = Settings.from_env({"REDIS_URL": "redis+cluster://u:hunter2@h1:7000,h2:7001"}).masked()["REDIS_URL"]
+    shown = masked(Settings.from_env({"REDIS_URL": "redis+cluster://u:hunter2@h1:7000,h2:7001"}))["REDIS_URL"]
     assert shown == "redis+cluster://u:****@h1:7000,h2:7001"
 
 

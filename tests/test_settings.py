@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
 from tiered_memory.app import SETTING_DEPRECATED, create_app, event_sinks
-from tiered_memory.cli import main
+from tiered_memory.cli import main, masked
 from tiered_memory.errors import ConfigError
 from tiered_memory.http.auth import authenticate
 from tiered_memory.model import USER_MEMORY_MODES
@@ -226,8 +226,8 @@ def test_tokens_from_the_variable_and_the_file(tmp_path: Path) -> None:
     assert all(len(i) == 16 and i not in TOKEN for i in ids)
     for refused in ("commented-0123456789ab", "acme:acme-0123456789abcdef", TOKEN[:-1], ""):
         assert authenticate(tokens, refused) is None, refused
-    assert s.masked()["API_TOKENS"] == "****"
-    for shown in (repr(s), str(s), repr(tokens), json.dumps(s.masked())):
+    assert masked(s)["API_TOKENS"] == "****"
+    for shown in (repr(s), str(s), repr(tokens), json.dumps(masked(s))):
         assert "0123456789abcdef" not in shown
     # The same token listed twice for the same tenant is one token.
     assert len(api_tokens(Settings.from_env({"API_TOKENS": f"acme:{TOKEN},acme:{TOKEN}"}))) == 1
@@ -327,7 +327,7 @@ def test_webhook_urls_and_secret_are_masked() -> None:
     s = Settings.from_env(
         {"WEBHOOK_URLS": "https://crm:hunter2@crm.example/hook,http://127.0.0.1:9/in", "WEBHOOK_SECRET": "topsecret"}
     )
-    shown = s.masked()
+    shown = masked(s)
     assert "hunter2" not in shown["WEBHOOK_URLS"]
     assert "crm.example/hook" in shown["WEBHOOK_URLS"]
     assert shown["WEBHOOK_URLS"].endswith(",http://127.0.0.1:9/in")
@@ -341,7 +341,7 @@ def test_enable_conversation_summary_is_read_as_memory_mode(switch: str, mode: s
     start-up logs which one to set instead; with that MEMORY_MODE set too it is no conflict."""
     s = Settings.from_env({"ENABLE_CONVERSATION_SUMMARY": switch})
     assert s.memory_mode == mode
-    assert s.masked()["MEMORY_MODE"] == mode
+    assert masked(s)["MEMORY_MODE"] == mode
     assert Settings.from_env({"ENABLE_CONVERSATION_SUMMARY": switch, "MEMORY_MODE": mode}).memory_mode == mode
     with capture_logs() as logs:
         create_app(s, registry=CollectorRegistry())
@@ -359,8 +359,8 @@ def test_enable_conversation_summary_is_read_as_memory_mode(switch: str, mode: s
 def test_memory_mode_alone_is_the_documented_default() -> None:
     """Unset, MEMORY_MODE is `summary`, and `config` prints it so; nothing deprecated is set."""
     s = Settings.from_env({})
-    assert s.masked()["MEMORY_MODE"] == "summary"
-    assert s.masked()["ENABLE_CONVERSATION_SUMMARY"] == ""
+    assert masked(s)["MEMORY_MODE"] == "summary"
+    assert masked(s)["ENABLE_CONVERSATION_SUMMARY"] == ""
     assert s.deprecated == ()
     with capture_logs() as logs:
         create_app(s, registry=CollectorRegistry())

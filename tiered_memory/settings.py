@@ -75,6 +75,11 @@ def parse_rate_limits(text: str) -> dict[str, Rate]:
     return rates
 
 
+def _one_rate(text: str) -> Rate | None:
+    """A rate, or None for an unset one (no limit)."""
+    return parse_rate(text) if text.strip() else None
+
+
 def valid_tenant(name: str) -> bool:
     """Whether `name` may name a tenant: 1-64 of [A-Za-z0-9._-], so never the `/` that separates
     it from the session id in a stored key."""
@@ -121,7 +126,7 @@ class Settings(BaseSettings):
     summary_concurrency: int = Field(4, alias="SUMMARY_CONCURRENCY", ge=1, le=1000)
 
     # --- stores ---
-    # URLs may carry passwords: kept out of repr (and masked by `masked`).
+    # URLs may carry passwords: kept out of repr (and masked by `cli.masked`).
     redis_url: str | None = Field(None, alias="REDIS_URL", repr=False)
     redis_key_prefix: str = Field("tm", alias="REDIS_KEY_PREFIX", pattern=r"^[A-Za-z0-9_.-]{1,32}$")
     redis_timeout_ms: int = Field(200, alias="REDIS_TIMEOUT_MS", ge=1, le=60_000)
@@ -332,24 +337,13 @@ class Settings(BaseSettings):
             raise ValueError(f"LLM_EXTRA_BODY: {', '.join(owned)} is set by the daemon (SUMMARY_MODEL, the prompt)")
         return value
 
-    @field_validator("rate_limits_setting")
+    @field_validator("rate_limits_setting", "token_rate_limit_setting", "rebuild_rate_limit_setting")
     @classmethod
-    def _rate_limits(cls, value: str) -> str:
+    def _rates(cls, value: str, info: ValidationInfo) -> str:
         try:
-            parse_rate_limits(value)
+            parse_rate_limits(value) if info.field_name == "rate_limits_setting" else _one_rate(value)
         except ValueError as exc:
-            raise ValueError(f"RATE_LIMITS: {exc}") from None
-        return value
-
-    @field_validator("token_rate_limit_setting", "rebuild_rate_limit_setting")
-    @classmethod
-    def _one_rate(cls, value: str, info: ValidationInfo) -> str:
-        try:
-            if value.strip():
-                parse_rate(value)
-        except ValueError as exc:
-            name = "TOKEN_RATE_LIMIT" if info.field_name == "token_rate_limit_setting" else "REBUILD_RATE_LIMIT"
-            raise ValueError(f"{name}: {exc}") from None
+            raise ValueError(f"{cls.model_fields[str(info.field_name)].alias}: {exc}") from None
         return value
 
     @property
@@ -358,11 +352,11 @@ class Settings(BaseSettings):
 
     @property
     def token_rate_limit(self) -> Rate | None:
-        return parse_rate(self.token_rate_limit_setting) if self.token_rate_limit_setting.strip() else None
+        return _one_rate(self.token_rate_limit_setting)
 
     @property
     def rebuild_rate_limit(self) -> Rate | None:
-        return parse_rate(self.rebuild_rate_limit_setting) if self.rebuild_rate_limit_setting.strip() else None
+        return _one_rate(self.rebuild_rate_limit_setting)
 
     @field_validator("llm_prices")
     @classmethod
@@ -601,26 +595,6 @@ class Settings(BaseSettings):
         """Whether GET /ui serves the inspector: as UI_ENABLED says, or, unset, when the daemon
         listens on loopback only (a developer's machine), where nobody else can reach the page."""
         return self.ui_enabled_setting if self.ui_enabled_setting is not None else is_loopback(self.host)
-
-    def masked(self) -> dict[str, str]:
-        """Effective settings keyed by variable name, secrets and URL passwords masked."""
-        out: dict[str, str] = {}
-        for name, f in type(self).model_fields.items():
-            value = getattr(self, name)
-            shown: str
-            if value is None:
-                shown = ""
-            elif isinstance(value, SecretStr):
-                shown = "****" if value.get_secret_value() else ""
-            elif isinstance(value, str) and "://" in value:
-                # REDIS_URL, DATABASE_URL, LLM_BASE_URL, a sentinel's, each of WEBHOOK_URLS
-                shown = ",".join(mask_url(part.strip()) for part in value.split(","))
-            elif isinstance(value, bool):
-                shown = str(value).lower()
-            else:
-                shown = str(value)
-            out[f.alias or name] = shown
-        return out
 
 
 def _only_fields(template: str, names: set[str]) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 from pathlib import Path
 from typing import get_args
@@ -10,6 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
+from tiered_memory import settings as settings_module
 from tiered_memory.app import SETTING_DEPRECATED, create_app, event_sinks
 from tiered_memory.cli import main, masked
 from tiered_memory.errors import ConfigError
@@ -279,7 +281,7 @@ def test_other_hosts_need_a_token_or_an_explicit_opt_out(host: str) -> None:
     """Listening beyond loopback without tokens is refused naming HOST, unless tokens are set or
     ALLOW_UNAUTHENTICATED=true says it is meant."""
     with pytest.raises(ConfigError) as info:
-        Settings.from_env({"HOST": host})
+        load_settings({"HOST": host})
     assert str(info.value).startswith(f"HOST: {host} is not a loopback address")
     assert Settings.from_env({"HOST": host, "ALLOW_UNAUTHENTICATED": "true"}).host == host
     assert len(api_tokens(load_settings({"HOST": host, "API_TOKENS": TOKEN}))) == 1
@@ -374,3 +376,17 @@ def test_defaults_owned_elsewhere_agree_with_their_owners() -> None:
     assert s.summary_max_tokens == SUMMARY_TOKENS
     assert s.recall_max_bytes == SESSION_BYTES
     assert get_args(Settings.model_fields["user_memory"].annotation) == USER_MEMORY_MODES
+
+
+def test_settings_imports_nothing_of_the_package_but_its_errors() -> None:
+    """settings.py is a leaf: any module may read its settings without an import cycle, so a
+    value whose format another module owns is parsed at start-up (startup.py), not there."""
+    source = Path(settings_module.__file__ or "").read_text(encoding="utf-8")
+    imported = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            assert node.level == 0, "a relative import"
+            imported.add(node.module or "")
+        elif isinstance(node, ast.Import):
+            imported.update(alias.name for alias in node.names)
+    assert {name for name in imported if name.split(".")[0] == "tiered_memory"} == {"tiered_memory.errors"}

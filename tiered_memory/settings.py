@@ -3,9 +3,10 @@
 The CLI builds one frozen `Settings` from `os.environ`; tests build theirs from a dict. Nothing
 here reads the process environment by itself, so importing this module has no side effect.
 
-It imports nothing of the package but its errors, so that any module may read its settings: a value
-whose format another module owns (a Redis or SQL URL, a token, the topic keywords file) is checked
-here for its shape only, and parsed at start-up by `startup.load_settings`.
+It imports nothing of the package but its errors, so that any module may read its settings: the
+values whose format another module owns (a Redis or SQL URL, a token, a webhook receiver, the
+reconnect templates, the files named) are checked here for their shape only, and parsed at
+start-up by `startup.load_settings`, which also looks at the files.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import ipaddress
 import json
 import math
 import re
-import string
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -394,7 +394,7 @@ class Settings(BaseSettings):
             )
         return data
 
-    # The checks between variables, one validator per concern; none looks at a file (`from_env`
+    # The checks between variables, one validator per concern; none looks at a file (startup.py
     # does, once the values themselves are known to be consistent).
     @model_validator(mode="after")
     def _check_memory_mode(self) -> Settings:
@@ -455,34 +455,6 @@ class Settings(BaseSettings):
             )
         return self
 
-    @model_validator(mode="after")
-    def _check_templates(self) -> Settings:
-        for name, template in (
-            ("RECONNECT_TEMPLATE_ZH", self.reconnect_template_zh),
-            ("RECONNECT_TEMPLATE_EN", self.reconnect_template_en),
-        ):
-            if not _only_fields(template, {"ago", "summary"}):
-                raise ValueError(
-                    f"{name}: expected a template using {{ago}} and {{summary}} once each, and nothing else"
-                )
-        return self
-
-    def _check_files(self) -> None:
-        """Check that the files the settings name are there (startup.py parses them), then that a
-        HOST beyond loopback has tokens or says it needs none. Raises ValueError naming the variable."""
-        for name, path in (
-            ("TOPIC_KEYWORDS_FILE", self.topic_keywords_file),
-            ("SUMMARY_PROMPT_FILE", self.summary_prompt_file),
-        ):
-            if path is not None and not path.is_file():
-                raise ValueError(f"{name}: expected a readable file, got {path}")
-        tokens_set = self.api_tokens_setting is not None or self.api_tokens_file is not None
-        if not tokens_set and not self.allow_unauthenticated and not is_loopback(self.host):
-            raise ValueError(
-                f"HOST: {self.host} is not a loopback address and no API_TOKENS or API_TOKENS_FILE is set;"
-                " set tokens, or ALLOW_UNAUTHENTICATED=true to serve it without authentication"
-            )
-
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Settings:
         """Build settings from an environment mapping; unknown variables are ignored.
@@ -492,14 +464,9 @@ class Settings(BaseSettings):
         names = {f.alias for f in cls.model_fields.values() if f.alias}
         values: dict[str, Any] = {k: v for k, v in environ.items() if k in names and v != ""}
         try:
-            settings = cls(**values)
+            return cls(**values)
         except ValidationError as exc:
             raise ConfigError(_one_line(exc)) from None
-        try:
-            settings._check_files()
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-        return settings
 
     @property
     def max_body_bytes(self) -> int:
@@ -563,21 +530,6 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check_events(self) -> Settings:
-        for url in self.webhook_urls:
-            try:
-                parsed = urllib.parse.urlsplit(url)
-                host = parsed.hostname
-            except ValueError:
-                raise ValueError(
-                    "WEBHOOK_URLS: expected http(s) URLs separated by commas, got one that does not parse"
-                ) from None
-            if parsed.scheme not in ("http", "https") or not host:
-                # The message never repeats the URL: it may carry a password.
-                raise ValueError(
-                    f"WEBHOOK_URLS: expected http(s) URLs separated by commas, got a {parsed.scheme or 'relative'} URL"
-                )
-            if self.webhook_require_https and parsed.scheme != "https":
-                raise ValueError("WEBHOOK_URLS: expected https URLs only (WEBHOOK_REQUIRE_HTTPS), got an http URL")
         if self.webhook_urls and not (self.webhook_secret and self.webhook_secret.get_secret_value()):
             raise ValueError(
                 "WEBHOOK_SECRET: expected a secret when WEBHOOK_URLS is set (receivers verify each event with it)"
@@ -595,18 +547,6 @@ class Settings(BaseSettings):
         """Whether GET /ui serves the inspector: as UI_ENABLED says, or, unset, when the daemon
         listens on loopback only (a developer's machine), where nobody else can reach the page."""
         return self.ui_enabled_setting if self.ui_enabled_setting is not None else is_loopback(self.host)
-
-
-def _only_fields(template: str, names: set[str]) -> bool:
-    """Whether `template` (a str.format template) uses each of `names` once, plainly (no format
-    spec, no conversion), and no other field."""
-    try:
-        parsed = [(f, spec, conv) for _, f, spec, conv in string.Formatter().parse(template) if f is not None]
-    except ValueError:
-        return False
-    return sorted(f for f, _, _ in parsed) == sorted(names) and all(
-        spec == "" and conv is None for _, spec, conv in parsed
-    )
 
 
 def _one_line(exc: ValidationError) -> str:

@@ -22,6 +22,7 @@ import yaml
 
 from tests.conftest import MakeDaemon, required_tool
 from tiered_memory import cli
+from tiered_memory.cli import masked
 from tiered_memory.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,7 +78,7 @@ def test_example_env_reads_the_same_in_a_shell_and_in_systemd() -> None:
 
 def test_example_env_gives_the_defaults() -> None:
     """The example's values parse with the daemon's own settings and are its defaults."""
-    assert Settings.from_env(_example_by_shell()).masked() == Settings.from_env({}).masked()
+    assert masked(Settings.from_env(_example_by_shell())) == masked(Settings.from_env({}))
 
 
 def _unit() -> dict[str, dict[str, list[str]]]:

@@ -24,6 +24,7 @@ from tests.conftest import Daemon, MakeDaemon, RealServers, new_sid, redis_flush
 from tests.processes import run_cli
 from tiered_memory.errors import ConfigError
 from tiered_memory.settings import Settings
+from tiered_memory.startup import load_settings
 from tiered_memory.testing import ChildProcess, DaemonProcess, FakeLlm, free_port, processes
 from tiered_memory.webhooks import SIGNATURE_HEADER, TIMESTAMP_HEADER, Sink, signature
 
@@ -458,7 +459,7 @@ def test_webhooks_may_be_required_to_be_https() -> None:
     base = {"WEBHOOK_SECRET": SECRET, "WEBHOOK_REQUIRE_HTTPS": "true"}
     assert Settings.from_env(base | {"WEBHOOK_URLS": "https://hooks.example.com/x"}).webhook_urls
     with pytest.raises(ConfigError, match="expected https URLs only"):
-        Settings.from_env(base | {"WEBHOOK_URLS": "https://hooks.example.com/x,http://hooks.example.com/y"})
+        load_settings(base | {"WEBHOOK_URLS": "https://hooks.example.com/x,http://hooks.example.com/y"})
 
 
 @pytest.mark.real

@@ -16,9 +16,9 @@ from aiohttp.test_utils import make_mocked_request
 
 from tests.conftest import Daemon, MakeDaemon, RealServers, new_sid, redis_flush_prefix
 from tiered_memory.errors import ConfigError
-from tiered_memory.http.rate_limit import parse_rate_limits, request_cost
-from tiered_memory.settings import Settings
-from tiered_memory.tiers.buckets import Rate, parse_rate, take
+from tiered_memory.http.rate_limit import request_cost
+from tiered_memory.settings import Rate, Settings, parse_rate, parse_rate_limits
+from tiered_memory.tiers.buckets import take
 
 ACME = "acme-token-0123456789"
 BETA = "beta-token-0123456789"

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from tiered_memory.cli import masked
 from tiered_memory.errors import ConfigError
 from tiered_memory.settings import Settings
+from tiered_memory.startup import load_settings
 from tiered_memory.tiers.redis.url import RedisTarget, parse_redis_url
 
 
@@ -61,15 +63,15 @@ def test_each_form_parses(url: str, expected: RedisTarget) -> None:
 )
 def test_bad_urls_stop_start_up_naming_the_variable(url: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message) as info:
-        Settings.from_env({"REDIS_URL": url})
+        load_settings({"REDIS_URL": url})
     assert str(info.value).startswith("REDIS_URL: ")
 
 
 def test_passwords_are_neither_echoed_nor_shown() -> None:
     with pytest.raises(ConfigError) as info:
-        Settings.from_env({"REDIS_URL": "redis+sentinel://u:hunter2@s1:26379"})
+        load_settings({"REDIS_URL": "redis+sentinel://u:hunter2@s1:26379"})
     assert "hunter2" not in str(info.value)
-    shown = Settings.from_env({"REDIS_URL": "redis+cluster://u:hunter2@h1:7000,h2:7001"}).masked()["REDIS_URL"]
+    shown = masked(Settings.from_env({"REDIS_URL": "redis+cluster://u:hunter2@h1:7000,h2:7001"}))["REDIS_URL"]
     assert shown == "redis+cluster://u:****@h1:7000,h2:7001"
 
 

@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import ast
 import json
 from pathlib import Path
+from typing import get_args
 
 import pytest
+from prometheus_client import CollectorRegistry
+from structlog.testing import capture_logs
 
-from tiered_memory.cli import main
+from tiered_memory import settings as settings_module
+from tiered_memory.app import SETTING_DEPRECATED, create_app, event_sinks
+from tiered_memory.cli import main, masked
 from tiered_memory.errors import ConfigError
 from tiered_memory.http.auth import authenticate
+from tiered_memory.model import USER_MEMORY_MODES
 from tiered_memory.settings import Settings
+from tiered_memory.startup import api_tokens, load_settings
+from tiered_memory.summarize.llm import SUMMARY_TOKENS
+from tiered_memory.tiers.postings import SESSION_BYTES
 from tiered_memory.tiers.sql.schema import SCHEMA_VERSION
 from tiered_memory.tiers.sql.url import server_urls
 
@@ -21,7 +31,8 @@ def test_defaults_are_those_of_the_replaced_system() -> None:
     """With an empty environment the summary knobs keep the replaced system's values and the
     daemon runs embedded on loopback."""
     s = Settings.from_env({})
-    assert s.enable_conversation_summary is True
+    assert s.memory_mode == "summary"
+    assert s.summaries_enabled
     assert (s.summary_every_n_turns, s.summary_max_tokens, s.summary_redis_ttl_seconds) == (3, 120, 7200)
     assert (s.summary_min_turns_to_persist, s.history_ttl_seconds, s.keep_recent_turns) == (2, 1800, 3)
     assert s.redis_url is None
@@ -53,6 +64,11 @@ def test_defaults_are_those_of_the_replaced_system() -> None:
         ({"KEEP_RECENT_TURNS": "0"}, "KEEP_RECENT_TURNS: expected at least 1 in summary mode"),
         ({"KEEP_RECENT_TURNS": "5"}, "SUMMARY_EVERY_N_TURNS: expected at least KEEP_RECENT_TURNS (5)"),
         ({"MEMORY_MODE": "summary", "ENABLE_CONVERSATION_SUMMARY": "false"}, "MEMORY_MODE: expected none or window"),
+        (
+            {"MEMORY_MODE": "window", "ENABLE_CONVERSATION_SUMMARY": "true"},
+            "MEMORY_MODE: expected summary when ENABLE_CONVERSATION_SUMMARY=true",
+        ),
+        ({"MEMORY_MODE": "none", "ENABLE_CONVERSATION_SUMMARY": "yes"}, "MEMORY_MODE: expected summary when"),
         ({"MEMORY_MODE": "all"}, "MEMORY_MODE: input should be 'none', 'window' or 'summary'"),
         ({"SUMMARY_FORMAT": "xml"}, "SUMMARY_FORMAT: input should be 'text' or 'structured'"),
         ({"RECONNECT_TEMPLATE_EN": "no placeholders"}, "RECONNECT_TEMPLATE_EN: expected a template using"),
@@ -83,7 +99,7 @@ def test_defaults_are_those_of_the_replaced_system() -> None:
 def test_bad_values_name_the_variable(env: dict[str, str], expected: str) -> None:
     """A bad value raises ConfigError whose one line starts with the variable and what it expects."""
     with pytest.raises(ConfigError) as info:
-        Settings.from_env(env)
+        load_settings(env)
     assert str(info.value).startswith(expected)
     assert "\n" not in str(info.value)
 
@@ -126,7 +142,7 @@ def test_database_url_may_name_the_servers_of_a_mysql_cluster(capsys: pytest.Cap
         ("postgresql+asyncpg://app:hunter2@db1:5432,db2:5432/memory", "MySQL/MariaDB clusters only"),
     ):
         with pytest.raises(ConfigError, match=reason) as raised:
-            Settings.from_env({"DATABASE_URL": bad})
+            load_settings({"DATABASE_URL": bad})
         assert "hunter2" not in str(raised.value)
 
 
@@ -201,21 +217,22 @@ def test_tokens_from_the_variable_and_the_file(tmp_path: Path) -> None:
         "# one entry a line\n\n  other:other-0123456789abcdef  \n# acme:commented-0123456789ab\n",
         encoding="utf-8",
     )
-    s = Settings.from_env({"API_TOKENS": f"{TOKEN}, acme:acme-0123456789abcdef,", "API_TOKENS_FILE": str(token_file)})
-    assert sorted(t.tenant or "" for t in s.api_tokens) == ["", "acme", "other"]
-    tenants = [authenticate(s.api_tokens, t) for t in (TOKEN, "acme-0123456789abcdef", "other-0123456789abcdef")]
+    s = load_settings({"API_TOKENS": f"{TOKEN}, acme:acme-0123456789abcdef,", "API_TOKENS_FILE": str(token_file)})
+    tokens = api_tokens(s)
+    assert sorted(t.tenant or "" for t in tokens) == ["", "acme", "other"]
+    tenants = [authenticate(tokens, t) for t in (TOKEN, "acme-0123456789abcdef", "other-0123456789abcdef")]
     assert [p.tenant if p else "refused" for p in tenants] == [None, "acme", "other"]
     # Each token has an id of its own, which tells nothing of the token (a digest's prefix).
     ids = [p.token_id for p in tenants if p is not None]
     assert len(set(ids)) == 3
     assert all(len(i) == 16 and i not in TOKEN for i in ids)
     for refused in ("commented-0123456789ab", "acme:acme-0123456789abcdef", TOKEN[:-1], ""):
-        assert authenticate(s.api_tokens, refused) is None, refused
-    assert s.masked()["API_TOKENS"] == "****"
-    for shown in (repr(s), str(s), repr(s.api_tokens), json.dumps(s.masked())):
+        assert authenticate(tokens, refused) is None, refused
+    assert masked(s)["API_TOKENS"] == "****"
+    for shown in (repr(s), str(s), repr(tokens), json.dumps(masked(s))):
         assert "0123456789abcdef" not in shown
     # The same token listed twice for the same tenant is one token.
-    assert len(Settings.from_env({"API_TOKENS": f"acme:{TOKEN},acme:{TOKEN}"}).api_tokens) == 1
+    assert len(api_tokens(Settings.from_env({"API_TOKENS": f"acme:{TOKEN},acme:{TOKEN}"}))) == 1
 
 
 @pytest.mark.parametrize(
@@ -234,7 +251,7 @@ def test_bad_tokens_name_the_variable_never_the_token(value: str, expected: str)
     """A malformed or too short token stops start-up naming the variable and the entry, and the
     message never repeats the token (nor what might be part of one)."""
     with pytest.raises(ConfigError) as info:
-        Settings.from_env({"API_TOKENS": value})
+        load_settings({"API_TOKENS": value})
     assert str(info.value).startswith(expected)
     assert "short-secret" not in str(info.value)
     assert TOKEN not in str(info.value)
@@ -245,18 +262,18 @@ def test_bad_token_file_names_the_line(tmp_path: Path) -> None:
     token_file = tmp_path / "tokens"
     token_file.write_text(f"# tokens\n{TOKEN}\nacme:short-secret\n", encoding="utf-8")
     with pytest.raises(ConfigError) as info:
-        Settings.from_env({"API_TOKENS_FILE": str(token_file)})
+        load_settings({"API_TOKENS_FILE": str(token_file)})
     assert str(info.value).startswith("API_TOKENS_FILE: line 3: expected a token of 16")
     assert "short-secret" not in str(info.value)
     token_file.write_text("# nothing yet\n\n", encoding="utf-8")
     with pytest.raises(ConfigError, match=r"^API_TOKENS_FILE: expected at least one token"):
-        Settings.from_env({"API_TOKENS_FILE": str(token_file)})
+        load_settings({"API_TOKENS_FILE": str(token_file)})
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "127.8.9.10", "localhost", "LOCALHOST", "::1", "::ffff:127.0.0.1"])
 def test_loopback_hosts_need_no_token(host: str) -> None:
     """Without tokens the daemon may listen on any loopback address."""
-    assert Settings.from_env({"HOST": host}).api_tokens == ()
+    assert api_tokens(load_settings({"HOST": host})) == ()
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3", "::ffff:10.1.2.3", "memory.internal"])
@@ -264,10 +281,10 @@ def test_other_hosts_need_a_token_or_an_explicit_opt_out(host: str) -> None:
     """Listening beyond loopback without tokens is refused naming HOST, unless tokens are set or
     ALLOW_UNAUTHENTICATED=true says it is meant."""
     with pytest.raises(ConfigError) as info:
-        Settings.from_env({"HOST": host})
+        load_settings({"HOST": host})
     assert str(info.value).startswith(f"HOST: {host} is not a loopback address")
     assert Settings.from_env({"HOST": host, "ALLOW_UNAUTHENTICATED": "true"}).host == host
-    assert len(Settings.from_env({"HOST": host, "API_TOKENS": TOKEN}).api_tokens) == 1
+    assert len(api_tokens(load_settings({"HOST": host, "API_TOKENS": TOKEN}))) == 1
 
 
 @pytest.mark.parametrize("command", [["config"], ["check"]])
@@ -312,9 +329,64 @@ def test_webhook_urls_and_secret_are_masked() -> None:
     s = Settings.from_env(
         {"WEBHOOK_URLS": "https://crm:hunter2@crm.example/hook,http://127.0.0.1:9/in", "WEBHOOK_SECRET": "topsecret"}
     )
-    shown = s.masked()
+    shown = masked(s)
     assert "hunter2" not in shown["WEBHOOK_URLS"]
     assert "crm.example/hook" in shown["WEBHOOK_URLS"]
     assert shown["WEBHOOK_URLS"].endswith(",http://127.0.0.1:9/in")
     assert shown["WEBHOOK_SECRET"] == "****"
-    assert [sink.kind for sink in s.event_sinks] == ["webhook", "webhook"]
+    assert [sink.kind for sink in event_sinks(s)] == ["webhook", "webhook"]
+
+
+@pytest.mark.parametrize(("switch", "mode"), [("true", "summary"), ("false", "window"), ("0", "window")])
+def test_enable_conversation_summary_is_read_as_memory_mode(switch: str, mode: str) -> None:
+    """The deprecated ENABLE_CONVERSATION_SUMMARY still works, as the MEMORY_MODE it means, and
+    start-up logs which one to set instead; with that MEMORY_MODE set too it is no conflict."""
+    s = Settings.from_env({"ENABLE_CONVERSATION_SUMMARY": switch})
+    assert s.memory_mode == mode
+    assert masked(s)["MEMORY_MODE"] == mode
+    assert Settings.from_env({"ENABLE_CONVERSATION_SUMMARY": switch, "MEMORY_MODE": mode}).memory_mode == mode
+    with capture_logs() as logs:
+        create_app(s, registry=CollectorRegistry())
+    warned = [e for e in logs if e["event"] == SETTING_DEPRECATED]
+    assert warned == [
+        {
+            "event": SETTING_DEPRECATED,
+            "log_level": "warning",
+            "variable": "ENABLE_CONVERSATION_SUMMARY",
+            "use": f"MEMORY_MODE={mode}",
+        }
+    ]
+
+
+def test_memory_mode_alone_is_the_documented_default() -> None:
+    """Unset, MEMORY_MODE is `summary`, and `config` prints it so; nothing deprecated is set."""
+    s = Settings.from_env({})
+    assert masked(s)["MEMORY_MODE"] == "summary"
+    assert masked(s)["ENABLE_CONVERSATION_SUMMARY"] == ""
+    assert s.deprecated == ()
+    with capture_logs() as logs:
+        create_app(s, registry=CollectorRegistry())
+    assert not [e for e in logs if e["event"] == SETTING_DEPRECATED]
+
+
+def test_defaults_owned_elsewhere_agree_with_their_owners() -> None:
+    """settings.py imports nothing of the package, so the defaults that other modules own are
+    written out there: these keep them the same."""
+    s = Settings.from_env({})
+    assert s.summary_max_tokens == SUMMARY_TOKENS
+    assert s.recall_max_bytes == SESSION_BYTES
+    assert get_args(Settings.model_fields["user_memory"].annotation) == USER_MEMORY_MODES
+
+
+def test_settings_imports_nothing_of_the_package_but_its_errors() -> None:
+    """settings.py is a leaf: any module may read its settings without an import cycle, so a
+    value whose format another module owns is parsed at start-up (startup.py), not there."""
+    source = Path(settings_module.__file__ or "").read_text(encoding="utf-8")
+    imported = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            assert node.level == 0, "a relative import"
+            imported.add(node.module or "")
+        elif isinstance(node, ast.Import):
+            imported.update(alias.name for alias in node.names)
+    assert {name for name in imported if name.split(".")[0] == "tiered_memory"} == {"tiered_memory.errors"}

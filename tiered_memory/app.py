@@ -47,12 +47,14 @@ from tiered_memory.http.keys import (
     TEXT_POOLS_KEY,
     TRACING_KEY,
 )
-from tiered_memory.http.local_guard import local_guard_middleware
+from tiered_memory.http.local_guard import allowed_names, local_guard_middleware
 from tiered_memory.http.openapi import load_document
 from tiered_memory.http.rate_limit import rate_limit_middleware
 from tiered_memory.http.users import add_user_routes
 from tiered_memory.metrics import Metrics
+from tiered_memory.prompt.context import OLDER_MAX_MESSAGES, hot_list_chars
 from tiered_memory.settings import Settings
+from tiered_memory.startup import api_tokens
 from tiered_memory.summarize.extractive import Extractor
 from tiered_memory.summarize.job import SummaryJob
 from tiered_memory.summarize.lane import Pools, TextLane
@@ -60,7 +62,7 @@ from tiered_memory.summarize.llm import LlmSummarizer, load_prompts
 from tiered_memory.summarize.scheduler import Periodic
 from tiered_memory.summarize.topics import TopicTagger, load_keyword_groups
 from tiered_memory.tiers.errors import TierErrors
-from tiered_memory.tiers.hot import HotTier
+from tiered_memory.tiers.hot import HotTier, RecentBound
 from tiered_memory.tiers.memory_hot import MemoryHot
 from tiered_memory.tiers.redis.hot import RedisHot
 from tiered_memory.tiers.redis.keys import Keys
@@ -75,12 +77,37 @@ from tiered_memory.tiers.sql.schema import SCHEMA_VERSION
 from tiered_memory.tiers.sql.store import SqlStore
 from tiered_memory.tiers.sql.users import SqlUsers
 from tiered_memory.tracing import Tracing, exporting, shut_down_within
+from tiered_memory.webhooks import Sink, sinks_of
 
 log = structlog.get_logger("tiered_memory.app")
+
+# A deprecated variable is set: `variable` and what to set instead (`use`), once per start.
+SETTING_DEPRECATED = "setting_deprecated"
 
 
 # How long a stopping daemon waits for its queued spans to reach the collector.
 _TRACES_FLUSH_S = 5.0
+
+
+def embedded_recent(settings: Settings) -> RecentBound:
+    """The embedded cache keeps only the window and a summary batch: its SQL is a local file,
+    and each cached message costs Python objects in the daemon's own memory."""
+    return RecentBound(least=settings.hot_recent_messages, most=settings.hot_recent_messages)
+
+
+def redis_recent(settings: Settings) -> RecentBound:
+    """In Redis the list also keeps the older turns a context at the default budget fills its
+    room with (CONTEXT_OLDER_TURNS), by characters, so that a hot session's context needs no
+    SQL at any session length; never more messages than one older-turn read from SQL takes."""
+    least = settings.hot_recent_messages
+    if not settings.context_older_turns:
+        return RecentBound(least=least, most=least)
+    return RecentBound(least=least, most=least + OLDER_MAX_MESSAGES, chars=hot_list_chars(settings.context_max_chars))
+
+
+def event_sinks(settings: Settings) -> tuple[Sink, ...]:
+    """Where lifecycle events go, WEBHOOK_URLS and EVENTS_STREAM (none: no events are written)."""
+    return sinks_of(settings.webhook_urls, settings.events_stream)
 
 
 def build_hot(settings: Settings, metrics: Metrics, tracing: Tracing | None = None) -> HotTier:
@@ -92,7 +119,7 @@ def build_hot(settings: Settings, metrics: Metrics, tracing: Tracing | None = No
             timeout_s=settings.redis_timeout_ms / 1000,
             summary_ttl_s=settings.summary_redis_ttl_seconds,
             history_ttl_s=settings.history_ttl_seconds,
-            recent=settings.redis_recent,
+            recent=redis_recent(settings),
             recall_max_bytes=settings.recall_max_bytes,
             recall_budget=RecallBudget(total=settings.recall_total_max_bytes, tenant=settings.tenant_max_recall_bytes),
             breaker=metrics.breaker(
@@ -105,7 +132,7 @@ def build_hot(settings: Settings, metrics: Metrics, tracing: Tracing | None = No
         max_sessions=settings.hot_max_sessions,
         summary_ttl_s=settings.summary_redis_ttl_seconds,
         history_ttl_s=settings.history_ttl_seconds,
-        recent=settings.embedded_recent,
+        recent=embedded_recent(settings),
         recall_max_bytes=settings.recall_max_bytes,
         tenant_recall_max_bytes=settings.tenant_max_recall_bytes,
         max_bytes=settings.hot_max_bytes,
@@ -124,7 +151,7 @@ def build_store(
         on_commit_batch=metrics.commit_batch.observe,
         limits=SessionLimits(messages=settings.max_session_messages, bytes=settings.max_session_bytes),
         quota=TenantQuota(sessions=settings.tenant_max_sessions, bytes=settings.tenant_max_bytes),
-        sinks=[sink.id for sink in settings.event_sinks],
+        sinks=[sink.id for sink in event_sinks(settings)],
         tracing=tracing,
         summary_history=settings.summary_history,
         on_retry=metrics.sql_retries.inc,
@@ -386,7 +413,7 @@ async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
     sweeper = Periodic(service.sweep, interval_s=settings.sweep_interval_seconds, name="sweeper")
     sweeper.start()
     retention = None
-    delivery = asyncio.create_task(_deliver(app), name="delivery") if settings.event_sinks else None
+    delivery = asyncio.create_task(_deliver(app), name="delivery") if event_sinks(settings) else None
     if settings.retention_days is not None:
         purger = RetentionJob(SqlMaintenance(app[STORE_KEY]), app[HOT_KEY], days=settings.retention_days)
         retention = Periodic(purger.run, interval_s=RETENTION_INTERVAL_S, name="retention")
@@ -427,7 +454,7 @@ async def _deliver(app: web.Application) -> None:
         delivery = Delivery(
             SqlOutbox(app[STORE_KEY]),
             hot,
-            settings.event_sinks,
+            event_sinks(settings),
             DeliverySettings(secret, settings.webhook_timeout_seconds, settings.webhook_max_age_seconds),
             http=http,
             publish=publish if isinstance(hot, RedisHot) else None,
@@ -468,6 +495,8 @@ def create_app(
     dictionaries: tests start many apps in one process, and a worker's start costs a second.
     `tracing` (tests hand in an in-memory exporter's) replaces the OTLP export that an endpoint
     in the OTEL_* settings turns on."""
+    for variable, use in settings.deprecated:
+        log.warning(SETTING_DEPRECATED, variable=variable, use=use)
     metrics = Metrics(registry if registry is not None else CollectorRegistry())
     shutdown = None
     if tracing is None:
@@ -479,10 +508,15 @@ def create_app(
     middlewares: list[Middleware] = [observe]
     if tracing.enabled:
         middlewares.insert(0, tracing_middleware(tracing))
-    if settings.api_tokens:
-        middlewares.append(auth_middleware(settings.api_tokens))
+    tokens = api_tokens(settings)
+    if tokens:
+        middlewares.append(auth_middleware(tokens))
     else:
-        middlewares.append(local_guard_middleware(settings.allowed_hosts, loopback=not settings.allow_unauthenticated))
+        middlewares.append(
+            local_guard_middleware(
+                allowed_names(settings.allowed_hosts_setting), loopback=not settings.allow_unauthenticated
+            )
+        )
     if settings.rate_limits or settings.token_rate_limit:
         # After authentication: the token says whose bucket a request draws on.
         middlewares.append(

@@ -18,10 +18,13 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 
+from pydantic import SecretStr
+
 from tiered_memory import __version__
 from tiered_memory.errors import ConfigError, SqlUnavailable
 from tiered_memory.model import SessionKey
-from tiered_memory.settings import Settings
+from tiered_memory.settings import Settings, mask_url
+from tiered_memory.startup import load_settings
 
 # The admin commands address SQL and Redis directly, where a tenant's session lives under its tenant.
 _KEY_HELP = "the stored key: the session id, or <tenant>/<id> for a session of a tenant's token"
@@ -29,10 +32,31 @@ _KEY_HELP = "the stored key: the session id, or <tenant>/<id> for a session of a
 
 def _settings() -> Settings:
     try:
-        return Settings.from_env(os.environ)
+        return load_settings(os.environ)
     except ConfigError as exc:
         print(f"tiered-memory: configuration error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def masked(settings: Settings) -> dict[str, str]:
+    """Effective settings keyed by variable name, secrets and URL passwords masked."""
+    out: dict[str, str] = {}
+    for name, f in type(settings).model_fields.items():
+        value = getattr(settings, name)
+        shown: str
+        if value is None:
+            shown = ""
+        elif isinstance(value, SecretStr):
+            shown = "****" if value.get_secret_value() else ""
+        elif isinstance(value, str) and "://" in value:
+            # REDIS_URL, DATABASE_URL, LLM_BASE_URL, a sentinel's, each of WEBHOOK_URLS
+            shown = ",".join(mask_url(part.strip()) for part in value.split(","))
+        elif isinstance(value, bool):
+            shown = str(value).lower()
+        else:
+            shown = str(value)
+        out[f.alias or name] = shown
+    return out
 
 
 def _serve(settings: Settings) -> int:
@@ -290,7 +314,7 @@ def _run(argv: Sequence[str] | None) -> int:
     if args.command == "serve":
         return _serve(settings)
     if args.command == "config":
-        print(json.dumps(settings.masked(), indent=2, ensure_ascii=False))
+        print(json.dumps(masked(settings), indent=2, ensure_ascii=False))
         return 0
     if args.command == "migrate":
         return asyncio.run(_migrate(settings))

@@ -2,39 +2,88 @@
 
 The CLI builds one frozen `Settings` from `os.environ`; tests build theirs from a dict. Nothing
 here reads the process environment by itself, so importing this module has no side effect.
+
+It imports nothing of the package but its errors, so that any module may read its settings: the
+values whose format another module owns (a Redis or SQL URL, a token, a webhook receiver, the
+reconnect templates, the files named) are checked here for their shape only, and parsed at
+start-up by `startup.load_settings`, which also looks at the files.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
-import string
+import re
 import urllib.parse
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, PrivateAttr, SecretStr, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from tiered_memory.errors import ConfigError
-from tiered_memory.http.addresses import host_name, is_loopback, mask_url
-from tiered_memory.http.auth import ApiToken, merge_tokens, parse_token_list, read_token_file
-from tiered_memory.http.rate_limit import parse_rate_limits
-from tiered_memory.model import UserMemory
-from tiered_memory.prompt.context import OLDER_MAX_MESSAGES, hot_list_chars
-from tiered_memory.summarize.llm import SUMMARY_TOKENS
-from tiered_memory.summarize.topics import load_keyword_groups
-from tiered_memory.tiers.buckets import Rate, parse_rate
-from tiered_memory.tiers.hot import RecentBound
-from tiered_memory.tiers.postings import SESSION_BYTES
-from tiered_memory.tiers.redis.url import parse_redis_url
-from tiered_memory.tiers.sql.url import server_urls
-from tiered_memory.webhooks import Sink, sinks_of
 
 _LOOPBACK_DEFAULT = "127.0.0.1"
+# ENABLE_CONVERSATION_SUMMARY's values (pydantic's booleans) as the MEMORY_MODE each means.
+_MODE_OF_SWITCH = dict.fromkeys(("1", "on", "t", "true", "y", "yes"), "summary") | dict.fromkeys(
+    ("0", "off", "f", "false", "n", "no"), "window"
+)
 # The SQL drivers the daemon is built and tested with.
 _SQL_SCHEMES = ("mysql+aiomysql://", "postgresql+asyncpg://", "sqlite+aiosqlite://")
+_RATE = re.compile(r"(\d+(?:\.\d+)?)/(s|m)")
+_TENANT = re.compile(r"[A-Za-z0-9._-]{1,64}")
+# The RATE_LIMITS entry of every tenant not named.
+ANY_TENANT = "*"
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """Requests a second, and the burst a bucket holds when full (a second's worth, at least 1)."""
+
+    per_second: float
+
+    @property
+    def burst(self) -> float:
+        return max(1.0, self.per_second)
+
+
+def parse_rate(text: str) -> Rate:
+    """`200/s` or `600/m`; ValueError otherwise."""
+    found = _RATE.fullmatch(text.strip())
+    if found is None or float(found[1]) <= 0:
+        raise ValueError(f"expected a rate such as 200/s or 600/m, got {text.strip()[:32]!r}")
+    return Rate(float(found[1]) / (60.0 if found[2] == "m" else 1.0))
+
+
+def parse_rate_limits(text: str) -> dict[str, Rate]:
+    """`acme=200/s,*=50/s`: tenant names (or `*`, every other tenant, and the requests of none)
+    and their rates; ValueError naming the bad entry."""
+    rates: dict[str, Rate] = {}
+    for entry in (e.strip() for e in text.split(",")):
+        if not entry:
+            continue
+        name, sep, rate = entry.partition("=")
+        name = name.strip()
+        if not sep or not (name == ANY_TENANT or valid_tenant(name)):
+            raise ValueError(f"expected tenant=rate entries such as acme=200/s or *=50/s, got {entry[:64]!r}")
+        if name in rates:
+            raise ValueError(f"{name!r} is given twice")
+        rates[name] = parse_rate(rate)
+    return rates
+
+
+def _one_rate(text: str) -> Rate | None:
+    """A rate, or None for an unset one (no limit)."""
+    return parse_rate(text) if text.strip() else None
+
+
+def valid_tenant(name: str) -> bool:
+    """Whether `name` may name a tenant: 1-64 of [A-Za-z0-9._-], so never the `/` that separates
+    it from the session id in a stored key."""
+    return _TENANT.fullmatch(name) is not None
 
 
 class Settings(BaseSettings):
@@ -43,16 +92,17 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(frozen=True, extra="ignore", populate_by_name=False)
 
     # --- summarization (names and defaults of the system this daemon replaces) ---
-    enable_conversation_summary: bool = Field(True, alias="ENABLE_CONVERSATION_SUMMARY")
     # none: no history; window: the last KEEP_RECENT_TURNS turns; summary: summary + window.
-    # Unset: summary, or window when ENABLE_CONVERSATION_SUMMARY=false.
-    memory_mode_setting: Literal["none", "window", "summary"] | None = Field(None, alias="MEMORY_MODE")
+    memory_mode: Literal["none", "window", "summary"] = Field("summary", alias="MEMORY_MODE")
+    # Deprecated: the replaced system's switch, read as MEMORY_MODE (true: summary, false: window)
+    # when that is unset (`_deprecated_mode`); its conflicts with MEMORY_MODE stop start-up.
+    enable_conversation_summary: bool | None = Field(None, alias="ENABLE_CONVERSATION_SUMMARY")
     summary_every_n_turns: int = Field(3, alias="SUMMARY_EVERY_N_TURNS", ge=1, le=1000)
     # No summary of a session before it has this many turns (0: from the first cadence point on).
     summary_start_turns: int = Field(0, alias="SUMMARY_START_TURNS", ge=0, le=100_000)
     # A text summary's max_tokens; in the structured format, the summary field's length the prompt
     # asks for (180-260 characters at 120).
-    summary_max_tokens: int = Field(SUMMARY_TOKENS, alias="SUMMARY_MAX_TOKENS", ge=16, le=32000)
+    summary_max_tokens: int = Field(120, alias="SUMMARY_MAX_TOKENS", ge=16, le=32000)  # llm.SUMMARY_TOKENS
     # A JSON payload of seven fields needs far more room than 150 characters of text; a reply cut
     # at the token limit is broken JSON and would always be rejected.
     structured_summary_max_tokens: int = Field(1500, alias="STRUCTURED_SUMMARY_MAX_TOKENS", ge=64, le=32000)
@@ -76,7 +126,7 @@ class Settings(BaseSettings):
     summary_concurrency: int = Field(4, alias="SUMMARY_CONCURRENCY", ge=1, le=1000)
 
     # --- stores ---
-    # URLs may carry passwords: kept out of repr (and masked by `masked`).
+    # URLs may carry passwords: kept out of repr (and masked by `cli.masked`).
     redis_url: str | None = Field(None, alias="REDIS_URL", repr=False)
     redis_key_prefix: str = Field("tm", alias="REDIS_KEY_PREFIX", pattern=r"^[A-Za-z0-9_.-]{1,32}$")
     redis_timeout_ms: int = Field(200, alias="REDIS_TIMEOUT_MS", ge=1, le=60_000)
@@ -118,7 +168,7 @@ class Settings(BaseSettings):
     keep_recent_turns: int = Field(3, alias="KEEP_RECENT_TURNS", ge=0, le=1000)
     # One session's recall postings and the messages they point at, in bytes: past it the index
     # stops growing (questions search the part indexed).
-    recall_max_bytes: int = Field(SESSION_BYTES, alias="RECALL_MAX_BYTES", ge=65_536, le=2**30)
+    recall_max_bytes: int = Field(8 * 2**20, alias="RECALL_MAX_BYTES", ge=65_536, le=2**30)  # postings.SESSION_BYTES
     # All sessions' postings in Redis, and one tenant's (0: no bound): past either, the least
     # recently indexed sessions' postings go first (the tenant's own for its bound), as in the
     # embedded tier; keep the total well below Redis's maxmemory, where every tenant fails.
@@ -188,7 +238,7 @@ class Settings(BaseSettings):
     header_timeout_seconds: float = Field(10.0, alias="HEADER_TIMEOUT_SECONDS", gt=0, le=3600)
 
     # --- authentication ---
-    # `token` or `tenant:token` entries, comma-separated; parsed into `api_tokens` by the cross-check.
+    # `token` or `tenant:token` entries, comma-separated; parsed by startup.api_tokens.
     api_tokens_setting: SecretStr | None = Field(None, alias="API_TOKENS")
     api_tokens_file: Path | None = Field(None, alias="API_TOKENS_FILE")
     # Without tokens only a loopback HOST is served, unless this says otherwise on purpose.
@@ -196,7 +246,6 @@ class Settings(BaseSettings):
     # Without tokens, the Host names answered besides localhost and loopback addresses
     # (comma-separated; local_guard.py): a web page that rebinds its own name to 127.0.0.1 is not.
     allowed_hosts_setting: str = Field("", alias="ALLOWED_HOSTS")
-    _api_tokens: tuple[ApiToken, ...] = PrivateAttr(default=())
     # The memory inspector (GET /ui, http/inspect.py); unset: on when HOST is a loopback address.
     ui_enabled_setting: bool | None = Field(None, alias="UI_ENABLED")
 
@@ -215,7 +264,9 @@ class Settings(BaseSettings):
     )
     # What a session carries over from its user's earlier sessions (users.py). Off by default: a new
     # session_id is a new conversation unless the operator (or the request) asks for more.
-    user_memory: UserMemory = Field("off", alias="USER_MEMORY")
+    user_memory: Literal["off", "profile", "last_session", "topic"] = Field(
+        "off", alias="USER_MEMORY"
+    )  # model.UserMemory
 
     # --- lifecycle events (webhooks.py, delivery.py) ---
     # Comma-separated http(s) URLs; each gets every event, POSTed and signed with WEBHOOK_SECRET.
@@ -286,24 +337,13 @@ class Settings(BaseSettings):
             raise ValueError(f"LLM_EXTRA_BODY: {', '.join(owned)} is set by the daemon (SUMMARY_MODEL, the prompt)")
         return value
 
-    @field_validator("rate_limits_setting")
+    @field_validator("rate_limits_setting", "token_rate_limit_setting", "rebuild_rate_limit_setting")
     @classmethod
-    def _rate_limits(cls, value: str) -> str:
+    def _rates(cls, value: str, info: ValidationInfo) -> str:
         try:
-            parse_rate_limits(value)
+            parse_rate_limits(value) if info.field_name == "rate_limits_setting" else _one_rate(value)
         except ValueError as exc:
-            raise ValueError(f"RATE_LIMITS: {exc}") from None
-        return value
-
-    @field_validator("token_rate_limit_setting", "rebuild_rate_limit_setting")
-    @classmethod
-    def _one_rate(cls, value: str, info: ValidationInfo) -> str:
-        try:
-            if value.strip():
-                parse_rate(value)
-        except ValueError as exc:
-            name = "TOKEN_RATE_LIMIT" if info.field_name == "token_rate_limit_setting" else "REBUILD_RATE_LIMIT"
-            raise ValueError(f"{name}: {exc}") from None
+            raise ValueError(f"{cls.model_fields[str(info.field_name)].alias}: {exc}") from None
         return value
 
     @property
@@ -312,11 +352,11 @@ class Settings(BaseSettings):
 
     @property
     def token_rate_limit(self) -> Rate | None:
-        return parse_rate(self.token_rate_limit_setting) if self.token_rate_limit_setting.strip() else None
+        return _one_rate(self.token_rate_limit_setting)
 
     @property
     def rebuild_rate_limit(self) -> Rate | None:
-        return parse_rate(self.rebuild_rate_limit_setting) if self.rebuild_rate_limit_setting.strip() else None
+        return _one_rate(self.rebuild_rate_limit_setting)
 
     @field_validator("llm_prices")
     @classmethod
@@ -333,12 +373,31 @@ class Settings(BaseSettings):
             return {**data, "SUMMARY_MODEL": data["VOLC_ARK_KB_MODEL"]}
         return data
 
-    # The checks between variables, one validator per concern; none reads a file (`from_env`
-    # reads them, once the values themselves are known to be consistent).
+    @model_validator(mode="before")
+    @classmethod
+    def _deprecated_mode(cls, data: object) -> object:
+        """ENABLE_CONVERSATION_SUMMARY as the MEMORY_MODE it means; a value that is not a boolean
+        is left to its field's check, which names it."""
+        if not isinstance(data, dict) or "ENABLE_CONVERSATION_SUMMARY" not in data:
+            return data
+        implied = _MODE_OF_SWITCH.get(str(data["ENABLE_CONVERSATION_SUMMARY"]).strip().lower())
+        if implied is None:
+            return data
+        if "MEMORY_MODE" not in data:
+            return {**data, "MEMORY_MODE": implied}
+        if (data["MEMORY_MODE"] == "summary") != (implied == "summary"):
+            raise ValueError(
+                "MEMORY_MODE: expected none or window when ENABLE_CONVERSATION_SUMMARY=false"
+                if implied == "window"
+                else "MEMORY_MODE: expected summary when ENABLE_CONVERSATION_SUMMARY=true"
+                " (deprecated: set MEMORY_MODE alone)"
+            )
+        return data
+
+    # The checks between variables, one validator per concern; none looks at a file (startup.py
+    # does, once the values themselves are known to be consistent).
     @model_validator(mode="after")
     def _check_memory_mode(self) -> Settings:
-        if self.memory_mode_setting == "summary" and not self.enable_conversation_summary:
-            raise ValueError("MEMORY_MODE: expected none or window when ENABLE_CONVERSATION_SUMMARY=false")
         if self.memory_mode != "summary":
             return self
         if self.compression_batch_turns < self.summary_every_n_turns:
@@ -394,58 +453,7 @@ class Settings(BaseSettings):
                 "DATABASE_READ_URL: expected a replica of DATABASE_URL's MySQL/MariaDB or PostgreSQL server,"
                 " with the same driver (and DATABASE_URL set)"
             )
-        if self.database_url:
-            try:
-                server_urls(self.database_url)
-            except ValueError as exc:
-                raise ValueError(f"DATABASE_URL: {exc}") from None
-        if self.redis_url:
-            try:
-                parse_redis_url(self.redis_url)
-            except ValueError as exc:
-                # The message never repeats the URL: it may carry a password.
-                raise ValueError(f"REDIS_URL: {exc}") from None
         return self
-
-    @model_validator(mode="after")
-    def _check_templates(self) -> Settings:
-        for name, template in (
-            ("RECONNECT_TEMPLATE_ZH", self.reconnect_template_zh),
-            ("RECONNECT_TEMPLATE_EN", self.reconnect_template_en),
-        ):
-            if not _only_fields(template, {"ago", "summary"}):
-                raise ValueError(
-                    f"{name}: expected a template using {{ago}} and {{summary}} once each, and nothing else"
-                )
-        return self
-
-    def _read_files(self) -> None:
-        """Check and read the files the settings name (TOPIC_KEYWORDS_FILE, SUMMARY_PROMPT_FILE,
-        API_TOKENS_FILE), then the one check that needs the tokens they hold. Raises ValueError
-        naming the variable."""
-        if self.topic_keywords_file is not None:
-            if not self.topic_keywords_file.is_file():
-                raise ValueError(f"TOPIC_KEYWORDS_FILE: expected a readable file, got {self.topic_keywords_file}")
-            try:
-                load_keyword_groups(self.topic_keywords_file)
-            except ValueError as exc:
-                raise ValueError(f"TOPIC_KEYWORDS_FILE: {exc}") from None
-        if self.summary_prompt_file is not None and not self.summary_prompt_file.is_file():
-            raise ValueError(f"SUMMARY_PROMPT_FILE: expected a readable file, got {self.summary_prompt_file}")
-        self._api_tokens = self._read_tokens()
-        if not self._api_tokens and not self.allow_unauthenticated and not is_loopback(self.host):
-            raise ValueError(
-                f"HOST: {self.host} is not a loopback address and no API_TOKENS or API_TOKENS_FILE is set;"
-                " set tokens, or ALLOW_UNAUTHENTICATED=true to serve it without authentication"
-            )
-
-    def _read_tokens(self) -> tuple[ApiToken, ...]:
-        groups = []
-        if self.api_tokens_setting is not None:
-            groups.append(("API_TOKENS", parse_token_list(self.api_tokens_setting.get_secret_value())))
-        if self.api_tokens_file is not None:
-            groups.append(("API_TOKENS_FILE", read_token_file(self.api_tokens_file)))
-        return merge_tokens(groups)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Settings:
@@ -456,19 +464,9 @@ class Settings(BaseSettings):
         names = {f.alias for f in cls.model_fields.values() if f.alias}
         values: dict[str, Any] = {k: v for k, v in environ.items() if k in names and v != ""}
         try:
-            settings = cls(**values)
+            return cls(**values)
         except ValidationError as exc:
             raise ConfigError(_one_line(exc)) from None
-        try:
-            settings._read_files()
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-        return settings
-
-    @property
-    def api_tokens(self) -> tuple[ApiToken, ...]:
-        """The tokens of API_TOKENS and API_TOKENS_FILE together; empty: no authentication."""
-        return self._api_tokens
 
     @property
     def max_body_bytes(self) -> int:
@@ -499,11 +497,11 @@ class Settings(BaseSettings):
         return self.embedded_sql if self.auto_migrate is None else self.auto_migrate
 
     @property
-    def memory_mode(self) -> Literal["none", "window", "summary"]:
-        """The effective memory strategy (MEMORY_MODE, else derived from ENABLE_CONVERSATION_SUMMARY)."""
-        if self.memory_mode_setting is not None:
-            return self.memory_mode_setting
-        return "summary" if self.enable_conversation_summary else "window"
+    def deprecated(self) -> tuple[tuple[str, str], ...]:
+        """The deprecated variables set, each with what to set instead (logged at start-up)."""
+        if self.enable_conversation_summary is None:
+            return ()
+        return (("ENABLE_CONVERSATION_SUMMARY", f"MEMORY_MODE={self.memory_mode}"),)
 
     @property
     def summaries_enabled(self) -> bool:
@@ -530,39 +528,8 @@ class Settings(BaseSettings):
         # summary has not covered yet are still served from memory.
         return 2 * (self.keep_recent_turns + self.summary_every_n_turns)
 
-    @property
-    def embedded_recent(self) -> RecentBound:
-        """The embedded cache keeps only the window and a summary batch: its SQL is a local file,
-        and each cached message costs Python objects in the daemon's own memory."""
-        return RecentBound(least=self.hot_recent_messages, most=self.hot_recent_messages)
-
-    @property
-    def redis_recent(self) -> RecentBound:
-        """In Redis the list also keeps the older turns a context at the default budget fills its
-        room with (CONTEXT_OLDER_TURNS), by characters, so that a hot session's context needs no
-        SQL at any session length; never more messages than one older-turn read from SQL takes."""
-        least = self.hot_recent_messages
-        if not self.context_older_turns:
-            return RecentBound(least=least, most=least)
-        return RecentBound(least=least, most=least + OLDER_MAX_MESSAGES, chars=hot_list_chars(self.context_max_chars))
-
     @model_validator(mode="after")
     def _check_events(self) -> Settings:
-        for url in self.webhook_urls:
-            try:
-                parsed = urllib.parse.urlsplit(url)
-                host = parsed.hostname
-            except ValueError:
-                raise ValueError(
-                    "WEBHOOK_URLS: expected http(s) URLs separated by commas, got one that does not parse"
-                ) from None
-            if parsed.scheme not in ("http", "https") or not host:
-                # The message never repeats the URL: it may carry a password.
-                raise ValueError(
-                    f"WEBHOOK_URLS: expected http(s) URLs separated by commas, got a {parsed.scheme or 'relative'} URL"
-                )
-            if self.webhook_require_https and parsed.scheme != "https":
-                raise ValueError("WEBHOOK_URLS: expected https URLs only (WEBHOOK_REQUIRE_HTTPS), got an http URL")
         if self.webhook_urls and not (self.webhook_secret and self.webhook_secret.get_secret_value()):
             raise ValueError(
                 "WEBHOOK_SECRET: expected a secret when WEBHOOK_URLS is set (receivers verify each event with it)"
@@ -576,52 +543,10 @@ class Settings(BaseSettings):
         return tuple(u.strip() for u in self.webhook_urls_setting.split(",") if u.strip())
 
     @property
-    def event_sinks(self) -> tuple[Sink, ...]:
-        """Where lifecycle events go (none: no events are written)."""
-        return sinks_of(self.webhook_urls, self.events_stream)
-
-    @property
     def ui_enabled(self) -> bool:
         """Whether GET /ui serves the inspector: as UI_ENABLED says, or, unset, when the daemon
         listens on loopback only (a developer's machine), where nobody else can reach the page."""
         return self.ui_enabled_setting if self.ui_enabled_setting is not None else is_loopback(self.host)
-
-    @property
-    def allowed_hosts(self) -> frozenset[str]:
-        # Written as a Host header is (a port, brackets) or bare: the name is what is compared.
-        return frozenset(host_name(h) for h in self.allowed_hosts_setting.split(",") if h.strip())
-
-    def masked(self) -> dict[str, str]:
-        """Effective settings keyed by variable name, secrets and URL passwords masked."""
-        out: dict[str, str] = {}
-        for name, f in type(self).model_fields.items():
-            value = getattr(self, name)
-            shown: str
-            if value is None:
-                shown = ""
-            elif isinstance(value, SecretStr):
-                shown = "****" if value.get_secret_value() else ""
-            elif isinstance(value, str) and "://" in value:
-                # REDIS_URL, DATABASE_URL, LLM_BASE_URL, a sentinel's, each of WEBHOOK_URLS
-                shown = ",".join(mask_url(part.strip()) for part in value.split(","))
-            elif isinstance(value, bool):
-                shown = str(value).lower()
-            else:
-                shown = str(value)
-            out[f.alias or name] = shown
-        return out
-
-
-def _only_fields(template: str, names: set[str]) -> bool:
-    """Whether `template` (a str.format template) uses each of `names` once, plainly (no format
-    spec, no conversion), and no other field."""
-    try:
-        parsed = [(f, spec, conv) for _, f, spec, conv in string.Formatter().parse(template) if f is not None]
-    except ValueError:
-        return False
-    return sorted(f for f, _, _ in parsed) == sorted(names) and all(
-        spec == "" and conv is None for _, spec, conv in parsed
-    )
 
 
 def _one_line(exc: ValidationError) -> str:
@@ -636,3 +561,37 @@ def _one_line(exc: ValidationError) -> str:
     if isinstance(given, str) and "://" in given:
         given = mask_url(given)  # a URL refused for its shape may still hold a password
     return f"{name}: {msg[:1].lower()}{msg[1:]} (got {given!r})"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether HOST only listens on this machine: localhost, 127.0.0.0/8 or ::1."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.is_loopback
+    return address.is_loopback
+
+
+_SECRET_PARAM = re.compile(r"(?i)([?&](?:password|passwd|pwd|secret|token|api_key|apikey|key)=)[^&#]*")
+
+
+def mask_url(url: str) -> str:
+    """`url` with its credentials masked: a password, a user name given alone (it may be a token,
+    as in https://TOKEN@host) and secret query parameters; a user beside a password is a name,
+    and stays. The credentials end at the last `@` before the query, so a password holding `/`
+    or `@` is masked whole (a path holding `@` is taken for credentials: masked too much, never
+    too little)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    main, q, query = rest.partition("?")
+    query = _SECRET_PARAM.sub(r"\1****", q + query)
+    if "@" not in main:
+        return f"{scheme}://{main}{query}"
+    creds, _, host = main.rpartition("@")
+    user, colon, _password = creds.partition(":")
+    return f"{scheme}://{user + ':****' if colon else '****'}@{host}{query}"

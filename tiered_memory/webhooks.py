@@ -18,6 +18,7 @@ import hashlib
 import hmac
 import json
 import random
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -142,3 +143,23 @@ def retry_delay(attempts: int, rng: random.Random | None = None) -> float:
     ceiling = min(_MAX_RETRY_S, _FIRST_RETRY_S * 2.0 ** max(0, attempts - 1))
     draw: float = (rng or random.Random()).random()
     return ceiling * (0.5 + 0.5 * draw)
+
+
+def check_receiver_urls(urls: Sequence[str], *, https_only: bool) -> None:
+    """WEBHOOK_URLS' receivers: http(s) URLs with a host, https only when `https_only`
+    (WEBHOOK_REQUIRE_HTTPS). Raises ValueError naming the variable; the message never repeats a
+    URL: it may carry a password."""
+    for url in urls:
+        try:
+            parsed = urllib.parse.urlsplit(url)
+            host = parsed.hostname
+        except ValueError:
+            raise ValueError(
+                "WEBHOOK_URLS: expected http(s) URLs separated by commas, got one that does not parse"
+            ) from None
+        if parsed.scheme not in ("http", "https") or not host:
+            raise ValueError(
+                f"WEBHOOK_URLS: expected http(s) URLs separated by commas, got a {parsed.scheme or 'relative'} URL"
+            )
+        if https_only and parsed.scheme != "https":
+            raise ValueError("WEBHOOK_URLS: expected https URLs only (WEBHOOK_REQUIRE_HTTPS), got an http URL")

@@ -42,6 +42,7 @@ import aiohttp
 import pymysql
 import redis
 
+from tiered_memory.app import redis_recent
 from tiered_memory.settings import Settings
 from tiered_memory.testing import (
     ZH_12_TURNS,
@@ -419,8 +420,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             defaults = Settings.from_env({})
             doc["settings"] = {
                 "SUMMARY_EVERY_N_TURNS": EVERY_N,
-                "redis_recent_messages": defaults.redis_recent.most,
-                "redis_recent_chars": defaults.redis_recent.chars,
+                "redis_recent_messages": redis_recent(defaults).most,
+                "redis_recent_chars": redis_recent(defaults).chars,
             }
     doc["environment"]["load_average_end"] = os.getloadavg()
     doc["environment"]["seconds"] = round(time.monotonic() - started, 1)

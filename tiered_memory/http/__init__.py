@@ -5,5 +5,5 @@ itself (`serving`: sockets, deadlines, worker processes with `workers`).
 
 It may import everything below it (`core`, `summarize`, `tiers`, `prompt`, `text` and the shared
 modules of the package's top level), and nothing imports it but `app.py` (the composition root),
-`cli.py` and `ops/`.
+`cli.py`, `startup.py` (which parses the tokens) and `ops/`.
 """

@@ -20,9 +20,9 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from tiered_memory.errors import Unauthorized
+from tiered_memory.settings import valid_tenant
 
 MIN_TOKEN_CHARS = 16
-_TENANT = re.compile(r"[A-Za-z0-9._-]{1,64}")
 # Printable ASCII without spaces: what fits in an Authorization header as it is.
 _TOKEN = re.compile(r"^[\x21-\x7e]+$")
 _MAX_TOKEN_CHARS = 1024
@@ -73,12 +73,6 @@ def request_tenant(request: web.Request) -> str:
 
 def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode("utf-8", "replace")).digest()
-
-
-def valid_tenant(name: str) -> bool:
-    """Whether `name` may name a tenant: 1-64 of [A-Za-z0-9._-], so never the `/` that separates
-    it from the session id in a stored key."""
-    return _TENANT.fullmatch(name) is not None
 
 
 def _entry(raw: str, where: str) -> ApiToken:

@@ -19,7 +19,7 @@ from urllib.parse import unquote_to_bytes
 from aiohttp import web
 
 from tiered_memory.errors import BodyTimeout, Forbidden, InvalidInput, UnsupportedMedia
-from tiered_memory.http.auth import PRINCIPAL_KEY, valid_tenant
+from tiered_memory.http.auth import PRINCIPAL_KEY
 from tiered_memory.model import (
     USER_MEMORY_MODES,
     Caller,
@@ -33,6 +33,7 @@ from tiered_memory.model import (
 )
 from tiered_memory.prompt.kb_snippets import KB_SNIPPETS_MAX, KB_SNIPPETS_MAX_BYTES
 from tiered_memory.reasoning import THINKING_DURATION_MAX
+from tiered_memory.settings import valid_tenant
 
 # `{` and `}` are excluded so a session id can never break the Redis hash tag it is wrapped in.
 # Both are used with fullmatch: `$` also matches before a trailing newline, which let "a\n" in.

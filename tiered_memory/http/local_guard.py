@@ -23,13 +23,20 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from tiered_memory.errors import CrossSite, MisdirectedRequest, UnsupportedMedia
-from tiered_memory.http.addresses import host_name, is_loopback
+from tiered_memory.http.addresses import host_name
 from tiered_memory.http.auth import OPEN_PATHS
+from tiered_memory.settings import is_loopback
 
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 # What a page cannot do across sites without a preflight this daemon never answers is read; what
 # it can do is send, and these change something.
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def allowed_names(text: str) -> frozenset[str]:
+    """ALLOWED_HOSTS's names, each written as a Host header is (a port, brackets) or bare: the
+    name is what is compared."""
+    return frozenset(host_name(h) for h in text.split(",") if h.strip())
 
 
 def host_allowed(header: str | None, allowed: frozenset[str], *, loopback: bool) -> bool:

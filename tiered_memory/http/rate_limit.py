@@ -27,10 +27,11 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from tiered_memory.errors import HotUnavailable, RateLimited
-from tiered_memory.http.auth import PRINCIPAL_KEY, is_open, request_tenant, valid_tenant
+from tiered_memory.http.auth import PRINCIPAL_KEY, is_open, request_tenant
 from tiered_memory.http.input import BODY_SECONDS_KEY
 from tiered_memory.metrics import Metrics
-from tiered_memory.tiers.buckets import ANY_TENANT, Buckets, Rate, parse_rate, tenant_bucket, tenant_rate, units
+from tiered_memory.settings import Rate
+from tiered_memory.tiers.buckets import Buckets, tenant_bucket, tenant_rate, units
 
 log = structlog.get_logger("tiered_memory.http.rate_limit")
 
@@ -47,23 +48,6 @@ def request_cost(request: web.BaseRequest, max_body_bytes: int) -> int:
     if size is None or request.headers.get("Content-Encoding", "identity").strip().lower() != "identity":
         size = max_body_bytes
     return units(min(size, max_body_bytes))
-
-
-def parse_rate_limits(text: str) -> dict[str, Rate]:
-    """`acme=200/s,*=50/s`: tenant names (or `*`, every other tenant, and the requests of none)
-    and their rates; ValueError naming the bad entry."""
-    rates: dict[str, Rate] = {}
-    for entry in (e.strip() for e in text.split(",")):
-        if not entry:
-            continue
-        name, sep, rate = entry.partition("=")
-        name = name.strip()
-        if not sep or not (name == ANY_TENANT or valid_tenant(name)):
-            raise ValueError(f"expected tenant=rate entries such as acme=200/s or *=50/s, got {entry[:64]!r}")
-        if name in rates:
-            raise ValueError(f"{name!r} is given twice")
-        rates[name] = parse_rate(rate)
-    return rates
 
 
 def rate_limit_middleware(

@@ -7,38 +7,15 @@ draws on the same one (Redis: tiers/redis/buckets.py), or in process memory on t
 from __future__ import annotations
 
 import math
-import re
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Protocol
 
 from tiered_memory.lru import Lru
+from tiered_memory.settings import ANY_TENANT, Rate
 
-_RATE = re.compile(r"(\d+(?:\.\d+)?)/(s|m)")
-# The RATE_LIMITS entry of every tenant not named.
-ANY_TENANT = "*"
 # The text that counts one against a rate: far more than an utterance (a few hundred bytes).
 TEXT_UNIT = 4096
-
-
-@dataclass(frozen=True, slots=True)
-class Rate:
-    """Requests a second, and the burst a bucket holds when full (a second's worth, at least 1)."""
-
-    per_second: float
-
-    @property
-    def burst(self) -> float:
-        return max(1.0, self.per_second)
-
-
-def parse_rate(text: str) -> Rate:
-    """`200/s` or `600/m`; ValueError otherwise."""
-    found = _RATE.fullmatch(text.strip())
-    if found is None or float(found[1]) <= 0:
-        raise ValueError(f"expected a rate such as 200/s or 600/m, got {text.strip()[:32]!r}")
-    return Rate(float(found[1]) / (60.0 if found[2] == "m" else 1.0))
 
 
 def units(nbytes: int) -> int:

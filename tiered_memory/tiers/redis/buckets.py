@@ -3,7 +3,7 @@ refills and draws the bucket with Redis's clock, so that the replicas' clocks ne
 
 from __future__ import annotations
 
-from tiered_memory.tiers.buckets import Rate
+from tiered_memory.settings import Rate
 from tiered_memory.tiers.redis.keys import Keys
 from tiered_memory.tiers.redis.link import RedisLink
 from tiered_memory.tiers.redis.resp import Script

@@ -26,9 +26,6 @@ _ABOVE_PROMPT = (
     "tiered_memory.app",
     "tiered_memory.settings",
 )
-# summarize/payload.py is the structured summary's shape and its planning view, which a context
-# shows: pure (checked below), so prompt/ may read it.
-_PURE_OF_SUMMARIZE = frozenset({"tiered_memory.summarize.payload"})
 
 
 def _module_name(path: Path) -> str:
@@ -119,23 +116,11 @@ def test_the_context_read_assembles_once() -> None:
 
 
 def test_the_assembly_reaches_nothing_above_it() -> None:
-    """No module under prompt/, nor anything it imports in turn, is in core/, tiers/, summarize/
-    (but its pure payload module), the HTTP edge, ops/, app.py or settings.py."""
+    """No module under prompt/, nor anything it imports in turn, is in core/, tiers/, summarize/,
+    the HTTP edge, ops/, app.py or settings.py."""
     prompt = [m for m in _modules() if _in(m, ("tiered_memory.prompt",))]
-    above = {
-        (module, reached)
-        for module in prompt
-        for reached in _reached(module)
-        if _in(reached, _ABOVE_PROMPT) and reached not in _PURE_OF_SUMMARIZE
-    }
+    above = {(module, reached) for module in prompt for reached in _reached(module) if _in(reached, _ABOVE_PROMPT)}
     assert sorted(above) == []
-
-
-def test_what_the_assembly_reads_of_summarize_is_pure() -> None:
-    """The summarize/ modules prompt/ may read import only the package's bottom: the model and
-    the errors."""
-    for module in _PURE_OF_SUMMARIZE:
-        assert {imported for imported, _ in _imports(module)} <= {"tiered_memory.model", "tiered_memory.errors"}
 
 
 def test_the_summary_pool_never_calls_back_into_core() -> None:

@@ -35,6 +35,9 @@ from tiered_memory.model import (
     Tier,
     UserMemory,
 )
+
+# Pure: the structured summary's fields and their planning view (it imports only model and errors).
+from tiered_memory.payload import planning, planning_history
 from tiered_memory.prompt import kb_snippets
 from tiered_memory.prompt.context import (
     ChatMessage,
@@ -59,9 +62,6 @@ from tiered_memory.prompt.memo import MemoCache, View
 from tiered_memory.prompt.policy import Candidates, Facts, Part, Selection, choose, lagging_digest
 from tiered_memory.prompt.selections import SelectionMemo, fingerprint
 from tiered_memory.prompt.users import TOPIC_CANDIDATES, CarriedText, Earlier, Profile, best_by_topic, carried_text
-
-# Pure: the structured summary's fields and their planning view (it imports only model and errors).
-from tiered_memory.summarize.payload import planning, planning_history
 from tiered_memory.text.dialogue import shown_and_events
 from tiered_memory.text.language import as_spoken, language_of
 from tiered_memory.text.quoting import frame_chars, quoted

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from itertools import accumulate
 
 from tiered_memory.model import Message, SessionInfo, Summary, SummarySource
+from tiered_memory.payload import rule_payload
 from tiered_memory.summarize.extractive import Extractor
-from tiered_memory.summarize.payload import rule_payload
 from tiered_memory.summarize.topics import TopicTagger
 from tiered_memory.text.dialogue import for_summary
 from tiered_memory.text.language import as_spoken

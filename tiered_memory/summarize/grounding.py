@@ -32,8 +32,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tiered_memory.payload import LIST_FIELDS
 from tiered_memory.summarize.numerals import Number, numbers, to_digits
-from tiered_memory.summarize.payload import LIST_FIELDS
 from tiered_memory.text.language import language_of
 
 # What the request and the prompts call the two sides and the kinds of message: the request's own

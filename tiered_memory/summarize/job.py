@@ -23,10 +23,10 @@ import structlog
 from tiered_memory.errors import Conflict, LlmFailed, SqlUnavailable
 from tiered_memory.metrics import Metrics
 from tiered_memory.model import Message, SessionInfo, SessionKey, Slice, Summary, SummarySource, key_tenant
+from tiered_memory.payload import rule_payload
 from tiered_memory.summarize.extractive import Extraction, Extractor
 from tiered_memory.summarize.lane import TextLane, TextQueueFull, Ticket, text_bytes
 from tiered_memory.summarize.llm import LlmSummarizer
-from tiered_memory.summarize.payload import rule_payload
 from tiered_memory.summarize.topics import TopicTagger
 from tiered_memory.text.dialogue import for_summary
 from tiered_memory.text.language import as_spoken

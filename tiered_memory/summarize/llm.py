@@ -28,8 +28,8 @@ import structlog
 from tiered_memory.breaker import CircuitBreaker
 from tiered_memory.errors import LlmFailed
 from tiered_memory.model import Message, Role
+from tiered_memory.payload import bounded, check_text, read_llm_payload
 from tiered_memory.summarize.grounding import Dropped, Source, grounded_payload, grounded_text, payload_texts
-from tiered_memory.summarize.payload import bounded, check_text, read_llm_payload
 from tiered_memory.text.language import LANGUAGES, Language, conversation_language
 from tiered_memory.tracing import Tracing
 

@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _walk(args: list[str]) -> list[dict[str, object]]:
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "walkthrough.py"), *args],
+        [sys.executable, "-m", "bench.walkthrough", *args],
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=100,  # under the test's own 120 s, so that this one says what hung

@@ -5,9 +5,9 @@ them are read in turn, interleaved, at each budget: p50 per length and the longe
 the shortest's, measured in the same minute. Run it from another checkout (an earlier commit)
 for a before/after on the same machine; docs/BENCHMARKS.md has figures.
 
-    .venv/bin/python scripts/context_cost.py --lengths 10 2000 --budgets 300 1000 \
+    .venv/bin/python -m bench.context_cost --lengths 10 2000 --budgets 300 1000 \
         --redis-url redis://127.0.0.1:6379/0 --mysql-url mysql+aiomysql://root@127.0.0.1:3306/
-    cd /tmp/base && /path/to/checkout/.venv/bin/python -m tools.context_cost --lengths 10 2000
+    cd /tmp/base && /path/to/checkout/.venv/bin/python -m bench.context_cost --lengths 10 2000
 
 With -m, Python puts the current directory first on sys.path: the package measured is the one in
 /tmp/base, not the installed one (the folder it was imported from is printed on stderr). On

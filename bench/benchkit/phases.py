@@ -12,14 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tiered_memory.testing import free_port
-from tiered_memory.tiers.redis.keys import Keys
-from tiered_memory.tiers.sql.engine import create_engine
-from tools.benchkit import loadgen, procs, report, seed
-from tools.benchkit.loadgen import Stats
-from tools.benchkit.procs import BenchFailed
-from tools.benchkit.run import CONCURRENCIES, TURNS, Bench, Spec, sid_list
-from tools.benchkit.workload import (
+from bench.benchkit import loadgen, procs, report, seed
+from bench.benchkit.loadgen import Stats
+from bench.benchkit.procs import BenchFailed
+from bench.benchkit.run import CONCURRENCIES, TURNS, Bench, Spec, sid_list
+from bench.benchkit.workload import (
     CONTEXT_FROM,
     GROWTH_BUDGET,
     SUMMARY_FROM,
@@ -42,6 +39,9 @@ from tools.benchkit.workload import (
     summaries,
     turns_only,
 )
+from tiered_memory.testing import free_port
+from tiered_memory.tiers.redis.keys import Keys
+from tiered_memory.tiers.sql.engine import create_engine
 
 
 async def main_table(b: Bench) -> None:

@@ -15,8 +15,8 @@ Exits 1 when an acknowledged message is lost, duplicated or out of order, a turn
 a closed session lacks its final summary, a context misses the previous turn, a write is given up,
 the daemon answers a 5xx other than 503 with Retry-After, or it does not exit cleanly on SIGTERM.
 
-    .venv/bin/python scripts/soak.py
-    .venv/bin/python scripts/soak.py --sessions 240 --concurrency 32 --json soak.json
+    .venv/bin/python -m bench.soak
+    .venv/bin/python -m bench.soak --sessions 240 --concurrency 32 --json soak.json
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ from urllib.parse import urlparse
 import aiohttp
 import redis.asyncio as aioredis
 
+from bench import soak_report as rep
 from tiered_memory.settings import Settings
 from tiered_memory.testing import ZH_12_TURNS, Behaviour, ChildFailed, DaemonProcess, FakeLlm, free_port
-from tools import soak_report as rep
 
 # A structured payload the daemon accepts (SUMMARY_FORMAT=structured is the default).
 LLM_OK = json.dumps(

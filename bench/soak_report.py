@@ -1,5 +1,5 @@
 """The soak's records and what is made of them: the checks read from SQL, the tallies per fault
-window, the verdict and the printed report. tools/soak.py drives; this module judges.
+window, the verdict and the printed report. bench/soak.py drives; this module judges.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 writing to /dev/null, against a ceiling measured in the same run (the same fields serialized by
 orjson and written, nothing else). Prints microseconds per line and the ratio.
 
-    .venv/bin/python scripts/log_cost.py
+    .venv/bin/python -m bench.log_cost
 """
 
 from __future__ import annotations

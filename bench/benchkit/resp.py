@@ -3,7 +3,7 @@ GET a counter) by redis-py's asyncio pipeline, and by a bare RESP client that pi
 task's commands on one connection, from 64 tasks. Evidence for docs/BENCHMARKS.md, not a client
 for the daemon (no errors, no reconnects, no timeouts).
 
-    .venv/bin/python -m tools.benchkit.resp redis://127.0.0.1:PORT/0
+    .venv/bin/python -m bench.benchkit.resp redis://127.0.0.1:PORT/0
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Turn a fleet's shape into what it needs: Redis memory, SQL growth per day (and the total under
 a retention period), daemon replicas and LLM calls per second, from the constants measured by
-scripts/capacity_measure.py (docs/capacity.json). docs/CAPACITY.md explains every step.
+bench/capacity_measure.py (docs/capacity.json). docs/CAPACITY.md explains every step.
 
-    .venv/bin/python scripts/capacity.py --sessions-per-day 1000000 --turns-per-session 12 --concurrent 5000
-    .venv/bin/python scripts/capacity.py ... --retention-days 90 --replica-cpu 4 --json plan.json
+    .venv/bin/python -m bench.capacity --sessions-per-day 1000000 --turns-per-session 12 --concurrent 5000
+    .venv/bin/python -m bench.capacity ... --retention-days 90 --replica-cpu 4 --json plan.json
 
 Exit status 2 on a bad argument, with the reason.
 """

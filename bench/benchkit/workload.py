@@ -8,9 +8,9 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from bench.benchkit import loadgen
+from bench.benchkit.seed import USER_ID
 from tiered_memory.testing import ZH_12_TURNS
-from tools.benchkit import loadgen
-from tools.benchkit.seed import USER_ID
 
 # An answer from the tier the measurement is about (a hot read that fell to SQL does not count).
 SUMMARY_FROM = {tier: f'"tier":"{tier}"'.encode() for tier in ("hot", "warm", "cold")}

@@ -27,13 +27,13 @@ import pymysql
 import redis.asyncio as aioredis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from bench.benchkit import loadgen, procs, seed
+from bench.benchkit.loadgen import Stats
+from bench.benchkit.procs import BenchFailed, Child
+from bench.benchkit.servers import naive_keys
+from bench.benchkit.workload import contexts, ok, once, recalls
 from tiered_memory.testing import ZH_12_TURNS, free_port
 from tiered_memory.tiers.sql.engine import create_engine
-from tools.benchkit import loadgen, procs, seed
-from tools.benchkit.loadgen import Stats
-from tools.benchkit.procs import BenchFailed, Child
-from tools.benchkit.servers import naive_keys
-from tools.benchkit.workload import contexts, ok, once, recalls
 
 CONCURRENCIES = (1, 64)
 TURNS = len(ZH_12_TURNS)

@@ -12,8 +12,8 @@ off against the baseline), beside the ratio of two identical daemons with tracin
 (`off_again_vs_off`): the run's noise floor.
 
     git worktree add /tmp/tm-before <commit before tracing>
-    .venv/bin/python scripts/trace_cost.py --baseline /tmp/tm-before --json docs/trace_cost.json
-    .venv/bin/python scripts/trace_cost.py --real --rounds 3
+    .venv/bin/python -m bench.trace_cost --baseline /tmp/tm-before --json docs/trace_cost.json
+    .venv/bin/python -m bench.trace_cost --real --rounds 3
 """
 
 from __future__ import annotations

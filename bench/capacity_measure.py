@@ -13,7 +13,7 @@ the end), a chat-completions LLM that answers at once, and the daemon as a child
   before and after driving each operation (appends are counted with the background summaries
   they trigger: the figure is read after those finished).
 
-    .venv/bin/python scripts/capacity_measure.py --json docs/capacity.json
+    .venv/bin/python -m bench.capacity_measure --json docs/capacity.json
 
 About two to three minutes on a 2-core machine. Progress goes to stderr.
 """
@@ -42,6 +42,7 @@ import aiohttp
 import pymysql
 import redis
 
+from bench.benchkit import procs
 from tiered_memory.settings import Settings
 from tiered_memory.testing import (
     ZH_12_TURNS,
@@ -49,7 +50,6 @@ from tiered_memory.testing import (
     free_port,
 )
 from tiered_memory.tiers.redis.keys import Keys
-from tools.benchkit import procs
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,4 +1,5 @@
-"""Writes data/bilingual.jsonl, the shipped memory-quality set, from data/bilingual_source.json.
+"""Writes tiered_memory/eval/data/bilingual.jsonl, the shipped memory-quality set, from
+bench/data/bilingual_source.json.
 
 Conversations of 20-60 turns in Chinese and English, in several domains (supplements, phones,
 hotels, pharmacy, restaurants, insurance, laptops, travel). Each states products, doses, prices,
@@ -10,7 +11,7 @@ The words and sentences are data (bilingual_source.json says how to read it); wh
 a conversation is put together from them. Deterministic (the file's seed): rerunning it rewrites
 the same file, byte for byte.
 
-    .venv/bin/python scripts/make_bilingual.py
+    .venv/bin/python -m bench.bilingual
 """
 
 from __future__ import annotations
@@ -25,9 +26,11 @@ from typing import Any
 
 from tiered_memory.eval.dataset import Conversation, Probe, dump_jsonl, last_mention
 
-DATA = Path(__file__).resolve().parent / "data"
-SOURCE = DATA / "bilingual_source.json"
-OUT = DATA / "bilingual.jsonl"
+# The source stays here, beside its writer; the set is written where `tiered-memory eval` reads it
+# (the only one of the two the wheel carries).
+_HERE = Path(__file__).resolve().parent
+SOURCE = _HERE / "data" / "bilingual_source.json"
+OUT = _HERE.parent / "tiered_memory" / "eval" / "data" / "bilingual.jsonl"
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,8 @@ phase, and what the hostile tenant was answered. Exits 1 when a normal request f
 hostile tenant got a 5xx other than 503 and 504 (its requests' bounded answers), or the pooled
 p99 ratio passes --max-ratio.
 
-    .venv/bin/python scripts/tenant_soak.py --json docs/tenant_soak.json
-    .venv/bin/python scripts/tenant_soak.py --embedded --seconds 10
+    .venv/bin/python -m bench.tenant_soak --json docs/tenant_soak.json
+    .venv/bin/python -m bench.tenant_soak --embedded --seconds 10
 """
 
 from __future__ import annotations

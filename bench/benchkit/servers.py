@@ -1,7 +1,7 @@
 """The child processes of the benchmark other than the daemon itself: the ceiling servers, a
 chat-completions LLM that records what it is sent, and the daemon on a SO_REUSEPORT socket.
 
-    python -m tools.benchkit.servers dict|naive_hot|naive_append|sql_select|fake_llm|daemon --port N ...
+    python -m bench.benchkit.servers dict|naive_hot|naive_append|sql_select|fake_llm|daemon --port N ...
 
 Each ceiling is the least an aiohttp handler can do for the same request, written the obvious
 way with the same libraries as the daemon (redis-py with hiredis, SQLAlchemy async): what the

@@ -1,4 +1,4 @@
-"""Child processes of the benchmark: the daemon and the servers of tools.benchkit.servers, started like
+"""Child processes of the benchmark: the daemon and the servers of bench.benchkit.servers, started like
 an operator would start them (tiered_memory.testing's launcher), waited for on /healthz, measured
 through /proc, and stopped."""
 
@@ -12,6 +12,9 @@ from pathlib import Path
 import aiohttp
 
 from tiered_memory.testing import ChildFailed, ChildProcess, command, free_port
+
+# The checkout that holds bench/ (this file is bench/benchkit/procs.py).
+_CHECKOUT = Path(__file__).resolve().parents[2]
 
 
 class BenchFailed(ChildFailed):
@@ -44,12 +47,19 @@ def listening(pid: int, port: int) -> bool:
 
 class Child(ChildProcess):
     """One child process serving HTTP on `port`, ready once it answers /healthz; `argv` runs it,
-    `env` is added to ours (tools is importable there as here: the project is installed editable)."""
+    `env` is added to ours; `cwd` is where it runs (ours when None)."""
 
     def __init__(
-        self, name: str, argv: list[str], *, port: int, env: dict[str, str] | None = None, workers: int = 1
+        self,
+        name: str,
+        argv: list[str],
+        *,
+        port: int,
+        env: dict[str, str] | None = None,
+        workers: int = 1,
+        cwd: Path | None = None,
     ) -> None:
-        super().__init__(argv, port=port, env=env, name=name, ready_path="/healthz")
+        super().__init__(argv, port=port, env=env, name=name, ready_path="/healthz", cwd=cwd)
         # With several workers the supervisor serves nothing itself: start() waits until each of
         # its children listens on the port (any one of them may answer /healthz first).
         self.workers = workers
@@ -83,6 +93,8 @@ def children(pid: int) -> list[int]:
 
 
 def server(kind: str, *args: str) -> Child:
-    """One of tools.benchkit.servers' apps on a free port."""
+    """One of bench.benchkit.servers' apps on a free port, run from the checkout: `-m` finds the
+    bench folder there, which is not installed."""
     port = free_port()
-    return Child(kind, [sys.executable, "-m", "tools.benchkit.servers", kind, "--port", str(port), *args], port=port)
+    argv = [sys.executable, "-m", "bench.benchkit.servers", kind, "--port", str(port), *args]
+    return Child(kind, argv, port=port, cwd=_CHECKOUT)

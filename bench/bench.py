@@ -8,10 +8,10 @@ then the growth sweep (sessions of 10 to 10,000 turns), a 2 s LLM against a fast
 daemon's RSS with many live sessions, and two processes on one port against one. Prints Markdown
 tables (progress on stderr) and writes every figure as JSON. See docs/BENCHMARKS.md.
 
-    .venv/bin/python scripts/bench.py --json bench.json --plot docs/growth.png
-    .venv/bin/python scripts/bench.py --redis-url redis://127.0.0.1:6379/0 \\
+    .venv/bin/python -m bench.bench --json bench.json --plot docs/growth.png
+    .venv/bin/python -m bench.bench --redis-url redis://127.0.0.1:6379/0 \\
         --mysql-url mysql+aiomysql://root@127.0.0.1:3306/
-    .venv/bin/python scripts/bench.py --embedded --quick
+    .venv/bin/python -m bench.bench --embedded --quick
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from typing import Any
 
 import aiohttp
 
+from bench.benchkit import phases, report
+from bench.benchkit.run import Bench, Plan
 from tiered_memory.testing import ChildFailed
-from tools.benchkit import phases, report
-from tools.benchkit.run import Bench, Plan
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", type=Path, help="write the growth plot here (PNG; needs the bench extra)")
     parser.add_argument("--profile", type=Path, help="record py-spy profiles of the daemon into this directory")
     args = parser.parse_args(argv)
-    args.command = " ".join(["scripts/bench.py", *(sys.argv[1:] if argv is None else argv)])
+    args.command = " ".join(["python -m bench.bench", *(sys.argv[1:] if argv is None else argv)])
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)
     try:

@@ -7,10 +7,10 @@ hot tier away (a restart of the in-process cache, or deleting this run's Redis k
 row too, printing which tier answers at each step: hot → warm → hot (backfilled) → cold → hot.
 Exits 1 if any step does not behave as the design says.
 
-    .venv/bin/python scripts/walkthrough.py
-    .venv/bin/python scripts/walkthrough.py --redis-url redis://127.0.0.1:6379/0 \
+    .venv/bin/python -m bench.walkthrough
+    .venv/bin/python -m bench.walkthrough --redis-url redis://127.0.0.1:6379/0 \
         --database-url mysql+aiomysql://root@127.0.0.1:3306/test
-    .venv/bin/python scripts/walkthrough.py --redis-url redis://127.0.0.1:6379/0 \
+    .venv/bin/python -m bench.walkthrough --redis-url redis://127.0.0.1:6379/0 \
         --database-url postgresql+asyncpg://postgres@127.0.0.1:5432/test
 """
 

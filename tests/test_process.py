@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import RealServers
+from tests.helpers.servers import RealServers
 from tiered_memory.testing import DaemonProcess, command
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -14,7 +14,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from tests.conftest import RealServers
+from tests.helpers.servers import RealServers
 
 _ROOT = Path(__file__).resolve().parent.parent
 

@@ -18,15 +18,14 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pymysql
-import pytest
 
-from tests.local_servers import binary, die_with_parent, install_mariadb, missing_binary
+from tests.helpers.local_servers import binary, die_with_parent, install_mariadb, missing_binary
 from tiered_memory.testing import free_port
 
 PROVIDER = Path("/usr/lib/galera/libgalera_smm.so")
@@ -376,25 +375,3 @@ def _until(what: str, check: Callable[[], bool], timeout_s: float, *, alive: Cal
                 return
         time.sleep(0.1)
     raise RuntimeError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-
-
-@pytest.fixture(scope="session")
-def galera() -> Iterator[GaleraCluster]:
-    """One three-node Galera cluster for the whole run, formed when a test first asks for it
-    (10 to 15 s); stopped at the end. A machine without MariaDB or the Galera provider, or a
-    cluster that will not form, skips the tests that need it, unless REQUIRE_REAL_BACKENDS=1."""
-    # conftest imports this module for the fixture, so its gate is looked up only when it runs.
-    from tests.conftest import _missing
-
-    lacking = missing_tools()
-    if lacking is not None:
-        _missing(f"a Galera cluster needs what is not here: {lacking}")
-    cluster = GaleraCluster()
-    try:
-        cluster.form()
-    except (RuntimeError, OSError, subprocess.SubprocessError, pymysql.MySQLError) as exc:
-        _missing(f"a three-node Galera cluster did not form: {exc}")
-    try:
-        yield cluster
-    finally:
-        cluster.stop()

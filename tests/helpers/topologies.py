@@ -20,7 +20,7 @@ from typing import Any
 
 import redis
 
-from tests.local_servers import binary
+from tests.helpers.local_servers import binary
 from tiered_memory.testing import free_port
 
 # How long a topology may take to form or to fail over on a loaded 2-core machine.

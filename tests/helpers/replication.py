@@ -21,9 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pymysql
-import pytest
 
-from tests.local_servers import binary, die_with_parent, install_mariadb, missing_binary
+from tests.helpers.local_servers import binary, die_with_parent, install_mariadb, missing_binary
 from tiered_memory.testing import free_port
 
 # How long installing a data directory, starting a server or the replica catching up may take on
@@ -272,25 +271,3 @@ gtid_strict_mode=ON
                     return
             time.sleep(0.1)
         raise RuntimeError(f"timed out after {_START_TIMEOUT_S:.0f} s waiting for {what}:\n{self.log_tail(i)}")
-
-
-@pytest.fixture(scope="session")
-def replication() -> Iterator[ReplicationPair]:
-    """One primary + replica pair for the whole run, started when a test first asks for it (a few
-    seconds); stopped at the end. A machine without MariaDB, or a pair that will not start, skips
-    the tests that need it, unless REQUIRE_REAL_BACKENDS=1."""
-    # conftest imports this module for the fixture, so its gate is looked up only when it runs.
-    from tests.conftest import _missing
-
-    lacking = missing_tools()
-    if lacking is not None:
-        _missing(f"a MariaDB primary and replica need what is not here: {lacking}")
-    pair = ReplicationPair()
-    try:
-        pair.start()
-    except (RuntimeError, OSError, subprocess.SubprocessError, pymysql.MySQLError) as exc:
-        _missing(f"a MariaDB primary and replica did not start: {exc}")
-    try:
-        yield pair
-    finally:
-        pair.stop()

@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from tests.conftest import Daemon, RealServers
-from tests.test_crash import Gateway, _stored
+from tests.helpers.daemon import Daemon
+from tests.helpers.gateway import Gateway, stored_ids
+from tests.helpers.servers import RealServers
 
 # Reads of a session between two of its turns during the load.
 _READ = "/v1/sessions/{sid}/summary"
@@ -100,7 +101,7 @@ async def kill_master_under_load(
         assert not seen.failures, seen.failures[:5]
 
         for g in gateways:
-            assert _stored(servers, g.sid) == g.acked, g.sid
+            assert stored_ids(servers, g.sid) == g.acked, g.sid
         await _assert_hot_again(daemon, gateways)
     return seen
 

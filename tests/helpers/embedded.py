@@ -1,6 +1,6 @@
 """The embedded stores composed as app.py composes them, for the unit tests of the layers above
 them (service, reads, summary_job): a migrated SQLite file and the in-process hot tier (both
-real), and a text lane on the workers every test of the run shares (tests/conftest.py)."""
+real), and a text lane on the workers every test of the run shares (the `text_workers` fixture)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from tests.conftest import _EXTRACTOR, _TEXT_POOLS
+from tests.helpers.daemon import TextWorkers
 from tiered_memory.app import build_hot, build_store, build_tagger
 from tiered_memory.metrics import Metrics
 from tiered_memory.settings import Settings
@@ -45,8 +45,9 @@ class Embedded:
 
 
 @contextlib.asynccontextmanager
-async def embedded(tmp_path: Path) -> AsyncIterator[Embedded]:
-    """The default settings' stores under `tmp_path`, closed on the way out."""
+async def embedded(tmp_path: Path, workers: TextWorkers) -> AsyncIterator[Embedded]:
+    """The default settings' stores under `tmp_path`, their text lane on `workers`, closed on the
+    way out."""
     settings = Settings.from_env({"DATA_DIR": str(tmp_path)})
     registry = CollectorRegistry()
     metrics = Metrics(registry)
@@ -54,7 +55,10 @@ async def embedded(tmp_path: Path) -> AsyncIterator[Embedded]:
     await store.migrate()
     hot = build_hot(settings, metrics)
     text = TextLane(
-        settings.text_workers, tenant_queue_bytes=settings.text_queue_bytes, extractor=_EXTRACTOR, pools=_TEXT_POOLS
+        settings.text_workers,
+        tenant_queue_bytes=settings.text_queue_bytes,
+        extractor=workers.extractor,
+        pools=workers.pools,
     )
     await text.start()
     try:

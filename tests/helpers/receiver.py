@@ -1,7 +1,7 @@
 """A webhook receiver as a process of its own, for the delivery tests: it records every POST it
 answers 2xx to (headers and raw body, one JSON line each) and misbehaves on request.
 
-    python -m tests.receiver PORT RECORD_FILE MODE_FILE
+    python -m tests.helpers.receiver PORT RECORD_FILE MODE_FILE
 
 MODE_FILE holds what it does with the next request, read on each one: `ok` (200), `500`, `hang`
 (never answers), `drop` (closes the connection without an answer), `ack-late` (records the event,

@@ -1,34 +1,33 @@
-"""Shared fixtures: embedded and real backends, a daemon under test, and the fake LLM.
+"""The fixtures: embedded and real backends, a daemon under test, the fake LLM, private servers.
 
 Real backends are the servers on this machine (Redis on 6379, MariaDB on 3306, PostgreSQL on 5432
 by default; override with TEST_REDIS_URL / TEST_MYSQL_URL / TEST_POSTGRES_URL). Each test run
 creates its own databases and key prefix and removes only those. When they are unreachable,
 real-backend tests skip with the reason, unless REQUIRE_REAL_BACKENDS=1, which makes that a
-failure.
+failure. What the fixtures are built from, and what test modules import, is in tests/helpers/;
+nothing here runs at import: each server, pool and process is made by the first test that asks.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
-import shutil
+import subprocess
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
 from urllib.parse import urlparse
 
 import asyncpg
 import pymysql
 import pytest
 import redis
-from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
-from prometheus_client import CollectorRegistry
 
-from tests.databases import (
+from tests.helpers import galera as galera_kit
+from tests.helpers import replication as replication_kit
+from tests.helpers.daemon import Daemon, MakeDaemon, TextWorkers
+from tests.helpers.databases import (
     clone_mariadb,
     clone_postgres,
     drop_mariadb,
@@ -37,63 +36,12 @@ from tests.databases import (
     mysql_connect,
     postgres,
 )
-from tests.faults import RedisProcess
-from tests.galera import galera  # noqa: F401 - the fixture, for every test module
-from tests.replication import replication  # noqa: F401 - the fixture, for every test module
-from tests.topologies import RedisClusterProcesses
-from tiered_memory.app import create_app
-from tiered_memory.core.service import MemoryService
-from tiered_memory.http.keys import HOT_KEY, SERVICE_KEY, STORE_KEY, TEXT_KEY
-from tiered_memory.model import SessionKey
-from tiered_memory.settings import Settings
-from tiered_memory.summarize.extractive import Extractor
-from tiered_memory.summarize.lane import new_pools
-from tiered_memory.testing import Behaviour, FakeLlm
-from tiered_memory.tiers.sql.store import SqlStore
+from tests.helpers.faults import RedisProcess
+from tests.helpers.servers import RealServers, backend_environment
+from tests.helpers.skips import missing, unreachable
+from tests.helpers.topologies import RedisClusterProcesses
+from tiered_memory.testing import FakeLlm
 from tiered_memory.tracing import Tracing
-
-
-@dataclass(frozen=True)
-class RealServers:
-    redis_url: str
-    mysql_url: str  # SQLAlchemy URL of this run's own database
-    run_id: str
-
-
-def required_tool(name: str, install: str) -> str:
-    """The path of a command-line tool a test needs (.ci/run installs each). Missing, the test
-    skips, unless REQUIRE_REAL_BACKENDS=1, where it fails, like the real-backend gate below."""
-    path = shutil.which(name)
-    if path is None:
-        _missing(f"{name} not on PATH ({install})")
-    assert path is not None
-    return path
-
-
-# Topical-Chat validation, beside the project as the tuning data (CI has a copy of shared/ there).
-TOPICALCHAT = Path(__file__).resolve().parents[2] / "shared" / "data" / "topicalchat-valid" / "valid_freq.json"
-FRIENDSQA = Path(__file__).resolve().parents[2] / "shared" / "data" / "friendsqa-dev" / "friendsqa_dev.json"
-
-
-def required_file(path: Path, what: str) -> Path:
-    """A data file a test needs from beside the project. Missing, the test skips, unless
-    REQUIRE_REAL_BACKENDS=1, where it fails, like the real-backend gate below."""
-    if not path.is_file():
-        _missing(f"no {what} at {path}")
-    return path
-
-
-def _unreachable(what: str, exc: Exception) -> None:
-    _missing(f"{what} not reachable ({type(exc).__name__}: {exc})")
-
-
-def _missing(reason: str) -> None:
-    """Skip for `reason` (a server, tool or data file this machine lacks); under
-    REQUIRE_REAL_BACKENDS=1 (CI, which provides all of them) fail instead: nothing is skipped there."""
-    if os.environ.get("REQUIRE_REAL_BACKENDS") == "1":
-        pytest.fail(f"REQUIRE_REAL_BACKENDS=1 but {reason}", pytrace=False)
-    pytest.skip(reason)
-
 
 # What makes a test need the real servers (or their binaries): one of these fixtures, or one of
 # these backend parameters (the real side of a fixture parametrized over backends).
@@ -132,12 +80,12 @@ def _run_servers() -> Iterator[_RunServers]:
         r = redis.Redis.from_url(redis_url, socket_timeout=2)
         r.ping()
     except (redis.RedisError, OSError) as exc:
-        _unreachable(f"Redis at {redis_url}", exc)
+        unreachable(f"Redis at {redis_url}", exc)
     template = f"tm_test_{run_id}"
     try:
         conn = mysql_connect(mysql_base)
     except pymysql.MySQLError as exc:
-        _unreachable(f"MySQL/MariaDB at {mysql_base}", exc)
+        unreachable(f"MySQL/MariaDB at {mysql_base}", exc)
     with conn.cursor() as cur:
         cur.execute(f"CREATE DATABASE `{template}` CHARACTER SET utf8mb4")
     conn.close()
@@ -181,7 +129,7 @@ def _postgres_template() -> Iterator[_PostgresTemplate]:
     try:
         postgres(base, lambda conn: conn.execute(f"CREATE DATABASE \"{db}\" ENCODING 'UTF8'"))
     except (asyncpg.PostgresError, OSError) as exc:
-        _unreachable(f"PostgreSQL at {base}", exc)
+        unreachable(f"PostgreSQL at {base}", exc)
     try:
         migrate_database(f"postgresql+asyncpg://{urlparse(base).netloc}/{db}")
         yield _PostgresTemplate(base, db)
@@ -213,205 +161,21 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClu
         cluster.stop()
 
 
-def redis_flush_prefix(redis_url: str, prefix: str) -> int:
-    """Delete every key under `prefix`: a Redis flush, limited to what this test created."""
-    r = redis.Redis.from_url(redis_url)
-    try:
-        keys = list(r.scan_iter(match=f"{prefix}:*", count=1000))
-        return int(r.delete(*keys)) if keys else 0
-    finally:
-        r.close()
-
-
-def sql_rows(url: str, query: str, *args: object) -> list[tuple[Any, ...]]:
-    """Rows of one query on a real database (MariaDB or PostgreSQL), read directly (not through
-    the daemon); `%s` marks each argument, whichever the server."""
-    parsed = urlparse(url)
-    if parsed.scheme.startswith("postgresql"):
-        numbered = query
-        for n in range(1, len(args) + 1):
-            numbered = numbered.replace("%s", f"${n}", 1)
-
-        async def fetch(conn: asyncpg.Connection) -> list[tuple[Any, ...]]:
-            return [tuple(row) for row in await conn.fetch(numbered, *args)]
-
-        rows: list[tuple[Any, ...]] = postgres(url, fetch)
-        return rows
-    conn = mysql_connect(url, database=parsed.path.lstrip("/"))
-    try:
-        with conn.cursor() as cur:
-            cur.execute(query, args)
-            return list(cur.fetchall())
-    finally:
-        conn.close()
-
-
-@contextlib.contextmanager
-def own_database(url: str) -> Iterator[str]:
-    """A database of its own on the server of `url` (MariaDB or PostgreSQL), as a URL like `url`;
-    dropped afterwards. For tests whose work spans a whole database (purge, sweeps)."""
-    base, _, name = url.rpartition("/")
-    own = f"{name.split('?')[0]}_{uuid.uuid4().hex[:6]}"
-    parsed = urlparse(url)
-    if parsed.scheme.startswith("postgresql"):
-        postgres(url, lambda conn: conn.execute(f"CREATE DATABASE \"{own}\" ENCODING 'UTF8'"))
-        try:
-            yield f"{base}/{own}"
-        finally:
-            postgres(url, lambda conn: conn.execute(f'DROP DATABASE IF EXISTS "{own}" WITH (FORCE)'))
-        return
-    conn = mysql_connect(url)
-    try:
-        with conn.cursor() as cur:
-            cur.execute(f"CREATE DATABASE `{own}` CHARACTER SET utf8mb4")
-        yield f"{base}/{own}"
-    finally:
-        with conn.cursor() as cur:
-            cur.execute(f"DROP DATABASE IF EXISTS `{own}`")
-        conn.close()
-
-
-def backend_environment(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
-    """Environment for the daemon on one backend: the embedded default (`embedded`), real Redis +
-    MariaDB (`real`) or real Redis + PostgreSQL (`postgres`)."""
-    # A loaded CI machine has stalled a SQLite write (its fsync) and a MariaDB statement past the
-    # 3 s default (an append answered 503). No test on these settings means to cut SQL: the tests
-    # that do set their own, shorter timeout over these.
-    env = {"DATA_DIR": str(tmp_path / "data"), "SWEEP_INTERVAL_SECONDS": "3600", "SQL_TIMEOUT_MS": "15000"}
-    if kind in ("real", "postgres"):
-        servers: RealServers = request.getfixturevalue("real_servers")
-        url = servers.mysql_url if kind == "real" else request.getfixturevalue("postgres_url")
-        env |= {
-            "REDIS_URL": servers.redis_url,
-            "REDIS_KEY_PREFIX": f"tmt{servers.run_id}{uuid.uuid4().hex[:6]}",
-            "DATABASE_URL": url,
-            "AUTO_MIGRATE": "true",
-        }
-    return env
-
-
 @pytest.fixture(params=["embedded", "real"])
 def backend_env(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
     """Environment for the daemon on one backend: the embedded default, or real Redis + MariaDB."""
     return backend_environment(request.param, request, tmp_path)
 
 
-# One loaded jieba dictionary for every daemon these tests start in this process (each app
-# would otherwise load its own, a second apiece), and one pool of text workers (each would start
-# its own processes). The pool starts its processes at the first call.
-_EXTRACTOR = Extractor()
-_TEXT_POOLS = new_pools(Settings.from_env({}).text_workers)
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _text_pool() -> Iterator[None]:
-    yield
-    _TEXT_POOLS.shutdown(wait=True, cancel_futures=True)
-
-
-class Daemon:
-    """The daemon under test, served over real HTTP on loopback, restartable with the same settings.
-    `headers` go with every request of `http` (a request's own headers take precedence)."""
-
-    def __init__(
-        self, env: dict[str, str], headers: dict[str, str] | None = None, tracing: Tracing | None = None
-    ) -> None:
-        self.env = env
-        self.headers = headers or {}
-        self.tracing = tracing
-        self.settings = Settings.from_env(env)
-        self.client: TestClient[Any, Any] | None = None
-        self.registry = CollectorRegistry()
-        self.app: web.Application | None = None
-
-    async def start(self) -> None:
-        self.registry = CollectorRegistry()
-        self.app = create_app(
-            self.settings, registry=self.registry, extractor=_EXTRACTOR, text_pools=_TEXT_POOLS, tracing=self.tracing
-        )
-        self.client = TestClient(TestServer(self.app), headers=self.headers)
-        try:
-            await self.client.start_server()
-        except BaseException:
-            await self.client.close()
-            self.client = None
-            raise
-
-    async def stop(self) -> None:
-        if self.client is not None:
-            await self.client.close()
-            self.client = None
-
-    async def restart(self) -> None:
-        await self.stop()
-        await self.start()
-
-    @property
-    def http(self) -> TestClient[Any, Any]:
-        assert self.client is not None
-        return self.client
-
-    @property
-    def service(self) -> MemoryService:
-        assert self.app is not None
-        return self.app[SERVICE_KEY]
-
-    @property
-    def store(self) -> SqlStore:
-        assert self.app is not None
-        return self.app[STORE_KEY]
-
-    async def flush_hot(self) -> None:
-        """Lose the hot tier: delete this daemon's Redis keys, or restart an in-process cache."""
-        if self.settings.redis_url:
-            redis_flush_prefix(self.settings.redis_url, self.settings.redis_key_prefix)
-        else:
-            assert self.app is not None
-            await self.app[HOT_KEY].aclose()
-
-    async def post(self, sid: str, role: str, content: str, **extra: Any) -> dict[str, Any]:
-        resp = await self.http.post(f"/v1/sessions/{sid}/messages", json={"role": role, "content": content, **extra})
-        assert resp.status in (200, 201), await resp.text()
-        body: dict[str, Any] = await resp.json()
-        return body
-
-    async def get(self, path: str) -> dict[str, Any]:
-        resp = await self.http.get(path)
-        assert resp.status == 200, await resp.text()
-        body: dict[str, Any] = await resp.json()
-        return body
-
-    async def stored(self, sid: str) -> list[dict[str, Any]]:
-        """The session's stored messages, as `GET …/messages` lists them (its first page)."""
-        messages: list[dict[str, Any]] = (await self.get(f"/v1/sessions/{sid}/messages"))["messages"]
-        return messages
-
-    async def start_quiet(self, llm: FakeLlm) -> None:
-        """Start, let the start-up sweep finish with a working LLM, and forget the calls it made:
-        on the real servers the database is shared by the run's tests, and the sweep summarizes
-        whatever sessions others left due (their calls would be counted as this test's). The
-        LLM's behaviour is restored after."""
-        behaviour = llm.behaviour
-        llm.behaviour = Behaviour()
-        await self.start()
-        # The start-up sweep runs in a task of its own; a sweep here finds the same due sessions,
-        # and settling waits for the summaries either scheduled (one that comes late finds its
-        # session summarized already and calls no LLM).
-        await self.service.sweep()
-        await self.settle()
-        llm.requests.clear()
-        llm.behaviour = behaviour
-
-    async def settle(self) -> None:
-        """Wait until no summary is scheduled or running and the text workers have nothing of
-        this daemon's to do (appends indexed): bounded."""
-        assert self.app is not None
-        text = self.app[TEXT_KEY]
-        for _ in range(3000):
-            if self.service.summaries.pending == 0 and not text.busy:
-                return
-            await asyncio.sleep(0.01)
-        raise AssertionError("summaries did not settle within 30 s")
+@pytest.fixture(scope="session")
+def text_workers() -> Iterator[TextWorkers]:
+    """The jieba dictionary and text worker pools every daemon of the run shares (their processes
+    start at the first call); shut down at the end of the run."""
+    workers = TextWorkers.new()
+    try:
+        yield workers
+    finally:
+        workers.shutdown()
 
 
 @pytest.fixture
@@ -422,23 +186,8 @@ async def fake_llm() -> AsyncIterator[FakeLlm]:
     await llm.stop()
 
 
-class MakeDaemon(Protocol):
-    """The `make_daemon` fixture's callable: a `Daemon` on `env`, started (after a quiet start
-    against `quiet`, when given; not at all with `start=False`, for a test that starts it itself)."""
-
-    async def __call__(
-        self,
-        env: dict[str, str],
-        *,
-        headers: dict[str, str] | None = None,
-        tracing: Tracing | None = None,
-        quiet: FakeLlm | None = None,
-        start: bool = True,
-    ) -> Daemon: ...
-
-
 @pytest.fixture
-async def make_daemon() -> AsyncIterator[MakeDaemon]:
+async def make_daemon(text_workers: TextWorkers) -> AsyncIterator[MakeDaemon]:
     """Daemons built and started for this test, each stopped at its end whatever happened (also
     one the test stopped or restarted itself: stopping twice is harmless), the last built first,
     like fixtures. Ask for it after the fixtures its daemons' settings come from (backend_env,
@@ -454,7 +203,7 @@ async def make_daemon() -> AsyncIterator[MakeDaemon]:
             quiet: FakeLlm | None = None,
             start: bool = True,
         ) -> Daemon:
-            d = Daemon(env, headers=headers, tracing=tracing)
+            d = Daemon(env, text_workers, headers=headers, tracing=tracing)
             stops.push_async_callback(d.stop)
             if quiet is not None:
                 await d.start_quiet(quiet)
@@ -470,69 +219,6 @@ async def daemon(backend_env: dict[str, str], make_daemon: MakeDaemon) -> Daemon
     return await make_daemon(backend_env)
 
 
-async def play(d: Daemon, sid: str, turns: list[tuple[str, str]]) -> list[dict[str, Any]]:
-    """Post each (user, assistant) pair in order; the answers to the assistant messages."""
-    replies = []
-    for user, assistant in turns:
-        await d.post(sid, "user", user)
-        replies.append(await d.post(sid, "assistant", assistant))
-    return replies
-
-
-def memory_of(system: str) -> str:
-    """The memory inside a context's system message: the text of its one delimited block
-    (quoting.py), which closes the message; fails when the block is not there whole."""
-    _, sep, block = system.partition("<memory>\n")
-    assert sep, system
-    assert block.count("<memory") == 0, system
-    assert block.endswith("\n</memory>"), system
-    assert block.count("</memory>") == 1, system
-    return block.removesuffix("\n</memory>")
-
-
-def job_ended(job: dict[str, Any]) -> bool:
-    return job["state"] in ("done", "failed")
-
-
-async def await_job(
-    d: Daemon,
-    url: str,
-    *,
-    until: Callable[[dict[str, Any]], bool] = job_ended,
-    headers: dict[str, str] | None = None,
-    timeout_s: float = 60.0,
-) -> dict[str, Any]:
-    """The rebuild job at `url` once `until` holds of it (by default: once it ended), polled."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while True:
-        resp = await d.http.get(url, headers=headers)
-        assert resp.status == 200, await resp.text()
-        job: dict[str, Any] = await resp.json()
-        if until(job):
-            return job
-        if loop.time() > deadline:
-            raise AssertionError(f"{url}: {job} after {timeout_s} s")
-        await asyncio.sleep(0.02)
-
-
-async def rebuild(d: Daemon, sid: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
-    """POST …/summary/rebuild, and the job once it ended."""
-    resp = await d.http.post(f"/v1/sessions/{sid}/summary/rebuild", headers=headers)
-    assert resp.status == 202, await resp.text()
-    return await await_job(d, resp.headers["Location"], headers=headers)
-
-
-def llm_env(env: dict[str, str], llm: FakeLlm, **extra: str) -> dict[str, str]:
-    """`env` with summaries by the fake LLM (model `m`), and `extra` settings over both."""
-    return env | {"LLM_BASE_URL": llm.url, "SUMMARY_MODEL": "m"} | extra
-
-
-def new_sid() -> SessionKey:
-    """A new session id: in the tenant-less namespace it is also the session's stored key."""
-    return SessionKey(f"s-{uuid.uuid4().hex[:12]}")
-
-
 @pytest.fixture
 def private_redis(tmp_path: Path) -> Iterator[RedisProcess]:
     """A redis-server of this test's own (no persistence), killed after it."""
@@ -541,3 +227,41 @@ def private_redis(tmp_path: Path) -> Iterator[RedisProcess]:
         yield server
     finally:
         server.kill()
+
+
+@pytest.fixture(scope="session")
+def galera() -> Iterator[galera_kit.GaleraCluster]:
+    """One three-node Galera cluster for the whole run, formed when a test first asks for it
+    (10 to 15 s); stopped at the end. A machine without MariaDB or the Galera provider, or a
+    cluster that will not form, skips the tests that need it, unless REQUIRE_REAL_BACKENDS=1."""
+    lacking = galera_kit.missing_tools()
+    if lacking is not None:
+        missing(f"a Galera cluster needs what is not here: {lacking}")
+    cluster = galera_kit.GaleraCluster()
+    try:
+        cluster.form()
+    except (RuntimeError, OSError, subprocess.SubprocessError, pymysql.MySQLError) as exc:
+        missing(f"a three-node Galera cluster did not form: {exc}")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def replication() -> Iterator[replication_kit.ReplicationPair]:
+    """One primary + replica pair for the whole run, started when a test first asks for it (a few
+    seconds); stopped at the end. A machine without MariaDB, or a pair that will not start, skips
+    the tests that need it, unless REQUIRE_REAL_BACKENDS=1."""
+    lacking = replication_kit.missing_tools()
+    if lacking is not None:
+        missing(f"a MariaDB primary and replica need what is not here: {lacking}")
+    pair = replication_kit.ReplicationPair()
+    try:
+        pair.start()
+    except (RuntimeError, OSError, subprocess.SubprocessError, pymysql.MySQLError) as exc:
+        missing(f"a MariaDB primary and replica did not start: {exc}")
+    try:
+        yield pair
+    finally:
+        pair.stop()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import aiohttp
 
-from tests.conftest import Daemon, MakeDaemon, await_job, llm_env, new_sid, play
+from tests.helpers.daemon import Daemon, MakeDaemon, await_job, llm_env, new_sid, play
 from tiered_memory.http.keys import HOT_KEY
 from tiered_memory.testing import ZH_12_TURNS, Behaviour, DaemonProcess, FakeLlm, processes
 

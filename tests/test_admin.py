@@ -6,10 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import pty
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,9 +15,11 @@ import pytest
 import redis
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from tests.conftest import Daemon, MakeDaemon, backend_environment, new_sid, own_database, play
+from tests.helpers.daemon import Daemon, MakeDaemon, new_sid, play
+from tests.helpers.processes import cli
+from tests.helpers.servers import backend_environment, own_database
 from tiered_memory.model import NewMessage, Role
-from tiered_memory.testing import ZH_12_TURNS, free_port, read_terminal
+from tiered_memory.testing import ZH_12_TURNS, free_port
 from tiered_memory.tiers.sql.maintenance import SqlMaintenance
 from tiered_memory.tiers.sql.schema import sessions
 
@@ -41,24 +39,6 @@ def backend_env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict
         return
     with own_database(url) as own:
         yield env | {"DATABASE_URL": own}
-
-
-def cli(*args: str, env: dict[str, str], stderr_tty: bool = False) -> tuple[int, str, str]:
-    """Run `tiered-memory ARGS` as a process; its exit status, stdout and stderr. With
-    `stderr_tty`, stderr is a pseudo-terminal (where progress draws a bar)."""
-    full_env = os.environ | env | {"LOG_FORMAT": "auto"}
-    cmd = [sys.executable, "-m", "tiered_memory", *args]
-    if not stderr_tty:
-        done = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=100, check=False)
-        return done.returncode, done.stdout, done.stderr
-    master, slave = pty.openpty()
-    with subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=slave) as proc:
-        os.close(slave)
-        out = proc.stdout.read() if proc.stdout else b""
-        err = read_terminal(master)
-        proc.wait(300)
-    os.close(master)
-    return proc.returncode, out.decode(), err.decode(errors="replace")
 
 
 def log_records(stderr: str) -> list[dict[str, Any]]:

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 
 import sqlalchemy as sa
 
-from tests.conftest import Daemon, MakeDaemon, new_sid
+from tests.helpers.daemon import Daemon, MakeDaemon, new_sid
 from tiered_memory.model import Caller
 
 

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,29 +13,13 @@ import redis
 from sqlalchemy import event as sa_event
 from yarl import URL
 
-from tests.conftest import Daemon, MakeDaemon, memory_of, new_sid, play
+from tests.helpers.daemon import Daemon, MakeDaemon, memory_of, new_sid, play, sql_statements
 from tiered_memory.http.keys import HOT_KEY
 from tiered_memory.model import NewMessage, Role, SessionKey, Summary, SummarySource
 from tiered_memory.testing import ZH_12_TURNS, ZH_EARLY_EVIDENCE
 from tiered_memory.tiers.redis.keys import Keys
 
 _JSON = {"Content-Type": "application/json"}
-
-
-@contextlib.contextmanager
-def sql_statements(daemon: Daemon) -> Iterator[list[str]]:
-    """Every SQL statement the daemon sends while the block runs."""
-    statements: list[str] = []
-
-    def count(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
-        statements.append(statement)
-
-    engine = daemon.store._engine.sync_engine
-    sa_event.listen(engine, "before_cursor_execute", count)
-    try:
-        yield statements
-    finally:
-        sa_event.remove(engine, "before_cursor_execute", count)
 
 
 async def test_summaries_are_scheduled_every_third_turn(daemon: Daemon) -> None:

@@ -13,27 +13,16 @@ import aiohttp
 import pytest
 from sqlalchemy import event as sa_event
 
-from tests.conftest import Daemon, MakeDaemon, new_sid, play
+from tests.helpers.auth import ACME, ADMIN, OTHER, bearer
+from tests.helpers.daemon import Daemon, MakeDaemon, new_sid, play
 from tiered_memory.http.keys import HOT_KEY
 from tiered_memory.model import SessionKey
 from tiered_memory.testing import ZH_12_TURNS
 
-ADMIN = "admin-token-0123456789abcdef"
-ACME = "acme-token-0123456789abcdef"
-OTHER = "other-token-0123456789abcdef"
 FORBIDDEN = {"error": {"code": "forbidden", "message": "session not accessible with these credentials"}}
 # What the owner said, which no other caller may ever see.
 SECRET_Q = "我的病历编号是 XK-4417，请帮我查一下复诊时间。"
 SECRET_A = "XK-4417 的复诊时间是下周三上午九点。"
-
-
-def bearer(token: str, user: str | None = None, tenant: str | None = None) -> dict[str, str]:
-    headers = {"Authorization": f"Bearer {token}"}
-    if user is not None:
-        headers["X-User-ID"] = user
-    if tenant is not None:
-        headers["X-Tenant"] = tenant
-    return headers
 
 
 @pytest.fixture

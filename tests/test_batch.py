@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Daemon, new_sid
-from tests.test_admin import cli
+from tests.helpers.daemon import Daemon, new_sid
+from tests.helpers.processes import cli
 from tiered_memory.testing import ZH_12_TURNS, ZH_EARLY_EVIDENCE
 
 

@@ -1,8 +1,10 @@
-"""The benchmark script still runs: a smoke run on the embedded default produces every figure."""
+"""The benchmark still runs from a checkout (`python -m bench.bench`, bench/ is not installed): a
+smoke run on the embedded default produces every figure; so does `python -m bench.trace_cost`."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -34,12 +36,13 @@ def _positive(figures: dict[str, float]) -> bool:
 @pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_quick_embedded_run_reports_every_operation_and_ceiling(tmp_path: Path) -> None:
-    """`bench.py --quick --embedded` exits 0 and its JSON holds, at concurrency 1 and 64, every
+    """`python -m bench.bench --quick --embedded` exits 0 and its JSON holds, at concurrency 1 and 64, every
     operation and ceiling with positive throughput and latencies, their ratios, the growth sweep,
     the memory and slow-LLM figures, and a verdict for each target."""
     out = tmp_path / "bench.json"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench.py"), "--quick", "--embedded", "--json", str(out)],
+        [sys.executable, "-m", "bench.bench", "--quick", "--embedded", "--json", str(out)],
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=140,
@@ -69,13 +72,17 @@ def test_quick_embedded_run_reports_every_operation_and_ceiling(tmp_path: Path) 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_the_trace_cost_script_measures_tracing_off_and_on(tmp_path: Path) -> None:
-    """`trace_cost.py` exits 0 with both daemons' figures, their ratio, and spans that reached its
+    """`python -m bench.trace_cost` exits 0 with both daemons' figures, their ratio, and spans that reached its
     collector from the daemon with tracing on."""
     out = tmp_path / "trace_cost.json"
     args = ["--rounds", "1", "--seconds", "1", "--concurrency", "2", "--json", str(out)]
+    # Run outside the checkout (its daemons' files land in tmp_path): the checkout on PYTHONPATH
+    # is what finds bench/ there, as `-m` finds it in the current directory.
+    pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "trace_cost.py"), *args],
+        [sys.executable, "-m", "bench.trace_cost", *args],
         cwd=tmp_path,
+        env=os.environ | {"PYTHONPATH": pythonpath},
         capture_output=True,
         text=True,
         timeout=110,

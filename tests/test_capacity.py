@@ -1,4 +1,4 @@
-"""scripts/capacity.py: the calculator of docs/CAPACITY.md, run as an operator runs it, on the
+"""`python -m bench.capacity`: the calculator of docs/CAPACITY.md, run as an operator runs it, on the
 committed measurements (docs/capacity.json)."""
 
 from __future__ import annotations
@@ -12,14 +12,17 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "scripts" / "capacity.py"
 FLEET = ["--sessions-per-day", "1000000", "--turns-per-session", "12", "--concurrent", "5000"]
 
 
 def _run(tmp_path: Path, *args: str) -> tuple[str, dict[str, Any]]:
     out = tmp_path / "plan.json"
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), *args, "--json", str(out)], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "bench.capacity", *args, "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return done.stdout, json.loads(out.read_text())
 
@@ -70,6 +73,8 @@ def test_more_cores_per_replica_need_fewer_replicas(tmp_path: Path) -> None:
     ],
 )
 def test_bad_arguments_exit_2_with_the_reason(args: list[str]) -> None:
-    done = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.capacity", *args], cwd=ROOT, capture_output=True, text=True, check=False
+    )
     assert done.returncode == 2
     assert "error:" in done.stderr

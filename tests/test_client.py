@@ -17,8 +17,9 @@ from urllib.parse import urlparse
 
 import pytest
 
-from tests.conftest import Daemon, MakeDaemon, RealServers, llm_env, new_sid, sql_rows
-from tests.faults import TcpProxy, proxied
+from tests.helpers.daemon import Daemon, MakeDaemon, TextWorkers, base_url, llm_env, new_sid
+from tests.helpers.faults import TcpProxy, proxied
+from tests.helpers.servers import RealServers, sql_rows
 from tiered_memory.client import (
     AsyncClient,
     Client,
@@ -39,10 +40,6 @@ ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "client-test-token-0123456789"
 ACME = "acme-client-token-0123456789"
 DURATION = "tiered_memory_request_duration_seconds_count"
-
-
-def base_url(d: Daemon) -> str:
-    return str(d.http.make_url("")).rstrip("/")
 
 
 def requests_seen(d: Daemon, route: str, method: str, status: int) -> float:
@@ -285,7 +282,7 @@ async def test_a_retry_after_a_cut_connection_stores_the_message_once(daemon: Da
 
 
 @pytest.mark.real
-async def test_a_503_is_retried_after_its_retry_after(real_servers: RealServers) -> None:
+async def test_a_503_is_retried_after_its_retry_after(real_servers: RealServers, text_workers: TextWorkers) -> None:
     """With SQL cut the daemon answers 503 with Retry-After: 1; the client waits that long and
     retries; SQL is back by then, and the message is stored once. Without SQL for good, the
     client gives up with Unavailable(status=503)."""
@@ -303,7 +300,7 @@ async def test_a_503_is_retried_after_its_retry_after(real_servers: RealServers)
             "SQL_TIMEOUT_MS": "15000",
             "SQL_BREAKER_RESET_SECONDS": "0.5",
         }
-        d = Daemon(env)
+        d = Daemon(env, text_workers)
         await d.start()
         try:
             sid = new_sid()

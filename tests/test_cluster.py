@@ -7,10 +7,11 @@ import uuid
 
 import pytest
 
-from tests.conftest import Daemon, MakeDaemon, RealServers, new_sid, play, sql_rows
-from tests.failover import kill_master_under_load
-from tests.test_crash import Gateway
-from tests.topologies import RedisClusterProcesses
+from tests.helpers.daemon import Daemon, MakeDaemon, new_sid, play
+from tests.helpers.failover import kill_master_under_load
+from tests.helpers.gateway import Gateway
+from tests.helpers.servers import RealServers, sql_rows
+from tests.helpers.topologies import RedisClusterProcesses
 from tiered_memory.testing import ZH_12_TURNS, ZH_EARLY_EVIDENCE
 from tiered_memory.tiers.redis.keys import Keys
 

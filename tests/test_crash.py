@@ -20,68 +20,12 @@ import aiohttp
 import pytest
 import redis
 
-from tests.conftest import RealServers, new_sid, sql_rows
+from tests.helpers.daemon import new_sid
+from tests.helpers.gateway import Gateway, covered_turns, crash_env, stored_ids, turn_count
+from tests.helpers.servers import RealServers, sql_rows
 from tiered_memory.testing import DaemonProcess, FakeLlm, processes
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
-
-
-def _env(real_servers: RealServers, prefix: str, llm: FakeLlm, **extra: str) -> dict[str, str]:
-    return {
-        "REDIS_URL": real_servers.redis_url,
-        "REDIS_KEY_PREFIX": prefix,
-        "DATABASE_URL": real_servers.mysql_url,
-        "AUTO_MIGRATE": "true",
-        "LLM_BASE_URL": llm.url,
-        "SUMMARY_MODEL": "fake",
-        "SUMMARY_FORMAT": "text",
-        "SUMMARY_EVERY_N_TURNS": "3",
-        "SWEEP_INTERVAL_SECONDS": "0.5",
-        "LOG_FORMAT": "json",  # the log is read as JSON lines
-    } | extra
-
-
-class Gateway:
-    """One conversation as a gateway drives it: turns in order, each message retried with its
-    message_id until the daemon acknowledges it; `acked` is what the daemon acknowledged."""
-
-    def __init__(self, sid: str) -> None:
-        self.sid = sid
-        self.acked: list[str] = []
-        self.pending: tuple[str, str, str] | None = None  # message_id, role, content
-
-    def message(self, turn: int, role: str) -> tuple[str, str, str]:
-        text = f"«{self.sid}» 第{turn}轮{'问题' if role == 'user' else '回答'}：编号{turn * 7 + 3}"
-        return f"{self.sid}-{turn}-{role}", role, text
-
-    async def send(self, http: aiohttp.ClientSession, base_url: str, message: tuple[str, str, str]) -> bool:
-        """One attempt; True when acknowledged."""
-        message_id, role, content = message
-        self.pending = message
-        body = {"role": role, "content": content, "message_id": message_id}
-        try:
-            async with http.post(f"{base_url}/v1/sessions/{self.sid}/messages", json=body) as resp:
-                if resp.status not in (200, 201):
-                    return False
-        except (aiohttp.ClientError, TimeoutError):
-            return False
-        self.acked.append(message_id)
-        self.pending = None
-        return True
-
-
-def _stored(real_servers: RealServers, sid: str) -> list[str]:
-    query = "SELECT message_id FROM messages WHERE session_id=%s ORDER BY seq"
-    return [r[0] for r in sql_rows(real_servers.mysql_url, query, sid)]
-
-
-def _covered(real_servers: RealServers, sid: str) -> int:
-    rows = sql_rows(real_servers.mysql_url, "SELECT covered_turns FROM conversation_summaries WHERE session_id=%s", sid)
-    return int(rows[0][0]) if rows else 0
-
-
-def _turns(real_servers: RealServers, sid: str) -> int:
-    return int(sql_rows(real_servers.mysql_url, "SELECT turn_count FROM sessions WHERE session_id=%s", sid)[0][0])
 
 
 async def _until(check: Any, timeout_s: float = 60.0) -> None:
@@ -109,7 +53,7 @@ async def test_sigkill_mid_work_loses_nothing_and_stores_nothing_twice(
     due summary gets done; and the hot tier serves each session's true last message."""
     fake_llm.behaviour.delay_s = 0.4
     prefix = f"tmt{real_servers.run_id}{uuid.uuid4().hex[:6]}"
-    daemon = DaemonProcess(_env(real_servers, prefix, fake_llm), tmp_path / "daemon.log")
+    daemon = DaemonProcess(crash_env(real_servers, prefix, fake_llm), tmp_path / "daemon.log")
     gateways = [Gateway(new_sid()) for _ in range(8)]
 
     async def converse(g: Gateway, http: aiohttp.ClientSession, first_turn: int, last_turn: int) -> None:
@@ -139,11 +83,11 @@ async def test_sigkill_mid_work_loses_nothing_and_stores_nothing_twice(
                 await converse(g, http, turn + 1, turn + 2)
 
             for g in gateways:
-                assert _stored(real_servers, g.sid) == g.acked, g.sid
+                assert stored_ids(real_servers, g.sid) == g.acked, g.sid
             assert sum(len(g.acked) for g in gateways) > acked_before_kill
             for g in gateways:
-                turns = _turns(real_servers, g.sid)
-                await _until(lambda g=g, turns=turns: _covered(real_servers, g.sid) >= turns - turns % 3)
+                turns = turn_count(real_servers, g.sid)
+                await _until(lambda g=g, turns=turns: covered_turns(real_servers, g.sid) >= turns - turns % 3)
                 async with http.get(f"{daemon.url}/v1/sessions/{g.sid}/context") as resp:
                     ctx = await resp.json()
                 assert ctx["messages"][-1]["content"] == g.message(turns, "assistant")[2]
@@ -173,7 +117,7 @@ async def test_sigterm_drains_a_running_summary_within_the_grace(
     fake_llm.behaviour.delay_s = 2.0
     prefix = f"tmt{real_servers.run_id}{uuid.uuid4().hex[:6]}"
     daemon = DaemonProcess(
-        _env(real_servers, prefix, fake_llm, SHUTDOWN_GRACE_SECONDS="10", SWEEP_INTERVAL_SECONDS="3600"),
+        crash_env(real_servers, prefix, fake_llm, SHUTDOWN_GRACE_SECONDS="10", SWEEP_INTERVAL_SECONDS="3600"),
         tmp_path / "daemon.log",
     )
     g = Gateway(new_sid())
@@ -182,7 +126,7 @@ async def test_sigterm_drains_a_running_summary_within_the_grace(
             code, elapsed = await _sigterm_while_summarizing(daemon, g, http, fake_llm)
         assert code == 0
         assert elapsed < 10
-        assert _covered(real_servers, g.sid) == 3
+        assert covered_turns(real_servers, g.sid) == 3
         assert fake_llm.completed == 1
     finally:
         _cleanup(real_servers, prefix)
@@ -195,7 +139,7 @@ async def test_sigterm_past_the_grace_cancels_and_the_restart_finishes_it(
     and the next start-up's sweep does it."""
     fake_llm.behaviour.delay_s = 12.0
     prefix = f"tmt{real_servers.run_id}{uuid.uuid4().hex[:6]}"
-    env = _env(real_servers, prefix, fake_llm, SHUTDOWN_GRACE_SECONDS="1", LLM_TIMEOUT_SECONDS="60")
+    env = crash_env(real_servers, prefix, fake_llm, SHUTDOWN_GRACE_SECONDS="1", LLM_TIMEOUT_SECONDS="60")
     log_path = tmp_path / "daemon.log"
     daemon = DaemonProcess(env, log_path)
     g = Gateway(new_sid())
@@ -206,13 +150,13 @@ async def test_sigterm_past_the_grace_cancels_and_the_restart_finishes_it(
             # The HTTP shutdown and the summary drain, each at most the 1 s grace, plus the
             # process's own start of shutdown and exit: never the LLM's 12 s.
             assert elapsed < 2 * 1 + 4
-            assert _covered(real_servers, g.sid) == 0
+            assert covered_turns(real_servers, g.sid) == 0
             log_events = [json.loads(line)["event"] for line in log_path.read_text().splitlines() if line[:1] == "{"]
             assert "summaries_cancelled_at_shutdown" in log_events
 
             fake_llm.behaviour.delay_s = 0.0
             await daemon.start()
-            await _until(lambda: _covered(real_servers, g.sid) == 3)
+            await _until(lambda: covered_turns(real_servers, g.sid) == 3)
     finally:
         _cleanup(real_servers, prefix)
 
@@ -226,8 +170,8 @@ async def test_two_processes_share_sessions_without_losing_order_or_summaries(
     version, and close is idempotent from either process."""
     fake_llm.behaviour.delay_s = 0.3
     prefix = f"tmt{real_servers.run_id}{uuid.uuid4().hex[:6]}"
-    a = DaemonProcess(_env(real_servers, prefix, fake_llm), tmp_path / "a.log")
-    b = DaemonProcess(_env(real_servers, prefix, fake_llm), tmp_path / "b.log")
+    a = DaemonProcess(crash_env(real_servers, prefix, fake_llm), tmp_path / "a.log")
+    b = DaemonProcess(crash_env(real_servers, prefix, fake_llm), tmp_path / "b.log")
     gateways = [Gateway(new_sid()) for _ in range(6)]
     turns = 12
 
@@ -262,8 +206,8 @@ async def test_two_processes_share_sessions_without_losing_order_or_summaries(
             r = redis.Redis.from_url(real_servers.redis_url)
             try:
                 for g in gateways:
-                    assert _stored(real_servers, g.sid) == g.acked
-                    assert _turns(real_servers, g.sid) == turns
+                    assert stored_ids(real_servers, g.sid) == g.acked
+                    assert turn_count(real_servers, g.sid) == turns
                     assert fake_llm.max_in_flight_by_marker.get(g.sid, 0) == 1, g.sid
                     async with http.get(f"{a.url}/v1/sessions/{g.sid}/slices") as resp:
                         slices = (await resp.json())["slices"]

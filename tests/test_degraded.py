@@ -5,7 +5,8 @@ from __future__ import annotations
 import pymysql
 import pytest
 
-from tests.conftest import Daemon, MakeDaemon, RealServers, new_sid, play
+from tests.helpers.daemon import Daemon, MakeDaemon, TextWorkers, new_sid, play
+from tests.helpers.servers import RealServers
 from tiered_memory.errors import ConfigError
 from tiered_memory.testing import ZH_12_TURNS, ZH_EARLY_EVIDENCE
 
@@ -81,7 +82,7 @@ async def test_delete_with_redis_down_asks_for_a_retry(real_servers: RealServers
     assert (await d.http.get(f"/v1/sessions/{sid}")).status == 404
 
 
-async def test_unmigrated_database_stops_start_up(real_servers: RealServers) -> None:
+async def test_unmigrated_database_stops_start_up(real_servers: RealServers, text_workers: TextWorkers) -> None:
     """On a reachable MySQL database without the schema (and AUTO_MIGRATE off) start-up stops with
     a message naming what to do, instead of answering 500 to every write."""
     db = f"tm_test_{real_servers.run_id}_nomig"
@@ -89,7 +90,7 @@ async def test_unmigrated_database_stops_start_up(real_servers: RealServers) -> 
     with admin.cursor() as cur:
         cur.execute(f"CREATE DATABASE `{db}`")
     try:
-        d = Daemon({"DATABASE_URL": real_servers.mysql_url.rsplit("/", 1)[0] + f"/{db}"})
+        d = Daemon({"DATABASE_URL": real_servers.mysql_url.rsplit("/", 1)[0] + f"/{db}"}, text_workers)
         with pytest.raises(ConfigError, match="run `tiered-memory migrate`"):
             await d.start()
     finally:

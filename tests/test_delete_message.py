@@ -10,7 +10,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from tests.conftest import Daemon, new_sid, play
+from tests.helpers.daemon import Daemon, new_sid, play
 from tiered_memory.client import AsyncClient, Conflict
 from tiered_memory.testing import ZH_12_TURNS
 from tiered_memory.tiers.sql.schema import sessions

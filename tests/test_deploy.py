@@ -20,7 +20,8 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
-from tests.conftest import MakeDaemon, required_tool
+from tests.helpers.daemon import MakeDaemon
+from tests.helpers.skips import required_tool
 from tiered_memory import cli
 from tiered_memory.cli import masked
 from tiered_memory.settings import Settings

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TOPICALCHAT, required_file
+from tests.helpers.skips import TOPICALCHAT, required_file
 from tiered_memory.eval.baselines import (
     BASELINES,
     bm25_question,

@@ -1,4 +1,4 @@
-"""Lifecycle events through a real receiver process (tests/receiver.py): what each event says and
+"""Lifecycle events through a real receiver process (tests/helpers/receiver.py): what each event says and
 in which order, signed as docs/OPERATIONS.md documents (its snippet is what checks them here), a
 receiver slow for one session, the Redis stream sink, and, on real Redis + MariaDB, delivery
 through a receiver that fails, hangs and drops connections while the daemon is SIGKILLed and
@@ -20,8 +20,9 @@ import aiohttp
 import pytest
 import redis
 
-from tests.conftest import Daemon, MakeDaemon, RealServers, new_sid, redis_flush_prefix, sql_rows
-from tests.processes import run_cli
+from tests.helpers.daemon import Daemon, MakeDaemon, TextWorkers, new_sid
+from tests.helpers.processes import run_cli
+from tests.helpers.servers import RealServers, redis_flush_prefix, sql_rows
 from tiered_memory.errors import ConfigError
 from tiered_memory.settings import Settings
 from tiered_memory.startup import load_settings
@@ -49,14 +50,14 @@ def documented_verify(tmp: Path) -> Verify:
 
 
 class Receiver:
-    """tests/receiver.py as a child process; `mode` changes what it does with the next request."""
+    """tests/helpers/receiver.py as a child process; `mode` changes what it does with the next request."""
 
     def __init__(self, tmp: Path) -> None:
         port = free_port()
         self.record = tmp / "received.jsonl"
         self.mode_file = tmp / "mode"
         self.process = ChildProcess(
-            [sys.executable, "-m", "tests.receiver", str(port), str(self.record), str(self.mode_file)],
+            [sys.executable, "-m", "tests.helpers.receiver", str(port), str(self.record), str(self.mode_file)],
             port=port,
             log_path=tmp / "receiver.log",
             cwd=ROOT,
@@ -211,7 +212,9 @@ async def test_a_receiver_slow_for_one_session_holds_up_only_that_session(
 
 
 @pytest.mark.real
-async def test_events_go_to_a_redis_stream_too(real_servers: RealServers, receiver: Receiver, tmp_path: Path) -> None:
+async def test_events_go_to_a_redis_stream_too(
+    real_servers: RealServers, receiver: Receiver, tmp_path: Path, text_workers: TextWorkers
+) -> None:
     prefix = f"tmev{uuid.uuid4().hex[:8]}"
     stream = f"{prefix}:events"
     env = {
@@ -223,7 +226,7 @@ async def test_events_go_to_a_redis_stream_too(real_servers: RealServers, receiv
         "SWEEP_INTERVAL_SECONDS": "3600",
         "EVENTS_STREAM": stream,
     }
-    d = Daemon(env)
+    d = Daemon(env, text_workers)
     await d.start()
     sid = new_sid()
     client = redis.Redis.from_url(real_servers.redis_url)
@@ -463,7 +466,9 @@ def test_webhooks_may_be_required_to_be_https() -> None:
 
 
 @pytest.mark.real
-async def test_one_replica_at_a_time_delivers(real_servers: RealServers, receiver: Receiver, tmp_path: Path) -> None:
+async def test_one_replica_at_a_time_delivers(
+    real_servers: RealServers, receiver: Receiver, tmp_path: Path, text_workers: TextWorkers
+) -> None:
     """Two replicas on the same stores and settings: each event reaches the receiver once, sent by
     whichever holds the delivery lock."""
     prefix = f"tmtwo{uuid.uuid4().hex[:8]}"
@@ -476,7 +481,7 @@ async def test_one_replica_at_a_time_delivers(real_servers: RealServers, receive
         "WEBHOOK_URLS": receiver.url,
         "WEBHOOK_SECRET": SECRET,
     }
-    replicas = [Daemon(env | {"DATA_DIR": str(tmp_path / f"r{n}")}) for n in range(2)]
+    replicas = [Daemon(env | {"DATA_DIR": str(tmp_path / f"r{n}")}, text_workers) for n in range(2)]
     for d in replicas:
         await d.start()
     sids = [new_sid() for _ in range(4)]

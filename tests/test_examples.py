@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Daemon, MakeDaemon, new_sid, required_tool
+from tests.helpers.daemon import Daemon, MakeDaemon, new_sid
+from tests.helpers.skips import required_tool
 from tiered_memory.client import AsyncClient
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -14,8 +14,9 @@ from urllib.parse import urlparse
 
 import pytest
 
-from tests.conftest import Daemon, MakeDaemon, RealServers, llm_env, new_sid, play, sql_rows
-from tests.faults import RedisProcess, TcpProxy, proxied
+from tests.helpers.daemon import Daemon, MakeDaemon, llm_env, new_sid, play
+from tests.helpers.faults import RedisProcess, TcpProxy, proxied
+from tests.helpers.servers import RealServers, sql_rows
 from tiered_memory.testing import ZH_12_TURNS, ZH_EARLY_EVIDENCE, FakeLlm
 
 pytestmark = pytest.mark.real

@@ -1,4 +1,4 @@
-"""The SQL tiers on a three-node MariaDB Galera cluster (tests/galera.py), each test on a database
+"""The SQL tiers on a three-node MariaDB Galera cluster (tests/helpers/galera.py), each test on a database
 of its own: the contract's basics on one node, migrations and appends through all three nodes at
 once, a summary's compare-and-set across nodes, and a node killed under load.
 
@@ -24,9 +24,9 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from tests.conftest import new_sid
-from tests.galera import GaleraCluster
-from tests.processes import run_cli
+from tests.helpers.daemon import new_sid
+from tests.helpers.galera import GaleraCluster
+from tests.helpers.processes import run_cli
 from tiered_memory.errors import Conflict, SqlUnavailable
 from tiered_memory.model import AppendResult, NewMessage, Role, SessionKey, Summary, SummarySource
 from tiered_memory.tiers.sql.engine import create_engine

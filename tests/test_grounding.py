@@ -7,7 +7,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from tests.test_properties import _bounded
+from tests.helpers.examples import bounded
 from tiered_memory.summarize.grounding import Dropped, Source, grounded_payload, payload_texts, sentences, ungrounded
 
 # A support call in English: what the user said, what the tool looked up, what the assistant answered.
@@ -246,7 +246,7 @@ _PIECES = st.sampled_from(
 _TEXT = st.lists(_PIECES, max_size=30).map("".join)
 
 
-@_bounded(400)
+@bounded(400)
 @given(said=st.lists(_TEXT, min_size=1, max_size=3), other=_TEXT)
 def test_a_source_text_is_grounded_in_its_source(said: list[str], other: str) -> None:
     """Whatever a source text holds, an item that repeats it whole is grounded: each side reads
@@ -256,7 +256,7 @@ def test_a_source_text_is_grounded_in_its_source(said: list[str], other: str) ->
         assert ungrounded(text, source) is None, text
 
 
-@_bounded(200)
+@bounded(200)
 @given(said=st.lists(_TEXT, min_size=1, max_size=3), start=_TEXT)
 def test_a_number_the_source_lacks_is_ungrounded(said: list[str], start: str) -> None:
     """An item stating a value the source holds in no spelling is dropped, whatever else it says

@@ -13,9 +13,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.conftest import RealServers, new_sid
-from tests.faults import RedisProcess
-from tests.test_crash import _env
+from tests.helpers.daemon import new_sid
+from tests.helpers.faults import RedisProcess
+from tests.helpers.gateway import crash_env
+from tests.helpers.servers import RealServers
 from tiered_memory.model import Message, Owner, Role, SessionCounters, SessionKey
 from tiered_memory.testing import DaemonProcess, FakeLlm, processes
 from tiered_memory.tiers.hot import RecentBound
@@ -153,8 +154,8 @@ async def test_two_processes_never_read_what_the_other_just_replaced(
     through the other (which never writes it, so only Redis's invalidations can tell it): its
     context always holds that message and its count is exact."""
     prefix = f"tmt{real_servers.run_id}{uuid.uuid4().hex[:6]}"
-    a = DaemonProcess(_env(real_servers, prefix, fake_llm), tmp_path / "a.log")
-    b = DaemonProcess(_env(real_servers, prefix, fake_llm), tmp_path / "b.log")
+    a = DaemonProcess(crash_env(real_servers, prefix, fake_llm), tmp_path / "a.log")
+    b = DaemonProcess(crash_env(real_servers, prefix, fake_llm), tmp_path / "b.log")
     sid = new_sid()
     async with processes(a, b), aiohttp.ClientSession() as http:
         for n in range(1, 61):

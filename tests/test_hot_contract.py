@@ -10,7 +10,9 @@ from collections.abc import AsyncIterator
 import pytest
 import redis
 
-from tests.conftest import RealServers, new_sid, redis_flush_prefix
+from tests.helpers.daemon import new_sid
+from tests.helpers.hot import HISTORY_TTL, RECENT, SUMMARY_TTL, redis_tier, tier_of
+from tests.helpers.servers import RealServers, redis_flush_prefix
 from tiered_memory.errors import HotUnavailable
 from tiered_memory.model import Message, Owner, Role, SessionCounters, SessionKey, Summary, SummarySource
 from tiered_memory.tiers.codec import MessageDecoder, encode_message
@@ -18,23 +20,8 @@ from tiered_memory.tiers.hot import HotExpiries, HotTier, RecentBound
 from tiered_memory.tiers.memory_hot import MemoryHot
 from tiered_memory.tiers.postings import STALE, pack
 from tiered_memory.tiers.redis.hot import RedisHot
-from tiered_memory.tiers.redis.keys import Keys
 
-RECENT = RecentBound(least=4, most=4)
-SUMMARY_TTL = 7200
-HISTORY_TTL = 1800
 OWNER = Owner("acme", "u1")
-
-
-def _redis_tier(url: str, prefix: str, recent: RecentBound = RECENT) -> RedisHot:
-    return RedisHot.from_url(
-        url,
-        keys=Keys(prefix),
-        timeout_s=1.0,
-        summary_ttl_s=SUMMARY_TTL,
-        history_ttl_s=HISTORY_TTL,
-        recent=recent,
-    )
 
 
 class Clock:
@@ -49,24 +36,8 @@ class Clock:
 # client, which URLs with options (and TLS, sockets) get.
 @pytest.fixture(params=["memory", "redis", "redis-py"])
 async def hot(request: pytest.FixtureRequest) -> AsyncIterator[HotTier]:
-    async for tier in _tier_of(request, RECENT):
+    async for tier in tier_of(request, RECENT):
         yield tier
-
-
-async def _tier_of(request: pytest.FixtureRequest, recent: RecentBound) -> AsyncIterator[HotTier]:
-    """The tier of the fixture's parameter, its list bounded by `recent`; a Redis one under a key
-    prefix of its own, flushed after."""
-    if request.param == "memory":
-        yield MemoryHot(max_sessions=100, summary_ttl_s=SUMMARY_TTL, history_ttl_s=HISTORY_TTL, recent=recent)
-        return
-    servers: RealServers = request.getfixturevalue("real_servers")
-    prefix = f"tmt{servers.run_id}{uuid.uuid4().hex[:6]}"
-    url = servers.redis_url if request.param == "redis" else f"{servers.redis_url}?socket_keepalive=true"
-    tier = _redis_tier(url, prefix, recent)
-    assert (tier._mux is not None) == (request.param == "redis")
-    yield tier
-    await tier.aclose()
-    redis_flush_prefix(servers.redis_url, prefix)
 
 
 def msg(sid: SessionKey, seq: int, role: Role = Role.USER) -> Message:
@@ -109,7 +80,7 @@ TEXTS += [*"zyxwvu", "the sixteenth one is long", *"srq"]
 
 @pytest.fixture(params=["memory", "redis"])
 async def by_chars(request: pytest.FixtureRequest) -> AsyncIterator[HotTier]:
-    async for tier in _tier_of(request, CHARS):
+    async for tier in tier_of(request, CHARS):
         yield tier
 
 
@@ -246,7 +217,7 @@ async def test_delete_forgets_the_session(hot: HotTier) -> None:
 async def test_redis_keys_are_hash_tagged_with_ttls(real_servers: RealServers) -> None:
     """Every key of a session carries the {session_id} hash tag and the configured TTL."""
     prefix = f"tmt{real_servers.run_id}{uuid.uuid4().hex[:6]}"
-    tier = _redis_tier(real_servers.redis_url, prefix)
+    tier = redis_tier(real_servers.redis_url, prefix)
     sid = new_sid()
     try:
         await tier.record_append(msg(sid, 1), SessionCounters(0, 1, 1.0, OWNER))
@@ -384,7 +355,7 @@ async def test_undecodable_redis_values_are_a_miss_not_a_crash(real_servers: Rea
     answers), and SQL's answer replaces it, even one claiming a higher version (another release's,
     a bad write): otherwise every read of the session would go to SQL until its TTL."""
     prefix = f"tmt{real_servers.run_id}{uuid.uuid4().hex[:6]}"
-    tier = _redis_tier(real_servers.redis_url, prefix)
+    tier = redis_tier(real_servers.redis_url, prefix)
     sid = new_sid()
     raw = redis.Redis.from_url(real_servers.redis_url)
     try:

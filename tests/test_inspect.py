@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Daemon, MakeDaemon, memory_of, new_sid, play
+from tests.helpers.daemon import Daemon, MakeDaemon, memory_of, new_sid, play
 from tiered_memory.http.inspect import CONTENT_SECURITY_POLICY
 from tiered_memory.prompt.policy import ORIGINS
 from tiered_memory.settings import Settings

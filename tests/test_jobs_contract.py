@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tests.conftest import new_sid
-from tests.test_hot_contract import RECENT, _tier_of
+from tests.helpers.daemon import new_sid
+from tests.helpers.hot import RECENT, tier_of
 from tiered_memory.model import JobState, RebuildJob, SessionKey, SummarySource
 from tiered_memory.tiers.hot import HotTier
 from tiered_memory.tiers.jobs import JobStore
@@ -22,7 +22,7 @@ from tiered_memory.tiers.redis.keys import Keys
 
 @pytest.fixture(params=["memory", "redis", "redis-py"])
 async def hot(request: pytest.FixtureRequest) -> AsyncIterator[HotTier]:
-    async for tier in _tier_of(request, RECENT):
+    async for tier in tier_of(request, RECENT):
         yield tier
 
 

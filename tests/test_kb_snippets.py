@@ -9,7 +9,7 @@ import json
 from typing import Any
 from urllib.parse import urlencode
 
-from tests.conftest import Daemon, MakeDaemon, memory_of, new_sid, play
+from tests.helpers.daemon import Daemon, MakeDaemon, memory_of, new_sid, play
 from tiered_memory.prompt.context import ChatMessage
 from tiered_memory.prompt.kb_snippets import (
     KB_SHARE,

@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from tests.conftest import Daemon, MakeDaemon, new_sid, play
+from tests.helpers.daemon import Daemon, MakeDaemon, new_sid, play
 from tiered_memory.client import AsyncClient, Client
 from tiered_memory.model import SessionKey
 from tiered_memory.testing import ZH_12_TURNS

@@ -16,8 +16,8 @@ import structlog
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from tests.conftest import MakeDaemon, llm_env, new_sid, play
-from tests.test_tools import _order_turn
+from tests.helpers.daemon import MakeDaemon, llm_env, new_sid, play
+from tests.helpers.tool_calls import order_turn
 from tiered_memory.breaker import CircuitBreaker
 from tiered_memory.errors import LlmFailed
 from tiered_memory.metrics import Metrics
@@ -694,7 +694,7 @@ async def test_tool_results_and_the_previous_summary_ground_the_next_pass(
     fake_llm.behaviour = Behaviour(text=json.dumps(reply))
     d = await make_daemon(_grounding_env(backend_env, fake_llm, "structured"), quiet=fake_llm)
     sid = new_sid()
-    await _order_turn(d, sid)
+    await order_turn(d, sid)
     await play(d, sid, EN_3_TURNS[1:3])
     await d.settle()
     await play(d, sid, [("Thanks. Can I change the address?", "Yes, I have noted it for the courier.")] * 3)

@@ -15,8 +15,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.conftest import new_sid
-from tests.processes import run_cli
+from tests.helpers.daemon import new_sid
+from tests.helpers.processes import run_cli
 from tiered_memory.testing import Behaviour, DaemonProcess, FakeLlm, read_terminal
 
 # ASCII, so that no renderer's escaping of other characters could hide it from the search.

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Daemon, MakeDaemon, llm_env, memory_of, new_sid, play, rebuild
+from tests.helpers.daemon import Daemon, MakeDaemon, llm_env, memory_of, new_sid, play, rebuild
 from tiered_memory.testing import ZH_12_TURNS, Behaviour, FakeLlm
 
 

@@ -19,7 +19,8 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.dialects import mysql
 
-from tests.conftest import Daemon, MakeDaemon, RealServers, new_sid, own_database
+from tests.helpers.daemon import Daemon, MakeDaemon, TextWorkers, new_sid
+from tests.helpers.servers import RealServers, own_database
 from tiered_memory.errors import ConfigError
 from tiered_memory.tiers.sql.migrate import config, head_version
 from tiered_memory.tiers.sql.schema import SCHEMA_VERSION, metadata
@@ -270,7 +271,7 @@ def test_a_new_database_gets_exactly_the_declared_schema(database: str, tmp_path
 
 @pytest.mark.parametrize("version", ["1-early", "1", "2", "3"])
 async def test_an_old_database_is_migrated_without_loss_and_served(
-    database: str, tmp_path: Path, version: str, make_daemon: MakeDaemon
+    database: str, tmp_path: Path, version: str, make_daemon: MakeDaemon, text_workers: TextWorkers
 ) -> None:
     """A database made by schema version 1, 2 or 3 with a conversation in it: the daemon refuses
     to start on it unmigrated; `tiered-memory migrate` brings it to the declared schema keeping
@@ -285,7 +286,7 @@ async def test_an_old_database_is_migrated_without_loss_and_served(
         with engine.begin() as conn:
             fill_legacy(conn, old, sid, version=version)
 
-        refused = Daemon(env)
+        refused = Daemon(env, text_workers)
         with pytest.raises(ConfigError, match="tiered-memory migrate"):
             await refused.start()
 

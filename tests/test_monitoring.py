@@ -17,9 +17,10 @@ import yaml
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import Daemon, MakeDaemon, new_sid, play, required_tool
-from tests.faults import RedisProcess
-from tests.promql import Selector, grouping_labels, selectors
+from tests.helpers.daemon import Daemon, MakeDaemon, new_sid, play
+from tests.helpers.faults import RedisProcess
+from tests.helpers.promql import Selector, grouping_labels, selectors
+from tests.helpers.skips import required_tool
 from tiered_memory.http.api import add_routes
 from tiered_memory.testing import Behaviour, FakeLlm
 

@@ -24,7 +24,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from tests.conftest import Daemon, MakeDaemon, play
+from tests.helpers.daemon import Daemon, MakeDaemon, play
 from tiered_memory.testing import ZH_12_TURNS
 
 _METHODS = {"get", "put", "post", "delete", "patch", "head", "options", "trace"}

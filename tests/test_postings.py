@@ -12,7 +12,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 import pytest
 import redis
 
-from tests.conftest import RealServers, new_sid, redis_flush_prefix
+from tests.helpers.daemon import new_sid
+from tests.helpers.servers import RealServers, redis_flush_prefix
 from tiered_memory.core.recall import TERM_SCAN, around, asked_kind, boosted, search, with_neighbours
 from tiered_memory.model import Message, MessageStatus, Role, SessionKey
 from tiered_memory.tiers.hot import RecentBound

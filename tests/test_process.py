@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import RealServers
+from tests.helpers.servers import RealServers
 from tiered_memory.testing import DaemonProcess, command
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _walk(args: list[str]) -> list[dict[str, object]]:
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "walkthrough.py"), *args],
+        [sys.executable, "-m", "bench.walkthrough", *args],
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=100,  # under the test's own 120 s, so that this one says what hung

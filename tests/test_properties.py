@@ -13,10 +13,11 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.conftest import Daemon, new_sid
+from tests.helpers.daemon import Daemon, new_sid
+from tests.helpers.examples import bounded
 from tiered_memory.errors import InvalidInput
 from tiered_memory.http.input import parse_message
 from tiered_memory.model import Message, MessageStatus, NewMessage, Role, SessionKey
@@ -25,18 +26,6 @@ from tiered_memory.prompt.kb_snippets import KB_SHARE, fitting, reserve, shown
 from tiered_memory.prompt.policy import Candidates, choose
 from tiered_memory.summarize.extractive import Extractor
 from tiered_memory.text.quoting import frame_chars
-
-
-def _bounded(max_examples: int) -> settings:
-    """Derandomized, no example database, no deadline (CI machines are shared and slow)."""
-    return settings(
-        derandomize=True,
-        database=None,
-        deadline=None,
-        max_examples=max_examples,
-        suppress_health_check=[HealthCheck.too_slow],
-    )
-
 
 # Any code point, lone surrogates included: JSON can carry "\ud800" and Python accepts it as str.
 _ANY_TEXT = st.text(st.characters(exclude_categories=()), max_size=60)
@@ -83,7 +72,7 @@ def _utf8(text: str) -> bool:
     return True
 
 
-@_bounded(200)
+@bounded(200)
 @given(body=_BODIES, max_bytes=st.sampled_from([1, 5, 40, 32_768]))
 def test_parse_message_accepts_or_refuses_with_invalid_input(body: dict[str, Any], max_bytes: int) -> None:
     """Any JSON object is either a valid NewMessage or an InvalidInput naming a field; no other
@@ -131,7 +120,7 @@ async def test_http_appends_answer_4xx_for_anything_malformed(daemon: Daemon, ro
         info = await daemon.get(f"/v1/sessions/{sid}")
         return resp.status, reply, info["message_count"]
 
-    @_bounded(60)
+    @bounded(60)
     @given(body=_WIRE_BODIES)
     def check(body: bytes) -> None:
         before = asyncio.run_coroutine_threadsafe(daemon.store.get_session(sid), loop).result(30)
@@ -181,7 +170,7 @@ def _messages(items: list[tuple[tuple[Role, MessageStatus], str]], first_seq: in
     return out
 
 
-@_bounded(100)
+@bounded(100)
 @given(
     first=_CONVERSATIONS,
     second=_CONVERSATIONS,
@@ -218,7 +207,7 @@ _BUDGET_MESSAGES = st.lists(
 ).map(_messages)
 
 
-@_bounded(200)
+@bounded(200)
 @given(
     summary=st.none() | st.text(st.sampled_from("摘要ab "), max_size=200),
     messages=_BUDGET_MESSAGES,
@@ -243,7 +232,7 @@ def test_the_chosen_context_never_exceeds_its_budget(
         assert any(answered[-1].content[-1:] in m.content for m in turns)
 
 
-@_bounded(200)
+@bounded(200)
 @given(
     summary=st.none() | st.text(st.sampled_from("摘要ab "), max_size=200),
     messages=_BUDGET_MESSAGES,

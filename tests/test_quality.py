@@ -16,7 +16,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.conftest import FRIENDSQA, TOPICALCHAT, RealServers, required_file
+from tests.helpers.servers import RealServers
+from tests.helpers.skips import FRIENDSQA, TOPICALCHAT, required_file
 from tiered_memory.eval.command import shipped_set
 from tiered_memory.eval.daemon import ChildDaemon
 from tiered_memory.eval.dataset import Conversation, chain_sittings, load_jsonl, read_topicalchat

@@ -9,7 +9,7 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import Daemon, memory_of, new_sid, play
+from tests.helpers.daemon import Daemon, memory_of, new_sid, play
 from tiered_memory.prompt.memo import memo_of, view_of
 from tiered_memory.testing import ZH_12_TURNS
 from tiered_memory.text.quoting import frame_chars, memory_block, quoted

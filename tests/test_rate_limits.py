@@ -14,7 +14,8 @@ from aiohttp.base_protocol import BaseProtocol
 from aiohttp.streams import StreamReader
 from aiohttp.test_utils import make_mocked_request
 
-from tests.conftest import Daemon, MakeDaemon, RealServers, new_sid, redis_flush_prefix
+from tests.helpers.daemon import Daemon, MakeDaemon, TextWorkers, new_sid
+from tests.helpers.servers import RealServers, redis_flush_prefix
 from tiered_memory.errors import ConfigError
 from tiered_memory.http.rate_limit import request_cost
 from tiered_memory.settings import Rate, Settings, parse_rate, parse_rate_limits
@@ -266,7 +267,7 @@ async def test_a_request_its_tenant_refuses_costs_its_token_nothing(
     assert 'tiered_memory_rate_limited_total{scope="token"}' not in metrics
 
 
-async def test_replicas_draw_on_one_bucket(real_servers: RealServers) -> None:
+async def test_replicas_draw_on_one_bucket(real_servers: RealServers, text_workers: TextWorkers) -> None:
     """With Redis, two replicas share a token's bucket: 5 a second in all, not 5 each. (On the
     embedded default each process has its own: one process is the deployment.)"""
     env = {
@@ -277,7 +278,7 @@ async def test_replicas_draw_on_one_bucket(real_servers: RealServers) -> None:
         "API_TOKENS": ROOT,
         "TOKEN_RATE_LIMIT": "5/s",
     }
-    first, second = Daemon(env), Daemon(env)
+    first, second = Daemon(env, text_workers), Daemon(env, text_workers)
     await first.start()
     await second.start()
     try:

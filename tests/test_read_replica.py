@@ -3,7 +3,7 @@ answered there when it holds the session's last write this process knows, by the
 lags behind that, hangs or is gone; through the store, and end to end through the daemon.
 
 Each test works in a database of its own, created on the primary of the run's pair (`replication`,
-tests/replication.py) and dropped after.
+tests/helpers/replication.py) and dropped after.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import Daemon, MakeDaemon, RealServers, new_sid, play
-from tests.replication import ReplicationPair
+from tests.helpers.daemon import Daemon, MakeDaemon, new_sid, play
+from tests.helpers.replication import ReplicationPair
+from tests.helpers.servers import RealServers
 from tiered_memory.model import NewMessage, Role, SessionKey, Summary, SummarySource
 from tiered_memory.testing import free_port
 from tiered_memory.tiers.sql.engine import create_engine

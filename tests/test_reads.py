@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests.conftest import memory_of, new_sid
-from tests.embedded import DENTIST_TURNS, embedded
+from tests.helpers.daemon import TextWorkers, memory_of, new_sid
+from tests.helpers.embedded import DENTIST_TURNS, embedded
 from tiered_memory.app import build_history, build_reads
 from tiered_memory.core.reads import SessionReads
 from tiered_memory.errors import Forbidden
@@ -45,9 +45,9 @@ class Parts:
 
 
 @pytest.fixture
-async def parts(tmp_path: Path) -> AsyncIterator[Parts]:
+async def parts(tmp_path: Path, text_workers: TextWorkers) -> AsyncIterator[Parts]:
     """SessionReads over the embedded stores, composed as MemoryService does."""
-    async with embedded(tmp_path) as e:
+    async with embedded(tmp_path, text_workers) as e:
         history = build_history(e.settings, store=e.store, hot=e.hot, text=e.text, metrics=e.metrics)
         reads = build_reads(
             e.settings,

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Daemon, MakeDaemon, backend_environment, llm_env, new_sid
+from tests.helpers.daemon import Daemon, MakeDaemon, llm_env, new_sid
+from tests.helpers.servers import backend_environment
 from tiered_memory.ops.importer import BadLine, _lines
 from tiered_memory.testing import Behaviour, FakeLlm
 

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Daemon, MakeDaemon, RealServers, await_job, llm_env, new_sid, play
+from tests.helpers.daemon import Daemon, MakeDaemon, await_job, llm_env, new_sid, play
+from tests.helpers.servers import RealServers
 from tiered_memory.http.keys import HOT_KEY
 from tiered_memory.model import JobState, RebuildJob
 from tiered_memory.testing import ZH_12_TURNS, Behaviour, FakeLlm

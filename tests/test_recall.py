@@ -10,9 +10,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Daemon, MakeDaemon, new_sid, play
-from tests.test_api import sql_statements
-from tests.test_text_lane import _slow
+from tests.helpers.daemon import Daemon, MakeDaemon, new_sid, play, sql_statements
+from tests.helpers.lane_calls import slow_call
 from tiered_memory.http.keys import HOT_KEY, TEXT_KEY
 from tiered_memory.model import SessionKey
 from tiered_memory.summarize.extractive import Extractor
@@ -152,7 +151,7 @@ async def test_a_question_does_not_wait_for_the_indexing_of_its_window(daemon: D
     text = daemon.app[TEXT_KEY]
     # The indexer's calls for the next appends queue behind another tenant's background call
     # that lasts while this test asks (background work has one worker of the two).
-    held = asyncio.create_task(text.call(Ticket("other", 1), _slow, "held", 3.0))
+    held = asyncio.create_task(text.call(Ticket("other", 1), slow_call, "held", 3.0))
     deadline = time.monotonic() + 5
     while not text.busy:  # taken by its worker at once, once the task runs
         assert time.monotonic() < deadline

@@ -19,10 +19,12 @@ import aiohttp
 import pytest
 import redis.cluster
 
-from tests.conftest import RealServers, _unreachable, new_sid, sql_rows
-from tests.nginx import Nginx
-from tests.test_crash import Gateway, _covered, _stored, _turns
-from tests.topologies import RedisClusterProcesses
+from tests.helpers.daemon import new_sid
+from tests.helpers.gateway import Gateway, covered_turns, stored_ids, turn_count
+from tests.helpers.nginx import Nginx
+from tests.helpers.servers import RealServers, sql_rows
+from tests.helpers.skips import unreachable
+from tests.helpers.topologies import RedisClusterProcesses
 from tiered_memory.testing import DaemonProcess, FakeLlm, processes
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
@@ -95,11 +97,11 @@ async def _check_sessions(
 ) -> None:
     """What one process would guarantee, checked in SQL, Redis and the fake LLM's record."""
     for g in gateways:
-        assert _stored(servers, g.sid) == g.acked, g.sid
-        assert _turns(servers, g.sid) == TURNS
+        assert stored_ids(servers, g.sid) == g.acked, g.sid
+        assert turn_count(servers, g.sid) == TURNS
         deadline = time.monotonic() + 90
-        while _covered(servers, g.sid) < TURNS:
-            assert time.monotonic() < deadline, f"{g.sid}: summary stuck at {_covered(servers, g.sid)}"
+        while covered_turns(servers, g.sid) < TURNS:
+            assert time.monotonic() < deadline, f"{g.sid}: summary stuck at {covered_turns(servers, g.sid)}"
             await asyncio.sleep(0.2)
         assert llm.max_in_flight_by_marker.get(g.sid, 0) == 1, g.sid
         async with http.get(f"{base}/v1/sessions/{g.sid}/slices") as resp:
@@ -134,7 +136,7 @@ async def _replicas(
         balancer = Nginx(tmp_path / "nginx", [d.port for d in daemons])
     except RuntimeError as exc:
         # Like a server that is not there: a skip, or a failure under REQUIRE_REAL_BACKENDS=1.
-        _unreachable("nginx", exc)
+        unreachable("nginx", exc)
     try:
         await asyncio.gather(*(d.start() for d in daemons))
         nginx = balancer.start()

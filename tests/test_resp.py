@@ -15,7 +15,7 @@ import uvloop
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
-from tests.faults import RedisProcess, proxied
+from tests.helpers.faults import RedisProcess, proxied
 from tiered_memory.breaker import CircuitBreaker
 from tiered_memory.model import HotSession, SessionKey
 from tiered_memory.tiers.hot import RecentBound

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import MakeDaemon, RealServers, new_sid
-from tests.failover import kill_master_under_load
-from tests.test_crash import Gateway
-from tests.topologies import SentinelGroup
+from tests.helpers.daemon import MakeDaemon, new_sid
+from tests.helpers.failover import kill_master_under_load
+from tests.helpers.gateway import Gateway
+from tests.helpers.servers import RealServers
+from tests.helpers.topologies import SentinelGroup
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 

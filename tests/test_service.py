@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests.conftest import new_sid
-from tests.embedded import DENTIST_TURNS, embedded
+from tests.helpers.daemon import TextWorkers, new_sid
+from tests.helpers.embedded import DENTIST_TURNS, embedded
 from tiered_memory.app import build_job, build_service
 from tiered_memory.core.service import MemoryService
 from tiered_memory.errors import Forbidden, NotFound
@@ -43,10 +43,10 @@ class Parts:
 
 
 @pytest.fixture
-async def parts(tmp_path: Path) -> AsyncIterator[Parts]:
+async def parts(tmp_path: Path, text_workers: TextWorkers) -> AsyncIterator[Parts]:
     """A MemoryService composed as app.py does (summaries every 3 turns, persisted at close from
     2), over the embedded stores. Background summaries are waited for at the end."""
-    async with embedded(tmp_path) as e:
+    async with embedded(tmp_path, text_workers) as e:
         job = build_job(e.settings, store=e.store, hot=e.hot, text=e.text, tagger=e.tagger, llm=None, metrics=e.metrics)
         service = build_service(
             e.settings, store=e.store, hot=e.hot, job=job, text=e.text, tagger=e.tagger, metrics=e.metrics

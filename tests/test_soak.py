@@ -1,4 +1,4 @@
-"""A short run of `scripts/soak.py` in CI: concurrent sessions against a daemon process on real
+"""A short run of `python -m bench.soak` in CI: concurrent sessions against a daemon process on real
 Redis and MariaDB while a private Redis is killed, restarted and flushed and the LLM fails. The
 script checks from SQL that every acknowledged message is stored exactly once and in order and
 that every closed session has its final summary; its exit status says whether all of it held.
@@ -14,7 +14,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from tests.conftest import RealServers
+from tests.helpers.servers import RealServers
 
 _ROOT = Path(__file__).resolve().parent.parent
 
@@ -28,10 +28,11 @@ def test_short_soak_with_faults_loses_nothing(real_servers: RealServers, tmp_pat
     done = subprocess.run(
         [
             sys.executable,
-            str(_ROOT / "scripts" / "soak.py"),
+            *("-m", "bench.soak"),
             *("--duration", "24", "--sessions", "8", "--turns", "5", "--concurrency", "6"),
             *("--mysql-url", server, "--seed", "7", "--json", str(report)),
         ],
+        cwd=_ROOT,
         capture_output=True,
         text=True,
         timeout=280,

@@ -17,7 +17,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from tests.conftest import RealServers, new_sid, own_database
+from tests.helpers.daemon import new_sid
+from tests.helpers.servers import RealServers, own_database
 from tiered_memory.errors import Conflict, Forbidden, SqlUnavailable
 from tiered_memory.model import Caller, NewMessage, Owner, Role, SessionKey, Summary, SummarySource
 from tiered_memory.testing import free_port

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Daemon, new_sid, play
+from tests.helpers.daemon import Daemon, new_sid, play
 from tiered_memory.testing import ZH_12_TURNS
 
 _TRACKER = {"kb_topic": "活力健", "keywords": ["价格", "用法"], "turn": 2}

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import MakeDaemon, llm_env, new_sid, play
+from tests.helpers.daemon import MakeDaemon, llm_env, new_sid, play
 from tiered_memory.payload import check_text, looks_like_answer, newest_lines, planning_history
 from tiered_memory.testing import ZH_12_TURNS, Behaviour, FakeLlm
 

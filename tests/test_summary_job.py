@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests.conftest import new_sid
-from tests.embedded import DENTIST_TURNS, embedded
+from tests.helpers.daemon import TextWorkers, new_sid
+from tests.helpers.embedded import DENTIST_TURNS, embedded
 from tiered_memory.model import NewMessage, Role, SessionKey, SummarySource
 from tiered_memory.summarize.job import JobResult, Outcome, SummaryJob
 from tiered_memory.tiers.hot import HotTier
@@ -30,9 +30,9 @@ class Parts:
 
 
 @pytest.fixture
-async def parts(tmp_path: Path) -> AsyncIterator[Parts]:
+async def parts(tmp_path: Path, text_workers: TextWorkers) -> AsyncIterator[Parts]:
     """A SummaryJob over the embedded stores, composed as app.py does."""
-    async with embedded(tmp_path) as e:
+    async with embedded(tmp_path, text_workers) as e:
         job = SummaryJob(
             store=e.store,
             hot=e.hot,

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.lane_calls import slow_call
 from tiered_memory.errors import Overloaded
 from tiered_memory.model import Message, Role, SessionKey
 from tiered_memory.summarize.extractive import Extractor
@@ -23,12 +24,6 @@ from tiered_memory.summarize.lane import TextLane, TextQueueFull, Ticket, text_b
 
 # Long enough that the order of calls is the lane's, not the machine's.
 _CALL_S = 0.3
-
-
-def _slow(extractor: Extractor, tag: str, seconds: float) -> tuple[str, int]:
-    """A call that takes `seconds`, and says which process ran it."""
-    time.sleep(seconds)
-    return tag, os.getpid()
 
 
 def _touch(extractor: Extractor, path: str) -> None:
@@ -49,7 +44,7 @@ async def lane() -> AsyncIterator[TextLane]:
 
 
 async def test_the_work_runs_in_other_processes_with_the_extractors_words(lane: TextLane) -> None:
-    _, pid = await lane.call(Ticket("acme", 1), _slow, "a", 0)
+    _, pid = await lane.call(Ticket("acme", 1), slow_call, "a", 0)
     assert pid != os.getpid()
     terms = await lane.call(Ticket("acme", 10), Extractor.search_terms_of, ["王小明订了活力健", "Order 4471 ships"])
     assert terms == Extractor().search_terms_of(["王小明订了活力健", "Order 4471 ships"])
@@ -59,7 +54,7 @@ async def test_a_tenants_backlog_delays_another_tenant_by_one_call_at_most(lane:
     done: list[str] = []
 
     async def run(ticket: Ticket, tag: str) -> None:
-        done.append((await lane.call(ticket, _slow, tag, _CALL_S))[0])
+        done.append((await lane.call(ticket, slow_call, tag, _CALL_S))[0])
 
     flood = [asyncio.create_task(run(Ticket("hostile", 1), f"h{i}")) for i in range(5)]
     await asyncio.sleep(0.05)
@@ -69,9 +64,9 @@ async def test_a_tenants_backlog_delays_another_tenant_by_one_call_at_most(lane:
 
 
 async def test_a_requests_call_does_not_wait_behind_background_work(lane: TextLane) -> None:
-    flood = [asyncio.create_task(lane.call(Ticket("hostile", 1), _slow, f"h{i}", 5 * _CALL_S)) for i in range(2)]
+    flood = [asyncio.create_task(lane.call(Ticket("hostile", 1), slow_call, f"h{i}", 5 * _CALL_S)) for i in range(2)]
     await asyncio.sleep(0.05)
-    await lane.call(Ticket("normal", 1, urgent=True), _slow, "q", 0)
+    await lane.call(Ticket("normal", 1, urgent=True), slow_call, "q", 0)
     # Background work takes one worker of the two: the request's call had the other, and was
     # answered while the first background call still ran.
     assert not any(t.done() for t in flood)
@@ -99,7 +94,7 @@ async def test_a_tenants_questions_delay_another_tenants_by_one_call_at_most(lan
     done: list[str] = []
 
     async def run(ticket: Ticket, tag: str) -> None:
-        done.append((await lane.call(ticket, _slow, tag, _CALL_S / 3))[0])
+        done.append((await lane.call(ticket, slow_call, tag, _CALL_S / 3))[0])
 
     flood = [asyncio.create_task(run(Ticket("hostile", 1, urgent=True), f"h{i}")) for i in range(5)]
     await asyncio.sleep(0.05)
@@ -108,25 +103,25 @@ async def test_a_tenants_questions_delay_another_tenants_by_one_call_at_most(lan
 
 
 async def test_a_tenants_queue_is_bounded_in_bytes_and_refused_past_it(lane: TextLane) -> None:
-    running = asyncio.create_task(lane.call(Ticket("hostile", 60), _slow, "h0", _CALL_S))
+    running = asyncio.create_task(lane.call(Ticket("hostile", 60), slow_call, "h0", _CALL_S))
     await asyncio.sleep(0.05)
-    queued = asyncio.create_task(lane.call(Ticket("hostile", 60), _slow, "h1", 0))
+    queued = asyncio.create_task(lane.call(Ticket("hostile", 60), slow_call, "h1", 0))
     await asyncio.sleep(0)
     assert lane.queued_bytes == 60
     with pytest.raises(TextQueueFull):
-        await lane.call(Ticket("hostile", 60), _slow, "h2", 0)
+        await lane.call(Ticket("hostile", 60), slow_call, "h2", 0)
     # It is an overload, answered 503 `overloaded` to whoever waited on it.
     assert issubclass(TextQueueFull, Overloaded)
     # Another tenant's work is queued whatever the first's queue holds, and so is the tenant's
     # own call that a request waits on (a recall's catch-up): its backlog does not refuse it.
-    assert (await lane.call(Ticket("normal", 60), _slow, "n0", 0))[0] == "n0"
-    assert (await lane.call(Ticket("hostile", 60, waited=True), _slow, "w0", 0))[0] == "w0"
+    assert (await lane.call(Ticket("normal", 60), slow_call, "n0", 0))[0] == "n0"
+    assert (await lane.call(Ticket("hostile", 60, waited=True), slow_call, "w0", 0))[0] == "w0"
     await asyncio.gather(running, queued)
     assert lane.queued_bytes == 0
 
 
 async def test_a_call_whose_caller_left_is_not_run(lane: TextLane, tmp_path: Path) -> None:
-    first = asyncio.create_task(lane.call(Ticket("acme", 1), _slow, "a", _CALL_S))
+    first = asyncio.create_task(lane.call(Ticket("acme", 1), slow_call, "a", _CALL_S))
     await asyncio.sleep(0.05)
     marker = tmp_path / "ran"
     left = asyncio.create_task(lane.call(Ticket("acme", 40), _touch, str(marker)))
@@ -134,18 +129,18 @@ async def test_a_call_whose_caller_left_is_not_run(lane: TextLane, tmp_path: Pat
     left.cancel()
     await first
     # One background call at a time, in order: had the left call run, it would have before this.
-    assert (await lane.call(Ticket("acme", 1), _slow, "c", 0))[0] == "c"
+    assert (await lane.call(Ticket("acme", 1), slow_call, "c", 0))[0] == "c"
     assert not marker.exists()
     assert lane.queued_bytes == 0
 
 
 async def test_a_worker_that_dies_is_replaced(lane: TextLane) -> None:
-    _, before = await lane.call(Ticket("acme", 1), _slow, "a", 0)
+    _, before = await lane.call(Ticket("acme", 1), slow_call, "a", 0)
     # A call that kills its worker breaks the pool; it is taken once more to a new pool, where
     # it kills a worker again: it fails, and the lane goes on with the new pool.
     with pytest.raises(Exception, match="terminated abruptly"):
         await lane.call(Ticket("acme", 1), _die)
-    _, after = await lane.call(Ticket("acme", 1), _slow, "b", 0)
+    _, after = await lane.call(Ticket("acme", 1), slow_call, "b", 0)
     assert after != before
 
 
@@ -157,26 +152,26 @@ async def test_summaries_and_indexing_run_through_the_lane_in_threads_too() -> N
         messages = [Message(SessionKey("s"), 1, 1, Role.USER, "我叫王小明，订单4471明天到", "m1", 0.0)]
         extraction = await text.call(Ticket("", text_bytes(messages)), Extractor.extract, messages, max_chars=200)
         assert "4471" in extraction.text
-        _, pid = await text.call(Ticket("", 1), _slow, "a", 0)
+        _, pid = await text.call(Ticket("", 1), slow_call, "a", 0)
         assert pid == os.getpid()
     finally:
         await text.aclose()
 
 
 async def test_a_worker_killed_while_idle_is_replaced_at_the_next_call(lane: TextLane) -> None:
-    _, pid = await lane.call(Ticket("acme", 1), _slow, "a", 0)
+    _, pid = await lane.call(Ticket("acme", 1), slow_call, "a", 0)
     os.kill(pid, signal.SIGKILL)
     await asyncio.sleep(0.5)
     # The pool refuses the submission itself; the call goes to a new pool.
-    assert (await lane.call(Ticket("acme", 1), _slow, "b", 0))[0] == "b"
-    assert (await lane.call(Ticket("acme", 1, urgent=True), _slow, "c", 0))[0] == "c"
+    assert (await lane.call(Ticket("acme", 1), slow_call, "b", 0))[0] == "b"
+    assert (await lane.call(Ticket("acme", 1, urgent=True), slow_call, "c", 0))[0] == "c"
 
 
 async def test_calls_that_carry_no_text_are_served_like_the_others(lane: TextLane) -> None:
     """A tool call's message has no content: its call is 0 bytes, and is served all the same."""
-    busy = asyncio.create_task(lane.call(Ticket("acme", 1), _slow, "a", _CALL_S))
+    busy = asyncio.create_task(lane.call(Ticket("acme", 1), slow_call, "a", _CALL_S))
     await asyncio.sleep(0.05)
-    calls = [lane.call(Ticket("acme", size, waited=True), _slow, f"w{size}", 0) for size in (5, 0, 0)]
+    calls = [lane.call(Ticket("acme", size, waited=True), slow_call, f"w{size}", 0) for size in (5, 0, 0)]
     assert [tag for tag, _ in await asyncio.wait_for(asyncio.gather(*calls), 30)] == ["w5", "w0", "w0"]
     await busy
     assert lane.queued_bytes == 0

@@ -13,34 +13,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import Daemon, MakeDaemon, llm_env, new_sid
+from tests.helpers.daemon import Daemon, MakeDaemon, llm_env, new_sid
+from tests.helpers.tool_calls import ORDER, order_turn, send_message, tool_call
 from tiered_memory.model import Message, Role, SessionKey
 from tiered_memory.prompt.context import alternate, compose
 from tiered_memory.prompt.policy import Candidates, choose
 from tiered_memory.testing import Behaviour, FakeLlm
 from tiered_memory.text.dialogue import shown_and_events, tool_fields
 from tiered_memory.text.quoting import frame_chars
-
-_ORDER = '{"order_id":"A123","status":"shipped","tracking":"1Z999AA10123456784","eta":"2026-12-05","total":"59.90 USD"}'
-
-
-def _call(call_id: str, name: str = "lookup_order", arguments: str = '{"order_id":"A123"}') -> dict[str, Any]:
-    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
-
-
-async def _send(daemon: Daemon, sid: str, body: dict[str, Any], status: int = 201) -> dict[str, Any]:
-    resp = await daemon.http.post(f"/v1/sessions/{sid}/messages", json=body)
-    assert resp.status == status, await resp.text()
-    answer: dict[str, Any] = await resp.json()
-    return answer
-
-
-async def _order_turn(daemon: Daemon, sid: str, n: int = 1) -> None:
-    """A turn whose reply used a tool: question, call, result, reply."""
-    await _send(daemon, sid, {"role": "user", "content": f"Where is my order A123? ({n})"})
-    await _send(daemon, sid, {"role": "assistant", "content": None, "tool_calls": [_call(f"call-{n}")]})
-    await _send(daemon, sid, {"role": "tool", "tool_call_id": f"call-{n}", "name": "lookup_order", "content": _ORDER})
-    await _send(daemon, sid, {"role": "assistant", "content": f"Your order A123 has shipped. ({n})"})
 
 
 def _size(m: dict[str, Any]) -> int:
@@ -77,19 +57,19 @@ async def test_a_tool_turn_is_stored_verbatim_and_shown_in_provider_order(daemon
     """The call and its result are stored as sent and come back in the context between the
     question and the reply; the tool traffic belongs to the turn the reply completes."""
     sid = new_sid()
-    await _order_turn(daemon, sid)
+    await order_turn(daemon, sid)
     stored = (await daemon.get(f"/v1/sessions/{sid}/messages"))["messages"]
     assert [(m["role"], m["turn"]) for m in stored] == [("user", 1), ("assistant", 1), ("tool", 1), ("assistant", 1)]
-    assert stored[1]["tool_calls"] == [_call("call-1")]
-    assert (stored[2]["tool_call_id"], stored[2]["name"], stored[2]["content"]) == ("call-1", "lookup_order", _ORDER)
+    assert stored[1]["tool_calls"] == [tool_call("call-1")]
+    assert (stored[2]["tool_call_id"], stored[2]["name"], stored[2]["content"]) == ("call-1", "lookup_order", ORDER)
     assert "tool_calls" not in stored[0]
     assert "tool_call_id" not in stored[3]
     assert (await daemon.get(f"/v1/sessions/{sid}"))["turn_count"] == 1
     ctx = await daemon.get(f"/v1/sessions/{sid}/context")
     assert ctx["messages"] == [
         {"role": "user", "content": "Where is my order A123? (1)"},
-        {"role": "assistant", "content": None, "tool_calls": [_call("call-1")]},
-        {"role": "tool", "content": _ORDER, "tool_call_id": "call-1", "name": "lookup_order"},
+        {"role": "assistant", "content": None, "tool_calls": [tool_call("call-1")]},
+        {"role": "tool", "content": ORDER, "tool_call_id": "call-1", "name": "lookup_order"},
         {"role": "assistant", "content": "Your order A123 has shipped. (1)"},
     ]
     await daemon.flush_hot()  # the same from SQL
@@ -101,15 +81,15 @@ async def test_results_are_moved_next_to_their_call_and_a_call_without_results_i
     call is not shown (a provider refuses it); then it is, with both results right after it, in
     call order, whatever order they were stored in."""
     sid = new_sid()
-    await _send(daemon, sid, {"role": "user", "content": "Book a table for 4 at Nopa and a taxi at 7pm"})
-    calls = [_call("c-table", "book_table", '{"guests":4}'), _call("c-taxi", "book_taxi", '{"at":"19:00"}')]
-    await _send(daemon, sid, {"role": "assistant", "content": "One moment.", "tool_calls": calls})
-    await _send(daemon, sid, {"role": "tool", "tool_call_id": "c-taxi", "content": "taxi TX-88 at 19:00"})
+    await send_message(daemon, sid, {"role": "user", "content": "Book a table for 4 at Nopa and a taxi at 7pm"})
+    calls = [tool_call("c-table", "book_table", '{"guests":4}'), tool_call("c-taxi", "book_taxi", '{"at":"19:00"}')]
+    await send_message(daemon, sid, {"role": "assistant", "content": "One moment.", "tool_calls": calls})
+    await send_message(daemon, sid, {"role": "tool", "tool_call_id": "c-taxi", "content": "taxi TX-88 at 19:00"})
     held = (await daemon.get(f"/v1/sessions/{sid}/context"))["messages"]
     assert [m["role"] for m in held] == ["user"]
-    await _send(daemon, sid, {"role": "user", "content": "Thanks, hurry please"})
-    await _send(daemon, sid, {"role": "tool", "tool_call_id": "c-table", "content": "table T-12 at 19:30"})
-    await _send(daemon, sid, {"role": "assistant", "content": "Table T-12 at 19:30 and taxi TX-88 at 19:00."})
+    await send_message(daemon, sid, {"role": "user", "content": "Thanks, hurry please"})
+    await send_message(daemon, sid, {"role": "tool", "tool_call_id": "c-table", "content": "table T-12 at 19:30"})
+    await send_message(daemon, sid, {"role": "assistant", "content": "Table T-12 at 19:30 and taxi TX-88 at 19:00."})
     ctx = (await daemon.get(f"/v1/sessions/{sid}/context"))["messages"]
     assert_provider_valid(ctx)
     assert [(m["role"], m.get("tool_call_id")) for m in ctx] == [
@@ -128,7 +108,7 @@ async def test_no_window_or_budget_splits_a_call_from_its_results(daemon: Daemon
     sid = new_sid()
     for n in range(1, 13):
         if n % 2:
-            await _order_turn(daemon, sid, n)
+            await order_turn(daemon, sid, n)
         else:
             await daemon.post(sid, "user", f"And my other parcel B{n}77, when will it come?")
             await daemon.post(sid, "assistant", f"Parcel B{n}77 arrives on day {n} of next month, before noon.")
@@ -149,13 +129,15 @@ async def test_a_call_with_two_results_leaves_the_reply_its_room(daemon: Daemon)
     budget the reply closes the context, and the sequence is one a provider accepts. (A second
     result taken for a unit of its own was kept at 60 characters, and the reply was dropped for it.)"""
     sid = new_sid()
-    await _send(daemon, sid, {"role": "user", "content": "Where are my orders A123 and B456?"})
-    calls = [_call("call-a"), _call("call-b", arguments='{"order_id":"B456"}')]
-    await _send(daemon, sid, {"role": "assistant", "content": None, "tool_calls": calls})
+    await send_message(daemon, sid, {"role": "user", "content": "Where are my orders A123 and B456?"})
+    calls = [tool_call("call-a"), tool_call("call-b", arguments='{"order_id":"B456"}')]
+    await send_message(daemon, sid, {"role": "assistant", "content": None, "tool_calls": calls})
     for call_id in ("call-a", "call-b"):
-        await _send(daemon, sid, {"role": "tool", "tool_call_id": call_id, "name": "lookup_order", "content": _ORDER})
+        await send_message(
+            daemon, sid, {"role": "tool", "tool_call_id": call_id, "name": "lookup_order", "content": ORDER}
+        )
     reply = "Both have shipped: A123 arrives on the 5th, B456 on the 7th."
-    await _send(daemon, sid, {"role": "assistant", "content": reply})
+    await send_message(daemon, sid, {"role": "assistant", "content": reply})
     for max_chars in (60, 80, 120, 200, 400, 2000):
         messages = (await daemon.get(f"/v1/sessions/{sid}/context?max_chars={max_chars}"))["messages"]
         assert_provider_valid(messages)
@@ -170,27 +152,30 @@ async def test_bad_tool_input_is_refused_and_changes_nothing(daemon: Daemon) -> 
     `unknown_tool_call_id`; a malformed call or misplaced tool field is 400 naming the field;
     none of them stores anything. A retried result is stored once."""
     sid = new_sid()
-    await _send(daemon, sid, {"role": "user", "content": "Where is A123?"})
-    await _send(daemon, sid, {"role": "assistant", "content": None, "tool_calls": [_call("call-1")]})
-    unknown = await _send(daemon, sid, {"role": "tool", "tool_call_id": "call-9", "content": "x"}, 409)
+    await send_message(daemon, sid, {"role": "user", "content": "Where is A123?"})
+    await send_message(daemon, sid, {"role": "assistant", "content": None, "tool_calls": [tool_call("call-1")]})
+    unknown = await send_message(daemon, sid, {"role": "tool", "tool_call_id": "call-9", "content": "x"}, 409)
     assert unknown["error"]["code"] == "unknown_tool_call_id"
     assert "call-9" in unknown["error"]["message"]
-    result = {"role": "tool", "tool_call_id": "call-1", "content": _ORDER, "message_id": "res-1"}
-    await _send(daemon, sid, result)
-    await _send(daemon, sid, result, 200)  # a retry: stored already (the count below)
-    twice = await _send(daemon, sid, {**result, "message_id": "res-2"}, 409)
+    result = {"role": "tool", "tool_call_id": "call-1", "content": ORDER, "message_id": "res-1"}
+    await send_message(daemon, sid, result)
+    await send_message(daemon, sid, result, 200)  # a retry: stored already (the count below)
+    twice = await send_message(daemon, sid, {**result, "message_id": "res-2"}, 409)
     assert twice["error"]["code"] == "unknown_tool_call_id"
     bad: list[tuple[dict[str, Any], str]] = [
-        ({"role": "user", "content": "x", "tool_calls": [_call("c")]}, "tool_calls"),
+        ({"role": "user", "content": "x", "tool_calls": [tool_call("c")]}, "tool_calls"),
         ({"role": "assistant", "content": None, "tool_calls": []}, "tool_calls"),
         ({"role": "assistant", "content": None, "tool_calls": {"id": "c"}}, "tool_calls"),
         ({"role": "assistant", "content": None, "tool_calls": [{"type": "function"}]}, "tool_calls[0].id"),
-        ({"role": "assistant", "content": None, "tool_calls": [{**_call("c"), "type": "code"}]}, "tool_calls[0].type"),
+        (
+            {"role": "assistant", "content": None, "tool_calls": [{**tool_call("c"), "type": "code"}]},
+            "tool_calls[0].type",
+        ),
         ({"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {}}]}, "function.name"),
-        ({"role": "assistant", "tool_calls": [_call("c", arguments={"a": 1})]}, "function.arguments"),  # type: ignore[arg-type]
-        ({"role": "assistant", "tool_calls": [_call("c"), _call("c")]}, "appears twice"),
+        ({"role": "assistant", "tool_calls": [tool_call("c", arguments={"a": 1})]}, "function.arguments"),  # type: ignore[arg-type]
+        ({"role": "assistant", "tool_calls": [tool_call("c"), tool_call("c")]}, "appears twice"),
         ({"role": "assistant", "content": None}, "content"),
-        ({"role": "assistant", "tool_calls": [_call("c")], "status": "streaming"}, "status"),
+        ({"role": "assistant", "tool_calls": [tool_call("c")], "status": "streaming"}, "status"),
         ({"role": "tool", "content": "x"}, "tool_call_id"),
         ({"role": "user", "content": "x", "tool_call_id": "call-1"}, "tool_call_id"),
         ({"role": "assistant", "content": "x", "name": "lookup"}, "name"),
@@ -200,11 +185,11 @@ async def test_bad_tool_input_is_refused_and_changes_nothing(daemon: Daemon) -> 
         ({"role": "robot", "content": "x"}, "role"),
     ]
     for body, field in bad:
-        answer = await _send(daemon, sid, body, 400)
+        answer = await send_message(daemon, sid, body, 400)
         assert field in answer["error"]["message"], (body, answer)
     assert await daemon.store.count_messages(sid) == 3
     fresh = new_sid()
-    await _send(daemon, fresh, {"role": "tool", "tool_call_id": "call-1", "content": "x"}, 409)
+    await send_message(daemon, fresh, {"role": "tool", "tool_call_id": "call-1", "content": "x"}, 409)
     assert (await daemon.http.get(f"/v1/sessions/{fresh}")).status == 404  # no session was made
     patched = await daemon.http.patch(f"/v1/sessions/{sid}/messages/res-1", json={"status": "interrupted"})
     assert patched.status == 400
@@ -242,7 +227,7 @@ async def test_what_a_tool_returned_is_in_the_summary(daemon: Daemon) -> None:
     """The tracking number and delivery date only the tool result said are facts the
     deterministic summary keeps."""
     sid = new_sid()
-    await _order_turn(daemon, sid)
+    await order_turn(daemon, sid)
     await daemon.post(sid, "user", "Great, thanks")
     await daemon.post(sid, "assistant", "You're welcome.")
     assert (await daemon.http.post(f"/v1/sessions/{sid}/close")).status == 200
@@ -269,7 +254,7 @@ async def test_the_llm_reads_tool_results_and_events_labelled(
     fake_llm.behaviour = Behaviour(text=json.dumps(payload))
     daemon = await make_daemon(llm_env(backend_env, fake_llm), quiet=fake_llm)
     sid = new_sid()
-    await _order_turn(daemon, sid)
+    await order_turn(daemon, sid)
     await daemon.post(sid, "system", "call transferred to billing")
     await daemon.post(sid, "user", "Can I change the delivery address?")
     await daemon.post(sid, "assistant", "Billing cannot, but I can note it for the courier.")
@@ -291,8 +276,8 @@ async def test_a_batch_imports_tool_turns_all_or_none(daemon: Daemon) -> None:
     sid = new_sid()
     turn: list[dict[str, Any]] = [
         {"role": "user", "content": "Where is A123?", "message_id": "b-1"},
-        {"role": "assistant", "tool_calls": [_call("call-1")], "message_id": "b-2"},
-        {"role": "tool", "tool_call_id": "call-1", "content": _ORDER, "message_id": "b-3"},
+        {"role": "assistant", "tool_calls": [tool_call("call-1")], "message_id": "b-2"},
+        {"role": "tool", "tool_call_id": "call-1", "content": ORDER, "message_id": "b-3"},
         {"role": "assistant", "content": "Shipped.", "message_id": "b-4"},
     ]
     bad = [*turn[:2], {**turn[2], "tool_call_id": "call-2"}, turn[3]]
@@ -316,12 +301,12 @@ async def test_a_window_boundary_inside_tool_traffic_moves(
     sending it without its call; a window that reaches the call shows both, together."""
     daemon = await make_daemon(backend_env | {"KEEP_RECENT_TURNS": window, "CONTEXT_OLDER_TURNS": "false"})
     sid = new_sid()
-    await _send(daemon, sid, {"role": "user", "content": "Check A123"})
-    await _send(daemon, sid, {"role": "assistant", "tool_calls": [_call("late")]})
-    await _send(daemon, sid, {"role": "assistant", "content": "Still looking."})
-    await _send(daemon, sid, {"role": "user", "content": "Any news?"})
-    await _send(daemon, sid, {"role": "tool", "tool_call_id": "late", "content": _ORDER})
-    await _send(daemon, sid, {"role": "assistant", "content": "It shipped."})
+    await send_message(daemon, sid, {"role": "user", "content": "Check A123"})
+    await send_message(daemon, sid, {"role": "assistant", "tool_calls": [tool_call("late")]})
+    await send_message(daemon, sid, {"role": "assistant", "content": "Still looking."})
+    await send_message(daemon, sid, {"role": "user", "content": "Any news?"})
+    await send_message(daemon, sid, {"role": "tool", "tool_call_id": "late", "content": ORDER})
+    await send_message(daemon, sid, {"role": "assistant", "content": "It shipped."})
     assert (await daemon.http.post(f"/v1/sessions/{sid}/close")).status == 200
     await daemon.settle()
     ctx = await daemon.get(f"/v1/sessions/{sid}/context?max_chars=4000")
@@ -350,12 +335,12 @@ def _dialogue(data: Any) -> list[Message]:
         late = []
         if data.draw(st.booleans(), label="tools"):
             ids = [f"c{n}-{i}" for i in range(data.draw(st.integers(1, 3)))]
-            calls = json.dumps([_call(i) for i in ids])
+            calls = json.dumps([tool_call(i) for i in ids])
             add(Role.ASSISTANT, data.draw(st.sampled_from(["", "One moment."])), tool_calls=calls)
             for call_id in ids:
                 fate = data.draw(st.sampled_from(["now", "now", "late", "never"]))
                 if fate == "now":
-                    add(Role.TOOL, _ORDER, tool_call_id=call_id, name="lookup_order")
+                    add(Role.TOOL, ORDER, tool_call_id=call_id, name="lookup_order")
                 elif fate == "late":
                     late.append(call_id)
         if data.draw(st.booleans(), label="note"):
@@ -386,18 +371,18 @@ async def test_a_reply_before_a_call_and_a_reused_call_id(daemon: Daemon) -> Non
     """A filler reply then a call: one assistant message goes out (the filler is the call
     message's content). A call id used again later is answered by the result after each call."""
     sid = new_sid()
-    await _send(daemon, sid, {"role": "user", "content": "查一下订单A123"})
-    await _send(daemon, sid, {"role": "assistant", "content": "好的，请稍等。"})
-    await _send(daemon, sid, {"role": "assistant", "tool_calls": [_call("c")]})
-    await _send(daemon, sid, {"role": "tool", "tool_call_id": "c", "content": '{"状态":"已发货"}'})
-    await _send(daemon, sid, {"role": "assistant", "content": "您的订单已发货。"})
-    await _send(daemon, sid, {"role": "user", "content": "再查一次"})
-    await _send(daemon, sid, {"role": "assistant", "tool_calls": [_call("c")]})
-    await _send(daemon, sid, {"role": "tool", "tool_call_id": "c", "content": '{"状态":"已签收"}'})
-    await _send(daemon, sid, {"role": "assistant", "content": "已签收。"})
+    await send_message(daemon, sid, {"role": "user", "content": "查一下订单A123"})
+    await send_message(daemon, sid, {"role": "assistant", "content": "好的，请稍等。"})
+    await send_message(daemon, sid, {"role": "assistant", "tool_calls": [tool_call("c")]})
+    await send_message(daemon, sid, {"role": "tool", "tool_call_id": "c", "content": '{"状态":"已发货"}'})
+    await send_message(daemon, sid, {"role": "assistant", "content": "您的订单已发货。"})
+    await send_message(daemon, sid, {"role": "user", "content": "再查一次"})
+    await send_message(daemon, sid, {"role": "assistant", "tool_calls": [tool_call("c")]})
+    await send_message(daemon, sid, {"role": "tool", "tool_call_id": "c", "content": '{"状态":"已签收"}'})
+    await send_message(daemon, sid, {"role": "assistant", "content": "已签收。"})
     ctx = await daemon.get(f"/v1/sessions/{sid}/context")
     assert_provider_valid(ctx["messages"])
-    assert ctx["messages"][1] == {"role": "assistant", "content": "好的，请稍等。", "tool_calls": [_call("c")]}
+    assert ctx["messages"][1] == {"role": "assistant", "content": "好的，请稍等。", "tool_calls": [tool_call("c")]}
     assert [m["content"] for m in ctx["messages"] if m["role"] == "tool"] == ['{"状态":"已发货"}', '{"状态":"已签收"}']
     # The transcript speaks the user's language, whatever the tools return.
     assert ctx["recent_transcript"].startswith("用户：")

@@ -19,8 +19,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from tests.conftest import MakeDaemon, llm_env, new_sid
-from tests.test_client import base_url
+from tests.helpers.daemon import MakeDaemon, base_url, llm_env, new_sid
 from tiered_memory.app import create_app
 from tiered_memory.client import AsyncClient
 from tiered_memory.errors import ConfigError

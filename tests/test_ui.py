@@ -21,7 +21,9 @@ import pytest
 import pytest_asyncio
 from playwright.async_api import Browser, Dialog, Locator, Page, ViewportSize, async_playwright, expect
 
-from tests.conftest import Daemon, backend_environment, new_sid, required_tool
+from tests.helpers.daemon import Daemon, TextWorkers, new_sid
+from tests.helpers.servers import backend_environment
+from tests.helpers.skips import required_tool
 
 # The browser and every daemon of this module live on the run's one event loop: Playwright's
 # connection to the browser is bound to the loop that opened it.
@@ -74,28 +76,27 @@ async def chromium() -> AsyncIterator[Browser]:
             await browser.close()
 
 
-async def _started(env: dict[str, str]) -> Daemon:
+async def _started(env: dict[str, str], text_workers: TextWorkers) -> Daemon:
     """A daemon with an unrestricted token and two tenants' tokens, the inspector on; its helpers
     speak as `acme`."""
-    d = Daemon(
-        env | {"API_TOKENS": f"{ADMIN}, acme:{ACME}, globex:{GLOBEX}", "UI_ENABLED": "true"}, headers=bearer(ACME)
-    )
+    env = env | {"API_TOKENS": f"{ADMIN}, acme:{ACME}, globex:{GLOBEX}", "UI_ENABLED": "true"}
+    d = Daemon(env, text_workers, headers=bearer(ACME))
     await d.start()
     return d
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def daemon(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Daemon]:
+async def daemon(request: pytest.FixtureRequest, tmp_path: Path, text_workers: TextWorkers) -> AsyncIterator[Daemon]:
     """The inspector's daemon on the embedded default."""
-    d = await _started(backend_environment("embedded", request, tmp_path))
+    d = await _started(backend_environment("embedded", request, tmp_path), text_workers)
     yield d
     await d.stop()
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def any_daemon(backend_env: dict[str, str]) -> AsyncIterator[Daemon]:
+async def any_daemon(backend_env: dict[str, str], text_workers: TextWorkers) -> AsyncIterator[Daemon]:
     """The inspector's daemon on the embedded default and on real Redis + MariaDB."""
-    d = await _started(backend_env)
+    d = await _started(backend_env, text_workers)
     yield d
     await d.stop()
 

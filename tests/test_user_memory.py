@@ -17,9 +17,9 @@ import redis
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from tests.conftest import Daemon, MakeDaemon, memory_of, new_sid
-from tests.processes import run_cli
-from tests.test_auth import ACME, ADMIN, OTHER, bearer
+from tests.helpers.auth import ACME, ADMIN, OTHER, bearer
+from tests.helpers.daemon import Daemon, MakeDaemon, memory_of, new_sid
+from tests.helpers.processes import run_cli
 from tiered_memory.model import SessionKey
 from tiered_memory.prompt.users import user_key
 from tiered_memory.tiers.sql.schema import metadata, outbox_events, user_erasures

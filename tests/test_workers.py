@@ -12,7 +12,8 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import RealServers, new_sid
+from tests.helpers.daemon import new_sid
+from tests.helpers.servers import RealServers
 from tiered_memory.errors import ConfigError
 from tiered_memory.settings import Settings
 from tiered_memory.testing import DaemonProcess, processes

@@ -491,7 +491,7 @@ def create_app(
 ) -> web.Application:
     """The daemon as an aiohttp application; nothing connects until the app starts. With
     API_TOKENS or API_TOKENS_FILE set, every route but the probes and /metrics needs a token. An
-    extractor and text pools (`text_lane.new_pools`) may be handed in to share their loaded
+    extractor and text pools (`summarize/lane.py`'s `new_pools`) may be handed in to share their loaded
     dictionaries: tests start many apps in one process, and a worker's start costs a second.
     `tracing` (tests hand in an in-memory exporter's) replaces the OTLP export that an endpoint
     in the OTEL_* settings turns on."""

@@ -2,8 +2,8 @@
 a test conversation, a free loopback port, a command (the daemon, mostly) as a child process started, waited for and
 stopped as an operator would, and a local chat-completions server with scripted behaviour.
 
-The tests, the scripts and `tiered-memory eval` use these; nothing the daemon serves imports
-this module, and importing it starts nothing.
+The tests, the instruments of bench/ and `tiered-memory eval` use these; nothing the daemon serves
+imports this module, and importing it starts nothing.
 """
 
 from __future__ import annotations

@@ -6,26 +6,16 @@ the adapters' token and tenant options are exercised; each test uses its own ses
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
+from tests.helpers.live import LiveDaemon
 from tiered_memory.testing import DaemonProcess
 
 # The operator's unrestricted token, and a token restricted to the tenant "acme".
 OPERATOR_TOKEN = "op-integrations-0123456789abcdef"
 TENANT = "acme"
 TENANT_TOKEN = "acme-integrations-0123456789abcd"
-
-
-@dataclass(frozen=True)
-class LiveDaemon:
-    url: str
-    token: str  # restricted to TENANT: what a tenant's gateway holds
-    operator_token: str
-    tenant: str
-    log_path: Path
 
 
 @pytest.fixture(scope="session")

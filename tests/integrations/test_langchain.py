@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 
-from tests.integrations.conftest import LiveDaemon
+from tests.helpers.live import LiveDaemon
 from tiered_memory.client import AsyncClient, Client
 from tiered_memory.integrations.langchain import TieredMemoryChatHistory
 

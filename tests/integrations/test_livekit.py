@@ -24,7 +24,7 @@ from livekit.agents import (
 )
 from livekit.agents.types import DEFAULT_API_CONNECT_OPTIONS, NOT_GIVEN, APIConnectOptions, NotGivenOr
 
-from tests.integrations.conftest import LiveDaemon
+from tests.helpers.live import LiveDaemon
 from tiered_memory.client import AsyncClient, Context, StoredMessage
 from tiered_memory.integrations.livekit import ITEM_PREFIX, TieredMemory
 

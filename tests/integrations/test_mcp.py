@@ -18,7 +18,7 @@ from mcp.client.session import IncomingMessage
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult, TextContent, Tool
 
-from tests.integrations.conftest import LiveDaemon
+from tests.helpers.live import LiveDaemon
 from tiered_memory.client import AsyncClient, NotFound
 from tiered_memory.integrations.mcp import Options, build_server, is_loopback, run
 from tiered_memory.testing import ChildProcess, command, free_port

@@ -17,7 +17,7 @@ from agents.items import TResponseInputItem
 from agents.memory import Session, SessionSettings
 from agents.testing import ScriptedModel, assistant_message, function_call
 
-from tests.integrations.conftest import LiveDaemon
+from tests.helpers.live import LiveDaemon
 from tiered_memory.client import AsyncClient, Conflict
 from tiered_memory.integrations.openai_agents import TieredMemorySession
 

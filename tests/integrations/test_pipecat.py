@@ -48,7 +48,7 @@ from pipecat.utils.time import time_now_iso8601
 from pipecat.workers.runner import WorkerRunner
 from structlog.testing import capture_logs
 
-from tests.integrations.conftest import LiveDaemon
+from tests.helpers.live import LiveDaemon
 from tiered_memory.client import AsyncClient, StoredMessage
 from tiered_memory.integrations.pipecat import TieredMemory
 from tiered_memory.testing import free_port

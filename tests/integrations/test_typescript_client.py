@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import required_tool
+from tests.helpers.skips import required_tool
 
 PACKAGE = Path(__file__).resolve().parents[2] / "clients" / "typescript"
 

@@ -7,7 +7,7 @@ charged the session's text that the next question reads back from SQL (service.p
 grows with its text (parsed, escaped for SQL, written to both tiers, tokenized, summarized), and a
 rate counted in requests alone let a tenant at 50 appends a second of 32 KB each push 1.6 MB/s
 through the serving process, taking the other tenants' p99 to 2.8 times its calm value
-(scripts/tenant_soak.py), and let one small request (a patched message, then a question) rebuild
+(python -m bench.tenant_soak), and let one small request (a patched message, then a question) rebuild
 a 3.2 MB session's postings. Counted by size, an utterance is one request, and a tenant's rate
 bounds its bytes as well: 50/s is 50 appends of up to 4 KiB, or 6 of 32 KB.
 

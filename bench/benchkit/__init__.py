@@ -1,0 +1,1 @@
+"""The pieces of bench/bench.py: load generator, child servers, seeding, report."""

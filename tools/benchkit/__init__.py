@@ -1,1 +1,0 @@
-"""The pieces of tools/bench.py: load generator, child servers, seeding, report."""

@@ -203,7 +203,7 @@ async def test_appends_to_the_same_sessions_through_three_nodes_are_stored_once_
         assert info is not None
         assert info.message_count == 60
         assert info.turn_count == completed_turns([role for _, _, _, role in mine])
-    assert sorted((r.message.session_id, r.message.message_id, r.message.seq) for r in acked) == sorted(
+    assert sorted((r.message.key, r.message.message_id, r.message.seq) for r in acked) == sorted(
         (s, m, q) for s, m, q, _ in rows
     )
     for i in range(1, NODES):
@@ -357,7 +357,7 @@ async def test_a_node_killed_under_load_loses_and_duplicates_nothing(
     rows = stored(cluster, 0, database)
     assert_gapless(rows)
     assert sorted((s, m, q) for s, m, q, _ in rows) == sorted(
-        (r.message.session_id, r.message.message_id, r.message.seq) for _, r in acked
+        (r.message.key, r.message.message_id, r.message.seq) for _, r in acked
     )
     for i in range(1, NODES):
         assert stored(cluster, i, database) == rows

@@ -329,9 +329,9 @@ async def test_the_hot_tier_keeps_no_reasoning(hot: HotTier) -> None:
     bare = dataclasses.replace(reply, thinking_content=None, thinking_duration=None)
     assert (await hot.read_session(sid)).recent == (msg(sid, 1), bare)
     other = new_sid()
-    refilled = dataclasses.replace(reply, session_id=other)
+    refilled = dataclasses.replace(reply, key=other)
     await hot.backfill(other, SessionCounters(1, 2, 102.0, OWNER), summary=None, recent=[msg(other, 1), refilled])
-    assert (await hot.read_session(other)).recent == (msg(other, 1), dataclasses.replace(bare, session_id=other))
+    assert (await hot.read_session(other)).recent == (msg(other, 1), dataclasses.replace(bare, key=other))
 
 
 async def test_owner_goes_with_the_counters(hot: HotTier) -> None:

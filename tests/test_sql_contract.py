@@ -158,9 +158,9 @@ async def test_concurrent_appends_share_commits_and_keep_each_sessions_order(sto
     sent = [new(sids[i % 4], Role.USER, f"m{i}", f"id{i}") for i in range(40)]
     results = await asyncio.gather(*(store.append(m, now=time.time()) for m in sent))
     for sid in sids:
-        mine = [r.message for r in results if r.message.session_id == sid]
+        mine = [r.message for r in results if r.message.key == sid]
         assert [m.seq for m in mine] == list(range(1, 11))
-        assert [m.content for m in mine] == [m.content for m in sent if m.session_id == sid]
+        assert [m.content for m in mine] == [m.content for m in sent if m.key == sid]
         assert await store.count_messages(sid) == 10
     assert max(sizes) > 1
     assert sum(sizes) == 40

@@ -134,7 +134,7 @@ class Caller:
 class NewMessage:
     """A message as a gateway hands it in, validated but not yet stored."""
 
-    session_id: SessionKey
+    key: SessionKey
     role: Role
     content: str
     message_id: str
@@ -198,7 +198,7 @@ class Message:
     """A stored message. `seq` numbers a session's messages 1, 2, 3… in commit order;
     `turn` is the turn it belongs to (a user message opens turn n, the assistant reply closes it)."""
 
-    session_id: SessionKey
+    key: SessionKey
     seq: int
     turn: int
     role: Role
@@ -269,7 +269,7 @@ class SessionCounters:
 class SessionInfo:
     """The durable bookkeeping of one session, as the SQL tier keeps it."""
 
-    session_id: SessionKey
+    key: SessionKey
     user_id: str | None
     turn_count: int
     message_count: int
@@ -331,7 +331,7 @@ class Slice:
 class SummaryAnswer:
     """The answer of `load_best_summary`: the best summary found and where it came from."""
 
-    session_id: SessionKey
+    key: SessionKey
     tier: Tier
     summary: Summary | None
     turn_count: int
@@ -441,7 +441,7 @@ class PatchAnswer:
 class CloseResult:
     """`persisted`: the warm row covers every turn; `cached`: Redis holds that summary too."""
 
-    session_id: SessionKey
+    key: SessionKey
     persisted: bool
     cached: bool
     turn_count: int

@@ -120,7 +120,7 @@ class History:
         every turn. Postings that end before it are kept by the patch."""
         if message.status is MessageStatus.STREAMING:
             return
-        tenant = key_tenant(message.session_id)
+        tenant = key_tenant(message.key)
         size = text_bytes((message,))
         held = self._pending_bytes.get(tenant, 0)
         if held and held + size > self._pending_max_bytes:
@@ -142,8 +142,8 @@ class History:
             try:
                 packs = await self._packs(batch, tenant)
                 runs: dict[SessionKey, list[PostingsBatch]] = {}
-                for m, b in sorted(zip(batch, packs, strict=True), key=lambda mb: (mb[0].session_id, mb[0].seq)):
-                    runs.setdefault(m.session_id, []).append(b)
+                for m, b in sorted(zip(batch, packs, strict=True), key=lambda mb: (mb[0].key, mb[0].seq)):
+                    runs.setdefault(m.key, []).append(b)
                 await asyncio.gather(*(self._add_run(sid, run) for sid, run in runs.items()))
             except TextQueueFull:
                 continue  # counted by the lane; the next question catches up
@@ -198,7 +198,7 @@ class History:
             self._builds.pop(build).cancel()
         tenant = key_tenant(session)
         if tenant in self._pending:
-            kept = [m for m in self._pending[tenant] if m.session_id != session]
+            kept = [m for m in self._pending[tenant] if m.key != session]
             self._pending[tenant] = kept
             self._pending_bytes[tenant] = text_bytes(kept)
 

@@ -163,7 +163,7 @@ class SessionReads:
 
     async def _backfill(self, info: SessionInfo, *, summary: Summary | None, recent: list[Message] | None) -> None:
         await self._errors.hot(
-            "backfill", self._hot.backfill(info.session_id, info.counters, summary=summary, recent=recent), None
+            "backfill", self._hot.backfill(info.key, info.counters, summary=summary, recent=recent), None
         )
 
     async def _keep_older(
@@ -189,7 +189,7 @@ class SessionReads:
         if messages is None:
             return None
         # A request waits on it: urgent, ahead of every tenant's background work.
-        ticket = Ticket(key_tenant(info.session_id), text_bytes(messages), urgent=True)
+        ticket = Ticket(key_tenant(info.key), text_bytes(messages), urgent=True)
         limit = self._s.summary_max_chars
         return await self._text.call(ticket, cold_summary, info, messages, tagger=self._tagger, max_chars=limit)
 
@@ -202,7 +202,7 @@ class SessionReads:
         the service after a cold read of a session whose summary is due), which reads every turn
         batch by batch, covers the middle. Completed turns only, like a real summary: an open
         question is in the window, raw."""
-        sid = info.session_id
+        sid = info.key
         max_chars = COLD_READ_SUMMARIES * self._s.summary_max_chars
         head = await self._store.first_messages(sid, _COLD_HEAD_MESSAGES, replica=True, known_seq=info.message_count)
         if len(head) < _COLD_HEAD_MESSAGES and content_chars(head) <= max_chars:
@@ -220,7 +220,7 @@ class SessionReads:
         self._metrics.summary_loads.labels(tier.value).inc()
         if summary is not None:
             self._metrics.summary_lag.observe(max(0, turns - summary.covered_turns))
-        return SummaryAnswer(session_id=key, tier=tier, summary=summary, turn_count=turns)
+        return SummaryAnswer(key=key, tier=tier, summary=summary, turn_count=turns)
 
     async def _sql_session(self, key: SessionKey) -> SessionInfo | None:
         return await self._errors.sql("read_session", self._store.get_session(key, replica=True), None)

@@ -183,7 +183,7 @@ class MemoryService:
         self._metrics.appends.labels(new.role.value, "duplicate" if result.duplicate else "created").inc()
         log.debug(
             "append",
-            session_key=new.session_id,
+            session_key=new.key,
             message_id=new.message_id,
             role=new.role.value,
             seq=result.message.seq,
@@ -197,7 +197,7 @@ class MemoryService:
         await self._carry_on(result)
         if due:
             # On a retry too: the first attempt may have died before it scheduled the summary.
-            self.summaries.schedule(new.session_id)
+            self.summaries.schedule(new.key)
         return AppendAnswer(result, due)
 
     async def turn(self, new: NewMessage, want: ContextRequest, *, caller: Caller) -> TurnAnswer:
@@ -205,7 +205,7 @@ class MemoryService:
         user's new message (`new`, shown as the closing question), then the message recorded.
         A retry of a stored message leaves it out of the history (it is the question)."""
         want = dataclasses.replace(want, question=new.content, user_id=new.user_id)
-        context = await self.context(new.session_id, want, caller=caller)
+        context = await self.context(new.key, want, caller=caller)
         return TurnAnswer(context, await self.append(new, caller=caller))
 
     async def append_batch(self, news: Sequence[NewMessage], *, caller: Caller) -> BatchAnswer:
@@ -223,7 +223,7 @@ class MemoryService:
             await self._carry_on(r)
         due = any(self._summary_due(r) for r in results)
         if due:
-            self.summaries.schedule(results[0].message.session_id)
+            self.summaries.schedule(results[0].message.key)
         log.info("append_batch", messages=len(results), created=sum(not r.duplicate for r in results))
         return BatchAnswer(results, due)
 

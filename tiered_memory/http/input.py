@@ -268,7 +268,7 @@ def parse_message(key: SessionKey, body: dict[str, Any], *, max_bytes: int) -> N
     thinking_duration = _thinking_duration(body.get("thinking_duration"), role)
     message_id = _optional_str(body, "message_id", _MESSAGE_ID) or uuid.uuid4().hex
     return NewMessage(
-        session_id=key,
+        key=key,
         role=Role(role),
         content=content,
         message_id=message_id,
@@ -299,7 +299,7 @@ def callers_messages(
     if len(user_ids) > 1:
         raise InvalidInput("messages: expected one user_id for the batch's messages")
     who = caller(request, next(iter(user_ids), None))
-    return who, [replace(m, session_id=who.session_key(sid), user_id=who.user_id) for m in news]
+    return who, [replace(m, key=who.session_key(sid), user_id=who.user_id) for m in news]
 
 
 def _tool_calls(value: object, role: object, max_bytes: int) -> str:

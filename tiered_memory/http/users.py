@@ -110,7 +110,7 @@ async def get_user_sessions(request: web.Request) -> web.Response:
 
 def _session_json(caller: Caller, info: SessionInfo, summary: Summary | None) -> dict[str, Any]:
     return {
-        "session_id": caller.session_id(info.session_id),
+        "session_id": caller.session_id(info.key),
         "turn_count": info.turn_count,
         "message_count": info.message_count,
         "created_at": info.created_at,
@@ -126,7 +126,7 @@ def _session_json(caller: Caller, info: SessionInfo, summary: Summary | None) ->
 def _make_cursor(key: str, last: SessionInfo) -> str:
     """Where a page ended, for the next: the listing's user, and the last session's creation time
     and stored key (keyset paging). Opaque to clients; not a secret (it only narrows the user's list)."""
-    raw = json.dumps({"u": key, "c": last.created_at, "s": last.session_id}, separators=(",", ":"))
+    raw = json.dumps({"u": key, "c": last.created_at, "s": last.key}, separators=(",", ":"))
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 

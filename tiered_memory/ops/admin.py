@@ -326,7 +326,7 @@ async def write_session(
     """A session as one JSON object (its bookkeeping, summary, slices and every message), written
     as it is read, a page of messages at a time. Raises SqlUnavailable part-way: the document is
     then cut short."""
-    key = info.session_id
+    key = info.key
     slices = await store.slices(key)
     out.write(
         f'{{"session_id":{compact_json(key)},"exported_at":{time.time()},'

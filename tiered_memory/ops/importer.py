@@ -74,7 +74,7 @@ def _batches(path: Path, max_bytes: int) -> Iterator[list[tuple[int, NewMessage]
     batch: list[tuple[int, NewMessage]] = []
     try:
         for number, m in _lines(path, max_bytes):
-            if batch and (batch[0][1].session_id != m.session_id or len(batch) == BATCH_MAX):
+            if batch and (batch[0][1].key != m.key or len(batch) == BATCH_MAX):
                 yield batch
                 batch = []
             batch.append((number, m))
@@ -101,11 +101,11 @@ async def import_file(settings: Settings, path: Path, *, out: TextIO = sys.stdou
                     results = await tools.store.append_all(news, now=time.time())
                 except (Conflict, Forbidden, SqlUnavailable) as exc:
                     first, last = batch[0][0], batch[-1][0]
-                    return fail(err, f"lines {first}-{last} ({news[0].session_id}) not imported: {exc}")
+                    return fail(err, f"lines {first}-{last} ({news[0].key}) not imported: {exc}")
                 counts.lines += len(results)
                 counts.duplicates += sum(r.duplicate for r in results)
                 counts.stored += sum(not r.duplicate for r in results)
-                seen.add(news[0].session_id)
+                seen.add(news[0].key)
                 progress.advance(len(results))
         except BadLine as exc:
             return fail(err, str(exc))

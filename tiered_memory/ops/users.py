@@ -50,7 +50,7 @@ async def export_user(
                 if not page.more or not page.sessions:
                     break
                 last = page.sessions[-1][0]
-                before = (last.created_at, last.session_id)
+                before = (last.created_at, last.key)
             out.write("\n]}\n")
             out.flush()
             progress.finish()

@@ -115,7 +115,7 @@ class Carried:
 
 @dataclass(frozen=True, slots=True)
 class ContextAnswer:
-    session_id: str
+    key: SessionKey
     summary_tier: Tier
     summary: str | None
     covered_turns: int
@@ -395,7 +395,7 @@ def _shaped(
     returned = sum(m.size for m in messages)
     payload = summary.structured.get("payload") if summary else None
     return ContextAnswer(
-        session_id=gathered.key,
+        key=gathered.key,
         summary_tier=gathered.answer.tier,
         summary=summary.text if summary else None,
         covered_turns=summary.covered_turns if summary else 0,

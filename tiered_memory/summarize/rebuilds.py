@@ -91,7 +91,7 @@ class _Run:
         clock: Callable[[], float],
         hot_failed: Callable[[], None],
     ) -> None:
-        self.session_id = key
+        self.key = key
         self.job = job
         self._jobs = jobs
         self._clock = clock
@@ -105,7 +105,7 @@ class _Run:
             if job is not None:
                 self.job = job
             try:
-                return await self._jobs.renew(self.session_id, self.job, lease_s=lease_s, ttl_s=ttl_s)
+                return await self._jobs.renew(self.key, self.job, lease_s=lease_s, ttl_s=ttl_s)
             except HotUnavailable:
                 self._hot_failed()
                 return True
@@ -116,7 +116,7 @@ class _Run:
         for attempt in range(_FINISH_TRIES):
             try:
                 async with self._writing:
-                    await self._jobs.finish(self.session_id, job, ttl_s=ttl_s)
+                    await self._jobs.finish(self.key, job, ttl_s=ttl_s)
             except HotUnavailable:
                 self._hot_failed()
                 if attempt + 1 < _FINISH_TRIES:
@@ -216,13 +216,13 @@ class Rebuilds:
         return observed(job, live)
 
     def _launch(self, run: _Run) -> None:
-        task = asyncio.create_task(self._execute(run), name=f"rebuild:{run.session_id}")
+        task = asyncio.create_task(self._execute(run), name=f"rebuild:{run.key}")
         # Kept until done (the loop holds tasks weakly), and what drain waits for.
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _execute(self, run: _Run) -> None:
-        work = asyncio.create_task(self._work(run), name=f"rebuild-work:{run.session_id}")
+        work = asyncio.create_task(self._work(run), name=f"rebuild-work:{run.key}")
         try:
             ended = await self._heartbeat(run, work)
         except asyncio.CancelledError:
@@ -240,13 +240,13 @@ class Rebuilds:
             if done:
                 return work.result()
             if not await run.save(None, lease_s=self._lease, ttl_s=self._ttl):
-                log.warning("rebuild_superseded", session_key=run.session_id, job_id=run.job.job_id)
+                log.warning("rebuild_superseded", session_key=run.key, job_id=run.job.job_id)
                 await _stop(work)
                 return run.failed("superseded")
 
     async def _work(self, run: _Run) -> RebuildJob:
         """The rebuild itself, its failures turned into the job's reason."""
-        key = run.session_id
+        key = run.key
 
         @contextlib.asynccontextmanager
         async def slot() -> AsyncIterator[None]:
@@ -282,10 +282,10 @@ class Rebuilds:
         self._metrics.rebuilds.labels(job.reason or job.state.value).inc()
         if not written:
             # It reads `lost` once its lease lapsed; the summary it wrote (if done) stands.
-            log.warning("rebuild_state_not_written", session_key=run.session_id, job_id=job.job_id)
+            log.warning("rebuild_state_not_written", session_key=run.key, job_id=job.job_id)
         log.info(
             "rebuild_ended",
-            session_key=run.session_id,
+            session_key=run.key,
             job_id=job.job_id,
             state=job.state.value,
             reason=job.reason,

@@ -24,7 +24,7 @@ from tiered_memory.model import (
 
 def message_to_dict(m: Message) -> dict[str, Any]:
     return {
-        "sid": m.session_id,
+        "sid": m.key,
         "seq": m.seq,
         "turn": m.turn,
         "role": m.role.value,
@@ -45,7 +45,7 @@ def message_to_dict(m: Message) -> dict[str, Any]:
 
 def message_from_dict(d: dict[str, Any]) -> Message:
     return Message(
-        session_id=SessionKey(str(d["sid"])),
+        key=SessionKey(str(d["sid"])),
         seq=int(d["seq"]),
         turn=int(d["turn"]),
         role=Role(d["role"]),

@@ -209,7 +209,7 @@ class MemoryHot:
         message: Message,
         counters: SessionCounters,
     ) -> None:
-        entry = self._get_or_create(message.session_id)
+        entry = self._get_or_create(message.key)
         now = self._clock()
         # The same ordering rule as Redis: a repeated write changes nothing, and a gap (a write
         # that never arrived) drops the window so the next read rebuilds it from SQL.
@@ -221,7 +221,7 @@ class MemoryHot:
             entry.last = None
             entry.owner = None
             entry.gateway_state = None
-            self._settle(message.session_id, entry)
+            self._settle(message.key, entry)
             return
         if message.seq == 1:
             entry.summary = None  # a stranger's: no summary of a session precedes its first message
@@ -233,7 +233,7 @@ class MemoryHot:
         entry.recent_until = now + self._history_ttl
         _count(entry, counters)
         entry.state_until = now + self._summary_ttl
-        self._settle(message.session_id, entry)
+        self._settle(message.key, entry)
 
     async def put_state(self, key: SessionKey, state: SessionState) -> bool:
         entry = self._get(key)

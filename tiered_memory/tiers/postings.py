@@ -192,7 +192,7 @@ def decode_doc(key: SessionKey, seq: int, data: bytes) -> Message:
     turn, role, content, message_id, created_at, user_id, channel, status, *tool = orjson.loads(data)
     tool_calls, tool_call_id, name = tool or ("", None, None)
     return Message(
-        session_id=key,
+        key=key,
         seq=seq,
         turn=int(turn),
         role=Role(role),

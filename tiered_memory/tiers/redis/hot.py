@@ -414,7 +414,7 @@ class RedisHot:
         message: Message,
         counters: SessionCounters,
     ) -> None:
-        sid = message.session_id
+        sid = message.key
         dirty = sid in self._dirty
         args = AppendArgs(
             encode_message(message),

@@ -125,13 +125,13 @@ async def store_batch(
     `quotas` bound what each caller's tenant stores (tiers/sql/quota.py)."""
     if quotas is not None:
         await quotas.load(conn, {a.caller.tenant for a in batch if a.caller.tenant is not None})
-    sids = sorted({a.new.session_id for a in batch})
+    sids = sorted({a.new.key for a in batch})
     mids = sorted({a.new.message_id for a in batch})
     state, stored = await _lock(conn, st, sids, mids)
     missing = [sid for sid in sids if sid not in state]
     if missing:
         for sid in missing:
-            first = next(a for a in batch if a.new.session_id == sid)
+            first = next(a for a in batch if a.new.key == sid)
             values = {
                 "session_id": sid,
                 "user_id": first.new.user_id,
@@ -148,16 +148,16 @@ async def store_batch(
     outcomes: list[Settled[AppendResult]] = []
     inserts: list[dict[str, Any]] = []
     for a in batch:
-        s = state[a.new.session_id]
+        s = state[a.new.key]
         try:
-            result = _one(a, s, stored.get((a.new.session_id, a.new.message_id)), limits, quotas)
+            result = _one(a, s, stored.get((a.new.key, a.new.message_id)), limits, quotas)
         except (Forbidden, Conflict) as exc:
             outcomes.append(exc)
             continue
         outcomes.append(result)
         if not result.duplicate:
             m = result.message
-            stored[(m.session_id, m.message_id)] = (m, result.completed_turn)
+            stored[(m.key, m.message_id)] = (m, result.completed_turn)
             inserts.append(message_row(m, result.completed_turn))
     if inserts:
         await conn.execute(st.insert_message, inserts)
@@ -221,7 +221,7 @@ def _one(
     seq = s.message_count + 1
     place = next_turn(new, completed=s.turn_count, pending=s.pending_user)
     message = Message(
-        session_id=new.session_id,
+        key=new.key,
         seq=seq,
         turn=place.turn,
         role=new.role,

@@ -28,7 +28,7 @@ class Purged:
     """What one session's purge removed; `complete` is False when the session became active
     again part-way, and keeps its session row, summary and remaining messages."""
 
-    session_id: SessionKey
+    key: SessionKey
     messages: int
     slices: int
     complete: bool

@@ -33,7 +33,7 @@ MEMORY_COLUMNS = tuple(c for c in msgs.c if c.name not in REASONING_COLUMNS)
 def message_row(m: Message, completes: bool) -> dict[str, Any]:
     """The `messages` row of a stored message (`completes`: it completed its turn)."""
     return {
-        "session_id": m.session_id,
+        "session_id": m.key,
         "seq": m.seq,
         "turn": m.turn,
         "user_id": m.user_id,
@@ -56,7 +56,7 @@ def row_to_message(r: sa.Row[*tuple[Any, ...]], prefix: str = "") -> Message:
     """The message in a row of `messages`, or in the columns labelled `prefix` + name of a join."""
     m = r._mapping
     return Message(
-        session_id=m[prefix + "session_id"],
+        key=m[prefix + "session_id"],
         seq=int(m[prefix + "seq"]),
         turn=int(m[prefix + "turn"]),
         role=Role(m[prefix + "role"]),
@@ -77,7 +77,7 @@ def row_to_message(r: sa.Row[*tuple[Any, ...]], prefix: str = "") -> Message:
 
 def row_to_session(r: sa.Row[*tuple[Any, ...]], covered: int = 0) -> SessionInfo:
     return SessionInfo(
-        session_id=r.session_id,
+        key=r.session_id,
         user_id=r.user_id,
         turn_count=int(r.turn_count),
         message_count=int(r.message_count),

@@ -132,7 +132,7 @@ class SqlStore(MessageReads, SummaryRows):
         # cache key on every call cost more CPU than the driver did (docs/BENCHMARKS.md).
         self._commits: GroupCommit[Append, AppendResult] = GroupCommit(
             self._append_batch,
-            key=lambda a: a.new.session_id,
+            key=lambda a: a.new.key,
             max_batch=_COMMIT_BATCH,
             concurrency=_COMMIT_CONCURRENCY,
             closed=lambda: SqlUnavailable("sql: the store closed before this write committed"),
@@ -350,7 +350,7 @@ class SqlStore(MessageReads, SummaryRows):
         if self.replica is not None:
             for o in outcomes:
                 if not isinstance(o, BaseException):
-                    self.replica.wrote(o.message.session_id, o.message.seq)
+                    self.replica.wrote(o.message.key, o.message.seq)
         return outcomes
 
     async def _committed(self, batch: Sequence[Append]) -> list[Settled[AppendResult]]:

@@ -49,7 +49,7 @@ def compact_json(value: object) -> str:
 
 
 @dataclass(slots=True)
-class Tools:
+class Tiers:
     """The tiers an admin command works on, built from the daemon's settings."""
 
     settings: Settings
@@ -63,38 +63,38 @@ class Tools:
 
 
 @contextlib.asynccontextmanager
-async def open_tools(settings: Settings) -> AsyncIterator[Tools]:
+async def open_tiers(settings: Settings) -> AsyncIterator[Tiers]:
     # Its own registry: nothing scrapes an admin command, but the breakers report into one.
     metrics = Metrics(CollectorRegistry())
     store = build_store(settings, metrics, timeout_s=max(30.0, settings.sql_timeout_ms / 1000))
     hot = build_hot(settings, metrics)
     try:
-        yield Tools(settings, store, hot, metrics)
+        yield Tiers(settings, store, hot, metrics)
     finally:
         await hot.aclose()
         await store.aclose()
 
 
 @contextlib.asynccontextmanager
-async def summary_job(tools: Tools) -> AsyncIterator[SummaryJob]:
+async def summary_job(tiers: Tiers) -> AsyncIterator[SummaryJob]:
     """The daemon's summary job (its LLM, prompt, batches and lock), run in this process."""
     # One-shot: this process's threads do the text work, with no worker process to start.
-    text = TextLane(0, tenant_queue_bytes=tools.settings.text_queue_bytes)
+    text = TextLane(0, tenant_queue_bytes=tiers.settings.text_queue_bytes)
     await text.start()
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(text.aclose)
         llm = None
-        if tools.settings.llm_base_url:
+        if tiers.settings.llm_base_url:
             session = await stack.enter_async_context(aiohttp.ClientSession())
-            llm = build_llm(tools.settings, session, tools.metrics)
+            llm = build_llm(tiers.settings, session, tiers.metrics)
         yield build_job(
-            tools.settings,
-            store=tools.store,
-            hot=tools.hot,
+            tiers.settings,
+            store=tiers.store,
+            hot=tiers.hot,
             text=text,
-            tagger=build_tagger(tools.settings),
+            tagger=build_tagger(tiers.settings),
             llm=llm,
-            metrics=tools.metrics,
+            metrics=tiers.metrics,
         )
 
 
@@ -157,16 +157,16 @@ def _message_json(m: Message) -> dict[str, Any]:
     }
 
 
-async def _hot_view(tools: Tools, key: SessionKey) -> dict[str, Any]:
-    if tools.hot.backend == "memory":
+async def _hot_view(tiers: Tiers, key: SessionKey) -> dict[str, Any]:
+    if tiers.hot.backend == "memory":
         # The in-process cache lives inside the daemon: another process cannot see it.
         return {"backend": "memory", "visible": False}
     try:
-        hot = await tools.hot.read_session(key)
+        hot = await tiers.hot.read_session(key)
     except HotUnavailable as exc:
-        return {"backend": tools.hot.backend, "visible": False, "error": str(exc)}
+        return {"backend": tiers.hot.backend, "visible": False, "error": str(exc)}
     return {
-        "backend": tools.hot.backend,
+        "backend": tiers.hot.backend,
         "visible": True,
         "present": hot.summary is not None or bool(hot.recent) or hot.turn_count is not None,
         "summary_version": hot.summary.version if hot.summary else None,
@@ -181,20 +181,20 @@ async def check_stores(settings: Settings, *, out: TextIO = sys.stdout) -> int:
     """Whether the stores answer: the hot tier (Redis when REDIS_URL is set) and SQL, with its
     schema at the version this code needs. One JSON object on stdout; 0 when all are ok."""
     report: dict[str, Any] = {}
-    async with open_tools(settings) as tools:
+    async with open_tiers(settings) as tiers:
         try:
-            await tools.hot.ping()
-            report["hot"] = {"backend": tools.hot.backend, "status": "ok"}
+            await tiers.hot.ping()
+            report["hot"] = {"backend": tiers.hot.backend, "status": "ok"}
         except HotUnavailable as exc:
-            report["hot"] = {"backend": tools.hot.backend, "status": "unavailable", "error": str(exc)}
+            report["hot"] = {"backend": tiers.hot.backend, "status": "unavailable", "error": str(exc)}
         try:
-            version = await tools.store.schema_version()
+            version = await tiers.store.schema_version()
         except SqlUnavailable as exc:
-            report["sql"] = {"dialect": tools.store.dialect, "status": "unavailable", "error": str(exc)}
+            report["sql"] = {"dialect": tiers.store.dialect, "status": "unavailable", "error": str(exc)}
         else:
             current = version >= SCHEMA_VERSION
             report["sql"] = {
-                "dialect": tools.store.dialect,
+                "dialect": tiers.store.dialect,
                 "status": "ok" if current else "schema_behind",
                 "schema_version": version,
                 "expected_version": SCHEMA_VERSION,
@@ -208,17 +208,17 @@ async def inspect(settings: Settings, key: SessionKey, *, out: TextIO = sys.stdo
     """Everything the tiers hold about one session: tiers present, counters, summary and its
     watermark, slices, the summary's kept versions, and the lag (completed turns the summary does
     not cover)."""
-    async with open_tools(settings) as tools:
+    async with open_tiers(settings) as tiers:
         try:
-            summary, info = await tools.store.get_summary(key)
+            summary, info = await tiers.store.get_summary(key)
             if info is None:
                 return fail(err, f"session {key!r} does not exist")
-            slices = await tools.store.slices(key)
-            stored = await tools.store.count_messages(key)
-            versions = await tools.store.summary_versions(key)
+            slices = await tiers.store.slices(key)
+            stored = await tiers.store.count_messages(key)
+            versions = await tiers.store.summary_versions(key)
         except SqlUnavailable as exc:
             return fail(err, f"inspect failed: {exc}")
-        hot = await _hot_view(tools, key)
+        hot = await _hot_view(tiers, key)
     covered = summary.covered_turns if summary else 0
     report = {
         "session_id": key,
@@ -247,9 +247,9 @@ async def rebuild(settings: Settings, key: SessionKey, *, out: TextIO = sys.stdo
     """Recompute a session's slices and summary from its messages (the cold tier), with the
     current prompt and model: what a POST /summary/rebuild job does, here in the foreground (no
     job record, outside the daemon's SUMMARY_CONCURRENCY; the summary lock still applies)."""
-    async with open_tools(settings) as tools, summary_job(tools) as job:
+    async with open_tiers(settings) as tiers, summary_job(tiers) as job:
         try:
-            if await tools.store.get_session(key) is None:
+            if await tiers.store.get_session(key) is None:
                 return fail(err, f"session {key!r} does not exist")
             rebuilt = await job.rebuild(key)
         except (SqlUnavailable, Conflict) as exc:
@@ -275,17 +275,17 @@ async def rebuild_stale(settings: Settings, *, out: TextIO = sys.stdout, err: Te
     watermark, or a closed session with uncovered turns) up to date now, in the foreground.
     A session another process is summarizing (its lock is held) is counted as `locked`."""
     outcomes: collections.Counter[str] = collections.Counter()
-    async with open_tools(settings) as tools, summary_job(tools) as job:
+    async with open_tiers(settings) as tiers, summary_job(tiers) as job:
         rule = {
             "every_n": settings.summary_every_n_turns,
             "min_turns_to_persist": settings.summary_min_turns_to_persist,
             "start_turns": settings.summary_start_turns,
         }
         try:
-            total = await tools.maintenance.count_lagging(**rule)
+            total = await tiers.maintenance.count_lagging(**rule)
             progress = progress_bar("rebuild", total, err)
             after = ""
-            while page := await tools.maintenance.lagging_sessions(**rule, after=after, limit=_STALE_PAGE):
+            while page := await tiers.maintenance.lagging_sessions(**rule, after=after, limit=_STALE_PAGE):
                 for key in page:
                     result = await job.run(key)
                     outcomes[result.outcome.value] += 1
@@ -304,13 +304,13 @@ async def rebuild_stale(settings: Settings, *, out: TextIO = sys.stdout, err: Te
 async def export(settings: Settings, key: SessionKey, *, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     """One JSON document with every message, the summary and the slices of a session (for a data
     subject's request), written as it is read: a page of messages at a time in memory."""
-    async with open_tools(settings) as tools:
+    async with open_tiers(settings) as tiers:
         try:
-            summary, info = await tools.store.get_summary(key)
+            summary, info = await tiers.store.get_summary(key)
             if info is None:
                 return fail(err, f"session {key!r} does not exist")
             progress = progress_bar("export", info.message_count, err)
-            await write_session(tools.store, info, summary, out=out, progress=progress)
+            await write_session(tiers.store, info, summary, out=out, progress=progress)
             out.write("\n")
             out.flush()
             progress.finish()
@@ -364,8 +364,8 @@ async def purge_inactive(
     """Remove the messages, summaries, slices and hot keys of every session inactive for more
     than `older_than_days`, `batch` rows per transaction; with `dry_run`, only count them."""
     before = time.time() - older_than_days * DAY_S
-    async with open_tools(settings) as tools:
-        maintenance = SqlMaintenance(tools.store, batch=batch)
+    async with open_tiers(settings) as tiers:
+        maintenance = SqlMaintenance(tiers.store, batch=batch)
         try:
             sessions, messages = await maintenance.count_inactive(before=before)
             if dry_run:
@@ -375,7 +375,7 @@ async def purge_inactive(
                 )
                 return 0
             progress = progress_bar("purge", sessions, err)
-            report = await purge(maintenance, tools.hot, before=before, progress=progress)
+            report = await purge(maintenance, tiers.hot, before=before, progress=progress)
         except TierUnavailable as exc:
             return fail(err, f"purge failed: {exc}")
     log.info("purge_done", sessions=report.sessions, messages=report.messages, reactivated=report.reactivated)

@@ -13,7 +13,7 @@ import time
 from typing import Any, TextIO
 
 from tiered_memory.errors import SqlUnavailable
-from tiered_memory.ops.admin import compact_json, fail, open_tools
+from tiered_memory.ops.admin import compact_json, fail, open_tiers
 from tiered_memory.settings import Settings
 from tiered_memory.tiers.sql.outbox import FAILED, HELD, PENDING, OutboxRow, SqlOutbox
 
@@ -44,8 +44,8 @@ async def events(
     out: TextIO = sys.stdout,
     err: TextIO = sys.stderr,
 ) -> int:
-    async with open_tools(settings) as tools:
-        outbox = SqlOutbox(tools.store)
+    async with open_tiers(settings) as tiers:
+        outbox = SqlOutbox(tiers.store)
         try:
             if replay is not None:
                 queued = await outbox.replay(replay, now=time.time())

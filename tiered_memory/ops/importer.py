@@ -23,7 +23,7 @@ from typing import TextIO
 from tiered_memory.errors import Conflict, Forbidden, InvalidInput, SqlUnavailable
 from tiered_memory.http.input import BATCH_MAX, SESSION_ID, parse_message
 from tiered_memory.model import TENANT_SEPARATOR, NewMessage, SessionKey
-from tiered_memory.ops.admin import compact_json, fail, open_tools, progress_bar
+from tiered_memory.ops.admin import compact_json, fail, open_tiers, progress_bar
 from tiered_memory.settings import Settings
 
 
@@ -92,13 +92,13 @@ async def import_file(settings: Settings, path: Path, *, out: TextIO = sys.stdou
     once it is fixed, and the stored part is skipped)."""
     counts = _Counts()
     seen: set[str] = set()
-    async with open_tools(settings) as tools:
+    async with open_tiers(settings) as tiers:
         progress = progress_bar("import", None, err)
         try:
             for batch in _batches(path, settings.max_message_bytes):
                 news = [m for _, m in batch]
                 try:
-                    results = await tools.store.append_all(news, now=time.time())
+                    results = await tiers.store.append_all(news, now=time.time())
                 except (Conflict, Forbidden, SqlUnavailable) as exc:
                     first, last = batch[0][0], batch[-1][0]
                     return fail(err, f"lines {first}-{last} ({news[0].key}) not imported: {exc}")

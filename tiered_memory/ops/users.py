@@ -15,7 +15,7 @@ import structlog
 
 from tiered_memory.core.erasure import Erasures
 from tiered_memory.errors import Conflict, SqlUnavailable, TierUnavailable
-from tiered_memory.ops.admin import compact_json, fail, open_tools, progress_bar, write_session
+from tiered_memory.ops.admin import compact_json, fail, open_tiers, progress_bar, write_session
 from tiered_memory.prompt.users import dump_profile
 from tiered_memory.settings import Settings
 from tiered_memory.tiers.sql.users import SqlUsers
@@ -30,8 +30,8 @@ async def export_user(
 ) -> int:
     """One JSON document with the user's profile and every session of the user (each as
     `tiered-memory export` writes one), newest first, written as it is read."""
-    async with open_tools(settings) as tools:
-        users = SqlUsers(tools.store)
+    async with open_tiers(settings) as tiers:
+        users = SqlUsers(tiers.store)
         try:
             total = await users.count_sessions(tenant, user_id)
             profile = await users.profile(tenant, user_id)
@@ -45,7 +45,7 @@ async def export_user(
                 page = await users.sessions(tenant, user_id, before=before, limit=_PAGE)
                 for info, summary in page.sessions:
                     out.write(separator)
-                    await write_session(tools.store, info, summary, out=out, progress=progress)
+                    await write_session(tiers.store, info, summary, out=out, progress=progress)
                     separator = ",\n"
                 if not page.more or not page.sessions:
                     break
@@ -70,19 +70,19 @@ async def purge_user(
 ) -> int:
     """Erase the user (erasure.py), `batch` rows per transaction: recorded first, so that a run
     stopped part-way is finished by the next `purge --user` or by a daemon's sweeper."""
-    async with open_tools(settings) as tools:
-        if tools.hot.backend == "memory":
+    async with open_tiers(settings) as tiers:
+        if tiers.hot.backend == "memory":
             # The embedded hot cache lives inside the daemon's process, out of this one's reach.
             print(
                 "tiered-memory: the embedded daemon's in-process cache is not reached from here: stop the"
                 " daemon first, or erase with DELETE /v1/users/{uid}",
                 file=err,
             )
-        users = SqlUsers(tools.store, batch=batch)
+        users = SqlUsers(tiers.store, batch=batch)
         try:
             progress = progress_bar("erase", await users.count_sessions(tenant, user_id), err)
             # Another process's postings of a session are its own: they go with its hot keys.
-            erasures = Erasures(users, tools.hot, forget=lambda _: None, stream=settings.events_stream)
+            erasures = Erasures(users, tiers.hot, forget=lambda _: None, stream=settings.events_stream)
             done = await erasures.erase(tenant, user_id, progress=progress)
         except (TierUnavailable, Conflict) as exc:
             return fail(err, f"purge failed: {exc}; run it again to finish the erasure")

@@ -1,4 +1,4 @@
-"""HTTP API v1: the routes; each validates its request (api_input), calls the MemoryService and
+"""HTTP API v1: the routes; each validates its request (request_input), calls the MemoryService and
 shapes the JSON reply.
 
 Domain errors become status codes at the edge (edge.py, `observe`); bad input is refused with a
@@ -18,7 +18,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tiered_memory.errors import InvalidInput
-from tiered_memory.http import input as api_input
+from tiered_memory.http import input as request_input
 from tiered_memory.http.edge import TIER_KEY, reply
 from tiered_memory.http.keys import METRICS_KEY, OPENAPI_KEY, SERVICE_KEY, SETTINGS_KEY
 from tiered_memory.model import (
@@ -41,7 +41,7 @@ log = structlog.get_logger("tiered_memory.http.api")
 
 async def _body(request: web.Request) -> dict[str, Any]:
     """The request's JSON object, read within BODY_TIMEOUT_SECONDS."""
-    return await api_input.json_object(request, timeout_s=request.app[SETTINGS_KEY].body_timeout_seconds)
+    return await request_input.json_object(request, timeout_s=request.app[SETTINGS_KEY].body_timeout_seconds)
 
 
 def _summary_json(sid: str, answer: SummaryAnswer, now: float) -> dict[str, Any]:
@@ -62,11 +62,11 @@ def _summary_json(sid: str, answer: SummaryAnswer, now: float) -> dict[str, Any]
 
 
 async def post_message(request: web.Request) -> web.Response:
-    api_input.check_query(request)
+    request_input.check_query(request)
     service = request.app[SERVICE_KEY]
-    sid = api_input.session_id(request)
+    sid = request_input.session_id(request)
     max_bytes = request.app[SETTINGS_KEY].max_message_bytes
-    caller, (new,) = api_input.callers_messages(request, sid, await _body(request), max_bytes=max_bytes)
+    caller, (new,) = request_input.callers_messages(request, sid, await _body(request), max_bytes=max_bytes)
     outcome = await service.append(new, caller=caller)
     r = outcome.result
     return reply(
@@ -82,11 +82,11 @@ async def post_message(request: web.Request) -> web.Response:
 
 async def post_batch(request: web.Request) -> web.Response:
     """Store up to 500 messages of the session in one transaction, all or none (a bulk import)."""
-    api_input.check_query(request)
-    sid = api_input.session_id(request)
+    request_input.check_query(request)
+    sid = request_input.session_id(request)
     body = await _body(request)
     max_bytes = request.app[SETTINGS_KEY].max_message_bytes
-    caller, news = api_input.callers_messages(request, sid, body, max_bytes=max_bytes, batch=True)
+    caller, news = request_input.callers_messages(request, sid, body, max_bytes=max_bytes, batch=True)
     outcome = await request.app[SERVICE_KEY].append_batch(news, caller=caller)
     results = outcome.results
     created = any(not r.duplicate for r in results)
@@ -111,10 +111,10 @@ async def post_batch(request: web.Request) -> web.Response:
 
 async def patch_message(request: web.Request) -> web.Response:
     """Correct a stored message's content or a reply's status while no summary covers it."""
-    api_input.check_query(request)
-    sid, mid = api_input.session_id(request), api_input.message_id(request)
-    patch = api_input.parse_patch(await _body(request), max_bytes=request.app[SETTINGS_KEY].max_message_bytes)
-    caller = api_input.caller(request)
+    request_input.check_query(request)
+    sid, mid = request_input.session_id(request), request_input.message_id(request)
+    patch = request_input.parse_patch(await _body(request), max_bytes=request.app[SETTINGS_KEY].max_message_bytes)
+    caller = request_input.caller(request)
     outcome = await request.app[SERVICE_KEY].patch_message(caller.session_key(sid), mid, patch, caller=caller)
     r = outcome.result
     message = _message_json(r.message)
@@ -132,9 +132,9 @@ async def patch_message(request: web.Request) -> web.Response:
 async def delete_message(request: web.Request) -> web.Response:
     """Remove the session's newest message while no summary covers its turn (an agent framework
     taking back its last item); 404 once it is gone, so a repeat is told so."""
-    api_input.check_query(request)
-    sid, mid = api_input.session_id(request), api_input.message_id(request)
-    caller = api_input.caller(request)
+    request_input.check_query(request)
+    sid, mid = request_input.session_id(request), request_input.message_id(request)
+    caller = request_input.caller(request)
     await request.app[SERVICE_KEY].delete_message(caller.session_key(sid), mid, caller=caller)
     return web.Response(status=204)
 
@@ -147,30 +147,30 @@ def _state_reply(sid: str, state: SessionState) -> web.Response:
 
 async def get_state(request: web.Request) -> web.Response:
     """The gateway's state of the session (null and version 0 when it has none), with its ETag."""
-    call = api_input.session_call(request)
+    call = request_input.session_call(request)
     return _state_reply(call.sid, await request.app[SERVICE_KEY].get_state(call.key, caller=call.caller))
 
 
 async def put_state(request: web.Request) -> web.Response:
     """Replace the gateway's state of the session; with If-Match, only over that version."""
-    api_input.check_query(request)
-    sid = api_input.session_id(request)
-    value = api_input.state_object(await _body(request))
-    if_match = api_input.if_match(request)
-    caller = api_input.caller(request)
+    request_input.check_query(request)
+    sid = request_input.session_id(request)
+    value = request_input.state_object(await _body(request))
+    if_match = request_input.if_match(request)
+    caller = request_input.caller(request)
     state = await request.app[SERVICE_KEY].put_state(caller.session_key(sid), value, if_match=if_match, caller=caller)
     return _state_reply(sid, state)
 
 
 async def get_summary(request: web.Request) -> web.Response:
-    call = api_input.session_call(request)
+    call = request_input.session_call(request)
     answer = await request.app[SERVICE_KEY].load_best_summary(call.key, caller=call.caller)
     request[TIER_KEY] = answer.tier.value
     return reply(_summary_json(call.sid, answer, time.time()))
 
 
 def _max_chars(request: web.Request) -> int:
-    return api_input.int_query(request, "max_chars", request.app[SETTINGS_KEY].context_max_chars, 1, 1_000_000)
+    return request_input.int_query(request, "max_chars", request.app[SETTINGS_KEY].context_max_chars, 1, 1_000_000)
 
 
 def _context_json(sid: str, ctx: ContextAnswer, caller: Caller) -> dict[str, Any]:
@@ -215,17 +215,17 @@ def _context_json(sid: str, ctx: ContextAnswer, caller: Caller) -> dict[str, Any
 
 async def get_context(request: web.Request) -> web.Response:
     names = ("max_chars", "system_prompt", "question", "user_memory", "explain", "kb_snippet")
-    call = api_input.session_call(request, *names, repeated={"kb_snippet"})
-    explain = api_input.bool_query(request, "explain")
+    call = request_input.session_call(request, *names, repeated={"kb_snippet"})
+    explain = request_input.bool_query(request, "explain")
     limit = request.app[SETTINGS_KEY].max_message_bytes
     want = ContextRequest(
         _max_chars(request),
-        system_prompt=api_input.framing_text(request.query.get("system_prompt"), "system_prompt", limit),
-        question=api_input.framing_text(request.query.get("question"), "question", limit),
-        user_memory=api_input.user_memory(request),
+        system_prompt=request_input.framing_text(request.query.get("system_prompt"), "system_prompt", limit),
+        question=request_input.framing_text(request.query.get("question"), "question", limit),
+        user_memory=request_input.user_memory(request),
         user_id=call.caller.user_id,
         # A GET has no body: the snippets come as `kb_snippet`, once for each, in their order.
-        kb_snippets=api_input.kb_snippets(request.query.getall("kb_snippet", None), "kb_snippet"),
+        kb_snippets=request_input.kb_snippets(request.query.getall("kb_snippet", None), "kb_snippet"),
     )
     ctx = await request.app[SERVICE_KEY].context(call.key, want, caller=call.caller)
     request[TIER_KEY] = ctx.summary_tier.value
@@ -250,17 +250,19 @@ def _explain_json(explained: Explained | None) -> dict[str, Any] | None:
 async def post_turn(request: web.Request) -> web.Response:
     """Load-then-append: the context as it was before the user's new message (with that message
     as the closing question), then the message recorded. One round trip per utterance."""
-    api_input.check_query(request, "max_chars", "user_memory")
-    user_memory = api_input.user_memory(request)
+    request_input.check_query(request, "max_chars", "user_memory")
+    user_memory = request_input.user_memory(request)
     settings = request.app[SETTINGS_KEY]
-    sid = api_input.session_id(request)
+    sid = request_input.session_id(request)
     body = await _body(request)
-    system_prompt = api_input.framing_text(body.pop("system_prompt", None), "system_prompt", settings.max_message_bytes)
-    kb_snippets = api_input.kb_snippets(body.pop("kb_snippets", None), "kb_snippets")
+    system_prompt = request_input.framing_text(
+        body.pop("system_prompt", None), "system_prompt", settings.max_message_bytes
+    )
+    kb_snippets = request_input.kb_snippets(body.pop("kb_snippets", None), "kb_snippets")
     body.setdefault("role", "user")
     if body["role"] != "user":
         raise InvalidInput("role: a turn starts with the user's message; expected 'user'")
-    caller, (new,) = api_input.callers_messages(request, sid, body, max_bytes=settings.max_message_bytes)
+    caller, (new,) = request_input.callers_messages(request, sid, body, max_bytes=settings.max_message_bytes)
     want = ContextRequest(
         _max_chars(request),
         system_prompt=system_prompt,
@@ -283,7 +285,7 @@ async def post_turn(request: web.Request) -> web.Response:
 
 
 async def post_close(request: web.Request) -> web.Response:
-    call = api_input.session_call(request)
+    call = request_input.session_call(request)
     result = await request.app[SERVICE_KEY].close(call.key, caller=call.caller)
     return reply(
         {
@@ -296,7 +298,7 @@ async def post_close(request: web.Request) -> web.Response:
 
 
 async def get_session(request: web.Request) -> web.Response:
-    call = api_input.session_call(request)
+    call = request_input.session_call(request)
     info = await request.app[SERVICE_KEY].session(call.key, caller=call.caller)
     return reply(
         {
@@ -314,13 +316,13 @@ async def get_session(request: web.Request) -> web.Response:
 
 
 async def delete_session(request: web.Request) -> web.Response:
-    call = api_input.session_call(request)
+    call = request_input.session_call(request)
     await request.app[SERVICE_KEY].delete(call.key, caller=call.caller)
     return web.Response(status=204)
 
 
 async def delete_summary(request: web.Request) -> web.Response:
-    call = api_input.session_call(request)
+    call = request_input.session_call(request)
     await request.app[SERVICE_KEY].reset_summary(call.key, caller=call.caller)
     return web.Response(status=204)
 
@@ -348,11 +350,11 @@ T = TypeVar("T")
 
 
 async def get_slices(request: web.Request) -> web.Response:
-    api_input.check_query(request, "from_turn", "limit")
-    sid = api_input.session_id(request)
-    first = api_input.int_query(request, "from_turn", 1, 1, 2**31 - 1)
-    limit = api_input.int_query(request, "limit", 100, 1, 1000)
-    caller = api_input.caller(request)
+    request_input.check_query(request, "from_turn", "limit")
+    sid = request_input.session_id(request)
+    first = request_input.int_query(request, "from_turn", 1, 1, 2**31 - 1)
+    limit = request_input.int_query(request, "limit", 100, 1, 1000)
+    caller = request_input.caller(request)
     rows = await request.app[SERVICE_KEY].slices(
         caller.session_key(sid), caller=caller, from_turn=first, limit=limit + 1
     )
@@ -367,15 +369,15 @@ async def get_slices(request: web.Request) -> web.Response:
 async def get_recall(request: web.Request) -> web.Response:
     """The earlier messages that best match `q` (BM25 over the session's messages), with their
     turn's raw messages and the slice that covers them."""
-    api_input.check_query(request, "q", "k")
-    sid = api_input.session_id(request)
+    request_input.check_query(request, "q", "k")
+    sid = request_input.session_id(request)
     limit = request.app[SETTINGS_KEY].max_message_bytes
     raw = request.query.get("q")
-    query = api_input.framing_text(raw, "q", limit)
+    query = request_input.framing_text(raw, "q", limit)
     if query is None or not query.strip():
         raise InvalidInput("q: expected a non-empty search text")
-    k = api_input.int_query(request, "k", 5, 1, 50)
-    caller = api_input.caller(request)
+    k = request_input.int_query(request, "k", 5, 1, 50)
+    caller = request_input.caller(request)
     matches = await request.app[SERVICE_KEY].recall(caller.session_key(sid), caller=caller, query=query, k=k)
     return reply(
         {
@@ -396,12 +398,12 @@ async def get_recall(request: web.Request) -> web.Response:
 
 
 async def get_messages(request: web.Request) -> web.Response:
-    api_input.check_query(request, "from_seq", "to_seq", "limit")
-    sid = api_input.session_id(request)
-    first = api_input.int_query(request, "from_seq", 1, 1, 2**31 - 1)
-    last = api_input.int_query(request, "to_seq", 2**31 - 1, 1, 2**31 - 1)
-    limit = api_input.int_query(request, "limit", 1000, 1, 1000)
-    caller = api_input.caller(request)
+    request_input.check_query(request, "from_seq", "to_seq", "limit")
+    sid = request_input.session_id(request)
+    first = request_input.int_query(request, "from_seq", 1, 1, 2**31 - 1)
+    last = request_input.int_query(request, "to_seq", 2**31 - 1, 1, 2**31 - 1)
+    limit = request_input.int_query(request, "limit", 1000, 1, 1000)
+    caller = request_input.caller(request)
     rows = await request.app[SERVICE_KEY].messages(
         caller.session_key(sid),
         caller=caller,
@@ -479,9 +481,9 @@ def _job_json(sid: str, job: RebuildJob) -> dict[str, Any]:
 async def post_rebuild(request: web.Request) -> web.Response:
     """Start rebuilding the summary as a job and answer 202 at once, with its URL in Location;
     while one is going for the session, that one (`started` false)."""
-    api_input.check_query(request)
-    sid = api_input.session_id(request)
-    caller = api_input.caller(request)
+    request_input.check_query(request)
+    sid = request_input.session_id(request)
+    caller = request_input.caller(request)
     started = await request.app[SERVICE_KEY].start_rebuild(caller.session_key(sid), caller=caller)
     body = {**_job_json(sid, started.job), "started": started.started}
     return reply(body, status=202, headers={"Location": body["url"]})
@@ -489,9 +491,9 @@ async def post_rebuild(request: web.Request) -> web.Response:
 
 async def get_rebuild(request: web.Request) -> web.Response:
     """A rebuild job of the session, from the hot tier (whichever replica runs it)."""
-    api_input.check_query(request)
-    sid, job_id = api_input.session_id(request), api_input.job_id(request)
-    caller = api_input.caller(request)
+    request_input.check_query(request)
+    sid, job_id = request_input.session_id(request), request_input.job_id(request)
+    caller = request_input.caller(request)
     job = await request.app[SERVICE_KEY].rebuild_job(caller.session_key(sid), job_id, caller=caller)
     return reply(_job_json(sid, job))
 

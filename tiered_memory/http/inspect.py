@@ -19,7 +19,7 @@ from aiohttp import web
 
 from tiered_memory.core.inspection import SessionInspection, overview
 from tiered_memory.errors import NotFound
-from tiered_memory.http import input as api_input
+from tiered_memory.http import input as request_input
 from tiered_memory.http.auth import UI_PREFIX
 from tiered_memory.http.edge import reply
 from tiered_memory.http.keys import INSPECTION_KEY, METRICS_KEY, SETTINGS_KEY
@@ -63,14 +63,14 @@ async def get_ui(request: web.Request) -> web.Response:
 
 async def get_inspect(request: web.Request) -> web.Response:
     """One session across its tiers: ages and TTLs, the summary and its recent versions, the lag."""
-    call = api_input.session_call(request)
+    call = request_input.session_call(request)
     found = await request.app[INSPECTION_KEY].session(call.key, caller=call.caller)
     return reply(_inspection_json(call.sid, found))
 
 
 async def get_overview(request: web.Request) -> web.Response:
     """This process's state from its metrics: which tiers answer, the lag, breakers, LLM failures."""
-    api_input.check_query(request)
+    request_input.check_query(request)
     return reply(overview(request.app[METRICS_KEY].registry))
 
 

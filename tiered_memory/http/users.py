@@ -18,7 +18,7 @@ from aiohttp import web
 
 from tiered_memory.core.erasure import Erased
 from tiered_memory.errors import Conflict, InvalidInput
-from tiered_memory.http import input as api_input
+from tiered_memory.http import input as request_input
 from tiered_memory.http.edge import reply
 from tiered_memory.http.keys import SERVICE_KEY
 from tiered_memory.model import Caller, SessionInfo, Summary
@@ -30,10 +30,10 @@ ERASE_WAIT_S = 5.0
 
 
 async def get_user_summaries(request: web.Request) -> web.Response:
-    api_input.check_query(request, "limit")
-    user_id = api_input.path_user_id(request)
-    limit = api_input.int_query(request, "limit", 10, 1, 100)
-    caller = api_input.caller(request)
+    request_input.check_query(request, "limit")
+    user_id = request_input.path_user_id(request)
+    limit = request_input.int_query(request, "limit", 10, 1, 100)
+    caller = request_input.caller(request)
     rows = await request.app[SERVICE_KEY].users.summaries(user_id, caller=caller, limit=limit)
     now = time.time()
     return reply(
@@ -58,9 +58,9 @@ async def get_user_summaries(request: web.Request) -> web.Response:
 
 async def get_profile(request: web.Request) -> web.Response:
     """What the user's session summaries said, aggregated (users.py), and its rendered text."""
-    api_input.check_query(request)
-    user_id = api_input.path_user_id(request)
-    profile, updated_at = await request.app[SERVICE_KEY].users.profile(user_id, caller=api_input.caller(request))
+    request_input.check_query(request)
+    user_id = request_input.path_user_id(request)
+    profile, updated_at = await request.app[SERVICE_KEY].users.profile(user_id, caller=request_input.caller(request))
 
     def items(kind: str) -> list[dict[str, Any]]:
         return [_item_json(i, kind) for i in profile.of(kind)]
@@ -90,10 +90,10 @@ def _item_json(item: ProfileItem, kind: str) -> dict[str, Any]:
 
 async def get_user_sessions(request: web.Request) -> web.Response:
     """Every session of the user, summarized or not, newest first, a page at a time."""
-    api_input.check_query(request, "limit", "cursor")
-    user_id = api_input.path_user_id(request)
-    limit = api_input.int_query(request, "limit", 20, 1, 100)
-    caller = api_input.caller(request)
+    request_input.check_query(request, "limit", "cursor")
+    user_id = request_input.path_user_id(request)
+    limit = request_input.int_query(request, "limit", 20, 1, 100)
+    caller = request_input.caller(request)
     key = user_key(caller.tenant or "", user_id)
     raw = request.query.get("cursor")
     before = _cursor(raw, key) if raw is not None else None
@@ -150,9 +150,9 @@ def _cursor(raw: str, key: str) -> tuple[float, str]:
 async def delete_user(request: web.Request) -> web.Response:
     """Erase the user: 200 when it finished within ERASE_WAIT_S, else 202 (it runs on, and
     `…/erasure` says when it is done). Idempotent: erasing again finds nothing more to remove."""
-    api_input.check_query(request)
-    user_id = api_input.path_user_id(request)
-    caller = api_input.caller(request)
+    request_input.check_query(request)
+    user_id = request_input.path_user_id(request)
+    caller = request_input.caller(request)
     service = request.app[SERVICE_KEY]
     url = _erasure_url(user_id)
     try:
@@ -166,9 +166,9 @@ async def delete_user(request: web.Request) -> web.Response:
 
 
 async def get_erasure(request: web.Request) -> web.Response:
-    api_input.check_query(request)
-    user_id = api_input.path_user_id(request)
-    status = await request.app[SERVICE_KEY].users.erasure(user_id, caller=api_input.caller(request))
+    request_input.check_query(request)
+    user_id = request_input.path_user_id(request)
+    status = await request.app[SERVICE_KEY].users.erasure(user_id, caller=request_input.caller(request))
     return reply(_erasure_json(user_id, status, None))
 
 

@@ -141,7 +141,7 @@ def memory_room(recent: Sequence[ChatMessage], max_chars: int) -> int:
 
 
 def cut_parts(parts: Sequence[tuple[str, str]], room: int) -> tuple[tuple[str, str], ...]:
-    """The memory text's pieces (context_policy.Part) as `compose` sends them: joined by newlines
+    """The memory text's pieces (policy.Part) as `compose` sends them: joined by newlines
     and cut at `room` characters, the last piece cut short and those after it left out."""
     kept: list[tuple[str, str]] = []
     used = 0

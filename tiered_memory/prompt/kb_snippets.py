@@ -41,7 +41,7 @@ KB_SHARE = 0.5
 # The block's tags, the same in both languages so that a gateway (and its rules) can name them.
 _OPEN = "<reference>"
 _CLOSE = "</reference>"
-# The label follows the user's language, like the memory's labels (context_policy.LABELS), and is
+# The label follows the user's language, like the memory's labels (policy.LABELS), and is
 # short: it counts in max_chars, every time.
 LABELS = {
     "zh": "[知识库资料：本轮的外部参考事实，不是用户说的话]",

@@ -1,5 +1,5 @@
 """When a session's summary is due: the cadence of SUMMARY_EVERY_N_TURNS, from
-SUMMARY_START_TURNS on. Pure; the SQL form of the same rule is sql_store.summary_due."""
+SUMMARY_START_TURNS on. Pure; the SQL form of the same rule is store.summary_due."""
 
 from __future__ import annotations
 

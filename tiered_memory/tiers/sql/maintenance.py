@@ -118,7 +118,7 @@ class SqlMaintenance:
         return len(ids)
 
     async def count_lagging(self, *, every_n: int, min_turns_to_persist: int, start_turns: int = 0) -> int:
-        """Sessions whose summary is behind (the sweeper's rule: see sql_store.summary_due)."""
+        """Sessions whose summary is behind (the sweeper's rule: see store.summary_due)."""
 
         async def op(conn: AsyncConnection) -> int:
             q = (

@@ -158,7 +158,7 @@ async def delete_newest(conn: AsyncConnection, key: SessionKey, message_id: str,
         values |= {"turn_count": m.turn - 1, "pending_user": 1}
     elif m.role is Role.USER:
         values["pending_user"] = int(await _question_before(conn, key, m))
-    # Any other message left the counters as they were (sql_append._turns).
+    # Any other message left the counters as they were (append._turns).
     if m.tool_calls or m.tool_call_id is not None:
         values["open_tool_calls"] = await _open_calls_before(conn, key, m.seq)
     await conn.execute(msgs.delete().where(msgs.c.id == row.id))
@@ -231,7 +231,7 @@ async def _question_before(conn: AsyncConnection, key: SessionKey, m: Message) -
 
 async def _open_calls_before(conn: AsyncConnection, key: SessionKey, seq: int) -> str | None:
     """The session's open tool calls (`sessions.open_tool_calls`) as they were before message
-    `seq`: its tool traffic replayed as the appends kept them (sql_append), so that their order and
+    `seq`: its tool traffic replayed as the appends kept them (append.py), so that their order and
     their bound are the same. Reads the session's tool messages, only when a tool message is removed."""
     rows = await conn.execute(
         sa.select(msgs.c.tool_calls, msgs.c.tool_call_id)

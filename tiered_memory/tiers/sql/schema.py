@@ -3,7 +3,7 @@ the code reads and writes it.
 
 One definition serves MySQL/MariaDB and SQLite; dialect variants are declared per column. The
 database is brought to this shape by the Alembic revisions in `tiered_memory/migrations/versions`
-(run by `sql_migrate`); a test checks that the two agree. A change here needs a new revision.
+(run by `migrate.py`); a test checks that the two agree. A change here needs a new revision.
 """
 
 from __future__ import annotations

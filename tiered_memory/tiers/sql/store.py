@@ -2,7 +2,7 @@
 
 Every method is bounded by the SQL timeout and turns driver failures into SqlUnavailable, so
 callers see one error type whatever the dialect. MySQL/MariaDB, PostgreSQL and SQLite share every
-statement but the few parts `sql_dialect` writes per dialect; SQLite's single writer is queued here.
+statement but the few parts `dialect.py` writes per dialect; SQLite's single writer is queued here.
 """
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ class SqlStore(MessageReads, SummaryRows):
         return "mariadb" if getattr(self._engine.dialect, "is_mariadb", False) else self._dialect
 
     async def migrate(self, *, timeout_s: float = 120.0) -> int:
-        """Create or upgrade the schema (see sql_migrate.migrate); DDL gets its own, longer bound."""
+        """Create or upgrade the schema (see migrate.migrate); DDL gets its own, longer bound."""
         return await self._bounded(lambda: migrate(self._engine), timeout_s=timeout_s)
 
     async def schema_version(self) -> int:
@@ -304,7 +304,7 @@ class SqlStore(MessageReads, SummaryRows):
 
     def changed(self, key: SessionKey, *, deleted: bool = False) -> None:
         """A session changed other than by an append (also through `transaction`, by erasure and
-        retention): its reads skip the replica for a while (sql_replica.Replica.changed)."""
+        retention): its reads skip the replica for a while (replica.Replica.changed)."""
         if self.replica is not None:
             self.replica.changed(key, deleted=deleted)
 
@@ -333,7 +333,7 @@ class SqlStore(MessageReads, SummaryRows):
             return await self._commits.submit(Append(new, now, caller, trace=self._tracing.current()))
 
     async def _append_batch(self, batch: Sequence[Append]) -> list[Settled[AppendResult]]:
-        """One transaction for the batch (sql_append.store_batch). A statement the server
+        """One transaction for the batch (append.store_batch). A statement the server
         refuses aborts it; then each message is tried alone, so that only its own caller gets the
         error. A failure of the server or the connection fails the whole batch."""
         if not self._tracing.enabled:
@@ -417,7 +417,7 @@ class SqlStore(MessageReads, SummaryRows):
         """Mark a session closed; False when it was already closed or does not exist. With event
         sinks, `session.closed` (with the summary at close) and `summary.final` go to the outbox in
         the same transaction, the final one held unless `final` (a last pass still to run releases
-        it, sql_outbox.release_final)."""
+        it, outbox.release_final)."""
 
         async def body(conn: AsyncConnection) -> bool:
             result = await conn.execute(

@@ -33,6 +33,7 @@ from tiered_memory.client import (
     Unauthorized,
     Unavailable,
 )
+from tiered_memory.client._transport import Transport
 from tiered_memory.prompt.kb_snippets import LABELS
 from tiered_memory.testing import ZH_12_TURNS, Behaviour, FakeLlm, free_port
 
@@ -334,12 +335,21 @@ async def test_a_503_is_retried_after_its_retry_after(real_servers: RealServers,
 async def test_the_retry_delay_honours_retry_after_within_the_bound() -> None:
     """The wait before a retry: jittered within the doubling backoff, at least a 503's
     Retry-After, and never past max_backoff."""
-    async with AsyncClient("http://127.0.0.1:1", backoff=0.1, max_backoff=5.0) as mem:
-        for attempt in range(4):
-            assert 0 <= mem._delay(attempt, None) <= 0.1 * 2**attempt
-            assert 1.0 <= mem._delay(attempt, 1.0) <= 5.0
-            assert mem._delay(attempt, 30.0) == 5.0
-        assert mem._delay(10, None) <= 5.0
+    transport = Transport(
+        "http://127.0.0.1:1",
+        token=None,
+        timeout=1.0,
+        retries=2,
+        backoff=0.1,
+        max_backoff=5.0,
+        session=None,
+        headers=None,
+    )
+    for attempt in range(4):
+        assert 0 <= transport.delay(attempt, None) <= 0.1 * 2**attempt
+        assert 1.0 <= transport.delay(attempt, 1.0) <= 5.0
+        assert transport.delay(attempt, 30.0) == 5.0
+    assert transport.delay(10, None) <= 5.0
 
 
 async def test_unreachable_and_hung_daemons() -> None:

@@ -11,6 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
+from tests.helpers.processes import cli
 from tiered_memory import settings as settings_module
 from tiered_memory.app import SETTING_DEPRECATED, create_app, event_sinks
 from tiered_memory.cli import main, masked
@@ -199,14 +200,12 @@ def test_bad_config_exits_2_with_one_line(monkeypatch: pytest.MonkeyPatch, capsy
     assert "\n" not in err
 
 
-def test_migrate_command_is_idempotent(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
-    """`tiered-memory migrate` creates the embedded schema, and a second run changes nothing."""
-    monkeypatch.setenv("DATA_DIR", str(tmp_path))
-    assert main(["migrate"]) == 0
-    assert main(["migrate"]) == 0
-    assert capsys.readouterr().out.splitlines() == [f"schema version {SCHEMA_VERSION} (sqlite)"] * 2
+def test_migrate_command_is_idempotent(tmp_path: Path) -> None:
+    """`tiered-memory migrate` creates the embedded schema, and a second run changes nothing.
+    Run as a process: the command configures logging, which in this process would outlive the test."""
+    runs = [cli("migrate", env={"DATA_DIR": str(tmp_path)}) for _ in range(2)]
+    assert [code for code, _, _ in runs] == [0, 0], runs
+    assert [out.splitlines() for _, out, _ in runs] == [[f"schema version {SCHEMA_VERSION} (sqlite)"]] * 2
 
 
 def test_tokens_from_the_variable_and_the_file(tmp_path: Path) -> None:

@@ -22,6 +22,8 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from bench.benchkit.report import AGAINST
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ("docs/BENCHMARKS.md", "docs/QUALITY.md")
 END = "<!-- end generated -->"
@@ -83,18 +85,6 @@ GROWTH = "docs/growth.json"
 PHASES = "docs/benchmarks.json"
 TRACES = "docs/trace_cost.json"
 CONCURRENCIES = ("1", "64")
-# Which ceiling each operation is divided by (as the bench's report holds them).
-AGAINST: dict[str, tuple[str, ...]] = {
-    "summary_hot": ("naive_hot", "http_dict"),
-    "context_hot": ("naive_hot", "http_dict"),
-    "context_question": ("naive_hot", "http_dict"),
-    "recall": ("sql_select",),
-    "summary_warm": ("sql_select",),
-    "summary_cold": ("sql_select",),
-    "context_cold": ("sql_select",),
-    "append": ("naive_append",),
-    "turns": ("naive_append",),
-}
 
 
 def run_line(root: Path, name: str) -> str:

@@ -15,6 +15,7 @@ import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from sqlalchemy import event as sa_event
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tests.helpers.daemon import new_sid
@@ -22,6 +23,7 @@ from tests.helpers.servers import RealServers, own_database
 from tiered_memory.errors import Conflict, Forbidden, SqlUnavailable
 from tiered_memory.model import Caller, NewMessage, Owner, Role, SessionKey, Summary, SummarySource
 from tiered_memory.testing import free_port
+from tiered_memory.tiers.sql import schema
 from tiered_memory.tiers.sql.engine import create_engine
 from tiered_memory.tiers.sql.maintenance import SqlMaintenance
 from tiered_memory.tiers.sql.migrate import current_version
@@ -523,3 +525,54 @@ async def test_every_failed_delivery_counts_and_puts_the_next_off(store: SqlStor
         await outbox.retry(row.id, error="HTTP 500", at=now + ceiling)
         assert [r for r in await outbox.heads(now=now + ceiling - 0.5, limit=1000) if r.subject == sid] == []
         now += ceiling
+
+
+async def test_a_sessions_reads_go_through_its_index_whatever_was_stored_after_it(store: SqlStore) -> None:
+    """A session's first and last messages and its tail by turns are read through the
+    (session_id, id) index, not by walking every later session's rows in id order: MariaDB's
+    optimizer chose that walk for `ORDER BY id LIMIT n`, so the read of an old session grew with
+    the table. The plans are checked where EXPLAIN names the index (MariaDB); the answers on
+    every backend."""
+    old, later = new_sid(), new_sid()
+    await turns(store, old, 3)
+    rows = [
+        {
+            "session_id": later,
+            "seq": i,
+            "turn": (i + 1) // 2,
+            "role": "user" if i % 2 else "assistant",
+            "content": f"后来的消息{i}",
+            "channel": "chat",
+            "message_id": f"m{i}",
+            "completes_turn": int(i % 2 == 0),
+            "created_at": 10.0 + i,
+        }
+        for i in range(1, 3001)
+    ]
+    async with store._engine.begin() as conn:
+        await conn.execute(schema.messages.insert(), rows)
+        await conn.execute(sa.text("ANALYZE TABLE messages") if store.dialect == "mysql" else sa.text("SELECT 1"))
+    statements: list[tuple[str, Any]] = []
+
+    def seen(_conn: object, _cursor: object, statement: str, parameters: Any, *_: object) -> None:
+        statements.append((statement, parameters))
+
+    engine = store._engine.sync_engine
+    sa_event.listen(engine, "before_cursor_execute", seen)
+    try:
+        first = await store.first_messages(old, 2)
+        last = await store.recent_messages(old, 2)
+        tail = await store.messages_in_turns(old, after_turn=2)
+    finally:
+        sa_event.remove(engine, "before_cursor_execute", seen)
+    assert [m.content for m in first] == ["问题1", "回答1"]
+    assert [m.content for m in last] == ["问题3", "回答3"]
+    assert [m.content for m in tail] == ["问题3", "回答3"]
+    if store.dialect != "mysql":
+        return
+    reads = [(s, p) for s, p in statements if "FROM messages" in s]
+    assert len(reads) == 3
+    async with store._engine.connect() as conn:
+        for statement, parameters in reads:
+            plan = (await conn.exec_driver_sql("EXPLAIN " + statement, parameters)).mappings().one()
+            assert plan["key"] == "ix_messages_session_id", (statement, dict(plan))

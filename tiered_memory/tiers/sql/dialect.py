@@ -73,3 +73,13 @@ def refused(exc: sa.exc.DBAPIError) -> bool:
         return True
     sqlstate = getattr(exc.orig, "sqlstate", None)
     return isinstance(sqlstate, str) and sqlstate[:2] in {"22", "23"}
+
+
+def in_index_order(q: sa.Select[Any], table: sa.Table, index: str) -> sa.Select[Any]:
+    """`q` read through `index` on MySQL/MariaDB. Their optimizer takes `WHERE session_id = ?
+    ORDER BY id LIMIT n` for a walk of the primary key in id order that skips other sessions'
+    rows: a session written before most others was read past all of them (20-30 ms for 64 rows
+    in a table of 36,000; linear in the table, not the session). PostgreSQL and SQLite choose the
+    (session_id, id) index themselves."""
+    hint = f"FORCE INDEX ({index})"
+    return q.with_hint(table, hint, dialect_name="mysql").with_hint(table, hint, dialect_name="mariadb")

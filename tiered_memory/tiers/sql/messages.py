@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tiered_memory.model import Message, SessionKey
-from tiered_memory.tiers.sql.dialect import OctetLength
+from tiered_memory.tiers.sql.dialect import OctetLength, in_index_order
 from tiered_memory.tiers.sql.rows import MEMORY_COLUMNS, row_to_message
 from tiered_memory.tiers.sql.schema import messages as msgs
 
@@ -23,6 +23,8 @@ T = TypeVar("T")
 # new turns (a few messages each) with room to spare; later ones grow, to catch up a long lag.
 _TAIL_PAGE = 64
 _TAIL_PAGE_MAX = 4096
+# The (session_id, id) index: a session's messages in the order they were stored.
+BY_SESSION = "ix_messages_session_id"
 
 
 class _Reader(Protocol):
@@ -52,6 +54,7 @@ class MessageReads:
 
         async def op(conn: AsyncConnection) -> list[Message]:
             q = sa.select(*MEMORY_COLUMNS).where(msgs.c.session_id == key).order_by(msgs.c.id).limit(limit)
+            q = in_index_order(q, msgs, BY_SESSION)
             return [row_to_message(r) for r in (await conn.execute(q)).all()]
 
         return await self.session_read(key, op, replica=replica, known_seq=known_seq)
@@ -63,6 +66,7 @@ class MessageReads:
 
         async def op(conn: AsyncConnection) -> list[Message]:
             q = sa.select(*MEMORY_COLUMNS).where(msgs.c.session_id == key).order_by(msgs.c.id.desc()).limit(limit)
+            q = in_index_order(q, msgs, BY_SESSION)
             return [row_to_message(r) for r in reversed((await conn.execute(q)).all())]
 
         return await self.session_read(key, op, replica=replica, known_seq=known_seq)
@@ -100,7 +104,8 @@ class MessageReads:
                 q = sa.select(*MEMORY_COLUMNS).where(msgs.c.session_id == key)
                 if before_id is not None:
                     q = q.where(msgs.c.id < before_id)
-                rows = (await conn.execute(q.order_by(msgs.c.id.desc()).limit(page))).all()
+                q = in_index_order(q.order_by(msgs.c.id.desc()).limit(page), msgs, BY_SESSION)
+                rows = (await conn.execute(q)).all()
                 older = [r for r in rows if r.turn <= after_turn]
                 newest_first.extend(r for r in rows if r.turn > after_turn)
                 if older or len(rows) < page:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -652,42 +654,73 @@ async def test_method_not_allowed_keeps_its_allow_header(daemon: Daemon) -> None
     assert {m.strip() for m in resp.headers["Allow"].split(",")} >= {"GET", "DELETE"}
 
 
-async def test_cold_read_of_a_long_session_reads_its_opening_and_its_end(daemon: Daemon) -> None:
-    """A session of 400 turns without any summary: the cold extraction on the request path reads
-    the opening and the latest messages, at most 150 rows of the 800, and keeps what each says."""
+async def _long_cold_session(daemon: Daemon) -> str:
+    """A session of 400 turns without any summary, written to SQL only: a name and a product in
+    its opening, an order in its last two turns, filler between."""
     sid = new_sid()
     filler = [("嗯，我再想想。", "好的，您慢慢考虑。")] * 397
     opening = ("你好，我叫王小明，想了解一下活力健。", "您好王小明，活力健每盒398元。")
     ending = ("那我决定买3盒，寄到杭州市西湖区。", "好的，3盒共1194元，寄往杭州市西湖区。")
-    store = daemon.store
     for i, (user, assistant) in enumerate([opening, *filler, ending, ending], start=1):
-        await store.append(NewMessage(sid, Role.USER, user, f"u{i}"), now=float(i))
-        await store.append(NewMessage(sid, Role.ASSISTANT, assistant, f"a{i}"), now=float(i) + 0.5)
-    rows_read = 0
-    reads: list[str] = []
+        await daemon.store.append(NewMessage(sid, Role.USER, user, f"u{i}"), now=float(i))
+        await daemon.store.append(NewMessage(sid, Role.ASSISTANT, assistant, f"a{i}"), now=float(i) + 0.5)
+    return sid
+
+
+@contextlib.contextmanager
+def message_reads(daemon: Daemon) -> Iterator[list[tuple[str, int]]]:
+    """Each SQL statement on the messages table while the block runs, with the rows it returned
+    (SQLite's cursors do not count what a SELECT returned: -1; MariaDB's do)."""
+    reads: list[tuple[str, int]] = []
 
     def count(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
-        nonlocal rows_read
         if "FROM messages" in statement:
-            reads.append(statement)
-            # SQLite's cursors do not count what a SELECT returned (-1); MariaDB's do.
-            rows_read += cursor.rowcount if cursor.rowcount >= 0 else 0
+            reads.append((statement, cursor.rowcount))
 
     engine = daemon.store._engine.sync_engine
     sa_event.listen(engine, "after_cursor_execute", count)
     try:
-        cold = await daemon.get(f"/v1/sessions/{sid}/summary")
+        yield reads
     finally:
         sa_event.remove(engine, "after_cursor_execute", count)
+
+
+async def test_cold_read_of_a_long_session_reads_its_opening_and_its_end(daemon: Daemon) -> None:
+    """The cold answer on the request path reads the opening and the latest messages, at most 88
+    rows of the 800, and shows them raw: the user's first words, then the newest turns."""
+    sid = await _long_cold_session(daemon)
+    with message_reads(daemon) as reads:
+        cold = await daemon.get(f"/v1/sessions/{sid}/summary")
     assert cold["tier"] == "cold"
     assert cold["turn_count"] == 400
     assert reads
-    assert all("LIMIT" in statement for statement in reads)
-    assert rows_read <= 150
+    assert all("LIMIT" in statement for statement, _ in reads)
+    rows_read = sum(max(0, rows) for _, rows in reads)
+    assert rows_read <= 88
     if daemon.store.dialect == "mysql":
-        assert rows_read == 150
-    for evidence in ("王小明", "活力健", "1194"):
-        assert evidence in cold["summary"], (evidence, cold["summary"])
+        assert rows_read == 88
+    lines = cold["summary"].split("\n")
+    assert lines[0] == "用户：你好，我叫王小明，想了解一下活力健。"
+    assert lines[-1] == "助手：好的，3盒共1194元，寄往杭州市西湖区。"
+
+
+async def test_a_cold_context_shows_the_turns_before_its_window_raw(daemon: Daemon) -> None:
+    """A context of the same session leaves its window out of the cold answer, and reads no older
+    turns to condense on the request path (up to 400 rows, about 0.25 ms each): the cold answer
+    holds the newest of them raw, until the summary the read scheduled lands."""
+    sid = await _long_cold_session(daemon)
+    with message_reads(daemon) as reads:
+        ctx = await daemon.get(f"/v1/sessions/{sid}/context?max_chars=400")
+    assert ctx["summary_tier"] == "cold"
+    assert ctx["messages"][-1]["content"] == "好的，3盒共1194元，寄往杭州市西湖区。"
+    assert "王小明" in ctx["summary"]
+    assert "1194" not in ctx["summary"]  # turns 399 and 400 are the window's
+    # The request's reads are bounded (LIMIT); the summary job the read scheduled may start
+    # reading every turn before the answer arrives.
+    bounded = [rows for statement, rows in reads if "LIMIT" in statement]
+    assert len(bounded) <= 3  # the cold answer's two and the window's
+    if daemon.store.dialect == "mysql":
+        assert sum(bounded) <= 88 + 64
 
 
 async def test_a_cold_read_of_a_due_session_schedules_its_summary(daemon: Daemon) -> None:
@@ -748,7 +781,7 @@ async def test_a_young_session_that_fits_is_answered_without_sql(daemon: Daemon)
     hot tier alone: the summary walk (warm row, cold extraction) is skipped, since the whole
     conversation is shown raw. At a budget it does not fit, no extraction runs on the request
     either while the hot list holds it whole (the policy condenses its raw turns); once Redis
-    lost it, the cold extraction answers."""
+    lost it, the cold answer leaves out the window's turns, which here are all of them."""
     sid = new_sid()
     await play(daemon, sid, ZH_12_TURNS[:2])
     with sql_statements(daemon) as statements:
@@ -761,7 +794,8 @@ async def test_a_young_session_that_fits_is_answered_without_sql(daemon: Daemon)
     assert sum(len(m["content"]) for m in tight["messages"]) <= 60
     await daemon.flush_hot()
     cold = await daemon.get(f"/v1/sessions/{sid}/context?max_chars=60")
-    assert cold["summary_tier"] == "cold"
+    assert cold["summary_tier"] == "none"
+    assert sum(len(m["content"]) for m in cold["messages"]) <= 60
 
 
 async def test_older_turns_read_from_sql_are_kept_hot(daemon: Daemon) -> None:

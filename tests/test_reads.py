@@ -54,7 +54,6 @@ async def parts(tmp_path: Path, text_workers: TextWorkers) -> AsyncIterator[Part
             store=e.store,
             hot=e.hot,
             history=history,
-            text=e.text,
             tagger=e.tagger,
             metrics=e.metrics,
             clock=time.time,

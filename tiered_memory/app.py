@@ -244,7 +244,6 @@ def build_reads(
     store: SqlStore,
     hot: HotTier,
     history: History,
-    text: TextLane,
     tagger: TopicTagger,
     metrics: Metrics,
     clock: Callable[[], float] = time.time,
@@ -256,7 +255,6 @@ def build_reads(
         users=SqlUsers(store),
         hot=hot,
         history=history,
-        text=text,
         tagger=tagger,
         metrics=metrics,
         clock=clock,
@@ -277,9 +275,7 @@ def build_service(
     """Every operation of the daemon, over the tiers: its history (older turns, recall) and its
     reads (the tier walk) made here, so that this module is where the daemon is put together."""
     history = build_history(settings, store=store, hot=hot, text=text, metrics=metrics)
-    reads = build_reads(
-        settings, store=store, hot=hot, history=history, text=text, tagger=tagger, metrics=metrics, clock=clock
-    )
+    reads = build_reads(settings, store=store, hot=hot, history=history, tagger=tagger, metrics=metrics, clock=clock)
     return MemoryService(
         settings=settings,
         store=store,

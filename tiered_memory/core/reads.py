@@ -44,18 +44,18 @@ from tiered_memory.prompt.assemble import (
     window_start_turn,
 )
 from tiered_memory.settings import Settings
-from tiered_memory.summarize.cold import COLD_READ_SUMMARIES, cold_slice, cold_summary
-from tiered_memory.summarize.lane import TextLane, Ticket, text_bytes
+from tiered_memory.summarize.cold import cold_digest
 from tiered_memory.summarize.topics import TopicTagger
 from tiered_memory.tiers.errors import TierErrors
 from tiered_memory.tiers.hot import HotTier
 from tiered_memory.tiers.sql.store import SqlStore
 from tiered_memory.tiers.sql.users import SqlUsers
 
-# A cold extraction reads at most this many rows from the start of a session and from its end
-# (its characters are bounded by summarize.cold; these bound a session of very short messages).
-_COLD_HEAD_MESSAGES = 50
-_COLD_TAIL_MESSAGES = 100
+# A cold answer reads at most this many rows from the start of a session and from its end (its
+# characters are bounded by SUMMARY_MAX_CHARS, a third and the rest; these bound the rows of a
+# session of very short messages, and leave room for the window a context leaves out).
+_COLD_HEAD_MESSAGES = 24
+_COLD_TAIL_MESSAGES = 64
 # A context read puts at most this many turns between a lagging summary and the window.
 _GAP_MAX_TURNS = 100
 
@@ -85,7 +85,6 @@ class SessionReads:
         users: SqlUsers,
         hot: HotTier,
         history: History,
-        text: TextLane,
         tagger: TopicTagger,
         metrics: Metrics,
         clock: Callable[[], float],
@@ -95,7 +94,6 @@ class SessionReads:
         self._users = users
         self._hot = hot
         self._history = history
-        self._text = text
         self._tagger = tagger
         self._metrics = metrics
         self._errors = TierErrors(metrics.tier_errors)
@@ -147,17 +145,19 @@ class SessionReads:
         return answer
 
     async def _summary_below_hot(
-        self, key: SessionKey, caller: Caller, *, cold: bool = True
+        self, key: SessionKey, caller: Caller, *, cold: bool = True, keep: int = 0
     ) -> tuple[SummaryAnswer, SessionInfo | None]:
-        """The warm row, else the cold extraction (unless not `cold`), else none; with the
-        session SQL returned. Raises Forbidden when SQL says the session is not the caller's."""
+        """The warm row, else the cold answer (unless not `cold`; leaving out the last `keep`
+        turns, a context's window), else none; with the session SQL returned. Raises Forbidden
+        when SQL says the session is not the caller's."""
         summary, info = await self._errors.sql("read_summary", self._store.get_summary(key, replica=True), (None, None))
         if info is None:
             return self._answer(key, Tier.NONE, None, 0), None
         authorize(caller, info.owner)
         if summary is not None:
             return self._answer(key, Tier.WARM, summary, info.turn_count), info
-        extracted = await self._cold_summary(info) if cold else None
+        through = window_start_turn(info.turn_count, keep) - 1 if keep else info.turn_count
+        extracted = await self._cold_summary(info, through) if cold else None
         tier = Tier.NONE if extracted is None else Tier.COLD
         return self._answer(key, tier, extracted, info.turn_count), info
 
@@ -184,37 +184,30 @@ class SessionReads:
             return
         await self._errors.hot("backfill", self._hot.backfill(key, counters, summary=None, recent=messages), None)
 
-    async def _cold_summary(self, info: SessionInfo) -> Summary | None:
+    async def _cold_summary(self, info: SessionInfo, through_turn: int) -> Summary | None:
+        """The cold answer (summarize/cold.py) of the session's completed turns up to
+        `through_turn`: whole messages of its opening and of its end, SUMMARY_MAX_CHARS in all, read
+        by two bounded reads (the whole session when it is short). A cold read runs on the request
+        path, so its cost must not grow with the session (a 10,000-turn session took 8 s read
+        whole, and an extraction of 150 messages 60-130 ms); the summary job (scheduled by the
+        service after a cold read of a session whose summary is due) reads every turn, batch by
+        batch. None when SQL does not answer or nothing was answered yet."""
         messages = await self._errors.sql("read_messages", self._cold_messages(info), None)
         if messages is None:
             return None
-        # A request waits on it: urgent, ahead of every tenant's background work.
-        ticket = Ticket(key_tenant(info.key), text_bytes(messages), urgent=True)
-        limit = self._s.summary_max_chars
-        return await self._text.call(ticket, cold_summary, info, messages, tagger=self._tagger, max_chars=limit)
+        head, tail = messages
+        return cold_digest(
+            info, head, tail, tagger=self._tagger, max_chars=self._s.summary_max_chars, through_turn=through_turn
+        )
 
-    async def _cold_messages(self, info: SessionInfo) -> list[Message]:
-        """What a cold extraction reads: the whole session when it is short, else whole messages
-        of its opening and of its end, COLD_READ_SUMMARIES times SUMMARY_MAX_CHARS in all. A cold
-        read runs on the request path, so its cost must not grow with the session (a 10,000-turn
-        session took 8 s read whole, and 600 messages 230 ms); the opening holds who the user is
-        and what they came for, the end what is going on now, and the summary job (scheduled by
-        the service after a cold read of a session whose summary is due), which reads every turn
-        batch by batch, covers the middle. Completed turns only, like a real summary: an open
-        question is in the window, raw."""
+    async def _cold_messages(self, info: SessionInfo) -> tuple[list[Message], list[Message]]:
+        """The first messages of the session and its last (the same when it is short)."""
         sid = info.key
-        max_chars = COLD_READ_SUMMARIES * self._s.summary_max_chars
         head = await self._store.first_messages(sid, _COLD_HEAD_MESSAGES, replica=True, known_seq=info.message_count)
-        if len(head) < _COLD_HEAD_MESSAGES and content_chars(head) <= max_chars:
-            messages = head
-        else:
-            tail = head
-            if len(head) == _COLD_HEAD_MESSAGES:
-                tail = await self._store.recent_messages(
-                    sid, _COLD_TAIL_MESSAGES, replica=True, known_seq=info.message_count
-                )
-            messages = cold_slice(head, tail, max_chars=max_chars)
-        return [m for m in messages if m.turn <= info.turn_count]
+        if len(head) < _COLD_HEAD_MESSAGES:
+            return head, head
+        tail = await self._store.recent_messages(sid, _COLD_TAIL_MESSAGES, replica=True, known_seq=info.message_count)
+        return head, tail
 
     def _answer(self, key: SessionKey, tier: Tier, summary: Summary | None, turns: int) -> SummaryAnswer:
         self._metrics.summary_loads.labels(tier.value).inc()
@@ -353,7 +346,7 @@ class SessionReads:
         # A warm row may be there (the hot summary evicted); an extraction is not made on a
         # request for a session the hot list holds whole: the policy condenses its raw turns
         # itself, until the summary job's summary lands.
-        return await self._summary_below_hot(key, caller, cold=not whole)
+        return await self._summary_below_hot(key, caller, cold=not whole, keep=self._s.keep_recent_turns)
 
     async def _window_rows(
         self, key: SessionKey, hot: HotSession, known: SessionInfo | None, keep: int
@@ -417,7 +410,10 @@ class SessionReads:
             snippets = await self._history.snippets(
                 key, question, count, before_seq=window_seq, seen=available, max_chars=max_chars
             )
-        if not self._s.context_older_turns:
+        if not self._s.context_older_turns or walked.answer.tier is Tier.COLD:
+            # A cold answer holds the newest turns before the window raw already; the older ones
+            # would be read and condensed on the request path (about 0.25 ms a message, up to
+            # OLDER_MAX_MESSAGES), until the summary the read scheduled lands.
             return recent, recent, snippets
         # Older raw turns for the policy to condense or take the key points of.
         before_window = await self._history.older(

@@ -174,18 +174,23 @@ def _keep_newest(lines: Sequence[str], max_chars: int) -> str:
     return "\n".join(reversed(kept))
 
 
-def recent_transcript(messages: Sequence[Message], *, max_chars: int) -> str:
-    """`用户：…` / `助手：…` lines, each capped (160 / 320 chars), trimmed from the oldest end; tool
-    traffic and the gateway's events are left out (the replies say what the tools found)."""
+def transcript_lines(messages: Sequence[Message]) -> list[str]:
+    """`用户：…` / `助手：…` lines (`User: …` in English, as the newest messages speak), each capped
+    (160 / 320 chars); tool traffic and the gateway's events are left out (the replies say what
+    the tools found)."""
     lang = language_of("".join(m.content for m in messages[-4:] if m.role in _SPEAKERS["zh"]))
-    lines = [
+    return [
         f"{_SPEAKERS[lang][m.role]}：{_cap(m.content, _TRANSCRIPT_CAPS[m.role])}"
         if lang == "zh"
         else f"{_SPEAKERS[lang][m.role]}: {_cap(m.content, _TRANSCRIPT_CAPS[m.role])}"
         for m in messages
         if m.answered and m.role in _SPEAKERS[lang] and m.content
     ]
-    return _keep_newest(lines, max_chars)
+
+
+def recent_transcript(messages: Sequence[Message], *, max_chars: int) -> str:
+    """The transcript_lines of `messages`, trimmed from the oldest end."""
+    return _keep_newest(transcript_lines(messages), max_chars)
 
 
 def answer_transcript(messages: Sequence[Message], *, max_chars: int) -> str:

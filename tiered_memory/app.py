@@ -373,7 +373,7 @@ async def _text_ctx(app: web.Application) -> AsyncIterator[None]:
         on_refused=metrics.text_work_refused.inc,
     )
     # jieba's dictionary takes about a second to load. Loaded here, before the app serves, the
-    # first cold read or summary does not wait for it. A failed start stops what it started.
+    # first question or summary does not wait for it. A failed start stops what it started.
     try:
         await text.start()
     except BaseException:

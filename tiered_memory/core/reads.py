@@ -187,11 +187,11 @@ class SessionReads:
     async def _cold_summary(self, info: SessionInfo, through_turn: int) -> Summary | None:
         """The cold answer (summarize/cold.py) of the session's completed turns up to
         `through_turn`: whole messages of its opening and of its end, SUMMARY_MAX_CHARS in all, read
-        by two bounded reads (the whole session when it is short). A cold read runs on the request
-        path, so its cost must not grow with the session (a 10,000-turn session took 8 s read
-        whole, and an extraction of 150 messages 60-130 ms); the summary job (scheduled by the
-        service after a cold read of a session whose summary is due) reads every turn, batch by
-        batch. None when SQL does not answer or nothing was answered yet."""
+        by one bounded statement. A cold read runs on the request path, so its cost must not grow
+        with the session (a 10,000-turn session took 8 s read whole, and an extraction of 150
+        messages 60-130 ms); the summary job (scheduled by the service after a cold read of a
+        session whose summary is due) reads every turn, batch by batch. None when SQL does not
+        answer or nothing was answered yet."""
         messages = await self._errors.sql("read_messages", self._cold_messages(info), None)
         if messages is None:
             return None
@@ -201,13 +201,10 @@ class SessionReads:
         )
 
     async def _cold_messages(self, info: SessionInfo) -> tuple[list[Message], list[Message]]:
-        """The first messages of the session and its last (the same when it is short)."""
-        sid = info.key
-        head = await self._store.first_messages(sid, _COLD_HEAD_MESSAGES, replica=True, known_seq=info.message_count)
-        if len(head) < _COLD_HEAD_MESSAGES:
-            return head, head
-        tail = await self._store.recent_messages(sid, _COLD_TAIL_MESSAGES, replica=True, known_seq=info.message_count)
-        return head, tail
+        """The first messages of the session and its last (some in both when it is short)."""
+        return await self._store.opening_and_end(
+            info.key, _COLD_HEAD_MESSAGES, _COLD_TAIL_MESSAGES, replica=True, known_seq=info.message_count
+        )
 
     def _answer(self, key: SessionKey, tier: Tier, summary: Summary | None, turns: int) -> SummaryAnswer:
         self._metrics.summary_loads.labels(tier.value).inc()

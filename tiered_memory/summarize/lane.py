@@ -10,8 +10,9 @@ one-shot commands, and a machine where a process more is the worse trade).
 Why a queue of our own in front of the pool: the pool's queue is first come, first served, so a
 tenant that appends 32 KB messages as fast as its rate allows would put every other tenant's
 work behind its own. Here each worker takes one call at a time; the next is an urgent one (a
-request waits on it alone: a question's words), tenants in turn, else the next tenant's in turn: its oldest call a request waits on behind the work itself (a recall's
-catch-up, a long job), else its oldest background one. Background work takes one worker fewer
+request waits on it alone: a question's words), tenants in turn, else the next tenant's in turn:
+its oldest call a request waits on behind the work itself (a recall's catch-up, a long job), else
+its oldest background one. Background work takes one worker fewer
 than there are (with two or more), so a request's call never waits behind a backlog, only behind
 another request's (one of each other tenant asking at the same time, at most). A tenant's queued
 background work is bounded in bytes of text (TEXT_QUEUE_BYTES): past it a call is refused with

@@ -71,6 +71,27 @@ class MessageReads:
 
         return await self.session_read(key, op, replica=replica, known_seq=known_seq)
 
+    async def opening_and_end(
+        self: _Reader, key: SessionKey, head: int, tail: int, *, replica: bool = False, known_seq: int = 0
+    ) -> tuple[list[Message], list[Message]]:
+        """The first `head` messages of a session and its last `tail`, each oldest first, in one
+        statement (a cold read is on the request path: one round trip, not two). A session of
+        fewer than `head + tail` messages has some in both."""
+
+        def part(newest: bool, limit: int) -> sa.Subquery:
+            order = msgs.c.id.desc() if newest else msgs.c.id
+            q = sa.select(*MEMORY_COLUMNS, sa.literal(newest).label("newest")).where(msgs.c.session_id == key)
+            return in_index_order(q.order_by(order).limit(limit), msgs, BY_SESSION).subquery()
+
+        async def op(conn: AsyncConnection) -> tuple[list[Message], list[Message]]:
+            q = sa.union_all(sa.select(part(False, head)), sa.select(part(True, tail)))
+            rows = (await conn.execute(q)).all()
+            first = sorted((r for r in rows if not r.newest), key=lambda r: int(r.seq))
+            last = sorted((r for r in rows if r.newest), key=lambda r: int(r.seq))
+            return [row_to_message(r) for r in first], [row_to_message(r) for r in last]
+
+        return await self.session_read(key, op, replica=replica, known_seq=known_seq)
+
     async def messages_in_turns(
         self: _Reader,
         key: SessionKey,

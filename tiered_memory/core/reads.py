@@ -56,6 +56,7 @@ from tiered_memory.tiers.sql.users import SqlUsers
 # session of very short messages, and leave room for the window a context leaves out).
 _COLD_HEAD_MESSAGES = 24
 _COLD_TAIL_MESSAGES = 64
+_COLD_MESSAGES = _COLD_HEAD_MESSAGES + _COLD_TAIL_MESSAGES
 # A context read puts at most this many turns between a lagging summary and the window.
 _GAP_MAX_TURNS = 100
 
@@ -407,10 +408,12 @@ class SessionReads:
             snippets = await self._history.snippets(
                 key, question, count, before_seq=window_seq, seen=available, max_chars=max_chars
             )
-        if not self._s.context_older_turns or walked.answer.tier is Tier.COLD:
-            # A cold answer holds the newest turns before the window raw already; the older ones
-            # would be read and condensed on the request path (about 0.25 ms a message, up to
-            # OLDER_MAX_MESSAGES), until the summary the read scheduled lands.
+        if not self._s.context_older_turns or (walked.answer.tier is Tier.COLD and (count or 0) > _COLD_MESSAGES):
+            # The cold answer of a session longer than its read holds the newest turns before the
+            # window raw already; the older ones would be read and condensed on the request path
+            # (about 0.25 ms a message, up to OLDER_MAX_MESSAGES) until the summary the read
+            # scheduled lands. A shorter session's are as few as the cold read's, and condensed
+            # they are what its context was made of before it had a summary.
             return recent, recent, snippets
         # Older raw turns for the policy to condense or take the key points of.
         before_window = await self._history.older(

@@ -90,3 +90,14 @@ def test_a_lone_long_message_is_cut_to_the_budget() -> None:
     summary = cold_digest(_info(1), long, long, tagger=TopicTagger(), max_chars=100, through_turn=1)
     assert summary is not None
     assert len(summary.text) <= 100
+
+
+def test_the_gateways_events_are_listed_as_a_summary_lists_them() -> None:
+    session = _dialogue(2)
+    event = Message(SessionKey("s"), 5, 3, Role.SYSTEM, "call transferred to billing", "e1", 0.0)
+    summary = cold_digest(
+        _info(3), [*session, event], [*session, event], tagger=TopicTagger(), max_chars=1400, through_turn=3
+    )
+    assert summary is not None
+    assert summary.text.endswith("\nEvents: call transferred to billing")
+    assert "System" not in summary.text

@@ -17,9 +17,10 @@ from itertools import accumulate, pairwise
 
 from tiered_memory.model import Message, SessionInfo, Summary, SummarySource
 from tiered_memory.prompt.context import transcript_lines
+from tiered_memory.prompt.facts import events_line
 from tiered_memory.summarize.topics import TopicTagger
-from tiered_memory.text.dialogue import for_summary
-from tiered_memory.text.language import as_spoken
+from tiered_memory.text.dialogue import events, for_summary
+from tiered_memory.text.language import as_spoken, conversation_language
 
 # Between the opening and the end, when turns were left out.
 ELISION = "…"
@@ -50,9 +51,10 @@ def cold_digest(
     through_turn: int,
 ) -> Summary | None:
     """The session's completed turns up to `through_turn` as its opening and its end (cold_slice
-    of `head` and `tail`), labelled, within `max_chars`, with the operator's topic keywords it
-    names (`tagger`: a substring search); None when nothing was answered. A context passes the
-    turn before its window, so the raw window is not shown twice."""
+    of `head` and `tail`), labelled, and the gateway's events among them on a line of their own,
+    as a summary records them, within `max_chars`; with the operator's topic keywords it names
+    (`tagger`: a substring search). None when nothing was answered. A context passes the turn
+    before its window, so the raw window is not shown twice."""
 
     def answered(messages: Sequence[Message]) -> list[Message]:
         return for_summary(as_spoken([m for m in messages if m.answered and m.turn <= through_turn]))
@@ -62,7 +64,11 @@ def cold_digest(
         return None
     # Contiguous from the first message shown: the opening; the rest is the end.
     split = next((i for i, (a, b) in enumerate(pairwise(shown), 1) if b.seq != a.seq + 1), len(shown))
-    text = fit(transcript_lines(shown[:split]), transcript_lines(shown[split:]), max_chars)
+    end = transcript_lines(shown[split:])
+    noted = [m.content for m in events(shown) if m.content]
+    if noted:
+        end.append(events_line(noted, conversation_language(shown)))
+    text = fit(transcript_lines(shown[:split]), end, max_chars)
     if not text:
         return None
     return Summary(

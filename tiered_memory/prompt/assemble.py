@@ -433,6 +433,8 @@ def _facts(knobs: Knobs, summary: Summary, book: FactBook | None, idle_seconds: 
     """The summary's renderer for the policy: an extractor's re-rendered from its stored facts
     for the room and turns given (whole facts, none shown raw); an LLM's text cut to sentences."""
     label_chars = len(_summary_text(knobs, "", idle_seconds, lang))
+    # Quoted once: the policy asks for the summary at many rooms.
+    text = quoted(summary.text) if book is None else ""
 
     def facts(room: int, before_turn: int | None, by_rank: bool) -> str:
         if room <= label_chars:
@@ -442,7 +444,7 @@ def _facts(knobs: Knobs, summary: Summary, book: FactBook | None, idle_seconds: 
                 room - label_chars, before_turn=before_turn, topics=summary.topics, newest_first=not by_rank
             )
         else:
-            body = lead(quoted(summary.text), room - label_chars)
+            body = lead(text, room - label_chars)
         return _summary_text(knobs, body, idle_seconds, lang) if body else ""
 
     return facts

@@ -172,11 +172,15 @@ async def screenshot(page: Page, name: str) -> None:
 
 
 async def conversation(d: Daemon, turns: list[tuple[str, str]], **extra: Any) -> str:
-    """A new session of `acme` with `turns`, its summaries made."""
+    """A new session of `acme` with `turns`, its summaries made: each cadence point's before the
+    next turn, so that there is a summary version for each (a slow summary would otherwise cover
+    two cadence points in one pass, and the versions' diff would have nothing to show)."""
     sid = new_sid()
-    for user, assistant in turns:
+    for n, (user, assistant) in enumerate(turns, start=1):
         await d.post(sid, "user", user, **extra)
         await d.post(sid, "assistant", assistant, **extra)
+        if n % d.settings.summary_every_n_turns == 0:
+            await d.settle()
     await d.settle()
     return sid
 

@@ -31,16 +31,14 @@ _LABELS = {  # per language: the labels of _KINDS, in order, then of the topics
 }
 # Per language: the separator of items, of topics, and the prefix of the assistant's statements.
 _PUNCTUATION = {"zh": ("；", "、", "助手："), "en": ("; ", ", ", "assistant: ")}
+NOT_WORD = re.compile(r"[\W_]+")
+CJK = re.compile(r"[\u3400-\u9fff]")
+LATIN = re.compile(r"[A-Za-z]")
 
 
 def events_line(events: Sequence[str], lang: str) -> str:
     """The gateway's `events` as a summary lists them: `Events: a; b` (`事件：a；b`)."""
     return _LABELS[lang][_KINDS.index(EVENT)] + _PUNCTUATION[lang][0].join(events)
-
-
-NOT_WORD = re.compile(r"[\W_]+")
-CJK = re.compile(r"[\u3400-\u9fff]")
-LATIN = re.compile(r"[A-Za-z]")
 
 
 @dataclass(slots=True)

@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from tiered_memory.model import Message, SessionKey
 from tiered_memory.tiers.sql.dialect import OctetLength, in_index_order
 from tiered_memory.tiers.sql.rows import MEMORY_COLUMNS, row_to_message
+from tiered_memory.tiers.sql.schema import MESSAGES_BY_SESSION
 from tiered_memory.tiers.sql.schema import messages as msgs
 
 T = TypeVar("T")
@@ -23,8 +24,13 @@ T = TypeVar("T")
 # new turns (a few messages each) with room to spare; later ones grow, to catch up a long lag.
 _TAIL_PAGE = 64
 _TAIL_PAGE_MAX = 4096
-# The (session_id, id) index: a session's messages in the order they were stored.
-BY_SESSION = "ix_messages_session_id"
+
+
+def _end_of(key: SessionKey, *, newest: bool, limit: int) -> sa.Select[Any]:
+    """A session's first (or, `newest`, last) `limit` messages, through its (session_id, id) index."""
+    q = sa.select(*MEMORY_COLUMNS).where(msgs.c.session_id == key)
+    q = q.order_by(msgs.c.id.desc() if newest else msgs.c.id).limit(limit)
+    return in_index_order(q, msgs, MESSAGES_BY_SESSION)
 
 
 class _Reader(Protocol):
@@ -53,9 +59,7 @@ class MessageReads:
         """The first `limit` messages of a session, oldest first."""
 
         async def op(conn: AsyncConnection) -> list[Message]:
-            q = sa.select(*MEMORY_COLUMNS).where(msgs.c.session_id == key).order_by(msgs.c.id).limit(limit)
-            q = in_index_order(q, msgs, BY_SESSION)
-            return [row_to_message(r) for r in (await conn.execute(q)).all()]
+            return [row_to_message(r) for r in (await conn.execute(_end_of(key, newest=False, limit=limit))).all()]
 
         return await self.session_read(key, op, replica=replica, known_seq=known_seq)
 
@@ -65,9 +69,8 @@ class MessageReads:
         """The last `limit` messages of a session, oldest first."""
 
         async def op(conn: AsyncConnection) -> list[Message]:
-            q = sa.select(*MEMORY_COLUMNS).where(msgs.c.session_id == key).order_by(msgs.c.id.desc()).limit(limit)
-            q = in_index_order(q, msgs, BY_SESSION)
-            return [row_to_message(r) for r in reversed((await conn.execute(q)).all())]
+            rows = (await conn.execute(_end_of(key, newest=True, limit=limit))).all()
+            return [row_to_message(r) for r in reversed(rows)]
 
         return await self.session_read(key, op, replica=replica, known_seq=known_seq)
 
@@ -79,9 +82,7 @@ class MessageReads:
         fewer than `head + tail` messages has some in both."""
 
         def part(newest: bool, limit: int) -> sa.Subquery:
-            order = msgs.c.id.desc() if newest else msgs.c.id
-            q = sa.select(*MEMORY_COLUMNS, sa.literal(newest).label("newest")).where(msgs.c.session_id == key)
-            return in_index_order(q.order_by(order).limit(limit), msgs, BY_SESSION).subquery()
+            return _end_of(key, newest=newest, limit=limit).add_columns(sa.literal(newest).label("newest")).subquery()
 
         async def op(conn: AsyncConnection) -> tuple[list[Message], list[Message]]:
             q = sa.union_all(sa.select(part(False, head)), sa.select(part(True, tail)))
@@ -125,7 +126,7 @@ class MessageReads:
                 q = sa.select(*MEMORY_COLUMNS).where(msgs.c.session_id == key)
                 if before_id is not None:
                     q = q.where(msgs.c.id < before_id)
-                q = in_index_order(q.order_by(msgs.c.id.desc()).limit(page), msgs, BY_SESSION)
+                q = in_index_order(q.order_by(msgs.c.id.desc()).limit(page), msgs, MESSAGES_BY_SESSION)
                 rows = (await conn.execute(q)).all()
                 older = [r for r in rows if r.turn <= after_turn]
                 newest_first.extend(r for r in rows if r.turn > after_turn)

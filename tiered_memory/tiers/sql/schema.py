@@ -74,6 +74,10 @@ sessions = sa.Table(
 )
 
 # Cold tier: every message verbatim, the source of truth.
+# A session's messages in the order they were stored: the index its first, last and tail reads
+# name (messages.py).
+MESSAGES_BY_SESSION = "ix_messages_session_id"
+
 messages = sa.Table(
     "messages",
     metadata,
@@ -100,7 +104,7 @@ messages = sa.Table(
     sa.Column("thinking_content", sa.Text().with_variant(mysql.MEDIUMTEXT(), "mysql"), nullable=True),
     sa.Column("thinking_duration", sa.Integer, nullable=True),
     sa.Column("created_at", _TIMESTAMP, nullable=False),
-    sa.Index("ix_messages_session_id", "session_id", "id"),
+    sa.Index(MESSAGES_BY_SESSION, "session_id", "id"),
     # Reads by seq range: the context's older turns, GET …/messages. (Version 5.)
     sa.Index("ix_messages_session_seq", "session_id", "seq"),
     sa.UniqueConstraint("session_id", "message_id", name="uq_messages_session_message_id"),

@@ -5,8 +5,10 @@ the same buckets. Each daemon test runs on the embedded backends and on real Red
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -19,6 +21,7 @@ from tests.helpers.servers import RealServers, redis_flush_prefix
 from tiered_memory.errors import ConfigError
 from tiered_memory.http.rate_limit import request_cost
 from tiered_memory.settings import Rate, Settings, parse_rate, parse_rate_limits
+from tiered_memory.testing import DaemonProcess, processes
 from tiered_memory.tiers.buckets import take
 
 ACME = "acme-token-0123456789"
@@ -292,3 +295,75 @@ async def test_replicas_draw_on_one_bucket(real_servers: RealServers, text_worke
         await first.stop()
         await second.stop()
         redis_flush_prefix(real_servers.redis_url, env["REDIS_KEY_PREFIX"])
+
+
+async def _on_a_new_connection(port: int, token: str, target: str, body: bytes = b"", tenant: str = "") -> bytes:
+    """One request on a connection of its own (`tenant`: its X-Tenant): the whole answer, once
+    the daemon closes it."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    method = "POST" if body else "GET"
+    writer.write(
+        f"{method} {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization:  Bearer {token} \r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n"
+        f"{f'X-Tenant: {tenant}' + chr(13) + chr(10) if tenant else ''}\r\n".encode()
+        + body
+    )
+    try:
+        return await asyncio.wait_for(reader.read(), timeout=10)
+    finally:
+        writer.close()
+
+
+def _counted(metrics: str, prefix: str, having: str = "") -> float:
+    """The sum of the samples whose line starts with `prefix` and holds `having`."""
+    lines = metrics.splitlines()
+    return sum(float(line.split()[-1]) for line in lines if line.startswith(prefix) and having in line)
+
+
+async def test_a_credential_its_rate_refused_is_refused_at_the_socket_until_it_may_go(
+    backend_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Once acme's rate refuses it, acme's token is answered the same 429 with Retry-After on its
+    next connections without a request's cost (http/refusals.py): counted as rate-limited, never
+    reaching the app (no request metric, no handler). The probes, another tenant's token, and acme
+    once a request costing one may go again, pass. The wait kept is the one for a request costing
+    one: after a 16 KB append refused for 1 s (4 tokens of acme's 4/s to wait for), a small
+    request goes after a quarter of a second."""
+    env = backend_env | {"API_TOKENS": f"acme:{ACME},beta:{BETA},{ROOT}", "RATE_LIMITS": "acme=6/m,beta=4/s"}
+    daemon = DaemonProcess(env, tmp_path / "daemon.log")
+    async with processes(daemon):
+        port = daemon.port
+        assert (await _on_a_new_connection(port, ACME, "/v1/sessions/s-none")).startswith(b"HTTP/1.1 404")
+        refused = [await _on_a_new_connection(port, ACME, "/v1/sessions/s-none") for _ in range(4)]
+        for answer in refused:
+            head, _, body = answer.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 429"), answer
+            assert b"\r\nRetry-After: 10" in head or b"\r\nRetry-After: 9" in head, head
+            assert json.loads(body)["error"]["code"] == "rate_limited"
+        assert b"X-Request-ID" in refused[0]  # the app's own answer
+        assert all(b"X-Request-ID" not in answer for answer in refused[1:])  # the socket's
+        assert (await _on_a_new_connection(port, ACME, "/healthz")).startswith(b"HTTP/1.1 200")
+        # An unrestricted token's X-Tenant says whose bucket refused it: refused for acme, its
+        # requests for another tenant go.
+        assert (await _on_a_new_connection(port, ROOT, "/v1/sessions/s-none", tenant="acme")).startswith(
+            b"HTTP/1.1 429"
+        )
+        assert (await _on_a_new_connection(port, ROOT, "/v1/sessions/s-none", tenant="zeta")).startswith(
+            b"HTTP/1.1 404"
+        )
+        assert (await _on_a_new_connection(port, BETA, "/v1/sessions/s-none")).startswith(b"HTTP/1.1 404")
+        metrics = (await _on_a_new_connection(port, ACME, "/metrics")).decode()
+        assert _counted(metrics, 'tiered_memory_rate_limited_total{scope="tenant"}') == 5
+        assert _counted(metrics, "tiered_memory_request_duration_seconds_count", 'status="429"') == 2  # the app's
+
+        # beta=4/s: four small requests empty the bucket, a 16 KB append waits for 4 tokens (1 s),
+        # a small request for 1 (0.25 s).
+        big = json.dumps({"role": "user", "content": "x" * 16_000}).encode()
+        await asyncio.sleep(1.1)  # beta's bucket full again after its request above
+        for _ in range(4):
+            assert (await _on_a_new_connection(port, BETA, "/v1/sessions/s-none")).startswith(b"HTTP/1.1 404")
+        head = (await _on_a_new_connection(port, BETA, "/v1/sessions/s-big/messages", big)).split(b"\r\n\r\n")[0]
+        assert head.startswith(b"HTTP/1.1 429"), head
+        assert b"\r\nRetry-After: 1" in head, head
+        await asyncio.sleep(0.5)
+        assert (await _on_a_new_connection(port, BETA, "/v1/sessions/s-none")).startswith(b"HTTP/1.1 404")

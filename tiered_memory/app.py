@@ -40,6 +40,7 @@ from tiered_memory.http.keys import (
     LLM_KEY,
     METRICS_KEY,
     OPENAPI_KEY,
+    REFUSALS_KEY,
     SERVICE_KEY,
     SETTINGS_KEY,
     STORE_KEY,
@@ -50,6 +51,7 @@ from tiered_memory.http.keys import (
 from tiered_memory.http.local_guard import allowed_names, local_guard_middleware
 from tiered_memory.http.openapi import load_document
 from tiered_memory.http.rate_limit import rate_limit_middleware
+from tiered_memory.http.refusals import Refusals
 from tiered_memory.http.users import add_user_routes
 from tiered_memory.metrics import Metrics
 from tiered_memory.prompt.context import OLDER_MAX_MESSAGES, hot_list_chars
@@ -513,6 +515,7 @@ def create_app(
                 allowed_names(settings.allowed_hosts_setting), loopback=not settings.allow_unauthenticated
             )
         )
+    refusals = Refusals()
     if settings.rate_limits or settings.token_rate_limit:
         # After authentication: the token says whose bucket a request draws on.
         middlewares.append(
@@ -522,6 +525,7 @@ def create_app(
                 lambda request: request.app[HOT_KEY].buckets,
                 metrics,
                 max_body_bytes=settings.max_body_bytes,
+                refusals=refusals,
             )
         )
     middlewares.append(read_first_middleware(settings.body_timeout_seconds))
@@ -532,6 +536,7 @@ def create_app(
     app[SETTINGS_KEY] = settings
     app[METRICS_KEY] = metrics
     app[TRACING_KEY] = tracing
+    app[REFUSALS_KEY] = refusals
     if shutdown is not None:
         # The spans still queued are sent when the app stops (after every other resource), for
         # a few seconds at most: an unreachable collector must not hold up the exit.

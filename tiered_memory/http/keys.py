@@ -7,6 +7,7 @@ from aiohttp import web
 
 from tiered_memory.core.inspection import Inspection
 from tiered_memory.core.service import MemoryService
+from tiered_memory.http.refusals import Refusals
 from tiered_memory.metrics import Metrics
 from tiered_memory.settings import Settings
 from tiered_memory.summarize.extractive import Extractor
@@ -27,5 +28,7 @@ TEXT_POOLS_KEY = web.AppKey("text_pools", Pools)
 TEXT_KEY = web.AppKey("text", TextLane)
 SERVICE_KEY = web.AppKey("service", MemoryService)
 INSPECTION_KEY = web.AppKey("inspection", Inspection)
+# The credentials the rate limiter refused, which the server refuses at the socket meanwhile.
+REFUSALS_KEY = web.AppKey("refusals", Refusals)
 # The OpenAPI document as served (bytes, built once at start-up).
 OPENAPI_KEY = web.AppKey("openapi", bytes)

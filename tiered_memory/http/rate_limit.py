@@ -29,6 +29,7 @@ from aiohttp.typedefs import Handler, Middleware
 from tiered_memory.errors import HotUnavailable, RateLimited
 from tiered_memory.http.auth import PRINCIPAL_KEY, is_open, request_tenant
 from tiered_memory.http.input import BODY_SECONDS_KEY
+from tiered_memory.http.refusals import Refusals, past_its_rate
 from tiered_memory.metrics import Metrics
 from tiered_memory.settings import Rate
 from tiered_memory.tiers.buckets import Buckets, tenant_bucket, tenant_rate, units
@@ -57,11 +58,13 @@ def rate_limit_middleware(
     metrics: Metrics,
     *,
     max_body_bytes: int,
+    refusals: Refusals,
 ) -> Middleware:
     """Draw each request but the probes' on its tenant's bucket (the token's tenant, or the one an
     unrestricted token or a daemon without tokens states with X-Tenant; '' for none) and on its
     token's, in the buckets `buckets_of` the request's app keeps, by its `request_cost`;
-    RateLimited past either."""
+    RateLimited past either, its credential kept in `refusals` until a request costing one may
+    go."""
 
     @web.middleware
     async def limit(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -93,7 +96,14 @@ def rate_limit_middleware(
                 for key_taken, rate_taken in taken:
                     with contextlib.suppress(HotUnavailable):
                         await buckets.take(key_taken, rate_taken, -cost, owed=True)
-                raise RateLimited(f"the {scope}'s request rate is past its limit; retry", retry_after_s=wait)
+                if principal is not None and (scope == "token" or principal.tenant is not None):
+                    # The credential alone says whose bucket refused (not so for a request
+                    # without a token, or an unrestricted token's, whose X-Tenant says it). Its
+                    # cost was waited for; a request costing one goes sooner, by what the rest
+                    # of its cost takes to come.
+                    cheapest = wait - (min(cost, rate.burst) - 1) / rate.per_second
+                    refusals.refuse(request.headers.get("Authorization", ""), cheapest, scope)
+                raise RateLimited(past_its_rate(scope), retry_after_s=wait)
             taken.append((key, rate))
         try:
             return await handler(request)

@@ -11,7 +11,10 @@ requests need (MAX_INFLIGHT_REQUESTS bounds requests, not connections). So:
   closed), so neither silence nor a header dripped a byte at a time holds a slot for long
   (after a first request, aiohttp's keep-alive timeout bounds the idle time);
 - the probes (/healthz, /readyz, /metrics) are answered even past the caps: a replica that
-  someone floods is not also marked down by its load balancer and unseen by Prometheus.
+  someone floods is not also marked down by its load balancer and unseen by Prometheus;
+- a first request whose credential its rate refused a moment ago gets the same 429 here, from
+  its head, with no handler made (http/refusals.py): a tenant's refused clients coming back
+  together cost the others little.
 
 `run` is aiohttp's `run_app` (the same shutdown on SIGTERM and SIGINT: the sites stop, requests
 in progress finish within the grace, cleanup_ctx drains the summaries) with `CappedSite` as its
@@ -34,7 +37,8 @@ from aiohttp import web
 
 from tiered_memory.errors import ConfigError
 from tiered_memory.http.edge import error_response
-from tiered_memory.http.keys import METRICS_KEY
+from tiered_memory.http.keys import METRICS_KEY, REFUSALS_KEY
+from tiered_memory.http.refusals import Refusals, too_many
 
 # How long a request answered before its body was read whole (a 408, a 413) may still send what
 # it was sending before its connection is closed (aiohttp's default is 10 s).
@@ -172,7 +176,8 @@ class _Gate(asyncio.Protocol):
     that sends nothing, or drips its headers, is answered 408 (or, silent, just closed) and holds
     no slot for long. Then the handler gets the bytes and every later callback. On probation
     (over a cap) only a head asking for a probe is handed on, and the connection is closed after
-    that one answer; any other is refused."""
+    that one answer; any other is refused. A head whose credential is still refused its rate
+    (`CappedSite.refusals`) gets that 429 instead of a handler."""
 
     def __init__(self, site: CappedSite) -> None:
         self._site = site
@@ -206,7 +211,13 @@ class _Gate(asyncio.Protocol):
             self._site.refused()
             self._answer(REFUSAL)
         elif whole:
-            self._hand_on(self.transport)
+            refused = self._site.refusals.refused(self._head)
+            if refused is not None:
+                wait, scope = refused
+                self._site.rate_refused(scope)
+                self._answer(too_many(wait, scope))
+            else:
+                self._hand_on(self.transport)
 
     def eof_received(self) -> bool | None:
         if self._handler is not None:
@@ -267,7 +278,9 @@ class CappedSite(web.TCPSite):
     of them from one peer (0: no limit), and gives each `head_timeout_s` to send its first
     request head (_Gate). Past a cap a new connection is refused with REFUSAL (and `on_refused`
     called), unless its first request asks for a probe: a load balancer and Prometheus still
-    see the replica while someone holds every connection it allows."""
+    see the replica while someone holds every connection it allows. A first request whose
+    credential `refusals` still refuses is answered its 429 (and `on_rate_refused` called with
+    the scope that refused it)."""
 
     def __init__(
         self,
@@ -280,9 +293,13 @@ class CappedSite(web.TCPSite):
         per_peer: int = 0,
         head_timeout_s: float = 10.0,
         on_late: Callable[[], None] = lambda: None,
+        refusals: Refusals | None = None,
+        on_rate_refused: Callable[[str], None] = lambda scope: None,
         reuse_port: bool | None = None,
     ) -> None:
         super().__init__(runner, host, port, reuse_port=reuse_port)
+        self.refusals = refusals if refusals is not None else Refusals()
+        self._on_rate_refused = on_rate_refused
         self._limit = limit
         self._per_peer = per_peer
         self.head_timeout_s = head_timeout_s
@@ -328,6 +345,9 @@ class CappedSite(web.TCPSite):
 
     def late(self) -> None:
         self._on_late()
+
+    def rate_refused(self, scope: str) -> None:
+        self._on_rate_refused(scope)
 
     def handler(self) -> web.RequestHandler:
         """aiohttp's handler for a connection, answering what its parser refuses in JSON."""
@@ -400,6 +420,8 @@ def run(
                 head_timeout_s=header_timeout_s,
                 on_refused=metrics.connections_refused.inc,
                 on_late=metrics.connections_late.inc,
+                refusals=app[REFUSALS_KEY],
+                on_rate_refused=lambda scope: metrics.rate_limited.labels(scope).inc(),
                 reuse_port=reuse_port or None,
             )
             try:

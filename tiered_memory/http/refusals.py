@@ -1,0 +1,101 @@
+"""Rate refusals remembered: a credential its rate refused is refused again at the socket until
+its wait is over, without a request's cost.
+
+Why: a refusal through the app costs what a request costs (aiohttp's handler and parser, the
+middlewares, a draw on the hot tier, an error response, a log line: about half a millisecond of
+the event loop), and a tenant's clients refused together come back together, since
+`Retry-After` tells them all the same second. In the tenant soak (`bench.tenant_soak`) 256 slow
+bodies of one tenant, each refused with 429, came back every few seconds at once: about 100
+refusals a second, in bursts that held the loop while the other tenants' turns waited. A
+credential the rate limiter refused (`rate_limit.py`) is remembered here until a request of the
+least cost could go again; the server (`serving.py`) answers the next connection that presents
+it, on its first request head, with the same 429, and no handler is made.
+
+Only what the limiter said is repeated, never more: the wait kept is the one for a request that
+costs one (a refused request of higher cost waited for its own cost), from a bucket that only
+refills with time, so a request refused here would have been refused there. Keyed by the
+`Authorization` value as sent (a daemon without tokens has none: its refusals all go through the
+app). Requests on a connection already open, and the probes, are not seen here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+
+from tiered_memory.http.auth import is_open
+from tiered_memory.lru import Lru
+
+# More credentials than a daemon's tokens; past it the least recently refused is forgotten (its
+# next request goes through the app, as every request did before).
+MOST_REMEMBERED = 4096
+
+
+def header_value(head: bytes | bytearray, name: bytes) -> bytes | None:
+    """The first value of header `name` (lowercase) in a request head, its surrounding spaces
+    and tabs stripped, as aiohttp reads it; None when the head has none."""
+    at = bytes(head).lower().find(b"\r\n" + name + b":")
+    if at < 0:
+        return None
+    start = at + len(name) + 3
+    end = head.find(b"\r\n", start)
+    return bytes(head[start : end if end >= 0 else len(head)]).strip(b" \t")
+
+
+def target_path(head: bytes | bytearray) -> str:
+    """The path of a request head's target, without its query ('' when the line is not one)."""
+    line = bytes(head).split(b"\r\n", 1)[0]
+    target = line.split(b" ")[1] if line.count(b" ") >= 2 else b""
+    return target.partition(b"?")[0].decode("latin-1")
+
+
+def past_its_rate(scope: str) -> str:
+    """What a request refused by `scope`'s rate ("token" or "tenant") is told."""
+    return f"the {scope}'s request rate is past its limit; retry"
+
+
+def too_many(wait_s: float, scope: str) -> bytes:
+    """The 429 the rate limiter answers (http/edge.py), as bytes, closing the connection: a
+    client may still be sending the body that was never read."""
+    body = json.dumps({"error": {"code": "rate_limited", "message": past_its_rate(scope)}}).encode()
+    return (
+        b"HTTP/1.1 429 Too Many Requests\r\n"
+        b"Content-Type: application/json; charset=utf-8\r\n"
+        b"Retry-After: " + str(max(1, math.ceil(wait_s))).encode() + b"\r\n"
+        b"Connection: close\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )
+
+
+class Refusals:
+    """The credentials a rate refused, each with when a request of cost one may go again and the
+    scope ("token" or "tenant") that refused it."""
+
+    def __init__(self, *, most: int = MOST_REMEMBERED, clock: Callable[[], float] = time.monotonic) -> None:
+        self._until: Lru[bytes, tuple[float, str]] = Lru(most)
+        self._clock = clock
+
+    def refuse(self, authorization: str, wait_s: float, scope: str) -> None:
+        """`authorization` was refused by `scope`'s rate: no request of it may go for `wait_s`."""
+        if authorization and wait_s > 0:
+            self._until.put(authorization.encode("latin-1", "replace"), (self._clock() + wait_s, scope))
+
+    def refused(self, head: bytes | bytearray) -> tuple[float, str] | None:
+        """How long a whole request head's credential is still refused, and by which scope; None
+        when it may go on to the app (no credential, a probe's path, a wait that is over)."""
+        if not len(self._until):
+            return None
+        credential = header_value(head, b"authorization")
+        if not credential:
+            return None
+        found = self._until.get(credential)
+        if found is None or is_open(target_path(head)):
+            return None
+        until, scope = found
+        wait = until - self._clock()
+        if wait <= 0:
+            self._until.pop(credential)
+            return None
+        return wait, scope

@@ -112,7 +112,14 @@ class MemoCache:
         key = (session, m.seq)
         source = (m.role, m.content, m.tool_calls, m.name)
         found = self._views.get(key)
-        if found is not None and found[0] == source and found[1] == terms and found[2] == names:
+        # The session's terms are the same sets from one read to the next (the fact book's):
+        # `is` first, since comparing two sets compares their members even when they are one.
+        if (
+            found is not None
+            and found[0] == source
+            and (found[1] is terms or found[1] == terms)
+            and (found[2] is names or found[2] == names)
+        ):
             return found[3]
         notes = self._notes.get(key)
         if notes is None or notes[0] != source:

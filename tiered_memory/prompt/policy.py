@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tiered_memory.model import Message, Role
 from tiered_memory.prompt.memo import View, features, memo_of, view_of
+from tiered_memory.prompt.weights import Weights
 from tiered_memory.text.dialogue import is_call, joins, units
 from tiered_memory.text.quoting import quoted, remembered
 
@@ -65,12 +65,6 @@ LABELS = {
     },
 }
 _CUT_MARK = "…"
-# What a content word and a session keyword count beside a key (a number or a name): a question
-# may need any word, but names and numbers are what later turns ask for most.
-WORD_WEIGHT = 0.1
-TERM_WEIGHT = 0.2
-# A feature last said this many turns ago counts half as much as one said now.
-_RECENCY_TURNS = 20.0
 # Room below which the summary is not asked for its facts: a label and a word of it is noise.
 _MIN_FACTS_ROOM = 40
 # A question's matching messages may take up to this share of the room; the layouts fill the
@@ -250,7 +244,7 @@ def _choose(c: Candidates, max_chars: int) -> Selection:
     older_units = units(older)
     lines = [(m.seq, m.turn, labels[m.role.value] + view[m.seq].condensed) for m in older if view[m.seq].condensed]
     salient_lines = [(m.seq, m.turn, view[m.seq].salient) for m in older if view[m.seq].salient]
-    weight = _weights(messages, view)
+    weight = Weights(messages, view)
     by_seq = {m.seq: m for m in messages}
 
     rendered: dict[str, frozenset[str]] = {}
@@ -287,7 +281,7 @@ def _choose(c: Candidates, max_chars: int) -> Selection:
             else:
                 found.update(*(view[seq].condensed_features for seq in filled.seqs))
             # Every feature of a message shown has a weight; one only the facts say counts nothing.
-            score = sum(map(weight.get, found, itertools.repeat(0.0)))
+            score = weight.score(found)
             if top is None or score > top[0]:
                 top = (score, dataclasses.replace(filled.selection, layout=LAYOUTS.index(layout)))
         assert top is not None
@@ -444,23 +438,6 @@ def _fill(
     system = "\n".join(text for _, text in parts) or None
     selection = Selection(raw=raw, system=system, chars=chars, first_turn=first_turn, parts=tuple(parts))
     return _Filled(selection, [seq for seq, _, _ in kept], salient, facts_text)
-
-
-def _weights(messages: Sequence[Message], view: dict[int, View]) -> dict[str, float]:
-    """Each feature's worth to this context: one over the number of messages that say it (a
-    thing said once is lost for good when left out; one said every other message is back soon),
-    discounted by the turns since it was last said (later turns refer to the recent past most),
-    and by its class: a key (number, name) counts 1, a session term TERM_WEIGHT, another
-    content word WORD_WEIGHT (a question may need it, but names and numbers are what it asks
-    for most)."""
-    said = [(m.turn, view[m.seq].features) for m in messages]
-    counts = Counter(itertools.chain.from_iterable(fs for _, fs in said))
-    last: dict[str, int] = {}
-    for turn, fs in said:
-        last.update(dict.fromkeys(fs, turn))  # a later message overwrites an earlier one
-    now = messages[-1].turn if messages else 0
-    cls = {"\x00": WORD_WEIGHT, "\x01": TERM_WEIGHT}
-    return {f: cls.get(f[:1], 1.0) / n / (1.0 + (now - last[f]) / _RECENCY_TURNS) for f, n in counts.items()}
 
 
 def last_turn(messages: Sequence[Message]) -> list[Message]:

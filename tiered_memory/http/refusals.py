@@ -2,14 +2,13 @@
 its wait is over, without a request's cost.
 
 Why: a refusal through the app costs what a request costs (aiohttp's handler and parser, the
-middlewares, a draw on the hot tier, an error response, a log line: about half a millisecond of
-the event loop), and a tenant's clients refused together come back together, since
-`Retry-After` tells them all the same second. In the tenant soak (`bench.tenant_soak`) 256 slow
-bodies of one tenant, each refused with 429, came back every few seconds at once: about 100
-refusals a second, in bursts that held the loop while the other tenants' turns waited. A
-credential the rate limiter refused (`rate_limit.py`) is remembered here until a request of the
-least cost could go again; the server (`serving.py`) answers the next connection that presents
-it, on its first request head, with the same 429, and no handler is made.
+middlewares, a draw on the hot tier, an error response, a log line), and a tenant's clients
+refused together come back together, since `Retry-After` tells them all the same second: in the
+tenant soak (`bench.tenant_soak`) the 256 slow bodies of one tenant were refused about 80 times a
+second, in bursts, on the event loop that serves every tenant. A credential the rate limiter
+refused (`rate_limit.py`) is remembered here until a request of the least cost could go again;
+the server (`serving.py`) answers the next connection that presents it, on its first request
+head, with the same 429, and no handler is made.
 
 Only what the limiter said is repeated, never more: the wait kept is the one for a request that
 costs one (a refused request of higher cost waited for its own cost), from a bucket that only

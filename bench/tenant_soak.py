@@ -37,6 +37,7 @@ import collections
 import http.client
 import json
 import multiprocessing
+import os
 import random
 import re
 import secrets
@@ -336,6 +337,47 @@ class Hostile:
                 self.quiet.set()
 
 
+def descendants(pid: int) -> list[int]:
+    """`pid` and every process under it (its text workers), from /proc."""
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        for task in Path(f"/proc/{current}/task").glob("*"):
+            try:
+                todo.extend(int(child) for child in (task / "children").read_text().split())
+            except OSError:
+                continue  # a thread that ended meanwhile
+    return found
+
+
+# How much less of its core the hostile tenant's load generator gets than the normal tenant's and
+# the probe's, pinned beside them (`pin_apart`): a client on a machine of its own delays nobody.
+_HOSTILE_NICE = 10
+
+
+def pin_apart(daemon_pid: int) -> dict[str, list[int]]:
+    """The daemon (and its workers) on the first core, the load generators on the others: this
+    process, which plays the hostile tenant, at a lower priority than the normal tenant's and the
+    probe's (started from it later: `unpin_priority`). As when the clients run on machines of
+    their own, which a gateway's do; the databases stay where the system puts them. What each
+    was pinned to."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        raise SystemExit("--pin needs two cores at least")
+    for pid in descendants(daemon_pid):
+        os.sched_setaffinity(pid, cores[:1])
+    os.sched_setaffinity(0, cores[1:])
+    os.setpriority(os.PRIO_PROCESS, 0, _HOSTILE_NICE)
+    return {"daemon": cores[:1], "load_generators": cores[1:]}
+
+
+def unpin_priority(pid: int) -> None:
+    """A process started by a pinned soak back at the normal priority (it inherited the hostile
+    load generator's)."""
+    os.setpriority(os.PRIO_PROCESS, pid, 0)
+
+
 async def settle(http: aiohttp.ClientSession, base: str, most_s: float = 180) -> float:
     """Wait until the seeding's background work (its postings, its summaries) is done, so that the
     calm phase is calm: how long that took."""
@@ -371,6 +413,10 @@ async def play_phase(
     prober = multiprocessing.Process(target=probe_healthz, args=(int(daemon.env["PORT"]), args.seconds, probes))
     player.start()
     prober.start()
+    if args.pin:
+        for child in (player, prober):
+            assert child.pid is not None
+            unpin_priority(child.pid)
     if hostile is not None:
         await hostile.run(http, args.seconds)
     # Read before the joins: a child whose queued result is unread does not exit (and a child
@@ -424,6 +470,9 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
             await daemon.start(http)
+            if args.pin:
+                assert daemon.proc is not None
+                report["pinned"] = pin_apart(daemon.proc.pid)
             hostile = Hostile(daemon.base, tokens["hostile"], args.writers, not args.no_recalls, args.slow_connections)
             await hostile.seed(http)
             report["settled_s"] = await settle(http, daemon.base)
@@ -489,6 +538,11 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=300,
         help="the hostile tenant's connections dripping a request head, and as many dripping a body",
+    )
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="the daemon on one core and the load generators on the others (Linux, 2 cores at least)",
     )
     parser.add_argument("--max-ratio", type=float, default=1.5, help="the normal p99 ratio that fails the run")
     parser.add_argument("--json", type=Path, help="write the report here")

@@ -506,18 +506,21 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
             keys = list(rc.scan_iter(f"{prefix}*"))
             if keys:
                 rc.delete(*keys)
+    return report | ratios(report, args.rounds) | {"max_ratio": args.max_ratio}
+
+
+def ratios(report: dict[str, Any], rounds: int) -> dict[str, Any]:
+    """The pooled hostile p99 over the calm one, the calm phases' spread, and each round's ratio."""
     calm, loud = report["pooled"]["calm"], report["pooled"]["hostile"]
-    report["normal_p99_ratio"] = round(loud["p99_ms"] / calm["p99_ms"], 2)
-    calm_p99s = [p["normal"]["p99_ms"] for name, p in report["phases"].items() if name.startswith("calm")]
-    report["calm_p99_spread"] = round(max(calm_p99s) / min(calm_p99s), 2)
-    # Each round's hostile phase against the calm phase before it: a phase the machine alone
-    # slowed moves one of these, where it moves the pooled p99 of its kind.
-    report["round_ratios"] = [
-        round(report["phases"][f"hostile{r}"]["normal"]["p99_ms"] / report["phases"][f"calm{r}"]["normal"]["p99_ms"], 2)
-        for r in range(1, args.rounds + 1)
-    ]
-    report["max_ratio"] = args.max_ratio
-    return report
+    p99 = {name: phase["normal"]["p99_ms"] for name, phase in report["phases"].items()}
+    calm_p99s = [ms for name, ms in p99.items() if name.startswith("calm")]
+    return {
+        "normal_p99_ratio": round(loud["p99_ms"] / calm["p99_ms"], 2),
+        "calm_p99_spread": round(max(calm_p99s) / min(calm_p99s), 2),
+        # Each round's hostile phase against the calm phase before it: a phase the machine alone
+        # slowed moves one of these, where it moves the pooled p99 of its kind.
+        "round_ratios": [round(p99[f"hostile{r}"] / p99[f"calm{r}"], 2) for r in range(1, rounds + 1)],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

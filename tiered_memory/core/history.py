@@ -14,9 +14,9 @@ recall endpoint's answer) raises SqlUnavailable instead.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import contextvars
-import itertools
 import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -219,11 +219,14 @@ class History:
         if room <= 0 or not recent or recent[0].seq <= 1:
             return []
         first = recent[0].seq
-        older = [m for m in available if m.seq < first]
-        if (older and older[-1].seq != first - 1) or any(b.seq != a.seq + 1 for a, b in itertools.pairwise(older)):
+        # `available` is in seq order (the hot list as read, or SQL's rows): what is older than
+        # the window is a prefix of it. A read of a long session runs this on every request, over
+        # hundreds of messages: one pass over their seqs, one over those it keeps.
+        older = list(available[: bisect.bisect_left(available, first, key=_seq)])
+        if older and (older[-1].seq != first - 1 or not _contiguous(older)):
             older = []  # not contiguous with the window: SQL answers instead
-        older = _newest_holding(older[-OLDER_MAX_MESSAGES:], room)
-        lacking = room - sum(m.size for m in older)
+        older, size = _newest_holding(older[-OLDER_MAX_MESSAGES:], room)
+        lacking = room - size
         start = older[0].seq if older else first
         most = OLDER_MAX_MESSAGES - len(older)
         if lacking <= 0 or start <= 1 or most <= 0:
@@ -239,7 +242,7 @@ class History:
         except SqlUnavailable:
             self._sql_error("read_older")
             return older
-        return _newest_holding([*rows, *older], room)
+        return _newest_holding([*rows, *older], room)[0]
 
     async def snippets(
         self,
@@ -490,14 +493,27 @@ def _cancelling() -> bool:
     return task is not None and task.cancelling() > 0
 
 
-def _newest_holding(messages: Sequence[Message], chars: int) -> list[Message]:
-    """The newest of `messages` (oldest first) whose content reaches `chars` characters, or all."""
-    total = 0
+def _seq(m: Message) -> int:
+    return m.seq
+
+
+def _contiguous(messages: Sequence[Message]) -> bool:
+    """Whether `messages` (non-empty) are seq n, n+1, n+2… with none missing or repeated."""
+    start = messages[0].seq
+    return [m.seq for m in messages] == list(range(start, start + len(messages)))
+
+
+def _newest_holding(messages: Sequence[Message], chars: int) -> tuple[list[Message], int]:
+    """The newest of `messages` (oldest first) whose content reaches `chars` characters, or all;
+    with what they cost a prompt (their sizes, counted in the same pass)."""
+    total = size = 0
     for i in range(len(messages) - 1, -1, -1):
-        total += len(messages[i].content)
+        m = messages[i]
+        total += len(m.content)
+        size += m.size
         if total >= chars:
-            return list(messages[i:])
-    return list(messages)
+            return list(messages[i:]), size
+    return list(messages), size
 
 
 def _parts(messages: Sequence[Message], max_bytes: int) -> list[list[Message]]:

@@ -81,11 +81,18 @@ class MessageReads:
         statement (a cold read is on the request path: one round trip, not two). A session of
         fewer than `head + tail` messages has some in both."""
 
-        def part(newest: bool, limit: int) -> sa.Subquery:
-            return _end_of(key, newest=newest, limit=limit).add_columns(sa.literal(newest).label("newest")).subquery()
+        def part(newest: bool, limit: int) -> sa.Select[Any]:
+            return _end_of(key, newest=newest, limit=limit).add_columns(sa.literal(newest).label("newest"))
 
         async def op(conn: AsyncConnection) -> tuple[list[Message], list[Message]]:
-            q = sa.union_all(sa.select(part(False, head)), sa.select(part(True, tail)))
+            opening, end = part(False, head), part(True, tail)
+            if conn.dialect.name == "sqlite":
+                # SQLite takes no parenthesized SELECT in a compound: each is a derived table there.
+                q = sa.union_all(sa.select(opening.subquery()), sa.select(end.subquery()))
+            else:
+                # `(SELECT … LIMIT) UNION ALL (SELECT … LIMIT)`: MariaDB materializes a derived
+                # table of the TEXT column in a temporary table (0.5 ms of a 1.9 ms read).
+                q = sa.union_all(opening, end)
             rows = (await conn.execute(q)).all()
             first = sorted((r for r in rows if not r.newest), key=lambda r: int(r.seq))
             last = sorted((r for r in rows if r.newest), key=lambda r: int(r.seq))

@@ -498,13 +498,14 @@ class MemoryService:
         neither answers."""
         want = dataclasses.replace(want, user_memory=want.user_memory or self._s.user_memory)
         answer = await self._reads.context(key, want, caller=caller)
-        self._catch_up(key, answer.summary_tier, answer.turn_count)
         if answer.state is None and answer.turn_count + len(answer.messages) > 0:
             state = await self._errors.sql("get_state", self._store.get_state(key), None)
-            if state is None:
-                return answer
-            await self._cache_state(key, state)
-            answer = dataclasses.replace(answer, state=state)
+            if state is not None:
+                await self._cache_state(key, state)
+                answer = dataclasses.replace(answer, state=state)
+        # Last: the summary job's first reads would otherwise share the loop with this read's
+        # own round trips, on the request's time.
+        self._catch_up(key, answer.summary_tier, answer.turn_count)
         return answer
 
     async def get_state(self, key: SessionKey, *, caller: Caller) -> SessionState:

@@ -62,6 +62,17 @@ _GAP_MAX_TURNS = 100
 
 
 @dataclass(frozen=True, slots=True)
+class _Below:
+    """What SQL answered below the hot tier: the summary's answer, the session (None: SQL did not
+    answer, or knows no such session), and the newest messages a cold answer read (None when it
+    read none), oldest first."""
+
+    answer: SummaryAnswer
+    info: SessionInfo | None
+    newest: list[Message] | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class _Walked:
     """What the tier walk of a context read found: the hot entry, the summary's answer, the SQL
     session when SQL was asked, the raw messages from the window on, and the turn count."""
@@ -140,27 +151,26 @@ class SessionReads:
                 await self._backfill(info, summary=None, recent=None)
                 turns = info.turn_count
             return self._answer(key, Tier.HOT, summary, summary.covered_turns if turns is None else turns)
-        answer, info = await self._summary_below_hot(key, caller)
+        below = await self._summary_below_hot(key, caller)
+        answer, info = below.answer, below.info
         if info is not None and (answer.tier is Tier.WARM or owner is None):
             await self._backfill(info, summary=answer.summary if answer.tier is Tier.WARM else None, recent=None)
         return answer
 
-    async def _summary_below_hot(
-        self, key: SessionKey, caller: Caller, *, cold: bool = True, keep: int = 0
-    ) -> tuple[SummaryAnswer, SessionInfo | None]:
+    async def _summary_below_hot(self, key: SessionKey, caller: Caller, *, cold: bool = True, keep: int = 0) -> _Below:
         """The warm row, else the cold answer (unless not `cold`; leaving out the last `keep`
         turns, a context's window), else none; with the session SQL returned. Raises Forbidden
         when SQL says the session is not the caller's."""
         summary, info = await self._errors.sql("read_summary", self._store.get_summary(key, replica=True), (None, None))
         if info is None:
-            return self._answer(key, Tier.NONE, None, 0), None
+            return _Below(self._answer(key, Tier.NONE, None, 0), None)
         authorize(caller, info.owner)
         if summary is not None:
-            return self._answer(key, Tier.WARM, summary, info.turn_count), info
+            return _Below(self._answer(key, Tier.WARM, summary, info.turn_count), info)
         through = window_start_turn(info.turn_count, keep) - 1 if keep else info.turn_count
-        extracted = await self._cold_summary(info, through) if cold else None
+        extracted, newest = await self._cold_summary(info, through) if cold else (None, None)
         tier = Tier.NONE if extracted is None else Tier.COLD
-        return self._answer(key, tier, extracted, info.turn_count), info
+        return _Below(self._answer(key, tier, extracted, info.turn_count), info, newest)
 
     async def _backfill(self, info: SessionInfo, *, summary: Summary | None, recent: list[Message] | None) -> None:
         await self._errors.hot(
@@ -185,21 +195,22 @@ class SessionReads:
             return
         await self._errors.hot("backfill", self._hot.backfill(key, counters, summary=None, recent=messages), None)
 
-    async def _cold_summary(self, info: SessionInfo, through_turn: int) -> Summary | None:
+    async def _cold_summary(self, info: SessionInfo, through_turn: int) -> tuple[Summary | None, list[Message] | None]:
         """The cold answer (summarize/cold.py) of the session's completed turns up to
         `through_turn`: whole messages of its opening and of its end, SUMMARY_MAX_CHARS in all, read
         by one bounded statement. A cold read runs on the request path, so its cost must not grow
         with the session (a 10,000-turn session took 8 s read whole, and an extraction of 150
         messages 60-130 ms); the summary job (scheduled by the service after a cold read of a
         session whose summary is due) reads every turn, batch by batch. None when SQL does not
-        answer or nothing was answered yet."""
+        answer or nothing was answered yet; with the session's newest messages it read."""
         messages = await self._errors.sql("read_messages", self._cold_messages(info), None)
         if messages is None:
-            return None
+            return None, None
         head, tail = messages
-        return cold_digest(
+        digest = cold_digest(
             info, head, tail, tagger=self._tagger, max_chars=self._s.summary_max_chars, through_turn=through_turn
         )
+        return digest, tail
 
     async def _cold_messages(self, info: SessionInfo) -> tuple[list[Message], list[Message]]:
         """The first messages of the session and its last (some in both when it is short)."""
@@ -251,8 +262,8 @@ class SessionReads:
         max_chars = memory_budget(want)
         hot, known = await self._authorized(key, caller)
         keep = 0 if self._s.memory_mode == "none" else self._s.keep_recent_turns
-        (answer, warm_info), (available, info, rows) = await asyncio.gather(
-            self._context_summary(key, caller, hot, max_chars), self._window_rows(key, hot, known, keep)
+        (answer, warm_info), (available, info, rows) = await self._summary_and_window(
+            key, caller, hot, known, max_chars=max_chars, keep=keep
         )
         retried = False
         if excluded is not None:
@@ -283,6 +294,25 @@ class SessionReads:
             remembered=remembered,
             now=self._clock(),
         )
+
+    async def _summary_and_window(
+        self, key: SessionKey, caller: Caller, hot: HotSession, known: SessionInfo | None, *, max_chars: int, keep: int
+    ) -> tuple[
+        tuple[SummaryAnswer, SessionInfo | None], tuple[list[Message], SessionInfo | None, list[Message] | None]
+    ]:
+        """The summary a context shows and its window's messages (`_context_summary`,
+        `_window_rows`). When the hot tier knows nothing of the session, SQL answers both: the
+        summary's read goes first, its session row serves the window, and a cold answer's newest
+        messages are the window's rows when they reach back to it (two statements, not four).
+        Otherwise the two run concurrently."""
+        if hot.turn_count is None and keep > 0 and self._s.memory_mode == "summary":
+            below = await self._context_summary(key, caller, hot, max_chars)
+            window_rows = await self._window_rows(key, hot, known or below.info, keep, newest=below.newest)
+            return (below.answer, below.info), window_rows
+        below, window_rows = await asyncio.gather(
+            self._context_summary(key, caller, hot, max_chars), self._window_rows(key, hot, known, keep)
+        )
+        return (below.answer, below.info), window_rows
 
     async def _authorized(self, key: SessionKey, caller: Caller) -> tuple[HotSession, SessionInfo | None]:
         """The hot tier's entry of the session once the caller may read it, and the SQL row when
@@ -326,32 +356,37 @@ class SessionReads:
         profile, others = found
         return Remembered(mode, profile, tuple(others))
 
-    async def _context_summary(
-        self, key: SessionKey, caller: Caller, hot: HotSession, max_chars: int
-    ) -> tuple[SummaryAnswer, SessionInfo | None]:
+    async def _context_summary(self, key: SessionKey, caller: Caller, hot: HotSession, max_chars: int) -> _Below:
         """The summary a context shows, and the SQL session when SQL was asked."""
         if self._s.memory_mode != "summary":
-            return SummaryAnswer(key, Tier.NONE, None, hot.turn_count or 0), None
+            return _Below(SummaryAnswer(key, Tier.NONE, None, hot.turn_count or 0), None)
         if hot.summary is not None:
             turns = hot.turn_count if hot.turn_count is not None else hot.summary.covered_turns
-            return self._answer(key, Tier.HOT, hot.summary, turns), None
+            return _Below(self._answer(key, Tier.HOT, hot.summary, turns), None)
         whole = hot_list_whole(hot.recent, message_count=hot.message_count)
         if whole and content_chars(m for m in hot.recent if m.answered) <= max_chars:
             # The context will be the whole conversation, raw: a summary would not be shown,
             # and a young session's (none yet, its first LLM call still out) would be
             # extracted from SQL on every request until it lands.
-            return self._answer(key, Tier.NONE, None, hot.turn_count or 0), None
+            return _Below(self._answer(key, Tier.NONE, None, hot.turn_count or 0), None)
         # A warm row may be there (the hot summary evicted); an extraction is not made on a
         # request for a session the hot list holds whole: the policy condenses its raw turns
         # itself, until the summary job's summary lands.
         return await self._summary_below_hot(key, caller, cold=not whole, keep=self._s.keep_recent_turns)
 
     async def _window_rows(
-        self, key: SessionKey, hot: HotSession, known: SessionInfo | None, keep: int
+        self,
+        key: SessionKey,
+        hot: HotSession,
+        known: SessionInfo | None,
+        keep: int,
+        *,
+        newest: list[Message] | None = None,
     ) -> tuple[list[Message], SessionInfo | None, list[Message] | None]:
         """Messages from the window's first turn (hot list, or SQL with one turn more), the SQL
         session when SQL was asked (`known` when the caller's check already asked it), and the
-        rows to backfill."""
+        rows to backfill. `newest`: the session's newest messages, read already (a cold answer's),
+        which serve when they reach back to the window."""
 
         async def sql_session() -> SessionInfo | None:
             return known if known is not None else await self._sql_session(key)
@@ -366,13 +401,18 @@ class SessionReads:
         if info is None:
             # SQL is down (or the session is unknown): whatever Redis still has beats nothing.
             return list(hot.recent), None, None
-        first = window_start_turn(info.turn_count, max(keep, 1))
         # One turn more than the window (down to turn 0, a greeting), so that the hot list this
         # refills is seen as complete by hot_window_complete next time.
+        after_turn = window_start_turn(info.turn_count, max(keep, 1)) - 2
+        if newest is not None and (len(newest) < _COLD_TAIL_MESSAGES or newest[0].turn <= after_turn):
+            # A message's turn never decreases as its seq grows: every message after `after_turn`
+            # is among them (or they are the whole session).
+            tail = [m for m in newest if m.turn > after_turn]
+            return tail, info, tail
         known_seq = max(info.message_count, hot.message_count or 0)
         rows = await self._errors.sql(
             "read_recent",
-            self._store.messages_in_turns(key, after_turn=first - 2, replica=True, known_seq=known_seq),
+            self._store.messages_in_turns(key, after_turn=after_turn, replica=True, known_seq=known_seq),
             None,
         )
         if rows is None:

@@ -42,9 +42,12 @@ from tiered_memory.tiers.sql.patch import Deleted, delete_newest, patch_message
 from tiered_memory.tiers.sql.quota import TenantQuota, TenantQuotas
 from tiered_memory.tiers.sql.replica import Behind, Replica
 from tiered_memory.tiers.sql.rows import (
+    KEY,
     row_to_session,
     row_to_summary,
+    session_row,
     sessions_with_summaries,
+    state_row,
 )
 from tiered_memory.tiers.sql.schema import conversation_summaries as cs
 from tiered_memory.tiers.sql.schema import messages as msgs
@@ -401,12 +404,7 @@ class SqlStore(MessageReads, SummaryRows):
         """The session's row (None: no such session; a replica's None is asked of the primary)."""
 
         async def op(conn: AsyncConnection) -> SessionInfo | None:
-            q = (
-                sa.select(sessions, cs.c.covered_turns)
-                .select_from(sessions.outerjoin(cs, cs.c.session_id == sessions.c.session_id))
-                .where(sessions.c.session_id == key)
-            )
-            row = (await conn.execute(q)).one_or_none()
+            row = (await conn.execute(session_row(), {KEY: key})).one_or_none()
             return None if row is None else row_to_session(row, int(row.covered_turns or 0))
 
         return await self.session_read(
@@ -503,8 +501,7 @@ class SqlStore(MessageReads, SummaryRows):
         """The gateway's state of a session (version 0 and None when it has none)."""
 
         async def op(conn: AsyncConnection) -> SessionState:
-            q = sa.select(session_state.c.state, session_state.c.version).where(session_state.c.session_id == key)
-            row = (await conn.execute(q)).one_or_none()
+            row = (await conn.execute(state_row(), {KEY: key})).one_or_none()
             return SessionState(0, None) if row is None else SessionState(int(row.version), json.loads(row.state))
 
         return await self.read(op)

@@ -17,10 +17,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from tiered_memory.model import Caller, SessionInfo, SessionKey, Slice, Summary
 from tiered_memory.tiers.sql.outbox import add_event, new_event_id, release_final
 from tiered_memory.tiers.sql.rows import (
+    KEY,
     row_to_session,
     row_to_slice,
     row_to_summary,
-    sessions_with_summaries,
+    session_and_summary,
     slice_values,
 )
 from tiered_memory.tiers.sql.schema import conversation_summaries as cs
@@ -81,8 +82,7 @@ class SummaryRows:
         does not know the session is not trusted: the primary is asked)."""
 
         async def op(conn: AsyncConnection) -> tuple[Summary | None, SessionInfo | None]:
-            q = sessions_with_summaries().where(sessions.c.session_id == key)
-            row = (await conn.execute(q)).one_or_none()
+            row = (await conn.execute(session_and_summary(), {KEY: key})).one_or_none()
             if row is None:
                 return None, None
             summary = row_to_summary(row) if row.summary is not None else None

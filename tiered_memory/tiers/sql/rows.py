@@ -53,6 +53,13 @@ def message_row(m: Message, completes: bool) -> dict[str, Any]:
     }
 
 
+# A stored enum value as its member: an Enum's own call costs 0.7 µs, three a row, on every read
+# of messages from SQL; a cache of its few members, 0.06 µs.
+_role = functools.cache(Role)
+_channel = functools.cache(Channel)
+_status = functools.cache(MessageStatus)
+
+
 def row_to_message(r: sa.Row[*tuple[Any, ...]], prefix: str = "") -> Message:
     """The message in a row of `messages`, or in the columns labelled `prefix` + name of a join."""
     m = r._mapping
@@ -65,13 +72,13 @@ def row_to_message(r: sa.Row[*tuple[Any, ...]], prefix: str = "") -> Message:
         key=m[prefix + "session_id"],
         seq=int(m[prefix + "seq"]),
         turn=int(m[prefix + "turn"]),
-        role=Role(m[prefix + "role"]),
+        role=_role(m[prefix + "role"]),
         content=m[prefix + "content"],
         message_id=m[prefix + "message_id"],
         created_at=float(m[prefix + "created_at"]),
         user_id=m[prefix + "user_id"],
-        channel=Channel(m[prefix + "channel"]),
-        status=MessageStatus(m[prefix + "status"]),
+        channel=_channel(m[prefix + "channel"]),
+        status=_status(m[prefix + "status"]),
         tool_calls=m[prefix + "tool_calls"] or "",
         tool_call_id=m[prefix + "tool_call_id"],
         name=m[prefix + "name"],

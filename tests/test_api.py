@@ -432,7 +432,7 @@ async def _hot_again(daemon: Daemon) -> None:
     await daemon.settle()
     expected = await daemon.get(f"/v1/sessions/{sid}/context")
     await daemon.flush_hot()
-    with sql_statements(daemon) as statements:
+    with sql_statements(daemon.store) as statements:
         first = await daemon.get(f"/v1/sessions/{sid}/context")
         assert first["summary_tier"] == "warm"
         assert statements
@@ -758,7 +758,7 @@ async def test_a_long_terse_session_is_read_hot(daemon: Daemon) -> None:
     sid = new_sid()
     await play(daemon, sid, _terse_turns(250))
     await daemon.settle()
-    with sql_statements(daemon) as statements:
+    with sql_statements(daemon.store) as statements:
         first = await daemon.get(f"/v1/sessions/{sid}/context")
         small = await daemon.get(f"/v1/sessions/{sid}/context?max_chars=1000")
     if daemon.settings.redis_url:
@@ -768,7 +768,7 @@ async def test_a_long_terse_session_is_read_hot(daemon: Daemon) -> None:
     assert sum(len(m["content"]) for m in first["messages"]) > 3000
     await daemon.flush_hot()
     await daemon.get(f"/v1/sessions/{sid}/context")
-    with sql_statements(daemon) as statements:
+    with sql_statements(daemon.store) as statements:
         again = await daemon.get(f"/v1/sessions/{sid}/context")
         small_again = await daemon.get(f"/v1/sessions/{sid}/context?max_chars=1000")
     if daemon.settings.redis_url:
@@ -784,7 +784,7 @@ async def test_a_young_session_that_fits_is_answered_without_sql(daemon: Daemon)
     lost it, the cold answer leaves out the window's turns, which here are all of them."""
     sid = new_sid()
     await play(daemon, sid, ZH_12_TURNS[:2])
-    with sql_statements(daemon) as statements:
+    with sql_statements(daemon.store) as statements:
         ctx = await daemon.get(f"/v1/sessions/{sid}/context")
     assert statements == []
     assert ctx["summary_tier"] == "none"
@@ -806,7 +806,7 @@ async def test_older_turns_read_from_sql_are_kept_hot(daemon: Daemon) -> None:
     await play(daemon, sid, ZH_12_TURNS)
     await daemon.settle()
     await daemon.flush_hot()
-    with sql_statements(daemon) as statements:
+    with sql_statements(daemon.store) as statements:
         first = await daemon.get(f"/v1/sessions/{sid}/context")
         assert any("FROM messages" in s for s in statements)
         statements.clear()
@@ -830,7 +830,7 @@ async def test_a_load_then_append_keeps_the_older_turns_it_read_hot(daemon: Daem
         resp = await daemon.http.post(f"/v1/sessions/{sid}/turns", json={"content": "还有别的吗？", "message_id": "q1"})
         assert resp.status == (201 if attempt == 0 else 200), await resp.text()
     await daemon.post(sid, "assistant", "没有了。")
-    with sql_statements(daemon) as statements:
+    with sql_statements(daemon.store) as statements:
         ctx = await daemon.get(f"/v1/sessions/{sid}/context")
     assert next(m["content"] for m in ctx["messages"] if m["role"] == "user") == ZH_12_TURNS[0][0]
     if daemon.settings.redis_url:
@@ -856,7 +856,7 @@ async def test_the_older_turns_kept_hot_leave_no_hole_behind_a_lagging_summary(
     assert seqs == list(range(seqs[0], seqs[-1] + 1)) if seqs else True, seqs
     if d.settings.redis_url:
         assert seqs[0] < 40, seqs  # the older turns are there, not only the window
-        with sql_statements(d) as statements:
+        with sql_statements(d.store) as statements:
             await d.get(f"/v1/sessions/{sid}/context")
         assert not [s for s in statements if "FROM messages" in s]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests.helpers.daemon import TextWorkers, memory_of, new_sid
+from tests.helpers.daemon import TextWorkers, memory_of, new_sid, sql_statements
 from tests.helpers.embedded import DENTIST_TURNS, embedded
 from tiered_memory.app import build_history, build_reads
 from tiered_memory.core.reads import SessionReads
@@ -182,3 +182,44 @@ async def test_a_context_stays_within_max_chars(parts: Parts, max_chars: int) ->
         # Room beyond the newest turn holds the summary, in the leading system message.
         assert answer.messages[0].role == "system"
         assert "Dana Whitfield" in answer.messages[0].content
+
+
+async def test_a_cold_context_reads_its_summary_and_window_in_two_statements(parts: Parts) -> None:
+    """A session the hot tier knows nothing of and that has no summary: the summary's read gives
+    the session row, the cold answer's read of the session's ends gives the window's rows. Two
+    statements; the window is the last KEEP_RECENT_TURNS turns, whole, and the hot list is refilled
+    with them and one turn more."""
+    key = ACME.session_key(new_sid())
+    turns = [(f"user line {n}", f"reply line {n}") for n in range(1, 51)]  # 100 messages: past the cold read
+    await play(parts.store, key, turns)
+    with sql_statements(parts.store) as statements:
+        # The trusted gateway: no read of the session row to authorize it first.
+        answer = await parts.reads.context(key, ContextRequest(max_chars=400), caller=Caller())
+    assert (answer.summary_tier, answer.turn_count) == (Tier.COLD, 50)
+    assert len(statements) == 2, statements
+    raw = [m.content for m in answer.messages if m.role != "system"]
+    assert raw[-6:] == [line for turn in turns[-3:] for line in turn]
+    recent = (await parts.hot.read_session(key)).recent
+    assert [m.turn for m in recent] == [47, 47, 48, 48, 49, 49, 50, 50]  # the window and one turn more
+
+
+async def test_a_cold_context_reads_a_window_longer_than_the_cold_read_apart(parts: Parts) -> None:
+    """A last turn of more messages than the cold read takes from the session's end: the window
+    is read on its own, and shows every message of its turns."""
+    key = ACME.session_key(new_sid())
+    now = time.time()
+    await play(parts.store, key, [(f"user line {n}", f"reply line {n}") for n in range(1, 50)])
+    for n in range(70):
+        await parts.store.append(NewMessage(key, Role.USER, f"burst {n}", f"b{n}", "u1"), now=now + n, caller=ACME)
+    await parts.store.append(NewMessage(key, Role.ASSISTANT, "one reply", "b-reply", "u1"), now=now + 80, caller=ACME)
+    info = await parts.store.get_session(key)
+    assert info is not None
+    assert info.turn_count == 50
+    with sql_statements(parts.store) as statements:
+        answer = await parts.reads.context(key, ContextRequest(max_chars=100_000), caller=Caller())
+    assert answer.summary_tier is Tier.COLD
+    # The summary's, the session's ends, and the window's tail in two pages (64, then older).
+    assert len(statements) == 4, statements
+    raw = [m.content for m in answer.messages if m.role != "system"]
+    assert "user line 48" in "\n".join(raw)
+    assert all(f"burst {n}" in "\n".join(raw) for n in range(70))

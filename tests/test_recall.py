@@ -229,7 +229,7 @@ async def test_every_process_reads_the_same_postings(daemon: Daemon, make_daemon
     history = daemon.service._history
     history._question_wait_s = 0.0
     question = "刚才那个活力健一盒多少钱？"
-    with sql_statements(daemon) as statements:
+    with sql_statements(daemon.store) as statements:
         asked = await daemon.get(f"/v1/sessions/{sid}/context?max_chars=600&question={question}")
     # (The start-up sweep may read the sessions table meanwhile.)
     assert [s for s in statements if "messages" in s] == []

@@ -252,14 +252,14 @@ def base_url(d: Daemon) -> str:
 
 
 @contextlib.contextmanager
-def sql_statements(daemon: Daemon) -> Iterator[list[str]]:
-    """Every SQL statement the daemon sends while the block runs."""
+def sql_statements(store: SqlStore) -> Iterator[list[str]]:
+    """Every SQL statement the store (a daemon's: `daemon.store`) sends while the block runs."""
     statements: list[str] = []
 
     def count(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
         statements.append(statement)
 
-    engine = daemon.store._engine.sync_engine
+    engine = store._engine.sync_engine
     sa_event.listen(engine, "before_cursor_execute", count)
     try:
         yield statements

@@ -20,6 +20,7 @@ from tests.helpers.daemon import Daemon, MakeDaemon, TextWorkers, new_sid
 from tests.helpers.servers import RealServers, redis_flush_prefix
 from tiered_memory.errors import ConfigError
 from tiered_memory.http.rate_limit import request_cost
+from tiered_memory.http.refusals import Refusals
 from tiered_memory.settings import Rate, Settings, parse_rate, parse_rate_limits
 from tiered_memory.testing import DaemonProcess, processes
 from tiered_memory.tiers.buckets import take
@@ -297,6 +298,45 @@ async def test_replicas_draw_on_one_bucket(real_servers: RealServers, text_worke
         redis_flush_prefix(real_servers.redis_url, env["REDIS_KEY_PREFIX"])
 
 
+def test_after_a_refusals_wait_its_requests_go_on_one_at_a_time_for_a_while() -> None:
+    """For probe_s once a refused credential's wait is over, its heads go on to the limiter one
+    at a time: the others are refused until the limiter answers the one that is out; admitted,
+    the next goes; refused again, they all wait again; never answered, another goes after probe_s.
+    Past probe_s they all go."""
+    now = [100.0]
+    refusals = Refusals(probe_s=1.0, clock=lambda: now[0])
+    head = b"GET /v1/sessions/s HTTP/1.1\r\nAuthorization: Bearer t0k\r\n\r\n"
+    other = b"GET /v1/sessions/s HTTP/1.1\r\nAuthorization: Bearer other\r\n\r\n"
+    refusals.refuse("Bearer t0k", 2.0, "tenant")
+    assert refusals.refused(head) == (2.0, "tenant")
+    assert refusals.refused(other) is None
+    now[0] = 102.5
+    assert refusals.refused(head) is None  # the first after the wait goes on
+    assert refusals.refused(head) == (1.0, "tenant")  # the others, until it is answered
+    refusals.admitted("Bearer t0k")
+    assert refusals.refused(head) is None  # the next
+    assert refusals.refused(head) == (1.0, "tenant")
+    refusals.admitted("Bearer t0k")
+    now[0] = 103.1  # the wait is over for longer than probe_s: every head goes
+    assert refusals.refused(head) is None
+    assert refusals.refused(head) is None
+
+    refusals.refuse("Bearer t0k", 0.5, "token")
+    now[0] = 103.7
+    assert refusals.refused(head) is None
+    refusals.refuse("Bearer t0k", 0.25, "token")  # the one that went was refused again
+    assert refusals.refused(head) == (pytest.approx(0.25), "token")
+    now[0] = 104.0
+    assert refusals.refused(head) is None
+    now[0] = 104.6
+    assert refusals.refused(head) == (pytest.approx(0.4), "token")  # never answered: out until 105.0
+    now[0] = 105.0
+    assert refusals.refused(head) is None
+    # A probe's path is never held back.
+    refusals.refuse("Bearer t0k", 1.0, "token")
+    assert refusals.refused(b"GET /healthz HTTP/1.1\r\nAuthorization: Bearer t0k\r\n\r\n") is None
+
+
 async def _on_a_new_connection(port: int, token: str, target: str, body: bytes = b"", tenant: str = "") -> bytes:
     """One request on a connection of its own (`tenant`: its X-Tenant): the whole answer, once
     the daemon closes it."""
@@ -366,4 +406,26 @@ async def test_a_credential_its_rate_refused_is_refused_at_the_socket_until_it_m
         assert head.startswith(b"HTTP/1.1 429"), head
         assert b"\r\nRetry-After: 1" in head, head
         await asyncio.sleep(0.5)
+        assert (await _on_a_new_connection(port, BETA, "/v1/sessions/s-none")).startswith(b"HTTP/1.1 404")
+        # The limiter let that one go (2 tokens had come): the next goes at once.
+        assert (await _on_a_new_connection(port, BETA, "/v1/sessions/s-none")).startswith(b"HTTP/1.1 404")
+
+        # After a wait, the first head goes on and holds the others back until the limiter answers
+        # it: one the HTTP parser refuses never reaches the limiter, and holds them for a second.
+        refused_again = await _on_a_new_connection(port, BETA, "/v1/sessions/s-big/messages", big)
+        assert refused_again.startswith(b"HTTP/1.1 429")
+        assert b"X-Request-ID" in refused_again  # the app's
+        await asyncio.sleep(0.5)  # past the quarter of a second a request costing one waits
+        malformed = f"GET /v1/sessions/s-none HTTP/1.1\r\nAuthorization: Bearer {BETA}\r\nContent-Length: x\r\n\r\n"
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(malformed.encode())
+            assert (await asyncio.wait_for(reader.read(), timeout=10)).split(b"\r\n")[0].endswith(b" 400 Bad Request")
+        finally:
+            writer.close()
+        held = await _on_a_new_connection(port, BETA, "/v1/sessions/s-none")
+        assert held.startswith(b"HTTP/1.1 429"), held
+        assert b"X-Request-ID" not in held  # the socket's
+        assert b"\r\nRetry-After: 1\r\n" in held
+        await asyncio.sleep(1.0)
         assert (await _on_a_new_connection(port, BETA, "/v1/sessions/s-none")).startswith(b"HTTP/1.1 404")

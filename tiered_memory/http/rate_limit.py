@@ -105,6 +105,8 @@ def rate_limit_middleware(
                     refusals.refuse(request.headers.get("Authorization", ""), cheapest, scope)
                 raise RateLimited(past_its_rate(scope), retry_after_s=wait)
             taken.append((key, rate))
+        if principal is not None:
+            refusals.admitted(request.headers.get("Authorization", ""))
         try:
             return await handler(request)
         finally:

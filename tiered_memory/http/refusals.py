@@ -10,11 +10,17 @@ refused (`rate_limit.py`) is remembered here until a request of the least cost c
 the server (`serving.py`) answers the next connection that presents it, on its first request
 head, with the same 429, and no handler is made.
 
-Only what the limiter said is repeated, never more: the wait kept is the one for a request that
-costs one (a refused request of higher cost waited for its own cost), from a bucket that only
-refills with time, so a request refused here would have been refused there. Keyed by the
-`Authorization` value as sent (a daemon without tokens has none: its refusals all go through the
-app). Requests on a connection already open, and the probes, are not seen here.
+Only what the limiter said is repeated: the wait kept is the one for a request that costs one (a
+refused request of higher cost waited for its own cost), from a bucket that only refills with
+time, so a request refused here would have been refused there. For PROBE_S once the wait is
+over, the credential's new connections go on to the limiter one at a time: while one is out (until
+the limiter has answered it, at most PROBE_S for one that never reaches it) the others are refused
+with `Retry-After: 1`. Clients refused together come back together: without this, every one whose
+head arrived before the limiter refused the first of them went on to the app, in a burst as large
+as the loop was slow (the soak's 300 slow bodies: bursts of up to 250 refusals through the app in
+100 ms, each holding up the other tenants' requests). Keyed by the `Authorization` value as sent
+(a daemon without tokens has none: its refusals all go through the app). Requests on a connection
+already open, and the probes, are not seen here.
 """
 
 from __future__ import annotations
@@ -30,6 +36,10 @@ from tiered_memory.lru import Lru
 # More credentials than a daemon's tokens; past it the least recently refused is forgotten (its
 # next request goes through the app, as every request did before).
 MOST_REMEMBERED = 4096
+# How long after a wait a credential's new connections go on one at a time, and how long one of
+# them holds the others back when the limiter never answers it (a head the HTTP parser refuses, a
+# client that left): a Retry-After's second.
+PROBE_S = 1.0
 
 
 def header_value(head: bytes | bytearray, name: bytes) -> bytes | None:
@@ -69,21 +79,35 @@ def too_many(wait_s: float, scope: str) -> bytes:
 
 
 class Refusals:
-    """The credentials a rate refused, each with when a request of cost one may go again and the
-    scope ("token" or "tenant") that refused it."""
+    """The credentials a rate refused, each with when a request of cost one may go again, the
+    scope ("token" or "tenant") that refused it, and until when the request let through since
+    then is out (0: none is)."""
 
-    def __init__(self, *, most: int = MOST_REMEMBERED, clock: Callable[[], float] = time.monotonic) -> None:
-        self._until: Lru[bytes, tuple[float, str]] = Lru(most)
+    def __init__(
+        self, *, most: int = MOST_REMEMBERED, probe_s: float = PROBE_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._until: Lru[bytes, tuple[float, str, float]] = Lru(most)
+        self._probe_s = probe_s
         self._clock = clock
 
     def refuse(self, authorization: str, wait_s: float, scope: str) -> None:
         """`authorization` was refused by `scope`'s rate: no request of it may go for `wait_s`."""
         if authorization and wait_s > 0:
-            self._until.put(authorization.encode("latin-1", "replace"), (self._clock() + wait_s, scope))
+            self._until.put(authorization.encode("latin-1", "replace"), (self._clock() + wait_s, scope, 0.0))
+
+    def admitted(self, authorization: str) -> None:
+        """The limiter let a request of `authorization` go: the next may go on."""
+        if not (authorization and len(self._until)):
+            return
+        credential = authorization.encode("latin-1", "replace")
+        found = self._until.get(credential)
+        if found is not None:
+            self._until.put(credential, (found[0], found[1], 0.0))
 
     def refused(self, head: bytes | bytearray) -> tuple[float, str] | None:
         """How long a whole request head's credential is still refused, and by which scope; None
-        when it may go on to the app (no credential, a probe's path, a wait that is over)."""
+        when it may go on to the app (no credential, a probe's path, a wait over for PROBE_S, or
+        the one request that is then out until the limiter answers it)."""
         if not len(self._until):
             return None
         credential = header_value(head, b"authorization")
@@ -92,9 +116,14 @@ class Refusals:
         found = self._until.get(credential)
         if found is None or is_open(target_path(head)):
             return None
-        until, scope = found
-        wait = until - self._clock()
-        if wait <= 0:
+        until, scope, out_until = found
+        now = self._clock()
+        if until > now:
+            return until - now, scope
+        if out_until > now:
+            return out_until - now, scope
+        if now - until > self._probe_s:
             self._until.pop(credential)
-            return None
-        return wait, scope
+        else:
+            self._until.put(credential, (until, scope, now + self._probe_s))
+        return None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
 from pathlib import Path
 
 import aiohttp
@@ -285,6 +286,33 @@ async def test_connections_past_max_connections_are_refused_with_a_503(
         assert "tiered_memory_connections_open 1.0" in metrics  # this request's own
         code = await daemon.shutdown()
         assert code == 0, log_path.read_text()
+
+
+async def test_a_flood_of_new_connections_waits_in_the_accept_queue(tmp_path: Path) -> None:
+    """The accept queue holds as many connections as the daemon serves (MAX_CONNECTIONS): 300
+    opened at once while the daemon accepts none (stopped) all complete their handshake, where
+    aiohttp's queue of 128 dropped the rest's SYNs and each waited a second for its retry."""
+    daemon = DaemonProcess({"DATA_DIR": str(tmp_path / "data")}, tmp_path / "daemon.log")
+    async with processes(daemon):
+        assert daemon.proc is not None
+        daemon.proc.send_signal(signal.SIGSTOP)
+        try:
+
+            async def connect() -> asyncio.StreamWriter | None:
+                with contextlib.suppress(TimeoutError):
+                    _, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", daemon.port), 0.5)
+                    return writer
+                return None
+
+            writers = await asyncio.gather(*(connect() for _ in range(300)))
+        finally:
+            daemon.proc.send_signal(signal.SIGCONT)
+        assert sum(w is not None for w in writers) == 300
+        for w in writers:
+            if w is not None:
+                w.close()
+        async with aiohttp.ClientSession() as http, http.get(f"{daemon.url}/healthz") as resp:
+            assert resp.status == 200
 
 
 async def _connect(port: int, source: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:

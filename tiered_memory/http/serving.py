@@ -44,6 +44,9 @@ from tiered_memory.http.refusals import Refusals, too_many
 # it was sending before its connection is closed (aiohttp's default is 10 s).
 LINGERING_S = 2.0
 
+# The accept queue's least length (aiohttp's default); a site serving more connections has as long a one.
+_BACKLOG_MIN = 128
+
 # A refused client may still be sending its request: the answer is written, the connection
 # half-closed, and what arrives is read and dropped for up to this long. Closing a socket with
 # unread data resets it, and the reset can destroy the 503 before the client reads it.
@@ -297,7 +300,10 @@ class CappedSite(web.TCPSite):
         on_rate_refused: Callable[[str], None] = lambda scope: None,
         reuse_port: bool | None = None,
     ) -> None:
-        super().__init__(runner, host, port, reuse_port=reuse_port)
+        # The queue of connections not yet accepted holds as many as the site serves (the system
+        # caps it at net.core.somaxconn): with aiohttp's 128, a flood of a few hundred connections
+        # overflowed it, and another client's new connection waited for its SYN's retry, a second.
+        super().__init__(runner, host, port, reuse_port=reuse_port, backlog=max(_BACKLOG_MIN, limit))
         self.refusals = refusals if refusals is not None else Refusals()
         self._on_rate_refused = on_rate_refused
         self._limit = limit

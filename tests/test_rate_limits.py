@@ -17,6 +17,7 @@ from aiohttp.streams import StreamReader
 from aiohttp.test_utils import make_mocked_request
 
 from tests.helpers.daemon import Daemon, MakeDaemon, TextWorkers, new_sid
+from tests.helpers.faults import RedisProcess, proxied
 from tests.helpers.servers import RealServers, redis_flush_prefix
 from tiered_memory.errors import ConfigError
 from tiered_memory.http.rate_limit import request_cost
@@ -313,28 +314,48 @@ def test_after_a_refusals_wait_its_requests_go_on_one_at_a_time_for_a_while() ->
     now[0] = 102.5
     assert refusals.refused(head) is None  # the first after the wait goes on
     assert refusals.refused(head) == (1.0, "tenant")  # the others, until it is answered
-    refusals.admitted("Bearer t0k")
+    refusals.answered("Bearer t0k", admitted=True)
     assert refusals.refused(head) is None  # the next
     assert refusals.refused(head) == (1.0, "tenant")
-    refusals.admitted("Bearer t0k")
+    refusals.answered("Bearer t0k", admitted=True)
     now[0] = 103.1  # the wait is over for longer than probe_s: every head goes
     assert refusals.refused(head) is None
     assert refusals.refused(head) is None
 
+    now[0] = 104.0
     refusals.refuse("Bearer t0k", 0.5, "token")
-    now[0] = 103.7
+    now[0] = 104.75
     assert refusals.refused(head) is None
     refusals.refuse("Bearer t0k", 0.25, "token")  # the one that went was refused again
-    assert refusals.refused(head) == (pytest.approx(0.25), "token")
-    now[0] = 104.0
-    assert refusals.refused(head) is None
-    now[0] = 104.6
-    assert refusals.refused(head) == (pytest.approx(0.4), "token")  # never answered: out until 105.0
+    assert refusals.refused(head) == (0.25, "token")
     now[0] = 105.0
+    assert refusals.refused(head) is None
+    now[0] = 105.5
+    assert refusals.refused(head) == (0.5, "token")  # never answered: out until 106.0
+    now[0] = 106.0
     assert refusals.refused(head) is None
     # A probe's path is never held back.
     refusals.refuse("Bearer t0k", 1.0, "token")
     assert refusals.refused(b"GET /healthz HTTP/1.1\r\nAuthorization: Bearer t0k\r\n\r\n") is None
+
+
+def test_with_a_limiter_a_credentials_heads_go_on_at_most_at_once_before_it_answers_one() -> None:
+    """At most at_once heads of a credential go on before the limiter has answered one of them
+    (within probe_s); an answer, admitted or refused, lets the next go; other credentials, heads
+    without one and the probes are not counted; without a limiter (at_once 0) nothing is."""
+    now = [100.0]
+    refusals = Refusals(probe_s=1.0, at_once=3, clock=lambda: now[0])
+    head = b"GET /v1/sessions/s HTTP/1.1\r\nAuthorization: Bearer t0k\r\n\r\n"
+    assert [refusals.hand_on(head) for _ in range(4)] == [True, True, True, False]
+    assert refusals.hand_on(b"GET /v1/sessions/s HTTP/1.1\r\nAuthorization: Bearer other\r\n\r\n")
+    assert refusals.hand_on(b"GET /v1/sessions/s HTTP/1.1\r\n\r\n")
+    assert refusals.hand_on(b"GET /healthz HTTP/1.1\r\nAuthorization: Bearer t0k\r\n\r\n")
+    refusals.answered("Bearer t0k", admitted=False)
+    assert [refusals.hand_on(head) for _ in range(4)] == [True, True, True, False]
+    now[0] = 101.0  # none answered within probe_s: counted afresh
+    assert [refusals.hand_on(head) for _ in range(4)] == [True, True, True, False]
+    unlimited = Refusals(at_once=0, clock=lambda: now[0])
+    assert all(unlimited.hand_on(head) for _ in range(100))
 
 
 async def _on_a_new_connection(port: int, token: str, target: str, body: bytes = b"", tenant: str = "") -> bytes:
@@ -358,6 +379,33 @@ def _counted(metrics: str, prefix: str, having: str = "") -> float:
     """The sum of the samples whose line starts with `prefix` and holds `having`."""
     lines = metrics.splitlines()
     return sum(float(line.split()[-1]) for line in lines if line.startswith(prefix) and having in line)
+
+
+async def test_a_credentials_heads_go_on_at_most_sixteen_before_the_limiter_answers_one(
+    private_redis: RedisProcess, tmp_path: Path
+) -> None:
+    """With a limiter on a slow hot tier (its draws take 0.6 s), 40 heads of one token do not all
+    go on to the app before it answers one: 16 do (AT_ONCE), the others get the connection cap's
+    503 with Retry-After at once; once one is answered, the token's next request goes."""
+    with proxied("127.0.0.1", private_redis.port) as proxy:
+        env = {
+            "DATA_DIR": str(tmp_path / "data"),
+            "REDIS_URL": f"redis://127.0.0.1:{proxy.port}/0",
+            "API_TOKENS": f"acme:{ACME}",
+            "RATE_LIMITS": "acme=1000/s",
+        }
+        daemon = DaemonProcess(env, tmp_path / "daemon.log")
+        async with processes(daemon):
+            proxy.delay_s = 0.3
+            answers = await asyncio.gather(
+                *(_on_a_new_connection(daemon.port, ACME, "/v1/sessions/s-none") for _ in range(40))
+            )
+            proxy.delay_s = 0.0
+            statuses = [answer.split(b" ", 2)[1] for answer in answers]
+            assert statuses.count(b"404") == 16, statuses
+            assert statuses.count(b"503") == 24, statuses
+            assert all(b"Retry-After: 1" in a and b"too_many_connections" in a for a in answers if b" 503 " in a[:20])
+            assert (await _on_a_new_connection(daemon.port, ACME, "/v1/sessions/s-none")).startswith(b"HTTP/1.1 404")
 
 
 async def test_a_credential_its_rate_refused_is_refused_at_the_socket_until_it_may_go(

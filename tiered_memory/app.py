@@ -51,7 +51,7 @@ from tiered_memory.http.keys import (
 from tiered_memory.http.local_guard import allowed_names, local_guard_middleware
 from tiered_memory.http.openapi import load_document
 from tiered_memory.http.rate_limit import rate_limit_middleware
-from tiered_memory.http.refusals import Refusals
+from tiered_memory.http.refusals import AT_ONCE, Refusals
 from tiered_memory.http.users import add_user_routes
 from tiered_memory.metrics import Metrics
 from tiered_memory.prompt.context import OLDER_MAX_MESSAGES, hot_list_chars
@@ -515,8 +515,10 @@ def create_app(
                 allowed_names(settings.allowed_hosts_setting), loopback=not settings.allow_unauthenticated
             )
         )
-    refusals = Refusals()
-    if settings.rate_limits or settings.token_rate_limit:
+    limited = bool(settings.rate_limits or settings.token_rate_limit)
+    # Heads at once are bounded only where a limiter answers them (http/refusals.py).
+    refusals = Refusals(at_once=AT_ONCE if limited else 0)
+    if limited:
         # After authentication: the token says whose bucket a request draws on.
         middlewares.append(
             rate_limit_middleware(

@@ -103,10 +103,10 @@ def rate_limit_middleware(
                     # of its cost takes to come.
                     cheapest = wait - (min(cost, rate.burst) - 1) / rate.per_second
                     refusals.refuse(request.headers.get("Authorization", ""), cheapest, scope)
+                refusals.answered(request.headers.get("Authorization", ""), admitted=False)
                 raise RateLimited(past_its_rate(scope), retry_after_s=wait)
             taken.append((key, rate))
-        if principal is not None:
-            refusals.admitted(request.headers.get("Authorization", ""))
+        refusals.answered(request.headers.get("Authorization", ""), admitted=True)
         try:
             return await handler(request)
         finally:

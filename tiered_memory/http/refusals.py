@@ -21,6 +21,13 @@ as the loop was slow (the soak's 300 slow bodies: bursts of up to 250 refusals t
 100 ms, each holding up the other tenants' requests). Keyed by the `Authorization` value as sent
 (a daemon without tokens has none: its refusals all go through the app). Requests on a connection
 already open, and the probes, are not seen here.
+
+A credential the rate has not refused yet can still send its heads together: the first refusal
+comes one draw on the hot tier after the first head, and every head read before it went on (the
+soak's slow bodies, opened together at once: 256 through the app in one go, the loop held for
+about 100 ms). So, with a limiter, at most AT_ONCE heads of one credential go on to the app before
+the limiter has answered one of them (within PROBE_S); the others are answered the fixed 503 of a
+connection cap, `Retry-After: 1`.
 """
 
 from __future__ import annotations
@@ -40,6 +47,9 @@ MOST_REMEMBERED = 4096
 # them holds the others back when the limiter never answers it (a head the HTTP parser refuses, a
 # client that left): a Retry-After's second.
 PROBE_S = 1.0
+# A credential's heads that go on to the app before the limiter has answered one of them: more
+# than a gateway's pool opens in the time of one draw on the hot tier, far fewer than a flood.
+AT_ONCE = 16
 
 
 def header_value(head: bytes | bytearray, name: bytes) -> bytes | None:
@@ -81,13 +91,21 @@ def too_many(wait_s: float, scope: str) -> bytes:
 class Refusals:
     """The credentials a rate refused, each with when a request of cost one may go again, the
     scope ("token" or "tenant") that refused it, and until when the request let through since
-    then is out (0: none is)."""
+    then is out (0: none is); and, when `at_once` (a limiter answers), each credential's heads
+    handed on since the limiter last answered one of them, and since when."""
 
     def __init__(
-        self, *, most: int = MOST_REMEMBERED, probe_s: float = PROBE_S, clock: Callable[[], float] = time.monotonic
+        self,
+        *,
+        most: int = MOST_REMEMBERED,
+        probe_s: float = PROBE_S,
+        at_once: int = 0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._until: Lru[bytes, tuple[float, str, float]] = Lru(most)
+        self._out: Lru[bytes, tuple[int, float]] = Lru(most)
         self._probe_s = probe_s
+        self._at_once = at_once
         self._clock = clock
 
     def refuse(self, authorization: str, wait_s: float, scope: str) -> None:
@@ -95,12 +113,14 @@ class Refusals:
         if authorization and wait_s > 0:
             self._until.put(authorization.encode("latin-1", "replace"), (self._clock() + wait_s, scope, 0.0))
 
-    def admitted(self, authorization: str) -> None:
-        """The limiter let a request of `authorization` go: the next may go on."""
-        if not (authorization and len(self._until)):
+    def answered(self, authorization: str, *, admitted: bool) -> None:
+        """The limiter answered a request of `authorization` (`admitted`: let it go, and then the
+        next may go on)."""
+        if not authorization or not (len(self._until) or len(self._out)):
             return
         credential = authorization.encode("latin-1", "replace")
-        found = self._until.get(credential)
+        self._out.pop(credential)
+        found = self._until.get(credential) if admitted else None
         if found is not None:
             self._until.put(credential, (found[0], found[1], 0.0))
 
@@ -127,3 +147,22 @@ class Refusals:
         else:
             self._until.put(credential, (until, scope, now + self._probe_s))
         return None
+
+    def hand_on(self, head: bytes | bytearray) -> bool:
+        """Whether a head `refused` let go goes on to the app: not when `at_once` of its
+        credential's went on within PROBE_S and the limiter has answered none of them."""
+        if not self._at_once:
+            return True
+        credential = header_value(head, b"authorization")
+        if not credential or is_open(target_path(head)):
+            return True
+        now = self._clock()
+        found = self._out.get(credential)
+        if found is None or now - found[1] >= self._probe_s:
+            self._out.put(credential, (1, now))
+            return True
+        count, since = found
+        if count >= self._at_once:
+            return False
+        self._out.put(credential, (count + 1, since))
+        return True

@@ -214,11 +214,15 @@ class _Gate(asyncio.Protocol):
             self._site.refused()
             self._answer(REFUSAL)
         elif whole:
-            refused = self._site.refusals.refused(self._head)
+            refusals = self._site.refusals
+            refused = refusals.refused(self._head)
             if refused is not None:
                 wait, scope = refused
                 self._site.rate_refused(scope)
                 self._answer(too_many(wait, scope))
+            elif not refusals.hand_on(self._head):
+                self._site.refused()
+                self._answer(REFUSAL)
             else:
                 self._hand_on(self.transport)
 

@@ -55,8 +55,9 @@ class Metrics:
         )
         self.connections_refused = Counter(
             "tiered_memory_connections_refused_total",
-            "Connections answered 503 and closed because MAX_CONNECTIONS were open, or "
-            "MAX_CONNECTIONS_PER_PEER from the same address.",
+            "Connections answered 503 and closed because MAX_CONNECTIONS were open, "
+            "MAX_CONNECTIONS_PER_PEER from the same address, or 16 heads of the same token "
+            "had gone on to the rate limiter unanswered.",
             registry=registry,
         )
         self.connections_late = Counter(

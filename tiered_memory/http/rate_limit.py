@@ -83,30 +83,33 @@ def rate_limit_middleware(
         cost = request_cost(request, max_body_bytes)
         buckets = buckets_of(request)
         taken: list[tuple[str, Rate]] = []
-        for scope, key, rate in draws:
-            try:
-                wait = await buckets.take(key, rate, cost)
-            except HotUnavailable:
-                metrics.rate_limit_skipped.inc()
-                continue
-            if wait > 0:
-                metrics.rate_limited.labels(scope).inc()
-                # A request its tenant refuses gives its token back what it took: a gateway that
-                # retries while its tenant is at its rate must not run its token into debt.
-                for key_taken, rate_taken in taken:
-                    with contextlib.suppress(HotUnavailable):
-                        await buckets.take(key_taken, rate_taken, -cost, owed=True)
-                if principal is not None and (scope == "token" or principal.tenant is not None):
-                    # The credential alone says whose bucket refused (not so for a request
-                    # without a token, or an unrestricted token's, whose X-Tenant says it). Its
-                    # cost was waited for; a request costing one goes sooner, by what the rest
-                    # of its cost takes to come.
-                    cheapest = wait - (min(cost, rate.burst) - 1) / rate.per_second
-                    refusals.refuse(request.headers.get("Authorization", ""), cheapest, scope)
-                refusals.answered(request.headers.get("Authorization", ""), admitted=False)
-                raise RateLimited(past_its_rate(scope), retry_after_s=wait)
-            taken.append((key, rate))
-        refusals.answered(request.headers.get("Authorization", ""), admitted=True)
+        try:
+            for scope, key, rate in draws:
+                try:
+                    wait = await buckets.take(key, rate, cost)
+                except HotUnavailable:
+                    metrics.rate_limit_skipped.inc()
+                    continue
+                if wait > 0:
+                    metrics.rate_limited.labels(scope).inc()
+                    # A request its tenant refuses gives its token back what it took: a gateway that
+                    # retries while its tenant is at its rate must not run its token into debt.
+                    for key_taken, rate_taken in taken:
+                        with contextlib.suppress(HotUnavailable):
+                            await buckets.take(key_taken, rate_taken, -cost, owed=True)
+                    if principal is not None and (scope == "token" or principal.tenant is not None):
+                        # The credential alone says whose bucket refused (not so for a request
+                        # without a token, or an unrestricted token's, whose X-Tenant says it).
+                        # Its cost was waited for; a request costing one goes sooner, by what the
+                        # rest of its cost takes to come.
+                        cheapest = wait - (min(cost, rate.burst) - 1) / rate.per_second
+                        refusals.refuse(request.headers.get("Authorization", ""), cheapest, scope)
+                    raise RateLimited(past_its_rate(scope), retry_after_s=wait)
+                taken.append((key, rate))
+        finally:
+            # Whatever the draws came to (a client that left cancels them): the credential's next
+            # head may go on to the app (http/refusals.py).
+            refusals.answered(request.headers.get("Authorization", ""))
         try:
             return await handler(request)
         finally:

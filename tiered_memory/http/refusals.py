@@ -18,9 +18,10 @@ the limiter has answered it, at most PROBE_S for one that never reaches it) the 
 with `Retry-After: 1`. Clients refused together come back together: without this, every one whose
 head arrived before the limiter refused the first of them went on to the app, in a burst as large
 as the loop was slow (the soak's 300 slow bodies: bursts of up to 250 refusals through the app in
-100 ms, each holding up the other tenants' requests). Keyed by the `Authorization` value as sent
-(a daemon without tokens has none: its refusals all go through the app). Requests on a connection
-already open, and the probes, are not seen here.
+100 ms, each holding up the other tenants' requests). Keyed by a digest of the bearer token, as
+`http/auth.py` reads it (whatever the scheme's case and the spaces around it; a daemon without
+tokens has none: its refusals all go through the app). Requests on a connection already open, and
+the probes, are not held back here; the limiter's answer to any request of a credential counts.
 
 A credential the rate has not refused yet can still send its heads together: the first refusal
 comes one draw on the hot tier after the first head, and every head read before it went on (the
@@ -32,10 +33,12 @@ connection cap, `Retry-After: 1`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from tiered_memory.http.auth import is_open
 from tiered_memory.lru import Lru
@@ -50,6 +53,8 @@ PROBE_S = 1.0
 # A credential's heads that go on to the app before the limiter has answered one of them: more
 # than a gateway's pool opens in the time of one draw on the hot tier, far fewer than a flood.
 AT_ONCE = 16
+# The scope of a head refused because AT_ONCE of its credential's were out (not a rate's).
+CROWD = "connections"
 
 
 def header_value(head: bytes | bytearray, name: bytes) -> bytes | None:
@@ -61,6 +66,21 @@ def header_value(head: bytes | bytearray, name: bytes) -> bytes | None:
     start = at + len(name) + 3
     end = head.find(b"\r\n", start)
     return bytes(head[start : end if end >= 0 else len(head)]).strip(b" \t")
+
+
+def credential_key(authorization: bytes | str | None) -> bytes | None:
+    """What an `Authorization` value is remembered by: a digest of its bearer token, read as
+    `http/auth.py` reads it, so that neither another spelling of the scheme nor a long value
+    (a head may hold 64 KiB) gets past or fills what is kept; None when it carries no bearer
+    token."""
+    if not authorization:
+        return None
+    value = authorization.encode("utf-8", "surrogateescape") if isinstance(authorization, str) else authorization
+    scheme, _, token = value.strip(b" \t").partition(b" ")
+    token = token.strip(b" \t")
+    if scheme.lower() != b"bearer" or not token:
+        return None
+    return hashlib.blake2b(token, digest_size=16).digest()
 
 
 def target_path(head: bytes | bytearray) -> str:
@@ -88,11 +108,20 @@ def too_many(wait_s: float, scope: str) -> bytes:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """Why a head is answered at the socket: `scope` "token" or "tenant" (its rate: a 429 after
+    `wait_s`), or CROWD (AT_ONCE of its credential's heads out: the connection cap's 503)."""
+
+    wait_s: float
+    scope: str
+
+
 class Refusals:
     """The credentials a rate refused, each with when a request of cost one may go again, the
     scope ("token" or "tenant") that refused it, and until when the request let through since
     then is out (0: none is); and, when `at_once` (a limiter answers), each credential's heads
-    handed on since the limiter last answered one of them, and since when."""
+    handed on since the limiter last answered one of its requests, and since when."""
 
     def __init__(
         self,
@@ -110,59 +139,52 @@ class Refusals:
 
     def refuse(self, authorization: str, wait_s: float, scope: str) -> None:
         """`authorization` was refused by `scope`'s rate: no request of it may go for `wait_s`."""
-        if authorization and wait_s > 0:
-            self._until.put(authorization.encode("latin-1", "replace"), (self._clock() + wait_s, scope, 0.0))
+        key = credential_key(authorization)
+        if key is not None and wait_s > 0:
+            self._until.put(key, (self._clock() + wait_s, scope, 0.0))
 
-    def answered(self, authorization: str, *, admitted: bool) -> None:
-        """The limiter answered a request of `authorization` (`admitted`: let it go, and then the
-        next may go on)."""
-        if not authorization or not (len(self._until) or len(self._out)):
+    def answered(self, authorization: str) -> None:
+        """The limiter answered a request of `authorization` (let it go or refused it): the
+        credential's next head may go on."""
+        if not (len(self._until) or len(self._out)):
             return
-        credential = authorization.encode("latin-1", "replace")
-        self._out.pop(credential)
-        found = self._until.get(credential) if admitted else None
+        key = credential_key(authorization)
+        if key is None:
+            return
+        self._out.pop(key)
+        found = self._until.get(key)
+        if found is not None and found[2]:
+            self._until.put(key, (found[0], found[1], 0.0))
+
+    def refused(self, head: bytes | bytearray) -> Refused | None:
+        """Why a whole request head is answered at the socket; None when it goes on to the app
+        (no bearer token, a probe's path, a wait over for PROBE_S, the one request that is then
+        out until the limiter answers it, fewer than `at_once` of its credential's out)."""
+        if not (len(self._until) or self._at_once):
+            return None
+        key = credential_key(header_value(head, b"authorization"))
+        if key is None or is_open(target_path(head)):
+            return None
+        now = self._clock()
+        found = self._until.get(key)
         if found is not None:
-            self._until.put(credential, (found[0], found[1], 0.0))
-
-    def refused(self, head: bytes | bytearray) -> tuple[float, str] | None:
-        """How long a whole request head's credential is still refused, and by which scope; None
-        when it may go on to the app (no credential, a probe's path, a wait over for PROBE_S, or
-        the one request that is then out until the limiter answers it)."""
-        if not len(self._until):
-            return None
-        credential = header_value(head, b"authorization")
-        if not credential:
-            return None
-        found = self._until.get(credential)
-        if found is None or is_open(target_path(head)):
-            return None
-        until, scope, out_until = found
-        now = self._clock()
-        if until > now:
-            return until - now, scope
-        if out_until > now:
-            return out_until - now, scope
-        if now - until > self._probe_s:
-            self._until.pop(credential)
-        else:
-            self._until.put(credential, (until, scope, now + self._probe_s))
+            until, scope, out_until = found
+            if until > now:
+                return Refused(until - now, scope)
+            if out_until > now:
+                return Refused(out_until - now, scope)
+            if now - until > self._probe_s:
+                self._until.pop(key)
+                found = None
+        if self._at_once:
+            out = self._out.get(key)
+            if out is None or now - out[1] >= self._probe_s:
+                self._out.put(key, (1, now))
+            elif out[0] >= self._at_once:
+                return Refused(1.0, CROWD)
+            else:
+                self._out.put(key, (out[0] + 1, out[1]))
+        if found is not None:
+            # This one goes on; the others wait until the limiter answers it.
+            self._until.put(key, (found[0], found[1], now + self._probe_s))
         return None
-
-    def hand_on(self, head: bytes | bytearray) -> bool:
-        """Whether a head `refused` let go goes on to the app: not when `at_once` of its
-        credential's went on within PROBE_S and the limiter has answered none of them."""
-        if not self._at_once:
-            return True
-        credential = header_value(head, b"authorization")
-        if not credential or is_open(target_path(head)):
-            return True
-        now = self._clock()
-        found = self._out.get(credential)
-        if found is None or now - found[1] >= self._probe_s:
-            self._out.put(credential, (1, now))
-            return True
-        count, since = found
-        if count >= self._at_once:
-            return False
-        self._out.put(credential, (count + 1, since))
-        return True

@@ -38,7 +38,7 @@ from aiohttp import web
 from tiered_memory.errors import ConfigError
 from tiered_memory.http.edge import error_response
 from tiered_memory.http.keys import METRICS_KEY, REFUSALS_KEY
-from tiered_memory.http.refusals import Refusals, too_many
+from tiered_memory.http.refusals import CROWD, Refusals, too_many
 
 # How long a request answered before its body was read whole (a 408, a 413) may still send what
 # it was sending before its connection is closed (aiohttp's default is 10 s).
@@ -214,17 +214,15 @@ class _Gate(asyncio.Protocol):
             self._site.refused()
             self._answer(REFUSAL)
         elif whole:
-            refusals = self._site.refusals
-            refused = refusals.refused(self._head)
-            if refused is not None:
-                wait, scope = refused
-                self._site.rate_refused(scope)
-                self._answer(too_many(wait, scope))
-            elif not refusals.hand_on(self._head):
+            refused = self._site.refusals.refused(self._head)
+            if refused is None:
+                self._hand_on(self.transport)
+            elif refused.scope == CROWD:
                 self._site.refused()
                 self._answer(REFUSAL)
             else:
-                self._hand_on(self.transport)
+                self._site.rate_refused(refused.scope)
+                self._answer(too_many(refused.wait_s, refused.scope))
 
     def eof_received(self) -> bool | None:
         if self._handler is not None:

@@ -12,9 +12,9 @@ import signal
 from pathlib import Path
 
 import aiohttp
-import pytest
 
 from tests.helpers.daemon import Daemon, MakeDaemon, await_job, llm_env, new_sid, play
+from tests.helpers.skips import missing
 from tiered_memory.http.keys import HOT_KEY
 from tiered_memory.testing import ZH_12_TURNS, Behaviour, DaemonProcess, FakeLlm, processes
 
@@ -294,7 +294,7 @@ async def test_a_flood_of_new_connections_waits_in_the_accept_queue(tmp_path: Pa
     opened at once while the daemon accepts none (stopped) all complete their handshake, where
     aiohttp's queue of 128 dropped the rest's SYNs and each waited a second for its retry."""
     if int(await asyncio.to_thread(Path("/proc/sys/net/core/somaxconn").read_text)) < 300:
-        pytest.skip("net.core.somaxconn caps every accept queue below 300 on this machine")
+        missing("net.core.somaxconn caps every accept queue below 300 on this machine")
     daemon = DaemonProcess({"DATA_DIR": str(tmp_path / "data")}, tmp_path / "daemon.log")
     async with processes(daemon):
         assert daemon.proc is not None

@@ -142,13 +142,17 @@ def authenticate(tokens: Sequence[ApiToken], presented: str) -> Principal | None
     return None if found is None else Principal(found.tenant, found.digest[:8].hex())
 
 
-def _bearer(request: web.Request) -> str | None:
-    values = request.headers.getall("Authorization", [])
-    if len(values) != 1:
-        return None
-    scheme, _, token = values[0].strip().partition(" ")
+def bearer_token(authorization: str) -> str | None:
+    """The token of an `Authorization: Bearer <token>` value (the scheme in any case, spaces
+    around it ignored); None when the value is not one."""
+    scheme, _, token = authorization.strip().partition(" ")
     token = token.strip()
     return token if scheme.lower() == "bearer" and token else None
+
+
+def _bearer(request: web.Request) -> str | None:
+    values = request.headers.getall("Authorization", [])
+    return bearer_token(values[0]) if len(values) == 1 else None
 
 
 def auth_middleware(tokens: Sequence[ApiToken]) -> Middleware:

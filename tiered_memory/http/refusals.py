@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tiered_memory.http.auth import is_open
+from tiered_memory.http.auth import bearer_token, is_open
 from tiered_memory.lru import Lru
 
 # More credentials than a daemon's tokens; past it the least recently refused is forgotten (its
@@ -69,18 +69,17 @@ def header_value(head: bytes | bytearray, name: bytes) -> bytes | None:
 
 
 def credential_key(authorization: bytes | str | None) -> bytes | None:
-    """What an `Authorization` value is remembered by: a digest of its bearer token, read as
-    `http/auth.py` reads it, so that neither another spelling of the scheme nor a long value
-    (a head may hold 64 KiB) gets past or fills what is kept; None when it carries no bearer
-    token."""
+    """What an `Authorization` value is remembered by: a digest of its bearer token, read as the
+    auth middleware reads it (`bearer_token`; a head's bytes decoded as aiohttp decodes them), so
+    that neither another spelling of the scheme nor a long value (a head may hold 64 KiB) gets
+    past or fills what is kept; None when it carries no bearer token."""
     if not authorization:
         return None
-    value = authorization.encode("utf-8", "surrogateescape") if isinstance(authorization, str) else authorization
-    scheme, _, token = value.strip(b" \t").partition(b" ")
-    token = token.strip(b" \t")
-    if scheme.lower() != b"bearer" or not token:
+    value = authorization if isinstance(authorization, str) else authorization.decode("utf-8", "surrogateescape")
+    token = bearer_token(value)
+    if token is None:
         return None
-    return hashlib.blake2b(token, digest_size=16).digest()
+    return hashlib.blake2b(token.encode("utf-8", "surrogateescape"), digest_size=16).digest()
 
 
 def target_path(head: bytes | bytearray) -> str:

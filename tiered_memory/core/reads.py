@@ -21,6 +21,7 @@ from tiered_memory.model import (
     Owner,
     SessionInfo,
     SessionKey,
+    SessionState,
     Summary,
     SummaryAnswer,
     Tier,
@@ -60,16 +61,20 @@ _COLD_MESSAGES = _COLD_HEAD_MESSAGES + _COLD_TAIL_MESSAGES
 # A context read puts at most this many turns between a lagging summary and the window.
 _GAP_MAX_TURNS = 100
 
+# A session's first messages and its last, oldest first each (SqlStore.opening_and_end).
+_Ends = tuple[list[Message], list[Message]]
+
 
 @dataclass(frozen=True, slots=True)
 class _Below:
     """What SQL answered below the hot tier: the summary's answer, the session (None: SQL did not
-    answer, or knows no such session), and the newest messages a cold answer read (None when it
-    read none), oldest first."""
+    answer, or knows no such session), the newest messages a cold answer read (None when it
+    read none), oldest first, and the gateway's state read with the session (None: not read)."""
 
     answer: SummaryAnswer
     info: SessionInfo | None
     newest: list[Message] | None = None
+    state: SessionState | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,23 +164,52 @@ class SessionReads:
 
     async def _summary_below_hot(self, key: SessionKey, caller: Caller, *, cold: bool = True, keep: int = 0) -> _Below:
         """The warm row, else the cold answer (unless not `cold`; leaving out the last `keep`
-        turns, a context's window), else none; with the session SQL returned. Raises Forbidden
-        when SQL says the session is not the caller's."""
-        summary, info = await self._errors.sql("read_summary", self._store.get_summary(key, replica=True), (None, None))
+        turns, a context's window), else none; with the session and the gateway's state SQL
+        returned. Raises Forbidden when SQL says the session is not the caller's.
+
+        A cold answer's messages are read beside the summary's row (a statement that reads none
+        when there is a summary), one round trip rather than two, for a caller that stated no
+        user: every session of its namespace is one it may read. A caller that did is answered
+        by SQL's owner first, so that a stranger's session is never read for it."""
+        read = self._errors.sql("read_summary", self._store.summary_and_state(key, replica=True), (None, None, None))
+        ends: _Ends | None = None
+        if cold and caller.user_id is None:
+            unless = self._store.opening_and_end(
+                key, _COLD_HEAD_MESSAGES, _COLD_TAIL_MESSAGES, replica=True, unless_summary=True
+            )
+            (summary, info, state), ends = await asyncio.gather(read, self._errors.sql("read_messages", unless, None))
+        else:
+            summary, info, state = await read
         if info is None:
             return _Below(self._answer(key, Tier.NONE, None, 0), None)
         authorize(caller, info.owner)
+        # A replica may hold an older state than the primary (a state write moves no message
+        # count, which is what tells a replica's lag): only the primary's is shown.
+        state = state if self._store.replica is None else None
         if summary is not None:
-            return _Below(self._answer(key, Tier.WARM, summary, info.turn_count), info)
+            return _Below(self._answer(key, Tier.WARM, summary, info.turn_count), info, state=state)
         through = window_start_turn(info.turn_count, keep) - 1 if keep else info.turn_count
-        extracted, newest = await self._cold_summary(info, through) if cold else (None, None)
+        extracted, newest = await self._cold_summary(info, through, ends) if cold else (None, None)
         tier = Tier.NONE if extracted is None else Tier.COLD
-        return _Below(self._answer(key, tier, extracted, info.turn_count), info, newest)
+        return _Below(self._answer(key, tier, extracted, info.turn_count), info, newest, state)
 
-    async def _backfill(self, info: SessionInfo, *, summary: Summary | None, recent: list[Message] | None) -> None:
-        await self._errors.hot(
+    async def _backfill(
+        self,
+        info: SessionInfo,
+        *,
+        summary: Summary | None,
+        recent: list[Message] | None,
+        state: SessionState | None = None,
+    ) -> None:
+        """What SQL gave, into the hot tier; with `state`, the gateway's state beside it (its own
+        version-guarded write, in the same round trip's time)."""
+        backfill = self._errors.hot(
             "backfill", self._hot.backfill(info.key, info.counters, summary=summary, recent=recent), None
         )
+        if state is None:
+            await backfill
+            return
+        await asyncio.gather(backfill, self._errors.hot("put_state", self._hot.put_state(info.key, state), None))
 
     async def _keep_older(
         self, key: SessionKey, info: SessionInfo | None, hot: HotSession, messages: list[Message]
@@ -195,18 +229,24 @@ class SessionReads:
             return
         await self._errors.hot("backfill", self._hot.backfill(key, counters, summary=None, recent=messages), None)
 
-    async def _cold_summary(self, info: SessionInfo, through_turn: int) -> tuple[Summary | None, list[Message] | None]:
+    async def _cold_summary(
+        self, info: SessionInfo, through_turn: int, ends: _Ends | None = None
+    ) -> tuple[Summary | None, list[Message] | None]:
         """The cold answer (summarize/cold.py) of the session's completed turns up to
         `through_turn`: whole messages of its opening and of its end, SUMMARY_MAX_CHARS in all, read
         by one bounded statement. A cold read runs on the request path, so its cost must not grow
         with the session (a 10,000-turn session took 8 s read whole, and an extraction of 150
         messages 60-130 ms); the summary job (scheduled by the service after a cold read of a
         session whose summary is due) reads every turn, batch by batch. None when SQL does not
-        answer or nothing was answered yet; with the session's newest messages it read."""
-        messages = await self._errors.sql("read_messages", self._cold_messages(info), None)
-        if messages is None:
+        answer or nothing was answered yet; with the session's newest messages it read. `ends`:
+        the messages, read already beside the session's row; read again, after it, unless they
+        reach its newest message (a replica that lagged behind the row, or a summary row that
+        came between the two reads)."""
+        if ends is None or not _reach(ends, info):
+            ends = await self._errors.sql("read_messages", self._cold_messages(info), None)
+        if ends is None:
             return None, None
-        head, tail = messages
+        head, tail = ends
         digest = cold_digest(
             info, head, tail, tagger=self._tagger, max_chars=self._s.summary_max_chars, through_turn=through_turn
         )
@@ -262,9 +302,10 @@ class SessionReads:
         max_chars = memory_budget(want)
         hot, known = await self._authorized(key, caller)
         keep = 0 if self._s.memory_mode == "none" else self._s.keep_recent_turns
-        (answer, warm_info), (available, info, rows) = await self._summary_and_window(
+        below, (available, info, rows) = await self._summary_and_window(
             key, caller, hot, known, max_chars=max_chars, keep=keep
         )
+        answer, warm_info = below.answer, below.info
         retried = False
         if excluded is not None:
             # A retried load-then-append: its message is stored already and comes back as the
@@ -273,8 +314,12 @@ class SessionReads:
             retried, available = len(kept) < len(available), kept
         sql_info = info or warm_info
         warm_summary = answer.summary if answer.tier is Tier.WARM else None
+        # The gateway's state read with the session: shown, and cached, when the hot tier lost it.
+        found_state = below.state if hot.state is None else None
         if sql_info is not None and (rows is not None or warm_summary is not None or hot.owner is None):
-            await self._backfill(sql_info, summary=warm_summary, recent=rows)
+            await self._backfill(sql_info, summary=warm_summary, recent=rows, state=found_state)
+        elif sql_info is not None and found_state is not None:
+            await self._errors.hot("put_state", self._hot.put_state(key, found_state), None)
         turn_count = sql_info.turn_count if sql_info else max(hot.turn_count or 0, answer.turn_count)
         recent = window(available, turn_count=turn_count, keep_recent_turns=keep)
         walked = _Walked(hot=hot, answer=answer, info=sql_info, available=available, turn_count=turn_count)
@@ -293,13 +338,12 @@ class SessionReads:
             snippets=tuple(snippets),
             remembered=remembered,
             now=self._clock(),
+            state=hot.state or found_state,
         )
 
     async def _summary_and_window(
         self, key: SessionKey, caller: Caller, hot: HotSession, known: SessionInfo | None, *, max_chars: int, keep: int
-    ) -> tuple[
-        tuple[SummaryAnswer, SessionInfo | None], tuple[list[Message], SessionInfo | None, list[Message] | None]
-    ]:
+    ) -> tuple[_Below, tuple[list[Message], SessionInfo | None, list[Message] | None]]:
         """The summary a context shows and its window's messages (`_context_summary`,
         `_window_rows`). When the hot tier knows nothing of the session, SQL answers both: the
         summary's read goes first, its session row serves the window, and a cold answer's newest
@@ -308,11 +352,10 @@ class SessionReads:
         if hot.turn_count is None and keep > 0 and self._s.memory_mode == "summary":
             below = await self._context_summary(key, caller, hot, max_chars)
             window_rows = await self._window_rows(key, hot, known or below.info, keep, newest=below.newest)
-            return (below.answer, below.info), window_rows
-        below, window_rows = await asyncio.gather(
+            return below, window_rows
+        return await asyncio.gather(
             self._context_summary(key, caller, hot, max_chars), self._window_rows(key, hot, known, keep)
         )
-        return (below.answer, below.info), window_rows
 
     async def _authorized(self, key: SessionKey, caller: Caller) -> tuple[HotSession, SessionInfo | None]:
         """The hot tier's entry of the session once the caller may read it, and the SQL row when
@@ -494,6 +537,12 @@ class SessionReads:
                 return recent
             gap = found
         return [*gap, *recent]
+
+
+def _reach(ends: _Ends, info: SessionInfo) -> bool:
+    """Whether a cold read's messages reach the session's newest message as its row counts them."""
+    _, tail = ends
+    return tail[-1].seq >= info.message_count if tail else info.message_count == 0
 
 
 def _in_namespace(owner: Owner, key: str) -> bool:

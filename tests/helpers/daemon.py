@@ -265,26 +265,3 @@ def sql_statements(store: SqlStore) -> Iterator[list[str]]:
         yield statements
     finally:
         sa_event.remove(engine, "before_cursor_execute", count)
-
-
-@contextlib.contextmanager
-def sql_timeline(store: SqlStore) -> Iterator[list[tuple[str, str]]]:
-    """Each SQL statement the store sends while the block runs, as ("sent", statement) when it
-    goes out and ("answered", statement) when its result is back, in the order they happened:
-    two statements in flight at once show as two "sent" before the first "answered"."""
-    events: list[tuple[str, str]] = []
-
-    def sent(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
-        events.append(("sent", statement))
-
-    def answered(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
-        events.append(("answered", statement))
-
-    engine = store._engine.sync_engine
-    sa_event.listen(engine, "before_cursor_execute", sent)
-    sa_event.listen(engine, "after_cursor_execute", answered)
-    try:
-        yield events
-    finally:
-        sa_event.remove(engine, "before_cursor_execute", sent)
-        sa_event.remove(engine, "after_cursor_execute", answered)

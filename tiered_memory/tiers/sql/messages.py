@@ -17,7 +17,6 @@ from tiered_memory.model import Message, SessionKey
 from tiered_memory.tiers.sql.dialect import OctetLength, in_index_order
 from tiered_memory.tiers.sql.rows import KEY, MEMORY_COLUMNS, row_to_message
 from tiered_memory.tiers.sql.schema import MESSAGES_BY_SESSION
-from tiered_memory.tiers.sql.schema import conversation_summaries as cs
 from tiered_memory.tiers.sql.schema import messages as msgs
 
 T = TypeVar("T")
@@ -39,18 +38,14 @@ def _end_of(*, newest: bool, limit: int) -> sa.Select[Any]:
 
 
 @functools.cache
-def _both_ends(head: int, tail: int, *, derived: bool, unless_summary: bool) -> sa.CompoundSelect[*tuple[Any, ...]]:
+def _both_ends(head: int, tail: int, *, derived: bool) -> sa.CompoundSelect[*tuple[Any, ...]]:
     """A session's first `head` messages and its last `tail`, in one statement, each row saying
-    which end it is of (`newest`); none when `unless_summary` and the session has a summary row.
-    `(SELECT … LIMIT) UNION ALL (SELECT … LIMIT)` unless `derived`: MariaDB materializes a
-    derived table of the TEXT column in a temporary table (0.5 ms of a 1.9 ms read), but SQLite
-    takes no parenthesized SELECT in a compound."""
-    no_summary = ~sa.exists().where(cs.c.session_id == sa.bindparam(KEY))
+    which end it is of (`newest`). `(SELECT … LIMIT) UNION ALL (SELECT … LIMIT)` unless `derived`:
+    MariaDB materializes a derived table of the TEXT column in a temporary table (0.5 ms of a
+    1.9 ms read), but SQLite takes no parenthesized SELECT in a compound."""
     opening, end = (
         _end_of(newest=n, limit=k).add_columns(sa.literal(n).label("newest")) for n, k in ((False, head), (True, tail))
     )
-    if unless_summary:
-        opening, end = opening.where(no_summary), end.where(no_summary)
     if derived:
         return sa.union_all(sa.select(opening.subquery()), sa.select(end.subquery()))
     return sa.union_all(opening, end)
@@ -108,23 +103,14 @@ class MessageReads:
         return await self.session_read(key, op, replica=replica, known_seq=known_seq)
 
     async def opening_and_end(
-        self: _Reader,
-        key: SessionKey,
-        head: int,
-        tail: int,
-        *,
-        replica: bool = False,
-        known_seq: int = 0,
-        unless_summary: bool = False,
+        self: _Reader, key: SessionKey, head: int, tail: int, *, replica: bool = False, known_seq: int = 0
     ) -> tuple[list[Message], list[Message]]:
         """The first `head` messages of a session and its last `tail`, each oldest first, in one
         statement (a cold read is on the request path: one round trip, not two). A session of
-        fewer than `head + tail` messages has some in both. With `unless_summary`, none when the
-        session has a summary row: the read can go out beside the summary's, for a summary that is
-        not there (core/reads.py), at the cost of one index probe when it is."""
+        fewer than `head + tail` messages has some in both."""
 
         async def op(conn: AsyncConnection) -> tuple[list[Message], list[Message]]:
-            q = _both_ends(head, tail, derived=conn.dialect.name == "sqlite", unless_summary=unless_summary)
+            q = _both_ends(head, tail, derived=conn.dialect.name == "sqlite")
             rows = (await conn.execute(q, {KEY: key})).all()
             first = sorted((r for r in rows if not r.newest), key=lambda r: int(r.seq))
             last = sorted((r for r in rows if r.newest), key=lambda r: int(r.seq))

@@ -17,7 +17,7 @@ from yarl import URL
 
 from tests.helpers.daemon import Daemon, MakeDaemon, memory_of, new_sid, play, sql_statements
 from tiered_memory.http.keys import HOT_KEY
-from tiered_memory.model import NewMessage, Role, SessionKey, SessionState, Summary, SummarySource
+from tiered_memory.model import Caller, NewMessage, Role, SessionKey, Summary, SummarySource
 from tiered_memory.testing import ZH_12_TURNS, ZH_EARLY_EVIDENCE
 from tiered_memory.tiers.redis.keys import Keys
 
@@ -723,23 +723,33 @@ async def test_a_cold_context_shows_the_turns_before_its_window_raw(daemon: Daem
         assert sum(bounded) <= 88 + 64
 
 
-async def test_a_cold_context_reads_the_gateways_state_with_the_session_row(daemon: Daemon) -> None:
-    """A context of a session the hot tier knows nothing of and without a summary reads the
-    gateway's state with the session's row and its summary's: no statement of its own (one round
-    trip less), shown by the context and kept by the hot tier. For a caller that states a user,
-    SQL's owner answers first: a stranger's session is refused after one statement, unread."""
+async def test_a_state_written_while_a_cold_context_reads_is_not_hidden_by_it(
+    daemon: Daemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A `PUT …/state` that commits while a cold context reads, before that read made the
+    session's hot entry, finds no entry to cache its state in (the hot tier drops it). The next
+    context shows the new state: a read must not cache a state it read before the entry existed
+    (reading it with the session's row and caching it beside the backfill did, and was undone)."""
     sid = await _long_cold_session(daemon)
-    await daemon.store.put_state(SessionKey(sid), {"step": "checkout"}, if_match=None, now=1.0)
-    with sql_statements(daemon.store) as statements:
-        ctx = await daemon.get(f"/v1/sessions/{sid}/context?max_chars=400")
-    assert ctx["summary_tier"] == "cold"
-    assert (ctx["state"], ctx["state_version"]) == ({"step": "checkout"}, 1)
-    assert [s for s in statements if "session_state" in s and "conversation_summaries" in s]
-    assert not [s for s in statements if re.search(r"FROM session_state\b", s)]
-    assert daemon.app is not None
-    kept = await daemon.app[HOT_KEY].read_session(SessionKey(sid))
-    assert kept.state == SessionState(1, {"step": "checkout"})
+    key = SessionKey(sid)
+    await daemon.store.put_state(key, {"step": "checkout"}, if_match=None, now=1.0)
+    read_ends = daemon.store.opening_and_end
 
+    async def put_between(*args: Any, **kwargs: Any) -> Any:
+        monkeypatch.setattr(daemon.store, "opening_and_end", read_ends)
+        await daemon.service.put_state(key, {"step": "paid"}, if_match=None, caller=Caller())
+        return await read_ends(*args, **kwargs)
+
+    monkeypatch.setattr(daemon.store, "opening_and_end", put_between)
+    first = await daemon.get(f"/v1/sessions/{sid}/context?max_chars=400")
+    assert first["summary_tier"] == "cold"
+    after = await daemon.get(f"/v1/sessions/{sid}/context?max_chars=400")
+    assert (after["state"], after["state_version"]) == ({"step": "paid"}, 2)
+
+
+async def test_a_stranger_asking_with_a_user_is_refused_before_any_message_is_read(daemon: Daemon) -> None:
+    """A caller that states a user is answered by SQL's owner first: a stranger's session, not
+    in the hot tier, is refused after one statement, its messages unread."""
     other = new_sid()
     await daemon.store.append(NewMessage(other, Role.USER, "我是小李。", "u1", "li"), now=1.0)
     await daemon.store.append(NewMessage(other, Role.ASSISTANT, "您好小李。", "a1", "li"), now=1.5)

@@ -332,6 +332,7 @@ async def test_a_node_killed_under_load_loses_and_duplicates_nothing(
         # primary component for seconds: not the failure this test is about.
         await asyncio.to_thread(cluster.wait_synced)
         await asyncio.sleep(1.0)
+        restarted_at = time.monotonic()
         await asyncio.to_thread(cluster.start, 2)
         await asyncio.to_thread(cluster.wait_synced)
         await asyncio.sleep(1.0)
@@ -340,11 +341,14 @@ async def test_a_node_killed_under_load_loses_and_duplicates_nothing(
         await running
         await listed.aclose()
     down, moved = writers[2], writers[3]
-    # It failed only the appends in flight when node 2 died, and went on through node 0 long
-    # before node 2 was back.
+    # It failed only the appends in flight when node 2 died (and those the two others held off
+    # while they dropped node 2), and went on through node 0 before node 2 was started again.
+    # (Half the outage of the writer through node 2, the bound this was once held to, depends on
+    # how fast node 2 comes back: 5.9 s against 11.1 s failed it.)
     assert moved.latencies
     if moved.failures:
-        assert moved.outage() < down.outage() / 2, (moved.outage(), down.outage())
+        resumed = moved.failures[0][0] + moved.outage()
+        assert resumed < restarted_at, (moved.outage(), restarted_at - killed_at)
     assert down.failures, "no append through node 2 failed while it was down"
     assert all(failed >= killed_at for _, failed, _ in down.failures)
     assert any(began > down.failures[-1][1] for began, _ in down.latencies), "node 2 never served again"

@@ -729,7 +729,7 @@ async def test_a_state_written_while_a_cold_context_reads_is_not_hidden_by_it(
     """A `PUT …/state` that commits while a cold context reads, before that read made the
     session's hot entry, finds no entry to cache its state in (the hot tier drops it). The next
     context shows the new state: a read must not cache a state it read before the entry existed
-    (reading it with the session's row and caching it beside the backfill did, and was undone)."""
+    (as one that read the state with the session's row and cached it beside the backfill would)."""
     sid = await _long_cold_session(daemon)
     key = SessionKey(sid)
     await daemon.store.put_state(key, {"step": "checkout"}, if_match=None, now=1.0)

@@ -21,7 +21,6 @@ from typing import Any
 import redis
 
 from tests.helpers.local_servers import binary
-from tiered_memory.testing import free_port
 
 # How long a topology may take to form or to fail over on a loaded 2-core machine.
 _FORM_TIMEOUT_S = 60.0
@@ -33,18 +32,34 @@ def _cmd(r: redis.Redis, *args: str) -> Any:
     return r.execute_command(*args)  # type: ignore[no-untyped-call]
 
 
-def cluster_port() -> int:
-    """A free port whose cluster bus port (10000 higher) is free too; at most 55535."""
+def _ephemeral_floor() -> int:
+    """The lowest port the kernel picks for an outgoing connection's local end."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768  # Linux's default
+
+
+def node_port(taken: set[int]) -> int:
+    """A free port, not in `taken`, whose cluster bus port (10000 higher) is free too, both below
+    the ephemeral range: a port in that range can be taken between this check and the node's bind
+    (or while a killed node is down) by any client's outgoing connection, and a node that cannot
+    bind its port or its bus port exits. Ports stay below 20000 so no node's port is another's
+    bus port. The port is added to `taken`."""
+    top = max(min(_ephemeral_floor() - 10_000, 20_000), 11_000)
     for _ in range(200):
-        port = random.randrange(20_000, 45_000)
+        port = random.randrange(10_000, top)
+        if port in taken:
+            continue
         try:
             with socket.socket() as a, socket.socket() as b:
                 a.bind(("127.0.0.1", port))
                 b.bind(("127.0.0.1", port + 10_000))
         except OSError:
             continue
+        taken.add(port)
         return port
-    raise RuntimeError("no free port pair for a cluster node")
+    raise RuntimeError("no free port pair for a redis node")
 
 
 def _until(what: str, check: Callable[[], bool], timeout_s: float = _FORM_TIMEOUT_S) -> None:
@@ -84,6 +99,18 @@ class _Server:
         with contextlib.closing(self.client(0.5)) as r:
             return bool(r.ping())
 
+    def wait_up(self) -> None:
+        """Until the server answers; at once, with its log's last lines, if it has exited."""
+
+        def up() -> bool:
+            if self.proc is not None and self.proc.poll() is not None:
+                log = self.workdir / "server.log"
+                tail = log.read_text(errors="replace").splitlines()[-5:] if log.exists() else []
+                raise RuntimeError(f"redis-server on {self.port} exited {self.proc.returncode}: {tail}")
+            return self.ping()
+
+        _until(f"server {self.port}", up)
+
     def kill(self) -> None:
         """SIGKILL: the node and everything in its memory are gone at once."""
         if self.proc is not None:
@@ -105,8 +132,9 @@ class RedisClusterProcesses:
 
     def __init__(self, workdir: Path, *, nodes: int = 6) -> None:
         self.servers: list[_Server] = []
+        taken: set[int] = set()
         for _ in range(nodes):
-            port = cluster_port()
+            port = node_port(taken)
             d = workdir / f"node-{port}"
             args = [
                 *_data_args(port, d),
@@ -131,7 +159,7 @@ class RedisClusterProcesses:
             for s in self.servers:
                 s.start()
             for s in self.servers:
-                _until(f"node {s.port}", s.ping)
+                s.wait_up()
             subprocess.run(
                 [
                     binary("redis-cli"),
@@ -227,7 +255,7 @@ class RedisClusterProcesses:
     def restart(self, server: _Server) -> None:
         """Start a killed node again; it rejoins as a replica of whoever took its slots."""
         server.start()
-        _until(f"node {server.port}", server.ping)
+        server.wait_up()
         self.wait_healthy()
 
     def count_keys(self, pattern: str) -> int:
@@ -252,7 +280,8 @@ class SentinelGroup:
     service = "tmsvc"
 
     def __init__(self, workdir: Path) -> None:
-        mport, rport = free_port(), free_port()
+        taken: set[int] = set()
+        mport, rport = node_port(taken), node_port(taken)
         self.master = _Server(workdir / "master", mport, _data_args(mport, workdir / "master"))
         self.replica = _Server(
             workdir / "replica",
@@ -261,7 +290,7 @@ class SentinelGroup:
         )
         self.sentinels: list[_Server] = []
         for i in range(3):
-            port = free_port()
+            port = node_port(taken)
             d = workdir / f"sentinel-{i}"
             d.mkdir(parents=True, exist_ok=True)
             conf = d / "sentinel.conf"
@@ -284,7 +313,7 @@ class SentinelGroup:
             for s in (self.master, self.replica, *self.sentinels):
                 s.start()
             for s in (self.master, self.replica, *self.sentinels):
-                _until(f"server {s.port}", s.ping)
+                s.wait_up()
             self.wait_watched(self.master)
         except BaseException:
             self.stop()

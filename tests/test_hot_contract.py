@@ -14,7 +14,16 @@ from tests.helpers.daemon import new_sid
 from tests.helpers.hot import HISTORY_TTL, RECENT, SUMMARY_TTL, redis_tier, tier_of
 from tests.helpers.servers import RealServers, redis_flush_prefix
 from tiered_memory.errors import HotUnavailable
-from tiered_memory.model import Message, Owner, Role, SessionCounters, SessionKey, Summary, SummarySource
+from tiered_memory.model import (
+    Message,
+    Owner,
+    Role,
+    SessionCounters,
+    SessionKey,
+    SessionState,
+    Summary,
+    SummarySource,
+)
 from tiered_memory.tiers.codec import MessageDecoder, encode_message
 from tiered_memory.tiers.hot import HotExpiries, HotTier, RecentBound
 from tiered_memory.tiers.memory_hot import MemoryHot
@@ -316,6 +325,48 @@ async def test_backfill_refills_unless_newer_data_arrived(hot: HotTier) -> None:
     snap = await hot.read_session(sid)
     assert [m.seq for m in snap.recent] == [1, 2, 3, 4]
     assert snap.message_count == 4
+
+
+async def test_a_state_put_where_no_counters_are_outranks_an_older_one_refilled_after_it(hot: HotTier) -> None:
+    """A state put while the tier holds no counters of the session is not shown, but its version
+    stays: a refill carrying an older state (read from SQL before that put) leaves the state
+    unknown instead of caching the older one, and one carrying that version or a newer caches it.
+    A put over counters is guarded by the same floor; a session's first message clears it."""
+    sid = new_sid()
+    assert await hot.put_state(sid, SessionState(2, {"step": "paid"})) is False
+    assert (await hot.read_session(sid)).state is None
+    counters = SessionCounters(1, 2, 5.0, OWNER)
+    await hot.backfill(sid, counters, summary=None, recent=None, state=SessionState(1, {"step": "cart"}))
+    snap = await hot.read_session(sid)
+    assert (snap.message_count, snap.state) == (2, None)
+    assert await hot.put_state(sid, SessionState(1, {"step": "cart"})) is False
+    assert (await hot.read_session(sid)).state is None
+    await hot.backfill(sid, counters, summary=None, recent=None, state=SessionState(2, {"step": "paid"}))
+    assert (await hot.read_session(sid)).state == SessionState(2, {"step": "paid"})
+
+    again = new_sid()
+    await hot.put_state(again, SessionState(5, {"of": "a deleted session"}))
+    await hot.record_append(msg(again, 1), SessionCounters(0, 1, 1.0, OWNER))
+    assert (await hot.read_session(again)).state == SessionState(0, None)
+    assert await hot.put_state(again, SessionState(1, {"of": "the new one"})) is True
+    assert (await hot.read_session(again)).state == SessionState(1, {"of": "the new one"})
+
+
+async def test_a_refill_caches_the_state_unless_a_newer_one_is_there(hot: HotTier) -> None:
+    """backfill's state is version-guarded like put_state's, and kept even when the counters are
+    not replaced (an append newer than the refill's SQL read got there first)."""
+    sid = new_sid()
+    await hot.record_append(msg(sid, 1), SessionCounters(0, 1, 1.0, OWNER))
+    await hot.record_append(msg(sid, 2), SessionCounters(1, 2, 2.0, OWNER))
+    await hot.backfill(
+        sid, SessionCounters(0, 1, 1.0, OWNER), summary=None, recent=None, state=SessionState(3, {"a": 1})
+    )
+    snap = await hot.read_session(sid)
+    assert (snap.message_count, snap.state) == (2, SessionState(3, {"a": 1}))
+    await hot.backfill(
+        sid, SessionCounters(1, 2, 2.0, OWNER), summary=None, recent=None, state=SessionState(2, {"a": 0})
+    )
+    assert (await hot.read_session(sid)).state == SessionState(3, {"a": 1})
 
 
 async def test_the_hot_tier_keeps_no_reasoning(hot: HotTier) -> None:

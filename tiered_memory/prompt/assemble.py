@@ -127,7 +127,7 @@ class ContextAnswer:
     estimated_tokens: dict[str, int]
     planning: dict[str, Any] | None
     planning_history: str
-    state: SessionState | None = None  # the gateway's, as the hot tier knows it (None: unknown)
+    state: SessionState | None = None  # the gateway's, as the walk found it (None: unknown)
     carried: Carried | None = None  # what the session carried over from its user's earlier ones
     explained: Explained | None = None  # where each part of the memory came from (explain=true)
     compressions: int = 0  # how many times the session's turns were merged into its summary
@@ -177,7 +177,8 @@ class Gathered:
     """Everything the tier walk found for one context: the hot entry, the summary's answer, the
     SQL session when SQL was asked, the turn count, the raw messages to choose from (older turns,
     the gap a lagging summary leaves, the window), the window with its gap, a question's matching
-    messages with their scores, the user's memory (None: none carried), and when it was read."""
+    messages with their scores, the user's memory (None: none carried), when it was read, and the
+    gateway's state as the hot tier knows it, else as SQL's session read gave it (None: unknown)."""
 
     key: SessionKey
     hot: HotSession
@@ -189,6 +190,7 @@ class Gathered:
     snippets: tuple[tuple[Message, float], ...]
     remembered: Remembered | None
     now: float
+    state: SessionState | None = None
 
 
 def memory_budget(want: ContextRequest) -> int:
@@ -414,7 +416,7 @@ def _shaped(
             payload,
             max_chars=knobs.planning_history_max_chars,
         ),
-        state=gathered.hot.state,
+        state=gathered.state,
         compressions=summary.compressions if summary else 0,
     )
 

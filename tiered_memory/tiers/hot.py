@@ -116,7 +116,11 @@ class HotTier(Protocol):
 
     async def put_state(self, key: SessionKey, state: SessionState) -> bool:
         """Cache the gateway's state of a session (read back in `read_session`) unless a newer
-        version is cached, and only beside counters the hot tier holds; True when written."""
+        version is cached, and only beside counters the hot tier holds; True when written.
+
+        Where it holds none, the version stays behind as a floor, for as long as counters would:
+        a read that took an older state from SQL before this one was committed, and refills the
+        session after this write, must not cache that older state (`backfill`)."""
         ...
 
     async def backfill(
@@ -126,10 +130,13 @@ class HotTier(Protocol):
         *,
         summary: Summary | None,
         recent: Sequence[Message] | None,
+        state: SessionState | None = None,
     ) -> None:
         """Refill a session from SQL after a miss, in one round trip: the summary (unless a newer
-        version is cached), and the counters, owner and recent list (replacing the list) unless an
-        append newer than this SQL read has already reached the hot tier."""
+        version is cached), the counters, owner and recent list (replacing the list) unless an
+        append newer than this SQL read has already reached the hot tier, and, given, the
+        gateway's state SQL gave with them, unless a newer version is cached or was put since
+        (the floor `put_state` leaves)."""
         ...
 
     async def delete(self, key: SessionKey) -> None:

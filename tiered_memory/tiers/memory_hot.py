@@ -42,6 +42,12 @@ def _text_bytes(text: str) -> int:
     return len(text) if text.isascii() else 2 * len(text)
 
 
+def _newest(entry: _Entry, state: SessionState) -> bool:
+    """Whether `state` is at least as new as the entry's and as its floor."""
+    cached = entry.gateway_state.version if entry.gateway_state is not None else -1
+    return state.version >= max(cached, entry.state_floor)
+
+
 def _weight(entry: _Entry) -> int:
     """What a session's entry is estimated to hold in memory, in bytes."""
     weight = _OBJECT_BYTES + sum(_text_bytes(m.content) + len(m.tool_calls) + _OBJECT_BYTES for m in entry.recent)
@@ -64,6 +70,7 @@ class _Entry:
     chars: int | None = None
     owner: Owner | None = None
     gateway_state: SessionState | None = None
+    state_floor: int = -1  # the newest version put while no counters were here (put_state)
     state_until: float = 0.0
     lock_token: str | None = None
     lock_until: float = 0.0
@@ -163,9 +170,16 @@ class MemoryHot:
             entry.last = None
             entry.owner = None
             entry.gateway_state = None
+            entry.state_floor = -1
         if entry.lock_until <= now:
             entry.lock_token = None
-        if not entry.recent and entry.summary is None and entry.turns is None and entry.lock_token is None:
+        if (
+            not entry.recent
+            and entry.summary is None
+            and entry.turns is None
+            and entry.lock_token is None
+            and entry.state_floor < 0
+        ):
             self._drop(key)
             return None
         self._entries.move_to_end(key)
@@ -226,6 +240,7 @@ class MemoryHot:
         if message.seq == 1:
             entry.summary = None  # a stranger's: no summary of a session precedes its first message
             entry.gateway_state = SessionState(0, None)  # nor any gateway state (PUT needs the session)
+            entry.state_floor = -1
         # Like the Redis codec, the hot tier keeps no reasoning: nothing it serves shows it.
         entry.recent.append(without_reasoning(message))
         if len(entry.recent) > self._recent.least:
@@ -236,10 +251,14 @@ class MemoryHot:
         self._settle(message.key, entry)
 
     async def put_state(self, key: SessionKey, state: SessionState) -> bool:
-        entry = self._get(key)
-        if entry is None or entry.turns is None:
+        entry = self._get_or_create(key)
+        if entry.turns is None:
+            # No counters: the version is kept as a floor, as on Redis (PUT_STATE_LUA).
+            if entry.state_floor < 0:
+                entry.state_until = self._clock() + self._summary_ttl
+            entry.state_floor = max(entry.state_floor, state.version)
             return False
-        if entry.gateway_state is not None and entry.gateway_state.version > state.version:
+        if not _newest(entry, state):
             return False
         entry.gateway_state = state
         self._settle(key, entry)
@@ -261,11 +280,15 @@ class MemoryHot:
         *,
         summary: Summary | None,
         recent: Sequence[Message] | None,
+        state: SessionState | None = None,
     ) -> None:
         if summary is not None:
             await self.put_summary(key, summary)
         entry = self._get_or_create(key)
+        if state is not None and _newest(entry, state):
+            entry.gateway_state = state
         if entry.msgs is not None and entry.msgs > counters.message_count:
+            self._settle(key, entry)
             return
         now = self._clock()
         if recent is not None:

@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tiered_memory.model import SessionCounters
+from tiered_memory.model import SessionCounters, SessionState
+from tiered_memory.tiers.codec import encode_state
 from tiered_memory.tiers.hot import RecentBound
 from tiered_memory.tiers.redis.resp import Arg
 
@@ -69,6 +70,8 @@ class BackfillArgs:
     recent: Sequence[bytes] | None
     """The encoded messages the list is replaced with, oldest first; None keeps the list."""
     recent_chars: int
+    state: SessionState | None = None
+    """The gateway's state SQL gave with the counters (None: none given)."""
 
     def argv(self) -> list[Arg]:
         c = self.counters
@@ -85,5 +88,7 @@ class BackfillArgs:
             c.owner.tenant,  # 10
             c.owner.user_id or "",  # 11
             self.recent_chars,  # 12
-            *(self.recent or ()),  # 13…
+            self.state.version if self.state is not None else -1,  # 13
+            encode_state(self.state) if self.state is not None else "",  # 14
+            *(self.recent or ()),  # 15…
         ]

@@ -33,7 +33,7 @@ from tiered_memory.tiers.redis.keys import Keys
 from tiered_memory.tiers.redis.link import RedisLink
 from tiered_memory.tiers.redis.postings import CHANGED_LUA, RedisPostings, changed_args, forget_commands
 from tiered_memory.tiers.redis.recall_usage import NO_BUDGET, RecallBudget
-from tiered_memory.tiers.redis.resp import Endpoint, RespMux, Script
+from tiered_memory.tiers.redis.resp import Arg, Endpoint, RespMux, Script
 from tiered_memory.tiers.redis.scripts import (
     APPEND_LUA,
     BACKFILL_LUA,
@@ -290,7 +290,8 @@ class RedisHot:
 
     async def put_state(self, key: SessionKey, state: SessionState) -> bool:
         async def op() -> object:
-            return await self._script(self._put_state, [self._keys.state(key)], [state.version, encode_state(state)])
+            args: list[Arg] = [state.version, encode_state(state), self._summary_ttl]
+            return await self._script(self._put_state, [self._keys.state(key)], args)
 
         with self._writing(key):
             return bool(await self._call(op))
@@ -313,6 +314,7 @@ class RedisHot:
         *,
         summary: Summary | None,
         recent: Sequence[Message] | None,
+        state: SessionState | None = None,
     ) -> None:
         keys = [self._keys.summary(key), self._keys.recent(key), self._keys.state(key)]
         kept = self._recent.keep(recent) if recent is not None else ()
@@ -323,6 +325,7 @@ class RedisHot:
             self._ttls,
             [encode_message(m) for m in kept] if recent is not None else None,
             sum(m.size for m in kept),
+            state,
         ).argv()
 
         async def op() -> object:

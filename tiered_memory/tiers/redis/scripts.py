@@ -52,25 +52,33 @@ local function chars_of(entry)
 end
 """
 
-# Refills a session from SQL. The summary is version-guarded like above; the counters, the owner
-# and the recent list are replaced only if no append newer than the caller's SQL read (a larger
-# message count) has reached Redis meanwhile. Keys: summary, recent, state (one hash slot).
-# ARGV: summary, version, summary TTL, msgs, turns, last, history TTL, replace list?, chars,
-# tenant, user id ('' for none), the characters of the recent messages, then the messages (trimmed
-# to the list's bound by the caller).
+# Refills a session from SQL. The summary is version-guarded like above, and so is the gateway's
+# state (also against the floor PUT_STATE_LUA leaves); the counters, the owner and the recent list
+# are replaced only if no append newer than the caller's SQL read (a larger message count) has
+# reached Redis meanwhile. Keys: summary, recent, state (one hash slot). ARGV: summary, version,
+# summary TTL, msgs, turns, last, history TTL, replace list?, chars, tenant, user id ('' for none),
+# the characters of the recent messages, the state's version (-1: none given) and JSON, then the
+# messages (trimmed to the list's bound by the caller).
 BACKFILL_LUA = (
     NEWER_LUA
     + """
 if ARGV[1] ~= '' and not newer(redis.call('GET', KEYS[1]), ARGV[2]) then
   redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
 end
+local gv = tonumber(ARGV[13])
+if gv >= 0 then
+  local cur = redis.call('HMGET', KEYS[3], 'gv', 'gfloor')
+  if gv >= tonumber(cur[1] or '-1') and gv >= tonumber(cur[2] or '-1') then
+    redis.call('HSET', KEYS[3], 'gv', ARGV[13], 'gs', ARGV[14])
+  end
+end
 local have = tonumber(redis.call('HGET', KEYS[3], 'msgs') or '-1')
 if have > tonumber(ARGV[4]) then return 0 end
 if ARGV[8] == '1' then
   redis.call('DEL', KEYS[2])
-  for i = 13, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
-  if #ARGV >= 13 then redis.call('EXPIRE', KEYS[2], ARGV[7]) end
-  redis.call('HSET', KEYS[3], 'rchars', ARGV[12], 'rseq', ARGV[4], 'rlen', #ARGV - 12)
+  for i = 15, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
+  if #ARGV >= 15 then redis.call('EXPIRE', KEYS[2], ARGV[7]) end
+  redis.call('HSET', KEYS[3], 'rchars', ARGV[12], 'rseq', ARGV[4], 'rlen', #ARGV - 14)
 end
 redis.call('HSET', KEYS[3], 'turns', ARGV[5], 'msgs', ARGV[4], 'last', ARGV[6], 'chars', ARGV[9],
   'tenant', ARGV[10], 'uid', ARGV[11])
@@ -132,19 +140,33 @@ redis.call('EXPIRE', KEYS[1], ARGV[8])
 redis.call('HSET', KEYS[2], 'turns', ARGV[3], 'msgs', ARGV[4], 'last', ARGV[5], 'chars', ARGV[6],
   'tenant', ARGV[11], 'uid', ARGV[12])
 -- A new session has no gateway state yet (PUT …/state needs the session): known, so not read.
-if seq == 1 then redis.call('HSET', KEYS[2], 'gv', 0, 'gs', '') end
+if seq == 1 then
+  redis.call('HSET', KEYS[2], 'gv', 0, 'gs', '')
+  redis.call('HDEL', KEYS[2], 'gfloor')
+end
 redis.call('EXPIRE', KEYS[2], ARGV[9])
 return 1
 """
 )
 
 # Caches the gateway's state of a session in its state hash (fields gv, gs) unless a newer
-# version is there; only into a hash that exists (the counters a read needs come with backfill).
-# Keys: state. ARGV: version, the state's JSON ('' for none).
+# version is there, or a newer floor; only beside counters (the ones a read needs come with
+# backfill). Without them the version is kept as the floor `gfloor` instead, in a hash that lives
+# as long as counters would: a read that took an older state from SQL before this write's own SQL
+# commit must not cache it when it refills the session (BACKFILL_LUA). A floor is never shown; a
+# session's first message clears it (APPEND_LUA), as a deleted session's would otherwise hold.
+# Keys: state. ARGV: version, the state's JSON ('' for none), the counters' TTL.
 PUT_STATE_LUA = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-local cur = tonumber(redis.call('HGET', KEYS[1], 'gv') or '-1')
-if cur > tonumber(ARGV[1]) then return 0 end
+local v = tonumber(ARGV[1])
+local cur = redis.call('HMGET', KEYS[1], 'msgs', 'gv', 'gfloor')
+local floor = tonumber(cur[3] or '-1')
+if not cur[1] then
+  local fresh = redis.call('EXISTS', KEYS[1]) == 0
+  if v > floor then redis.call('HSET', KEYS[1], 'gfloor', ARGV[1]) end
+  if fresh then redis.call('EXPIRE', KEYS[1], ARGV[3]) end
+  return 0
+end
+if tonumber(cur[2] or '-1') > v or floor > v then return 0 end
 redis.call('HSET', KEYS[1], 'gv', ARGV[1], 'gs', ARGV[2])
 return 1
 """

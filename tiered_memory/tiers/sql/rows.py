@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 from typing import Any
 
 import sqlalchemy as sa
@@ -15,6 +16,7 @@ from tiered_memory.model import (
     Role,
     SessionInfo,
     SessionKey,
+    SessionState,
     Slice,
     Summary,
     SummarySource,
@@ -185,8 +187,20 @@ def sessions_with_summaries() -> sa.Select[Any]:
 
 @functools.cache
 def session_and_summary() -> sa.Select[Any]:
-    """A session's row and its summary's (`sessions_with_summaries`), of the session KEY."""
-    return sessions_with_summaries().where(sessions.c.session_id == sa.bindparam(KEY))
+    """A session's row and its summary's (`sessions_with_summaries`), of the session KEY, with the
+    gateway's state (`row_to_state`): a read that finds the hot tier empty needs all three, and a
+    statement more costs it about 0.7 ms."""
+    return (
+        sessions_with_summaries()
+        .add_columns(session_state.c.state.label("gateway_state"), session_state.c.version.label("state_version"))
+        .outerjoin(session_state, session_state.c.session_id == sessions.c.session_id)
+        .where(sessions.c.session_id == sa.bindparam(KEY))
+    )
+
+
+def row_to_state(state: str | None, version: int | None) -> SessionState:
+    """The gateway's state of a `session_state` row's columns (version 0 and None: no row)."""
+    return SessionState(0, None) if state is None or version is None else SessionState(int(version), json.loads(state))
 
 
 @functools.cache

@@ -44,6 +44,7 @@ from tiered_memory.tiers.sql.replica import Behind, Replica
 from tiered_memory.tiers.sql.rows import (
     KEY,
     row_to_session,
+    row_to_state,
     row_to_summary,
     session_row,
     sessions_with_summaries,
@@ -502,7 +503,7 @@ class SqlStore(MessageReads, SummaryRows):
 
         async def op(conn: AsyncConnection) -> SessionState:
             row = (await conn.execute(state_row(), {KEY: key})).one_or_none()
-            return SessionState(0, None) if row is None else SessionState(int(row.version), json.loads(row.state))
+            return row_to_state(row.state, row.version) if row is not None else row_to_state(None, None)
 
         return await self.read(op)
 

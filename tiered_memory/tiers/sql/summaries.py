@@ -14,12 +14,13 @@ from typing import Any, Protocol, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from tiered_memory.model import Caller, SessionInfo, SessionKey, Slice, Summary
+from tiered_memory.model import Caller, SessionInfo, SessionKey, SessionState, Slice, Summary
 from tiered_memory.tiers.sql.outbox import add_event, new_event_id, release_final
 from tiered_memory.tiers.sql.rows import (
     KEY,
     row_to_session,
     row_to_slice,
+    row_to_state,
     row_to_summary,
     session_and_summary,
     slice_values,
@@ -72,6 +73,27 @@ class _Store(Protocol):
     async def _lock_accessible(self, conn: AsyncConnection, key: SessionKey, caller: Caller) -> bool: ...
 
 
+_Found = tuple[Summary | None, SessionInfo | None, SessionState | None]
+
+
+def _summary_and_state(key: SessionKey) -> Callable[[AsyncConnection], Awaitable[_Found]]:
+    """The read of a session's summary, row and gateway state (None, None, None: no session)."""
+
+    async def op(conn: AsyncConnection) -> _Found:
+        row = (await conn.execute(session_and_summary(), {KEY: key})).one_or_none()
+        if row is None:
+            return None, None, None
+        summary = row_to_summary(row) if row.summary is not None else None
+        info = row_to_session(row, summary.covered_turns if summary else 0)
+        return summary, info, row_to_state(row.gateway_state, row.state_version)
+
+    return op
+
+
+def _known(found: _Found) -> bool:
+    return found[1] is not None
+
+
 class SummaryRows:
     """The summary reads and writes of SqlStore (which provides the plumbing `_Store` names)."""
 
@@ -80,17 +102,17 @@ class SummaryRows:
     ) -> tuple[Summary | None, SessionInfo | None]:
         """The stored summary and the session's current bookkeeping, in one query (a replica that
         does not know the session is not trusted: the primary is asked)."""
-
-        async def op(conn: AsyncConnection) -> tuple[Summary | None, SessionInfo | None]:
-            row = (await conn.execute(session_and_summary(), {KEY: key})).one_or_none()
-            if row is None:
-                return None, None
-            summary = row_to_summary(row) if row.summary is not None else None
-            return summary, row_to_session(row, summary.covered_turns if summary else 0)
-
-        return await self.session_read(
-            key, op, replica=replica, known_seq=known_seq, trust=lambda found: found[1] is not None
+        summary, info, _ = await self.session_read(
+            key, _summary_and_state(key), replica=replica, known_seq=known_seq, trust=_known
         )
+        return summary, info
+
+    async def summary_and_state(
+        self: _Store, key: SessionKey, *, replica: bool = False, known_seq: int = 0
+    ) -> tuple[Summary | None, SessionInfo | None, SessionState | None]:
+        """`get_summary` with the gateway's state (None when there is no such session), in the
+        same query."""
+        return await self.session_read(key, _summary_and_state(key), replica=replica, known_seq=known_seq, trust=_known)
 
     async def put_summary(
         self: _Store,

@@ -327,11 +327,11 @@ async def test_backfill_refills_unless_newer_data_arrived(hot: HotTier) -> None:
     assert snap.message_count == 4
 
 
-async def test_a_state_put_where_no_counters_are_outranks_an_older_one_refilled_after_it(hot: HotTier) -> None:
+async def test_a_state_put_outranks_an_older_one_refilled_after_it(hot: HotTier) -> None:
     """A state put while the tier holds no counters of the session is not shown, but its version
-    stays: a refill carrying an older state (read from SQL before that put) leaves the state
-    unknown instead of caching the older one, and one carrying that version or a newer caches it.
-    A put over counters is guarded by the same floor; a session's first message clears it."""
+    stays as the state floor: a refill carrying an older state (read from SQL before that put)
+    leaves the state unknown instead of caching the older one, and one carrying that version or a
+    newer caches it. The floor outlives a loss of the counters (a changed message), not a delete."""
     sid = new_sid()
     assert await hot.put_state(sid, SessionState(2, {"step": "paid"})) is False
     assert (await hot.read_session(sid)).state is None
@@ -344,12 +344,29 @@ async def test_a_state_put_where_no_counters_are_outranks_an_older_one_refilled_
     await hot.backfill(sid, counters, summary=None, recent=None, state=SessionState(2, {"step": "paid"}))
     assert (await hot.read_session(sid)).state == SessionState(2, {"step": "paid"})
 
-    again = new_sid()
-    await hot.put_state(again, SessionState(5, {"of": "a deleted session"}))
-    await hot.record_append(msg(again, 1), SessionCounters(0, 1, 1.0, OWNER))
-    assert (await hot.read_session(again)).state == SessionState(0, None)
-    assert await hot.put_state(again, SessionState(1, {"of": "the new one"})) is True
-    assert (await hot.read_session(again)).state == SessionState(1, {"of": "the new one"})
+    assert await hot.put_state(sid, SessionState(3, {"step": "shipped"})) is True
+    await hot.invalidate(sid, changed_seq=2)
+    assert (await hot.read_session(sid)).message_count is None
+    await hot.backfill(sid, counters, summary=None, recent=None, state=SessionState(2, {"step": "paid"}))
+    assert (await hot.read_session(sid)).state is None
+
+    await hot.delete(sid)
+    await hot.record_append(msg(sid, 1), SessionCounters(0, 1, 1.0, OWNER))
+    assert (await hot.read_session(sid)).state == SessionState(0, None)
+    assert await hot.put_state(sid, SessionState(1, {"of": "the new session"})) is True
+
+
+async def test_a_first_append_after_a_state_put_leaves_the_state_unknown(hot: HotTier) -> None:
+    """A session's first append says it has no state, unless a PUT of its state reached the tier
+    first (that append's own write came late): then the state is unknown, for SQL to answer."""
+    sid = new_sid()
+    await hot.record_append(msg(sid, 1), SessionCounters(0, 1, 1.0, OWNER))
+    assert (await hot.read_session(sid)).state == SessionState(0, None)
+    late = new_sid()
+    await hot.put_state(late, SessionState(1, {"step": "cart"}))
+    await hot.record_append(msg(late, 1), SessionCounters(0, 1, 1.0, OWNER))
+    snap = await hot.read_session(late)
+    assert (snap.message_count, snap.state) == (1, None)
 
 
 async def test_a_refill_caches_the_state_unless_a_newer_one_is_there(hot: HotTier) -> None:

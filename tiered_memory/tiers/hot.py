@@ -118,9 +118,11 @@ class HotTier(Protocol):
         """Cache the gateway's state of a session (read back in `read_session`) unless a newer
         version is cached, and only beside counters the hot tier holds; True when written.
 
-        Where it holds none, the version stays behind as a floor, for as long as counters would:
-        a read that took an older state from SQL before this one was committed, and refills the
-        session after this write, must not cache that older state (`backfill`)."""
+        Every write also raises the session's state floor, kept as long as counters would be and
+        through a loss of the counters (only `delete` drops it): a read that took an older state
+        from SQL before this one was committed, and refills the session after this write, must
+        not cache that older state (`backfill`). A first append that finds a floor leaves the
+        state unknown rather than empty (a PUT got there first)."""
         ...
 
     async def backfill(
@@ -136,7 +138,7 @@ class HotTier(Protocol):
         version is cached), the counters, owner and recent list (replacing the list) unless an
         append newer than this SQL read has already reached the hot tier, and, given, the
         gateway's state SQL gave with them, unless a newer version is cached or was put since
-        (the floor `put_state` leaves)."""
+        (the state floor, `put_state`)."""
         ...
 
     async def delete(self, key: SessionKey) -> None:

@@ -70,8 +70,9 @@ class _Entry:
     chars: int | None = None
     owner: Owner | None = None
     gateway_state: SessionState | None = None
-    state_floor: int = -1  # the newest version put while no counters were here (put_state)
     state_until: float = 0.0
+    state_floor: int = -1  # the newest state version put (put_state); -1: none
+    floor_until: float = 0.0
     lock_token: str | None = None
     lock_until: float = 0.0
     weight: int = 0  # _weight when last settled
@@ -170,6 +171,7 @@ class MemoryHot:
             entry.last = None
             entry.owner = None
             entry.gateway_state = None
+        if entry.floor_until <= now:
             entry.state_floor = -1
         if entry.lock_until <= now:
             entry.lock_token = None
@@ -239,8 +241,9 @@ class MemoryHot:
             return
         if message.seq == 1:
             entry.summary = None  # a stranger's: no summary of a session precedes its first message
-            entry.gateway_state = SessionState(0, None)  # nor any gateway state (PUT needs the session)
-            entry.state_floor = -1
+            # Nor any gateway state (PUT needs the session), unless a PUT got here before this
+            # write did (its floor is here): then unknown, as on Redis (APPEND_LUA).
+            entry.gateway_state = SessionState(0, None) if entry.state_floor < 0 else None
         # Like the Redis codec, the hot tier keeps no reasoning: nothing it serves shows it.
         entry.recent.append(without_reasoning(message))
         if len(entry.recent) > self._recent.least:
@@ -252,13 +255,12 @@ class MemoryHot:
 
     async def put_state(self, key: SessionKey, state: SessionState) -> bool:
         entry = self._get_or_create(key)
-        if entry.turns is None:
-            # No counters: the version is kept as a floor, as on Redis (PUT_STATE_LUA).
-            if entry.state_floor < 0:
-                entry.state_until = self._clock() + self._summary_ttl
-            entry.state_floor = max(entry.state_floor, state.version)
+        if state.version < entry.state_floor:
             return False
-        if not _newest(entry, state):
+        # Raised by every write, as on Redis (PUT_STATE_LUA), and kept when the counters go.
+        entry.state_floor = state.version
+        entry.floor_until = self._clock() + self._summary_ttl
+        if entry.turns is None or not _newest(entry, state):
             return False
         entry.gateway_state = state
         self._settle(key, entry)
@@ -309,9 +311,11 @@ class MemoryHot:
         dropped = self._postings.drop(key, changed_seq=changed_seq)
         entry = self._entries.get(key)
         if entry is not None:
-            # Only the lock stays (an empty entry is dropped by the next _get).
+            # Only the lock and the state floor stay (an empty entry is dropped by the next _get).
             self._drop(key)
-            self._entries[key] = kept = _Entry(lock_token=entry.lock_token, lock_until=entry.lock_until)
+            kept = _Entry(lock_token=entry.lock_token, lock_until=entry.lock_until)
+            kept.state_floor, kept.floor_until = entry.state_floor, entry.floor_until
+            self._entries[key] = kept
             self._settle(key, kept)
         return dropped
 

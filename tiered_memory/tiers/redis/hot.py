@@ -275,7 +275,8 @@ class RedisHot:
         ).argv()
 
         async def op() -> object:
-            keys = [self._keys.recent(sid), self._keys.state(sid), self._keys.summary(sid)]
+            k = self._keys
+            keys = [k.recent(sid), k.state(sid), k.summary(sid), k.state_floor(sid)]
             return await self._script(self._append, keys, args)
 
         try:
@@ -291,7 +292,7 @@ class RedisHot:
     async def put_state(self, key: SessionKey, state: SessionState) -> bool:
         async def op() -> object:
             args: list[Arg] = [state.version, encode_state(state), self._summary_ttl]
-            return await self._script(self._put_state, [self._keys.state(key)], args)
+            return await self._script(self._put_state, [self._keys.state(key), self._keys.state_floor(key)], args)
 
         with self._writing(key):
             return bool(await self._call(op))
@@ -316,7 +317,8 @@ class RedisHot:
         recent: Sequence[Message] | None,
         state: SessionState | None = None,
     ) -> None:
-        keys = [self._keys.summary(key), self._keys.recent(key), self._keys.state(key)]
+        k = self._keys
+        keys = [k.summary(key), k.recent(key), k.state(key), k.state_floor(key)]
         kept = self._recent.keep(recent) if recent is not None else ()
         args = BackfillArgs(
             encode_summary(summary) if summary else b"",

@@ -32,6 +32,11 @@ class Keys:
         """Hash: turn count, message count and last activity as SQL last reported them."""
         return f"{self.prefix}:{{{key}}}:state"
 
+    def state_floor(self, key: SessionKey) -> str:
+        """The newest version of the gateway's state put in the hot tier (PUT_STATE_LUA): a refill
+        never caches an older one. Apart from `state`, whose loss must not take it along."""
+        return f"{self.prefix}:{{{key}}}:state-floor"
+
     def lock(self, name: str) -> str:
         """Summarization lock: one summarizer per session across every replica."""
         return f"{self.prefix}:{{{name}}}:lock"
@@ -66,6 +71,7 @@ class Keys:
             self.recent(key),
             self.summary(key),
             self.state(key),
+            self.state_floor(key),
             self.lock(key),
             self.recall(key),
         )

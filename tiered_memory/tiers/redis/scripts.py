@@ -53,9 +53,10 @@ end
 """
 
 # Refills a session from SQL. The summary is version-guarded like above, and so is the gateway's
-# state (also against the floor PUT_STATE_LUA leaves); the counters, the owner and the recent list
-# are replaced only if no append newer than the caller's SQL read (a larger message count) has
-# reached Redis meanwhile. Keys: summary, recent, state (one hash slot). ARGV: summary, version,
+# state (against the cached one and the state floor, PUT_STATE_LUA); the counters, the owner and
+# the recent list are replaced only if no append newer than the caller's SQL read (a larger
+# message count) has reached Redis meanwhile. Keys: summary, recent, state, state floor (one hash
+# slot). ARGV: summary, version,
 # summary TTL, msgs, turns, last, history TTL, replace list?, chars, tenant, user id ('' for none),
 # the characters of the recent messages, the state's version (-1: none given) and JSON, then the
 # messages (trimmed to the list's bound by the caller).
@@ -67,8 +68,8 @@ if ARGV[1] ~= '' and not newer(redis.call('GET', KEYS[1]), ARGV[2]) then
 end
 local gv = tonumber(ARGV[13])
 if gv >= 0 then
-  local cur = redis.call('HMGET', KEYS[3], 'gv', 'gfloor')
-  if gv >= tonumber(cur[1] or '-1') and gv >= tonumber(cur[2] or '-1') then
+  local cur = tonumber(redis.call('HGET', KEYS[3], 'gv') or '-1')
+  if gv >= cur and gv >= tonumber(redis.call('GET', KEYS[4]) or '-1') then
     redis.call('HSET', KEYS[3], 'gv', ARGV[13], 'gs', ARGV[14])
   end
 end
@@ -87,10 +88,11 @@ return 1
 """
 )
 
-# Appends one committed message, in order or not at all. Keys: recent, state, summary. A write that arrives
-# late (it timed out here but Redis got it after newer ones) finds a count at or past its seq and
-# changes nothing; a write that finds a gap (earlier appends never reached Redis) drops the
-# session's hot entry, so the next read rebuilds it from SQL instead of trusting a stale window.
+# Appends one committed message, in order or not at all. Keys: recent, state, summary, state
+# floor. A write that arrives late (it timed out here but Redis got it after newer ones) finds a
+# count at or past its seq and changes nothing; a write that finds a gap (earlier appends never
+# reached Redis) drops the session's hot entry, so the next read rebuilds it from SQL instead of
+# trusting a stale window.
 # ARGV[10] = '1' drops the entry first: this process failed a write of the session before. A
 # session's first message drops any summary under its key: none can precede it, so one there is a
 # stranger's (cached under a tenant session's bare id before schema version 6 moved it).
@@ -139,10 +141,14 @@ end
 redis.call('EXPIRE', KEYS[1], ARGV[8])
 redis.call('HSET', KEYS[2], 'turns', ARGV[3], 'msgs', ARGV[4], 'last', ARGV[5], 'chars', ARGV[6],
   'tenant', ARGV[11], 'uid', ARGV[12])
--- A new session has no gateway state yet (PUT …/state needs the session): known, so not read.
+-- A new session has no gateway state yet (PUT …/state needs the session): known, so not read;
+-- unless a PUT reached Redis before this write did (its floor is there): then unknown, so read.
 if seq == 1 then
-  redis.call('HSET', KEYS[2], 'gv', 0, 'gs', '')
-  redis.call('HDEL', KEYS[2], 'gfloor')
+  if redis.call('EXISTS', KEYS[4]) == 1 then
+    redis.call('HDEL', KEYS[2], 'gv', 'gs')
+  else
+    redis.call('HSET', KEYS[2], 'gv', 0, 'gs', '')
+  end
 end
 redis.call('EXPIRE', KEYS[2], ARGV[9])
 return 1
@@ -150,23 +156,18 @@ return 1
 )
 
 # Caches the gateway's state of a session in its state hash (fields gv, gs) unless a newer
-# version is there, or a newer floor; only beside counters (the ones a read needs come with
-# backfill). Without them the version is kept as the floor `gfloor` instead, in a hash that lives
-# as long as counters would: a read that took an older state from SQL before this write's own SQL
-# commit must not cache it when it refills the session (BACKFILL_LUA). A floor is never shown; a
-# session's first message clears it (APPEND_LUA), as a deleted session's would otherwise hold.
-# Keys: state. ARGV: version, the state's JSON ('' for none), the counters' TTL.
+# version is there; only beside counters (the ones a read needs come with backfill). Every write
+# also raises the session's state floor, a key of its own that lives as long as counters would
+# and that only the session's delete removes (not a hot loss of the hash: a changed message, a
+# gap, a process's failed write): a read that took an older state from SQL before this write's
+# SQL commit, and refills the session after it, must not cache that older state (BACKFILL_LUA).
+# Keys: state, state floor. ARGV: version, the state's JSON ('' for none), the counters' TTL.
 PUT_STATE_LUA = """
 local v = tonumber(ARGV[1])
-local cur = redis.call('HMGET', KEYS[1], 'msgs', 'gv', 'gfloor')
-local floor = tonumber(cur[3] or '-1')
-if not cur[1] then
-  local fresh = redis.call('EXISTS', KEYS[1]) == 0
-  if v > floor then redis.call('HSET', KEYS[1], 'gfloor', ARGV[1]) end
-  if fresh then redis.call('EXPIRE', KEYS[1], ARGV[3]) end
-  return 0
-end
-if tonumber(cur[2] or '-1') > v or floor > v then return 0 end
+if v < tonumber(redis.call('GET', KEYS[2]) or '-1') then return 0 end
+redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[3])
+local cur = redis.call('HMGET', KEYS[1], 'msgs', 'gv')
+if not cur[1] or tonumber(cur[2] or '-1') > v then return 0 end
 redis.call('HSET', KEYS[1], 'gv', ARGV[1], 'gs', ARGV[2])
 return 1
 """

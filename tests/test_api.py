@@ -727,9 +727,9 @@ async def test_a_state_written_while_a_cold_context_reads_is_not_hidden_by_it(
     daemon: Daemon, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A `PUT …/state` that commits while a cold context reads, before that read made the
-    session's hot entry, finds no entry to cache its state in (the hot tier drops it). The next
-    context shows the new state: a read must not cache a state it read before the entry existed
-    (as one that read the state with the session's row and cached it beside the backfill would)."""
+    session's hot entry, finds no entry to cache its state in. The next context shows the new
+    state: the read, which took the older state from SQL with the session's row, does not cache
+    it when it makes the entry (the PUT left its version as the session's state floor)."""
     sid = await _long_cold_session(daemon)
     key = SessionKey(sid)
     await daemon.store.put_state(key, {"step": "checkout"}, if_match=None, now=1.0)

@@ -369,6 +369,28 @@ async def test_a_first_append_after_a_state_put_leaves_the_state_unknown(hot: Ho
     assert (snap.message_count, snap.state) == (1, None)
 
 
+async def test_a_state_a_read_caches_raises_no_floor_and_a_summary_reset_keeps_it(hot: HotTier) -> None:
+    """A state a read took from SQL (not `written`) is cached like a PUT's but leaves no floor: a
+    read that ends after the session's delete leaves nothing that outranks the states of a
+    session made again under its id. A delete that keeps the floor (a summary reset: the session
+    lives on) still refuses a refill older than the PUT before it."""
+    sid = new_sid()
+    assert await hot.put_state(sid, SessionState(3, {"of": "a deleted session"}), written=False) is False
+    await hot.record_append(msg(sid, 1), SessionCounters(0, 1, 1.0, OWNER))
+    assert (await hot.read_session(sid)).state == SessionState(0, None)
+    assert await hot.put_state(sid, SessionState(1, {"step": "cart"})) is True
+    assert await hot.put_state(sid, SessionState(2, {"step": "paid"})) is True
+
+    await hot.delete(sid, keep_state_floor=True)
+    assert (await hot.read_session(sid)).message_count is None
+    counters = SessionCounters(0, 1, 1.0, OWNER)
+    await hot.backfill(sid, counters, summary=None, recent=None, state=SessionState(1, {"step": "cart"}))
+    assert (await hot.read_session(sid)).state is None
+    assert await hot.put_state(sid, SessionState(1, {"step": "cart"}), written=False) is False
+    assert await hot.put_state(sid, SessionState(2, {"step": "paid"}), written=False) is True
+    assert (await hot.read_session(sid)).state == SessionState(2, {"step": "paid"})
+
+
 async def test_a_refill_caches_the_state_unless_a_newer_one_is_there(hot: HotTier) -> None:
     """backfill's state is version-guarded like put_state's, and kept even when the counters are
     not replaced (an append newer than the refill's SQL read got there first)."""

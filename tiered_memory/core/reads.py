@@ -298,7 +298,7 @@ class SessionReads:
         if sql_info is not None and (rows is not None or warm_summary is not None or hot.owner is None):
             await self._backfill(sql_info, summary=warm_summary, recent=rows, state=found_state)
         elif sql_info is not None and found_state is not None:
-            await self._errors.hot("put_state", self._hot.put_state(key, found_state), None)
+            await self._errors.hot("put_state", self._hot.put_state(key, found_state, written=False), None)
         turn_count = sql_info.turn_count if sql_info else max(hot.turn_count or 0, answer.turn_count)
         recent = window(available, turn_count=turn_count, keep_recent_turns=keep)
         walked = _Walked(hot=hot, answer=answer, info=sql_info, available=available, turn_count=turn_count)

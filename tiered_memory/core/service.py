@@ -400,9 +400,11 @@ class MemoryService:
         caller's, HotUnavailable when Redis could not be cleared."""
         if not await self._store.delete_summary(key, caller=caller):
             raise NotFound("the session does not exist")
-        # The whole hot entry: it is a cache, and the next read refills it from SQL.
+        # The whole hot entry: it is a cache, and the next read refills it from SQL. Not the
+        # state floor: the session lives on, and a read refilling it must not cache a state
+        # older than a PUT made meanwhile.
         with self._errors.counted("hot", "delete"):
-            await self._hot.delete(key)
+            await self._hot.delete(key, keep_state_floor=True)
 
     async def start_rebuild(self, key: SessionKey, *, caller: Caller) -> Started:
         """Start recomputing every slice and the summary from the messages, COMPRESSION_BATCH_TURNS
@@ -501,7 +503,7 @@ class MemoryService:
         if answer.state is None and answer.turn_count + len(answer.messages) > 0:
             state = await self._errors.sql("get_state", self._store.get_state(key), None)
             if state is not None:
-                await self._cache_state(key, state)
+                await self._cache_state(key, state, written=False)
                 answer = dataclasses.replace(answer, state=state)
         # Last: the summary job's first reads would otherwise share the loop with this read's
         # own round trips, on the request's time.
@@ -528,12 +530,13 @@ class MemoryService:
 
         return await self._whole(put())
 
-    async def _cache_state(self, key: SessionKey, state: SessionState) -> None:
+    async def _cache_state(self, key: SessionKey, state: SessionState, *, written: bool = True) -> None:
         # A failed write leaves an older state cached (it carries its version): counted, and
-        # tried once more, as for a summary.
+        # tried once more, as for a summary. `written`: a PUT's (HotTier.put_state).
         for attempt in range(2):
             # put_state answers a bool either way: None is the hot tier failing.
-            if await self._errors.hot("put_state", self._hot.put_state(key, state), None) is not None:
+            cache = self._hot.put_state(key, state, written=written)
+            if await self._errors.hot("put_state", cache, None) is not None:
                 return
             if attempt == 0:
                 await asyncio.sleep(_HOT_RETRY_S)

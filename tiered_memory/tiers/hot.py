@@ -114,15 +114,18 @@ class HotTier(Protocol):
         """Cache a summary unless a newer version is already cached; True when written."""
         ...
 
-    async def put_state(self, key: SessionKey, state: SessionState) -> bool:
+    async def put_state(self, key: SessionKey, state: SessionState, *, written: bool = True) -> bool:
         """Cache the gateway's state of a session (read back in `read_session`) unless a newer
-        version is cached, and only beside counters the hot tier holds; True when written.
+        version is cached or the session's state floor is newer, and only beside counters the hot
+        tier holds; True when written.
 
-        Every write also raises the session's state floor, kept as long as counters would be and
-        through a loss of the counters (only `delete` drops it): a read that took an older state
-        from SQL before this one was committed, and refills the session after this write, must
-        not cache that older state (`backfill`). A first append that finds a floor leaves the
-        state unknown rather than empty (a PUT got there first)."""
+        `written`: this state was just written to SQL (a PUT), and raises the state floor, kept
+        as long as counters would be and through a loss of the counters (only a session's delete
+        drops it): a read that took an older state from SQL before that write was committed, and
+        refills the session after it, must not cache the older state (`backfill`). A first append
+        that finds a floor leaves the state unknown rather than empty (a PUT got there first).
+        Not `written`: a copy a read took from SQL, which raises nothing (a read that ends after
+        the session's delete must leave nothing behind)."""
         ...
 
     async def backfill(
@@ -141,8 +144,9 @@ class HotTier(Protocol):
         (the state floor, `put_state`)."""
         ...
 
-    async def delete(self, key: SessionKey) -> None:
-        """Forget everything about a session."""
+    async def delete(self, key: SessionKey, *, keep_state_floor: bool = False) -> None:
+        """Forget everything about a session; with `keep_state_floor`, but its state floor (the
+        session lives on: its summary was reset)."""
         ...
 
     async def remove_from_stream(self, stream: str, fields: Mapping[str, str]) -> int:

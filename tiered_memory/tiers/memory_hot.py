@@ -253,13 +253,14 @@ class MemoryHot:
         entry.state_until = now + self._summary_ttl
         self._settle(message.key, entry)
 
-    async def put_state(self, key: SessionKey, state: SessionState) -> bool:
-        entry = self._get_or_create(key)
-        if state.version < entry.state_floor:
+    async def put_state(self, key: SessionKey, state: SessionState, *, written: bool = True) -> bool:
+        entry = self._get(key) if not written else self._get_or_create(key)
+        if entry is None or state.version < entry.state_floor:
             return False
-        # Raised by every write, as on Redis (PUT_STATE_LUA), and kept when the counters go.
-        entry.state_floor = state.version
-        entry.floor_until = self._clock() + self._summary_ttl
+        if written:
+            # Raised by a PUT's write, as on Redis (PUT_STATE_LUA), and kept when the counters go.
+            entry.state_floor = state.version
+            entry.floor_until = self._clock() + self._summary_ttl
         if entry.turns is None or not _newest(entry, state):
             return False
         entry.gateway_state = state
@@ -300,9 +301,13 @@ class MemoryHot:
         entry.state_until = now + self._summary_ttl
         self._settle(key, entry)
 
-    async def delete(self, key: SessionKey) -> None:
+    async def delete(self, key: SessionKey, *, keep_state_floor: bool = False) -> None:
+        entry = self._entries.get(key)
         self._drop(key)
         self._postings.drop(key)
+        if keep_state_floor and entry is not None and entry.state_floor >= 0:
+            kept = self._entries[key] = _Entry(state_floor=entry.state_floor, floor_until=entry.floor_until)
+            self._settle(key, kept)
 
     async def remove_from_stream(self, stream: str, fields: Mapping[str, str]) -> int:
         return 0  # EVENTS_STREAM needs Redis: there is none here

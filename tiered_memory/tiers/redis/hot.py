@@ -289,9 +289,9 @@ class RedisHot:
         if dirty:
             self._dirty.discard(sid)
 
-    async def put_state(self, key: SessionKey, state: SessionState) -> bool:
+    async def put_state(self, key: SessionKey, state: SessionState, *, written: bool = True) -> bool:
         async def op() -> object:
-            args: list[Arg] = [state.version, encode_state(state), self._summary_ttl]
+            args: list[Arg] = [state.version, encode_state(state), self._summary_ttl, "1" if written else "0"]
             return await self._script(self._put_state, [self._keys.state(key), self._keys.state_floor(key)], args)
 
         with self._writing(key):
@@ -336,9 +336,10 @@ class RedisHot:
         with self._writing(key):
             await self._call(op)
 
-    async def delete(self, key: SessionKey) -> None:
+    async def delete(self, key: SessionKey, *, keep_state_floor: bool = False) -> None:
         async def op() -> None:
-            others = [k for k in self._keys.all_of(key) if k != self._keys.recall(key)]
+            kept = {self._keys.recall(key), *([self._keys.state_floor(key)] if keep_state_floor else [])}
+            others = [k for k in self._keys.all_of(key) if k not in kept]
             await self._read(*forget_commands(self._keys, key, self._history_ttl, also=others))
 
         with self._writing(key):

@@ -156,16 +156,18 @@ return 1
 )
 
 # Caches the gateway's state of a session in its state hash (fields gv, gs) unless a newer
-# version is there; only beside counters (the ones a read needs come with backfill). Every write
+# version is there; only beside counters (the ones a read needs come with backfill). A PUT's write
 # also raises the session's state floor, a key of its own that lives as long as counters would
 # and that only the session's delete removes (not a hot loss of the hash: a changed message, a
 # gap, a process's failed write): a read that took an older state from SQL before this write's
 # SQL commit, and refills the session after it, must not cache that older state (BACKFILL_LUA).
-# Keys: state, state floor. ARGV: version, the state's JSON ('' for none), the counters' TTL.
+# A copy a read took from SQL (ARGV[4] = '0') is cached the same way but raises no floor.
+# Keys: state, state floor. ARGV: version, the state's JSON ('' for none), the counters' TTL,
+# written ('1': a PUT's).
 PUT_STATE_LUA = """
 local v = tonumber(ARGV[1])
 if v < tonumber(redis.call('GET', KEYS[2]) or '-1') then return 0 end
-redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[3])
+if ARGV[4] == '1' then redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[3]) end
 local cur = redis.call('HMGET', KEYS[1], 'msgs', 'gv')
 if not cur[1] or tonumber(cur[2] or '-1') > v then return 0 end
 redis.call('HSET', KEYS[1], 'gv', ARGV[1], 'gs', ARGV[2])

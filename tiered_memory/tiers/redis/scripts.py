@@ -56,10 +56,9 @@ end
 # state (against the cached one and the state floor, PUT_STATE_LUA); the counters, the owner and
 # the recent list are replaced only if no append newer than the caller's SQL read (a larger
 # message count) has reached Redis meanwhile. Keys: summary, recent, state, state floor (one hash
-# slot). ARGV: summary, version,
-# summary TTL, msgs, turns, last, history TTL, replace list?, chars, tenant, user id ('' for none),
-# the characters of the recent messages, the state's version (-1: none given) and JSON, then the
-# messages (trimmed to the list's bound by the caller).
+# slot). ARGV: summary, version, summary TTL, msgs, turns, last, history TTL, replace list?, chars,
+# tenant, user id ('' for none), the characters of the recent messages, the state's version (-1:
+# none given) and JSON, then the messages (trimmed to the list's bound by the caller).
 BACKFILL_LUA = (
     NEWER_LUA
     + """

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import itertools
 import json
 import time
 from collections.abc import AsyncIterator
@@ -290,6 +291,23 @@ async def test_turn_range_reads_across_pages(store: SqlStore) -> None:
         expected = [text for t in range(after + 1, last + 1) for text in (f"问题{t}", f"回答{t}")]
         assert [m.content for m in got] == expected, (after, through)
         assert [m.seq for m in got] == sorted(m.seq for m in got)
+
+
+async def test_turn_ranges_read_forwards_from_the_previous_range(store: SqlStore) -> None:
+    """A range read from the first turn, or from the seq where the previous range ended
+    (`after_seq`), reads forwards across pages: chained ranges hold exactly their turns in order,
+    as the backward read gives them, and a range past the end holds nothing."""
+    sid = new_sid()
+    await turns(store, sid, 200)
+    after_seq: int | None = None
+    bounds = [0, 5, 40, 180, 200]
+    for after, through in itertools.pairwise(bounds):
+        got = await store.messages_in_turns(sid, after_turn=after, through_turn=through, after_seq=after_seq)
+        assert got == await store.messages_in_turns(sid, after_turn=after, through_turn=through), (after, through)
+        expected = [text for t in range(after + 1, through + 1) for text in (f"问题{t}", f"回答{t}")]
+        assert [m.content for m in got] == expected, (after, through)
+        after_seq = got[-1].seq
+    assert await store.messages_in_turns(sid, after_turn=200, through_turn=210, after_seq=after_seq) == []
 
 
 async def test_summary_versions_are_compare_and_set(store: SqlStore) -> None:

@@ -4,6 +4,7 @@ hot tier and a SQLite file, both real), with the deterministic extractor and no 
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,6 +80,25 @@ async def test_each_pass_writes_the_next_version_to_both_tiers(parts: Parts) -> 
         "tiered_memory_summarizations_total", {"source": "deterministic", "outcome": "ok"}
     )
     assert written == 2
+
+
+async def test_a_backlog_of_several_pages_is_covered_once_in_order(parts: Parts) -> None:
+    """A backlog longer than a page (summarize/job.py reads 120 turns at a time, each page
+    forwards from where the last ended) is merged into slices that cover every turn and every
+    message once, in order."""
+    sid = new_sid()
+    await play(parts.store, sid, [(f"question {n}", f"answer {n}") for n in range(1, 261)])
+    assert (await parts.job.run(sid)).outcome is Outcome.WRITTEN
+    summary, _ = await parts.store.get_summary(sid)
+    assert summary is not None
+    assert summary.covered_turns == 260
+    ranges = [(s.from_turn, s.to_turn, s.first_seq, s.last_seq) for s in await parts.store.slices(sid)]
+    assert (ranges[0][0], ranges[0][2]) == (1, 1)
+    assert (ranges[-1][1], ranges[-1][3]) == (260, 520)
+    for (_, to_turn, _, last_seq), (from_turn, _, first_seq, _) in itertools.pairwise(ranges):
+        assert (from_turn, first_seq) == (to_turn + 1, last_seq + 1)
+    for from_turn, to_turn, first_seq, last_seq in ranges:
+        assert (first_seq, last_seq) == (2 * from_turn - 1, 2 * to_turn)
 
 
 async def test_a_summary_that_covers_every_turn_is_up_to_date(parts: Parts) -> None:

@@ -215,11 +215,14 @@ class SummaryJob:
         summary, pieces = prev, []
         page = self._batch * max(1, _page_turns(info) // self._batch)
         start = covered
+        # Where the previous page ended: the next is read forwards from there.
+        after_seq: int | None = None
         while start < target:
             if start > covered:
                 await self._keep_lock(key, token)
             end = min(start + page, target)
-            rows = await self._store.messages_in_turns(key, after_turn=start, through_turn=end)
+            rows = await self._store.messages_in_turns(key, after_turn=start, through_turn=end, after_seq=after_seq)
+            after_seq = rows[-1].seq if rows else None
             summary, more = await self._merge_batches(
                 key, token, summary, rows, covered=start, target=end, llm=llm, stored=prev
             )

@@ -74,9 +74,10 @@ sessions = sa.Table(
 )
 
 # Cold tier: every message verbatim, the source of truth.
-# A session's messages in the order they were stored: the index its first, last and tail reads
-# name (messages.py).
+# A session's messages in the order they were stored: the indexes its first, last, tail and
+# forward reads name (messages.py).
 MESSAGES_BY_SESSION = "ix_messages_session_id"
+MESSAGES_BY_SEQ = "ix_messages_session_seq"
 
 messages = sa.Table(
     "messages",
@@ -106,7 +107,7 @@ messages = sa.Table(
     sa.Column("created_at", _TIMESTAMP, nullable=False),
     sa.Index(MESSAGES_BY_SESSION, "session_id", "id"),
     # Reads by seq range: the context's older turns, GET …/messages. (Version 5.)
-    sa.Index("ix_messages_session_seq", "session_id", "seq"),
+    sa.Index(MESSAGES_BY_SEQ, "session_id", "seq"),
     sa.UniqueConstraint("session_id", "message_id", name="uq_messages_session_message_id"),
     **_MYSQL_TABLE,
 )

@@ -733,14 +733,15 @@ async def test_a_state_written_while_a_cold_context_reads_is_not_hidden_by_it(
     sid = await _long_cold_session(daemon)
     key = SessionKey(sid)
     await daemon.store.put_state(key, {"step": "checkout"}, if_match=None, now=1.0)
-    read_ends = daemon.store.opening_and_end
+    read_cold = daemon.store.summary_state_or_ends
 
-    async def put_between(*args: Any, **kwargs: Any) -> Any:
-        monkeypatch.setattr(daemon.store, "opening_and_end", read_ends)
+    async def put_after(*args: Any, **kwargs: Any) -> Any:
+        monkeypatch.setattr(daemon.store, "summary_state_or_ends", read_cold)
+        found = await read_cold(*args, **kwargs)
         await daemon.service.put_state(key, {"step": "paid"}, if_match=None, caller=Caller())
-        return await read_ends(*args, **kwargs)
+        return found
 
-    monkeypatch.setattr(daemon.store, "opening_and_end", put_between)
+    monkeypatch.setattr(daemon.store, "summary_state_or_ends", put_after)
     first = await daemon.get(f"/v1/sessions/{sid}/context?max_chars=400")
     assert first["summary_tier"] == "cold"
     after = await daemon.get(f"/v1/sessions/{sid}/context?max_chars=400")

@@ -164,12 +164,20 @@ class SessionReads:
         turns, a context's window), else none; with the session and the gateway's state SQL
         returned. Raises Forbidden when SQL says the session is not the caller's.
 
-        The cold answer's messages are read after the session's row, not beside it: beside it,
-        every warm read would pay for a statement too (one that finds the summary row and reads
-        nothing), and a cold one gained next to no time (a cold summary 6.20 -> 6.05 ms, MariaDB on
-        the same host): both statements' time is mostly the driver's Python, on this one loop."""
-        read = self._store.summary_and_state(key, replica=True)
-        summary, info, state = await self._errors.sql("read_summary", read, (None, None, None))
+        The cold answer's messages are read after the session's row, on its connection, only
+        when that row has no summary and is the caller's: beside it, every warm read would pay
+        for a statement too (one that finds the summary row and reads nothing), and a cold one
+        gained next to no time (a cold summary 6.20 -> 6.05 ms, MariaDB on the same host): both
+        statements' time is mostly the driver's Python, on this one loop."""
+
+        def read_ends(info: SessionInfo) -> bool:
+            # A stranger is refused below before any message of the session is read.
+            return cold and caller.may_access(info.owner)
+
+        read = self._store.summary_state_or_ends(
+            key, head=_COLD_HEAD_MESSAGES, tail=_COLD_TAIL_MESSAGES, read_ends=read_ends, replica=True
+        )
+        summary, info, state, ends = await self._errors.sql("read_summary", read, (None, None, None, None))
         if info is None:
             return _Below(self._answer(key, Tier.NONE, None, 0), None)
         authorize(caller, info.owner)
@@ -179,7 +187,7 @@ class SessionReads:
         if summary is not None:
             return _Below(self._answer(key, Tier.WARM, summary, info.turn_count), info, state=state)
         through = window_start_turn(info.turn_count, keep) - 1 if keep else info.turn_count
-        extracted, newest = await self._cold_summary(info, through) if cold else (None, None)
+        extracted, newest = (None, None) if ends is None else (self._cold_summary(info, *ends, through), ends[1])
         tier = Tier.NONE if extracted is None else Tier.COLD
         return _Below(self._answer(key, tier, extracted, info.turn_count), info, newest, state)
 
@@ -214,27 +222,18 @@ class SessionReads:
             return
         await self._errors.hot("backfill", self._hot.backfill(key, counters, summary=None, recent=messages), None)
 
-    async def _cold_summary(self, info: SessionInfo, through_turn: int) -> tuple[Summary | None, list[Message] | None]:
+    def _cold_summary(
+        self, info: SessionInfo, head: list[Message], tail: list[Message], through_turn: int
+    ) -> Summary | None:
         """The cold answer (summarize/cold.py) of the session's completed turns up to
-        `through_turn`: whole messages of its opening and of its end, SUMMARY_MAX_CHARS in all, read
-        by one bounded statement. A cold read runs on the request path, so its cost must not grow
-        with the session (a 10,000-turn session took 8 s read whole, and an extraction of 150
-        messages 60-130 ms); the summary job (scheduled by the service after a cold read of a
-        session whose summary is due) reads every turn, batch by batch. None when SQL does not
-        answer or nothing was answered yet; with the session's newest messages it read."""
-        messages = await self._errors.sql("read_messages", self._cold_messages(info), None)
-        if messages is None:
-            return None, None
-        head, tail = messages
-        digest = cold_digest(
+        `through_turn`: whole messages of its opening (`head`) and of its end (`tail`),
+        SUMMARY_MAX_CHARS in all, read by one bounded statement. A cold read runs on the request
+        path, so its cost must not grow with the session (a 10,000-turn session took 8 s read
+        whole, and an extraction of 150 messages 60-130 ms); the summary job (scheduled by the
+        service after a cold read of a session whose summary is due) reads every turn, batch by
+        batch. None when nothing was answered yet."""
+        return cold_digest(
             info, head, tail, tagger=self._tagger, max_chars=self._s.summary_max_chars, through_turn=through_turn
-        )
-        return digest, tail
-
-    async def _cold_messages(self, info: SessionInfo) -> tuple[list[Message], list[Message]]:
-        """The first messages of the session and its last (some in both when it is short)."""
-        return await self._store.opening_and_end(
-            info.key, _COLD_HEAD_MESSAGES, _COLD_TAIL_MESSAGES, replica=True, known_seq=info.message_count
         )
 
     def _answer(self, key: SessionKey, tier: Tier, summary: Summary | None, turns: int) -> SummaryAnswer:

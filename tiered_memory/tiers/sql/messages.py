@@ -68,6 +68,18 @@ def _tail_page(page: int, *, before: bool) -> sa.Select[Any]:
     return in_index_order(q.order_by(msgs.c.id.desc()).limit(page), msgs, MESSAGES_BY_SESSION)
 
 
+async def opening_and_end(
+    conn: AsyncConnection, key: SessionKey, head: int, tail: int
+) -> tuple[list[Message], list[Message]]:
+    """The first `head` messages of a session and its last `tail`, each oldest first, in one
+    statement on `conn` (a cold read is on the request path: one round trip, not two). A session
+    of fewer than `head + tail` messages has some in both."""
+    rows = (await conn.execute(_both_ends(head, tail, derived=conn.dialect.name == "sqlite"), {KEY: key})).all()
+    first = sorted((r for r in rows if not r.newest), key=lambda r: int(r.seq))
+    last = sorted((r for r in rows if r.newest), key=lambda r: int(r.seq))
+    return [row_to_message(r) for r in first], [row_to_message(r) for r in last]
+
+
 class _Reader(Protocol):
     async def read(self, op: Callable[[AsyncConnection], Awaitable[T]]) -> T: ...
 
@@ -107,22 +119,6 @@ class MessageReads:
         async def op(conn: AsyncConnection) -> list[Message]:
             rows = (await conn.execute(_end_of(newest=True, limit=limit), {KEY: key})).all()
             return [row_to_message(r) for r in reversed(rows)]
-
-        return await self.session_read(key, op, replica=replica, known_seq=known_seq)
-
-    async def opening_and_end(
-        self: _Reader, key: SessionKey, head: int, tail: int, *, replica: bool = False, known_seq: int = 0
-    ) -> tuple[list[Message], list[Message]]:
-        """The first `head` messages of a session and its last `tail`, each oldest first, in one
-        statement (a cold read is on the request path: one round trip, not two). A session of
-        fewer than `head + tail` messages has some in both."""
-
-        async def op(conn: AsyncConnection) -> tuple[list[Message], list[Message]]:
-            q = _both_ends(head, tail, derived=conn.dialect.name == "sqlite")
-            rows = (await conn.execute(q, {KEY: key})).all()
-            first = sorted((r for r in rows if not r.newest), key=lambda r: int(r.seq))
-            last = sorted((r for r in rows if r.newest), key=lambda r: int(r.seq))
-            return [row_to_message(r) for r in first], [row_to_message(r) for r in last]
 
         return await self.session_read(key, op, replica=replica, known_seq=known_seq)
 

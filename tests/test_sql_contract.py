@@ -295,19 +295,35 @@ async def test_turn_range_reads_across_pages(store: SqlStore) -> None:
 
 async def test_turn_ranges_read_forwards_from_the_previous_range(store: SqlStore) -> None:
     """A range read from the first turn, or from the seq where the previous range ended
-    (`after_seq`), reads forwards across pages: chained ranges hold exactly their turns in order,
-    as the backward read gives them, and a range past the end holds nothing."""
+    (`after_seq`), reads forwards across pages (no backward page of the session's newest
+    messages): chained ranges hold exactly their turns in order, as the backward read gives them,
+    also where a page ends inside a turn (a greeting makes the first turn three messages), and a
+    range past the end holds nothing."""
     sid = new_sid()
+    await store.append(new(sid, Role.ASSISTANT, "您好", "g0"), now=0.5)
     await turns(store, sid, 200)
+    statements: list[tuple[str, Any]] = []
+
+    def seen(_conn: object, _cursor: object, statement: str, parameters: Any, *_: object) -> None:
+        statements.append((statement, parameters))
+
     after_seq: int | None = None
     bounds = [0, 5, 40, 180, 200]
     for after, through in itertools.pairwise(bounds):
-        got = await store.messages_in_turns(sid, after_turn=after, through_turn=through, after_seq=after_seq)
+        sa_event.listen(store._engine.sync_engine, "before_cursor_execute", seen)
+        try:
+            got = await store.messages_in_turns(sid, after_turn=after, through_turn=through, after_seq=after_seq)
+        finally:
+            sa_event.remove(store._engine.sync_engine, "before_cursor_execute", seen)
         assert got == await store.messages_in_turns(sid, after_turn=after, through_turn=through), (after, through)
-        expected = [text for t in range(after + 1, through + 1) for text in (f"问题{t}", f"回答{t}")]
+        greeting = ["您好"] if after == 0 else []
+        expected = greeting + [text for t in range(after + 1, through + 1) for text in (f"问题{t}", f"回答{t}")]
         assert [m.content for m in got] == expected, (after, through)
         after_seq = got[-1].seq
     assert await store.messages_in_turns(sid, after_turn=200, through_turn=210, after_seq=after_seq) == []
+    reads = [statement for statement, _ in statements if "FROM messages" in statement]
+    assert reads
+    assert all("messages.seq >" in statement and "messages.id <" not in statement for statement in reads), reads
 
 
 async def test_summary_versions_are_compare_and_set(store: SqlStore) -> None:
@@ -547,10 +563,10 @@ async def test_every_failed_delivery_counts_and_puts_the_next_off(store: SqlStor
 
 async def test_a_sessions_reads_go_through_its_index_whatever_was_stored_after_it(store: SqlStore) -> None:
     """A session's first and last messages and its tail by turns are read through the
-    (session_id, id) index, not by walking every later session's rows in id order: MariaDB's
-    optimizer chose that walk for `ORDER BY id LIMIT n`, so the read of an old session grew with
-    the table. The plans are checked where EXPLAIN names the index (MariaDB); the answers on
-    every backend."""
+    (session_id, id) index (a range read forwards from a seq through the (session_id, seq) one),
+    not by walking every later session's rows in id order: MariaDB's optimizer chose that walk
+    for `ORDER BY id LIMIT n`, so the read of an old session grew with the table. The plans are
+    checked where EXPLAIN names the index (MariaDB); the answers on every backend."""
     old, later = new_sid(), new_sid()
     await turns(store, old, 3)
     rows = [
@@ -581,21 +597,25 @@ async def test_a_sessions_reads_go_through_its_index_whatever_was_stored_after_i
         first = await store.first_messages(old, 2)
         last = await store.recent_messages(old, 2)
         tail = await store.messages_in_turns(old, after_turn=2)
+        forwards = await store.messages_in_turns(old, after_turn=0, through_turn=2)
         *_, both = await store.summary_state_or_ends(old, head=2, tail=3, read_ends=lambda _: True)
     finally:
         sa_event.remove(engine, "before_cursor_execute", seen)
     assert [m.content for m in first] == ["问题1", "回答1"]
     assert [m.content for m in last] == ["问题3", "回答3"]
     assert [m.content for m in tail] == ["问题3", "回答3"]
+    assert [m.content for m in forwards] == ["问题1", "回答1", "问题2", "回答2"]
     assert both is not None
     assert ([m.seq for m in both[0]], [m.seq for m in both[1]]) == ([1, 2], [4, 5, 6])
     if store.dialect != "mysql":
         return
     reads = [(s, p) for s, p in statements if "FROM messages" in s]
-    assert len(reads) == 4
+    assert len(reads) == 5
     async with store._engine.connect() as conn:
         for statement, parameters in reads:
             plans = (await conn.exec_driver_sql("EXPLAIN " + statement, parameters)).mappings().all()
             tables = [plan for plan in plans if plan["table"] == "messages"]
             assert tables
-            assert all(plan["key"] == "ix_messages_session_id" for plan in tables), (statement, plans)
+            # A forward read starts at a seq; the others walk the session's ids.
+            index = "ix_messages_session_seq" if "messages.seq >" in statement else "ix_messages_session_id"
+            assert all(plan["key"] == index for plan in tables), (statement, plans)

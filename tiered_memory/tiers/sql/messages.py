@@ -145,7 +145,7 @@ class MessageReads:
         `after_seq` (the seq of turn after_turn's last message: the previous page's end), is read
         forwards instead, until a message of a later turn appears: the cost follows the range, not
         what lies after it. Read backwards, each page of a summary backlog read every newer
-        message again (a 10,000-turn backlog read about 70 times the session).
+        message again (a 10,000-turn backlog read the session about 40 times over).
         """
 
         async def op(conn: AsyncConnection) -> list[Message]:

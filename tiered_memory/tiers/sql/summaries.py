@@ -111,13 +111,6 @@ class SummaryRows:
         )
         return summary, info
 
-    async def summary_and_state(
-        self: _Store, key: SessionKey, *, replica: bool = False, known_seq: int = 0
-    ) -> tuple[Summary | None, SessionInfo | None, SessionState | None]:
-        """`get_summary` with the gateway's state (None when there is no such session), in the
-        same query."""
-        return await self.session_read(key, _summary_and_state(key), replica=replica, known_seq=known_seq, trust=_known)
-
     async def summary_state_or_ends(
         self: _Store,
         key: SessionKey,
@@ -127,11 +120,12 @@ class SummaryRows:
         read_ends: Callable[[SessionInfo], bool],
         replica: bool = False,
     ) -> _FoundOrEnds:
-        """`summary_and_state`, and, when the session has no summary and `read_ends` takes its
-        row (a caller allowed to read it, that wants a cold answer), its first `head` messages
-        and last `tail` (messages.opening_and_end) on the same connection: a cold read's two
-        statements pay one pool checkout, pre-ping and rollback (about 0.4 ms of 5 after an idle
-        spell), and a warm read still pays one statement."""
+        """`get_summary` with the gateway's state (None when there is no such session), in the
+        same query; and, when the session has no summary and `read_ends` takes its row (a caller
+        allowed to read it, that wants a cold answer), its first `head` messages and last `tail`
+        (messages.opening_and_end) on the same connection: a cold read's two statements pay one
+        pool checkout, pre-ping and rollback (about 0.4 ms of 5 after an idle spell), and a warm
+        read still pays one statement. A failure of either statement fails the read whole."""
         found = _summary_and_state(key)
 
         async def op(conn: AsyncConnection) -> _FoundOrEnds:

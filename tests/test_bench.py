@@ -59,7 +59,8 @@ def test_quick_embedded_run_reports_every_operation_and_ceiling(tmp_path: Path) 
     assert doc["ratios"]["summary_hot"]["64"]["naive_hot"] > 0
     assert doc["ratios"]["append"]["64"]["naive_append"] > 0
     growth = doc["growth"]
-    for name in ("summary_hot", "summary_warm", "summary_cold", "context_hot", "context_cold", "append", "turns"):
+    reads = ("summary_hot", "summary_warm", "summary_cold", "context_hot", "context_cold", "context_hot_alone")
+    for name in (*reads, "append", "turns"):
         assert all(_positive(growth["ops"][name][str(n)]) for n in growth["lengths"]), name
     assert all(growth["summarization_input"][str(n)]["calls"] > 0 for n in growth["lengths"])
     assert doc["memory"]["embedded"]["rss_kib"]["thrice_bound"] > 0

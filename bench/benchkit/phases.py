@@ -30,6 +30,7 @@ from bench.benchkit.workload import (
     naive_conversation,
     ok,
     once,
+    one_per_share,
     per_worker,
     question_path,
     questions,
@@ -119,6 +120,9 @@ class Lengths:
 
 # Unread sessions without a summary per length and kind of cold read: each is read alone, once.
 COLD_POOL = 6
+# The pause after each read of `context_hot_alone` (off the clock): the next comes after an idle
+# spell, as a cold read does.
+ALONE_PAUSE_S = 0.3
 
 
 def _alone(
@@ -143,6 +147,11 @@ def _alone(
         await b.forget(last)
 
     return Spec(name, port, make, ok(200, needle), after=after)
+
+
+async def _pause() -> None:
+    """About the idle spell before a cold read of the growth sweep (a DELETE and a wait)."""
+    await asyncio.sleep(ALONE_PAUSE_S)
 
 
 async def seed_growth(b: Bench) -> Lengths:
@@ -201,6 +210,22 @@ async def growth(b: Bench, s: Lengths) -> None:
         specs = [_alone(b, f"{name}@{n}", d, pools[n], requests, needle) for n in lengths]
         out = await b.rounds(specs, 1, duration=g, n_rounds=COLD_POOL, record=False)
         ops[name] = {str(n): out[f"{name}@{n}"].as_json() for n in lengths}
+    # A hot context timed as the cold reads are: one read a share, after a pause. A read after
+    # an idle spell pays for the wake-up of the loop, the databases' threads and the caches, which
+    # the back-to-back reads of `context_hot` do not: this is the like-for-like hot figure.
+    b.log("growth: context_hot_alone")
+    specs = [
+        Spec(
+            f"context_hot_alone@{n}",
+            d,
+            one_per_share(contexts([s.full[n]], GROWTH_BUDGET)[0]),
+            ok(200, CONTEXT_FROM["hot"]),
+            after=_pause,
+        )
+        for n in lengths
+    ]
+    out = await b.rounds(specs, 1, duration=g, n_rounds=COLD_POOL, record=False)
+    ops["context_hot_alone"] = {str(n): out[f"context_hot_alone@{n}"].as_json() for n in lengths}
     inputs: dict[str, Any] = {}
     for n in lengths:
         b.log(f"growth: appends at {n} turns")

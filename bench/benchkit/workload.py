@@ -55,6 +55,11 @@ def once(requests: Sequence[bytes]) -> loadgen.Factory:
     return lambda _w, _i: next(it, None)
 
 
+def one_per_share(request: bytes) -> loadgen.Factory:
+    """`request` once in each share (for a read timed alone, as a cold read is)."""
+    return lambda _w, i: request if i == 0 else None
+
+
 def summaries(session_ids: Sequence[str]) -> list[bytes]:
     return [get(f"/v1/sessions/{s}/summary") for s in session_ids]
 

@@ -149,15 +149,15 @@ class MessageReads:
         """
 
         async def op(conn: AsyncConnection) -> list[Message]:
-            start = 0 if after_turn < 1 else after_seq
-            if through_turn is not None and start is not None:
-                return await _forwards(conn, key, start, after_turn, through_turn)
+            if through_turn is not None and after_turn < 1:
+                # From the session's first message: every message up to the range's end.
+                return await _forwards(conn, key, 0, None, through_turn)
+            if through_turn is not None and after_seq is not None:
+                return await _forwards(conn, key, after_seq, after_turn, through_turn)
             if after_turn < 1:
                 # Every turn from the first: one forward read of the whole session.
-                q = sa.select(*MEMORY_COLUMNS).where(msgs.c.session_id == key)
-                if through_turn is not None:
-                    q = q.where(msgs.c.turn <= through_turn)
-                return [row_to_message(r) for r in (await conn.execute(q.order_by(msgs.c.id))).all()]
+                q = sa.select(*MEMORY_COLUMNS).where(msgs.c.session_id == key).order_by(msgs.c.id)
+                return [row_to_message(r) for r in (await conn.execute(q)).all()]
             newest_first: list[Any] = []
             before_id: int | None = None
             page = _TAIL_PAGE
@@ -221,16 +221,16 @@ class MessageReads:
 
 
 async def _forwards(
-    conn: AsyncConnection, key: SessionKey, after_seq: int, after_turn: int, through_turn: int
+    conn: AsyncConnection, key: SessionKey, after_seq: int, after_turn: int | None, through_turn: int
 ) -> list[Message]:
-    """Messages of turns after_turn+1 … through_turn among those after `after_seq`, oldest first,
-    in growing pages, until a message of a later turn appears (a seq never decreases as a turn
-    grows: both are assigned under the session-row lock)."""
+    """Messages of turns after_turn+1 … through_turn (None: every turn up to it) among those after
+    `after_seq`, oldest first, in growing pages, until a message of a later turn appears (a seq
+    never decreases as a turn grows: both are assigned under the session-row lock)."""
     found: list[Any] = []
     page = _TAIL_PAGE
     while True:
         rows = (await conn.execute(_forward_page(page), {KEY: key, "after_seq": after_seq})).all()
-        found.extend(r for r in rows if after_turn < r.turn <= through_turn)
+        found.extend(r for r in rows if (after_turn is None or after_turn < r.turn) and r.turn <= through_turn)
         if not rows or rows[-1].turn > through_turn or len(rows) < page:
             return [row_to_message(r) for r in found]
         after_seq = int(rows[-1].seq)

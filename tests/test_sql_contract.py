@@ -94,6 +94,25 @@ async def test_append_is_idempotent_and_checks_owner(store: SqlStore) -> None:
     assert await store.count_messages(sid) == 1
 
 
+async def test_retries_of_one_message_id_in_two_sessions_each_find_their_own(store: SqlStore) -> None:
+    """Two sessions that used the same message_id, retried together (one batch, when the group
+    commit makes it one): each retry answers its own session's original message."""
+    a, b = new_sid(), new_sid()
+    first_a = await store.append(new(a, Role.USER, "你好", "m1"), now=1.0)
+    await store.append(new(a, Role.ASSISTANT, "您好", "m2"), now=2.0)
+    first_b = await store.append(new(b, Role.USER, "别的话", "m2"), now=3.0)
+    again = await asyncio.gather(
+        store.append(new(a, Role.USER, "你好", "m1"), now=4.0),
+        store.append(new(b, Role.USER, "别的话", "m2"), now=4.0),
+        store.append(new(b, Role.ASSISTANT, "回答", "m1"), now=4.0),
+    )
+    # The retries' results are the originals (content_chars aside: the session's current total).
+    assert (again[0].duplicate, again[0].message) == (True, first_a.message)
+    assert (again[1].duplicate, again[1].message) == (True, first_b.message)
+    assert (again[2].duplicate, again[2].message.seq) == (False, 2)
+    assert (await store.count_messages(a), await store.count_messages(b)) == (2, 2)
+
+
 async def test_sessions_belong_to_a_tenant(store: SqlStore) -> None:
     """A session takes the tenant of the caller that created it ('' for an unrestricted one).
     Another tenant's append, delete or summary reset is Forbidden under the row lock and changes

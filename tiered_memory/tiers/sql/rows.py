@@ -62,30 +62,29 @@ _channel = functools.cache(Channel)
 _status = functools.cache(MessageStatus)
 
 
-def row_to_message(r: sa.Row[*tuple[Any, ...]], prefix: str = "") -> Message:
-    """The message in a row of `messages`, or in the columns labelled `prefix` + name of a join."""
+def row_to_message(r: sa.Row[*tuple[Any, ...]]) -> Message:
+    """The message in a row of `messages`."""
     m = r._mapping
     # Absent from a row of MEMORY_COLUMNS. Asked with `in`, not `.get`: a row mapping answers a
     # missing key by raising and catching inside SQLAlchemy (2 µs, seven times an `in`), twice a
     # row, on every read of messages from SQL.
-    thinking, duration = prefix + "thinking_content", prefix + "thinking_duration"
-    reasoned = thinking in m  # the two columns are read together or not at all
+    reasoned = "thinking_content" in m  # the two columns are read together or not at all
     return Message(
-        key=m[prefix + "session_id"],
-        seq=int(m[prefix + "seq"]),
-        turn=int(m[prefix + "turn"]),
-        role=_role(m[prefix + "role"]),
-        content=m[prefix + "content"],
-        message_id=m[prefix + "message_id"],
-        created_at=float(m[prefix + "created_at"]),
-        user_id=m[prefix + "user_id"],
-        channel=_channel(m[prefix + "channel"]),
-        status=_status(m[prefix + "status"]),
-        tool_calls=m[prefix + "tool_calls"] or "",
-        tool_call_id=m[prefix + "tool_call_id"],
-        name=m[prefix + "name"],
-        thinking_content=m[thinking] if reasoned else None,
-        thinking_duration=m[duration] if reasoned else None,
+        key=m["session_id"],
+        seq=int(m["seq"]),
+        turn=int(m["turn"]),
+        role=_role(m["role"]),
+        content=m["content"],
+        message_id=m["message_id"],
+        created_at=float(m["created_at"]),
+        user_id=m["user_id"],
+        channel=_channel(m["channel"]),
+        status=_status(m["status"]),
+        tool_calls=m["tool_calls"] or "",
+        tool_call_id=m["tool_call_id"],
+        name=m["name"],
+        thinking_content=m["thinking_content"] if reasoned else None,
+        thinking_duration=m["thinking_duration"] if reasoned else None,
     )
 
 

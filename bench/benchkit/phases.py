@@ -392,8 +392,8 @@ async def settle_processes(b: Bench, port: int, quiet: int = 8) -> None:
 
 
 async def profiles(b: Bench, out_dir: Path, lengths: Lengths | None) -> None:
-    """py-spy on the daemon during the hot reads, a warm read and appends at concurrency 64, the
-    gateway loop at concurrency 1 with a 2 s LLM, and the hot context and question of the
+    """py-spy on the daemon during the hot reads, a warm read, appends and turns at concurrency
+    64, the gateway loop at concurrency 1 with a 2 s LLM, and the hot context and question of the
     longest growth session at concurrency 1, each on its own (these runs are not in the table:
     the sampler costs the daemon some time).
     The collapsed stacks go to `out_dir`, which must exist."""
@@ -405,6 +405,8 @@ async def profiles(b: Bench, out_dir: Path, lengths: Lengths | None) -> None:
         ("context_hot", 64, Spec("context_hot", d, spread(contexts(b.hot)), ok(200))),
         ("summary_warm", 64, Spec("summary_warm", d, once(summaries(warm)), ok(200))),
         ("append", 64, Spec("append", d, conversation(per_worker(f"b{b.run}-prof"), "a"), ok(201))),
+        # The gateway cycle of the main table: a load-then-append call, then the reply.
+        ("turns", 64, Spec("turns", d, conversation(per_worker(f"b{b.run}-proft"), "t", turns_call=True), ok(201))),
         # The gateway loop of the slow-LLM figures, while the LLM takes 2 s.
         ("chat_slow_llm", 1, Spec("chat", d, chat(f"b{b.run}-profchat", 1, "m"), answered, label=chat_parts)),
     ]

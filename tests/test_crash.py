@@ -204,6 +204,12 @@ async def test_two_processes_share_sessions_without_losing_order_or_summaries(
     try:
         async with processes(a, b), aiohttp.ClientSession() as http:
             await asyncio.gather(*(converse(g, http) for g in gateways))
+            # The passes the conversations scheduled run first: a client's close merges what they
+            # have not covered with the extractor and takes the lock at once, without waiting for
+            # a concurrency slot, and a session longer than COMPRESSION_BATCH_TURNS is not made
+            # again by the LLM after it (service.py, summarize/job.py). On a loaded machine a
+            # session whose passes were all still queued at its close had no LLM call at all.
+            await _settled(http, (a, b), fake_llm, [g.sid for g in gateways])
             for g in gateways:
                 # A pass still running (its LLM calls take 0.3 s) may outlast the second a close
                 # waits for it: that close answers `persisted: false` and a later one true, as

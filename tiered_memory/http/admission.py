@@ -18,7 +18,6 @@ Two rules keep one client from taking every slot:
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
@@ -48,7 +47,9 @@ def admission_middleware(limit: int, per_tenant: int, metrics: Metrics) -> Middl
     """Refuse a request (Overloaded) while `limit` others are in progress, or `per_tenant` of
     its tenant's or its token's; 0 means no limit."""
     in_flight = 0
-    held: Counter[str] = Counter()
+    held: dict[str, int] = {}
+    # Read when scraped, not set twice a request (each set takes the gauge's lock).
+    metrics.requests_in_flight.set_function(lambda: in_flight)
 
     @web.middleware
     async def admit(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -62,22 +63,23 @@ def admission_middleware(limit: int, per_tenant: int, metrics: Metrics) -> Middl
         holders = [f"tenant:{request_tenant(request)}"]
         if principal is not None:
             holders.append(f"token:{principal.token_id}")
-        if per_tenant and any(held[h] >= per_tenant for h in holders):
+        if per_tenant and any(held.get(h, 0) >= per_tenant for h in holders):
             metrics.requests_shed.inc()
             raise Overloaded(
                 f"{per_tenant} requests of this tenant or token in progress (MAX_INFLIGHT_PER_TENANT); retry"
             )
         in_flight += 1
-        held.update(holders)
-        metrics.requests_in_flight.set(in_flight)
+        for h in holders:
+            held[h] = held.get(h, 0) + 1
         try:
             return await handler(request)
         finally:
             in_flight -= 1
-            held.subtract(holders)
             for h in holders:
-                if held[h] <= 0:
+                left = held[h] - 1
+                if left:
+                    held[h] = left
+                else:
                     del held[h]
-            metrics.requests_in_flight.set(in_flight)
 
     return admit

@@ -31,6 +31,8 @@ _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 # What a page cannot do across sites without a preflight this daemon never answers is read; what
 # it can do is send, and these change something.
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+# Host headers whose verdict one middleware keeps (`local_guard_middleware`).
+_HOSTS_KEPT = 64
 
 
 def allowed_names(text: str) -> frozenset[str]:
@@ -76,6 +78,18 @@ def local_guard_middleware(allowed_hosts: frozenset[str], *, loopback: bool) -> 
     """The checks of the module docstring. `loopback`: loopback names are allowed (a daemon that
     serves only loopback); without it and without `allowed_hosts` no Host is checked."""
     check_host = loopback or bool(allowed_hosts)
+    # The verdict on each Host header seen, for the first _HOSTS_KEPT: a gateway sends the same
+    # one on every request, and parsing it as an address took 2 µs a request. Bounded, since
+    # the header is the client's to choose: past the bound a Host is judged afresh each time.
+    judged: dict[str | None, bool] = {}
+
+    def meant_for_us(host: str | None) -> bool:
+        verdict = judged.get(host)
+        if verdict is None:
+            verdict = host_allowed(host, allowed_hosts, loopback=loopback)
+            if len(judged) < _HOSTS_KEPT:
+                judged[host] = verdict
+        return verdict
 
     @web.middleware
     async def local_guard(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -83,7 +97,7 @@ def local_guard_middleware(allowed_hosts: frozenset[str], *, loopback: bool) -> 
             # Probes and scrapers address the daemon by whatever name reaches it; they say nothing of any session.
             return await handler(request)
         host = request.headers.get("Host")
-        if check_host and not host_allowed(host, allowed_hosts, loopback=loopback):
+        if check_host and not meant_for_us(host):
             # The Host is not repeated: an error echoes none of the request's bytes.
             raise MisdirectedRequest(
                 "Host: not this daemon's name; without tokens it answers only localhost and loopback"

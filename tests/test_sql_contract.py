@@ -22,9 +22,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from tests.helpers.daemon import new_sid
 from tests.helpers.servers import RealServers, own_database
 from tiered_memory.errors import Conflict, Forbidden, SqlUnavailable
-from tiered_memory.model import Caller, NewMessage, Owner, Role, SessionKey, Summary, SummarySource
+from tiered_memory.model import AppendResult, Caller, NewMessage, Owner, Role, SessionKey, Summary, SummarySource
 from tiered_memory.testing import free_port
-from tiered_memory.tiers.sql import schema
+from tiered_memory.tiers.sql import append, schema
 from tiered_memory.tiers.sql.engine import create_engine
 from tiered_memory.tiers.sql.maintenance import SqlMaintenance
 from tiered_memory.tiers.sql.migrate import current_version
@@ -36,8 +36,8 @@ from tiered_memory.tiers.sql.users import SqlUsers
 from tiered_memory.webhooks import Event, retry_delay
 
 
-@pytest.fixture(params=["sqlite", "mariadb", "postgres"])
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SqlStore]:
+async def _store_on(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SqlStore]:
+    """A migrated store on the backend `request.param` names."""
     if request.param == "sqlite":
         url = f"sqlite+aiosqlite:///{tmp_path / 'tm.sqlite3'}"
     elif request.param == "postgres":
@@ -49,6 +49,19 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
     await s.migrate()
     yield s
     await s.aclose()
+
+
+@pytest.fixture(params=["sqlite", "mariadb", "postgres"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SqlStore]:
+    async for s in _store_on(request, tmp_path):
+        yield s
+
+
+@pytest.fixture(params=["mariadb", "postgres"])
+async def locking_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SqlStore]:
+    """A store on a server whose session rows another connection can hold locked meanwhile."""
+    async for s in _store_on(request, tmp_path):
+        yield s
 
 
 def new(sid: SessionKey, role: Role, content: str, mid: str, user: str | None = "u1") -> NewMessage:
@@ -95,22 +108,54 @@ async def test_append_is_idempotent_and_checks_owner(store: SqlStore) -> None:
 
 
 async def test_retries_of_one_message_id_in_two_sessions_each_find_their_own(store: SqlStore) -> None:
-    """Two sessions that used the same message_id, retried together (one batch, when the group
-    commit makes it one): each retry answers its own session's original message."""
+    """Two sessions that used the same message_id, retried in one batch: each retry answers its
+    own session's original message, and a new message under that id in the other session is
+    stored. The first appends take the group commit's slots, so the three after them queue and
+    are committed together."""
     a, b = new_sid(), new_sid()
     first_a = await store.append(new(a, Role.USER, "你好", "m1"), now=1.0)
     await store.append(new(a, Role.ASSISTANT, "您好", "m2"), now=2.0)
     first_b = await store.append(new(b, Role.USER, "别的话", "m2"), now=3.0)
-    again = await asyncio.gather(
+    sizes: list[int] = []
+    store._commits._on_batch = sizes.append
+    fillers = [store.append(new(new_sid(), Role.USER, "占位", "f"), now=4.0) for _ in range(4)]
+    *_, again_a, again_b, fresh_b = await asyncio.gather(
+        *fillers,
         store.append(new(a, Role.USER, "你好", "m1"), now=4.0),
         store.append(new(b, Role.USER, "别的话", "m2"), now=4.0),
         store.append(new(b, Role.ASSISTANT, "回答", "m1"), now=4.0),
     )
+    assert 3 in sizes, sizes  # the three were one batch
     # The retries' results are the originals (content_chars aside: the session's current total).
-    assert (again[0].duplicate, again[0].message) == (True, first_a.message)
-    assert (again[1].duplicate, again[1].message) == (True, first_b.message)
-    assert (again[2].duplicate, again[2].message.seq) == (False, 2)
+    assert (again_a.duplicate, again_a.message) == (True, first_a.message)
+    assert (again_b.duplicate, again_b.message) == (True, first_b.message)
+    assert (fresh_b.duplicate, fresh_b.message.seq) == (False, 2)
     assert (await store.count_messages(a), await store.count_messages(b)) == (2, 2)
+
+
+async def test_a_retry_that_waits_for_the_batch_holding_its_original_answers_duplicate(
+    locking_store: SqlStore,
+) -> None:
+    """Another process's batch holds the session's row, its original message inserted and not
+    committed yet; a retry of that message waits for the lock, and once the batch commits it is
+    answered as the duplicate it is (on PostgreSQL the lock re-reads only the session's row, so
+    the stored messages are read after it), not refused by the unique key."""
+    store = locking_store
+    sid = new_sid()
+    await store.append(new(sid, Role.USER, "你好", "m1"), now=1.0)
+    original = new(sid, Role.ASSISTANT, "您好", "m2")
+    async with store._engine.connect() as other:
+        async with other.begin():
+            batch = [append.Append(original, 2.0, Caller())]
+            (stored,) = await append.store_batch(other, append.AppendStatements(), batch, store._insert_if_absent)
+            assert isinstance(stored, AppendResult)
+            assert not stored.duplicate
+            retry = asyncio.create_task(store.append(original, now=3.0))
+            await asyncio.sleep(0.5)
+            assert not retry.done()  # waiting for the session's row
+        again = await retry
+    assert (again.duplicate, again.message) == (True, stored.message)
+    assert await store.count_messages(sid) == 2
 
 
 async def test_sessions_belong_to_a_tenant(store: SqlStore) -> None:

@@ -1,6 +1,7 @@
 """How a batch of appends is stored in one transaction, in a fixed number of statements whatever
 its size: lock the batch's session rows (creating the new ones), read the message_ids already
-stored, number every message in Python, insert them all, update each session once.
+stored (and, for a batch with a retry, or any batch on PostgreSQL, those stored messages in one
+more statement), number every message in Python, insert them all, update each session once.
 
 Round trips to the server and statements through the driver are what an append costs (the
 commit aside, which group_commit.py shares); numbering a message is cheap arithmetic on the
@@ -97,8 +98,9 @@ class AppendStatements:
             # ignore it; the messages found are unchanging rows anyway).
             .with_for_update(of=sessions)
         )
-        # A stored message is never changed by an append, and READ COMMITTED (engine.py) shows
-        # every one committed before the lock was granted: no lock needed.
+        # A stored message is never changed by an append, and under READ COMMITTED (engine.py)
+        # this statement, run after the lock was granted, sees every one committed before: no
+        # lock needed.
         self.retried = sa.select(msgs).where(
             msgs.c.session_id.in_(sa.bindparam("sids", expanding=True)),
             msgs.c.message_id.in_(sa.bindparam("mids", expanding=True)),
@@ -205,11 +207,22 @@ async def _lock(
         if r.m_message_id is not None:
             found.add((r.session_id, r.m_message_id))
     stored: dict[tuple[str, str], tuple[Message, bool]] = {}
-    if found:
-        pairs = {"sids": sorted({sid for sid, _ in found}), "mids": sorted({mid for _, mid in found})}
-        for r in (await conn.execute(st.retried, pairs)).all():
-            if (r.session_id, r.message_id) in found:
-                stored[(r.session_id, r.message_id)] = (row_to_message(r), bool(r.completes_turn))
+    # PostgreSQL's FOR UPDATE, having waited for a session's row, reads that row again but not
+    # the messages joined to it, which stay as the statement's snapshot held them before the
+    # wait: a retry that waited for the batch holding its original would not see it there, and
+    # would hit the unique key. So there the stored messages are always read after the lock.
+    # MariaDB's locking read takes the joined rows as they are once the lock is granted, and
+    # SQLite's writers take turns.
+    always = conn.dialect.name == "postgresql"
+    if found or always:
+        if always:
+            asked = {"sids": sids, "mids": mids}
+        else:
+            asked = {"sids": sorted({sid for sid, _ in found}), "mids": sorted({mid for _, mid in found})}
+        # The IN lists may match pairs no append of the batch names: stored messages all the
+        # same, never looked up.
+        for r in (await conn.execute(st.retried, asked)).all():
+            stored[(r.session_id, r.message_id)] = (row_to_message(r), bool(r.completes_turn))
     return state, stored
 
 

@@ -25,6 +25,7 @@ from aiohttp.typedefs import Handler, Middleware
 from tiered_memory.errors import CrossSite, MisdirectedRequest, UnsupportedMedia
 from tiered_memory.http.addresses import host_name
 from tiered_memory.http.auth import OPEN_PATHS
+from tiered_memory.lru import Lru
 from tiered_memory.settings import is_loopback
 
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
@@ -78,17 +79,15 @@ def local_guard_middleware(allowed_hosts: frozenset[str], *, loopback: bool) -> 
     """The checks of the module docstring. `loopback`: loopback names are allowed (a daemon that
     serves only loopback); without it and without `allowed_hosts` no Host is checked."""
     check_host = loopback or bool(allowed_hosts)
-    # The verdict on each Host header seen, for the first _HOSTS_KEPT: a gateway sends the same
-    # one on every request, and parsing it as an address took 2 µs a request. Bounded, since
-    # the header is the client's to choose: past the bound a Host is judged afresh each time.
-    judged: dict[str | None, bool] = {}
+    # The verdicts on the Host headers seen most recently: a gateway sends the same one on every
+    # request, and parsing it as an address took 2 µs a request. Bounded, since the header is
+    # the client's to choose; least recently used first out, so junk cannot crowd out a gateway.
+    judged: Lru[str | None, bool] = Lru(_HOSTS_KEPT)
 
     def meant_for_us(host: str | None) -> bool:
         verdict = judged.get(host)
         if verdict is None:
-            verdict = host_allowed(host, allowed_hosts, loopback=loopback)
-            if len(judged) < _HOSTS_KEPT:
-                judged[host] = verdict
+            verdict = judged.put(host, host_allowed(host, allowed_hosts, loopback=loopback))
         return verdict
 
     @web.middleware

@@ -1,5 +1,6 @@
 """The benchmark still runs from a checkout (`python -m bench.bench`, bench/ is not installed): a
-smoke run on the embedded default produces every figure; so does `python -m bench.trace_cost`."""
+smoke run on the embedded default produces every figure; so do `python -m bench.trace_cost` and
+`python -m bench.edge_cost`."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers.servers import RealServers
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -96,3 +99,33 @@ def test_the_trace_cost_script_measures_tracing_off_and_on(tmp_path: Path) -> No
     assert set(report["off_again_vs_off"]) == {"per_s", "p50_ms", "p99_ms"}
     assert set(report["on_vs_off"]) == {"per_s", "p50_ms", "p99_ms"}
     assert report["collector"]["exports"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_edge_cost_script_measures_this_checkout_against_a_baseline(
+    real_servers: RealServers, tmp_path: Path
+) -> None:
+    """`python -m bench.edge_cost` exits 0 with each daemon's reads a second and CPU a read, for
+    the summary and the context, this checkout's and the baseline's (here the same checkout, in
+    its own process from its own folder, as a worktree of other code is)."""
+    server = real_servers.mysql_url.rsplit("/", 1)[0] + "/"
+    args = ["--rounds", "1", "--sessions", "2", "--seconds", "0.3", "--concurrency", "2", "--baseline", str(ROOT)]
+    args += ["--redis-url", real_servers.redis_url, "--mysql-url", server]
+    pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.edge_cost", *args],
+        cwd=tmp_path,
+        env=os.environ | {"PYTHONPATH": pythonpath},
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert set(report) == {"this", "baseline"}
+    for rounds in report.values():
+        assert len(rounds) == 1
+        assert set(rounds[0]) == {"summary", "context"}
+        assert all(f["reads_per_s"] > 0 and f["daemon_cpu_us"] > 0 for f in rounds[0].values())

@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""What a hot read costs the daemon per request, against a checkout of other code: the daemon's
+CPU (utime + stime from /proc) per request and the reads a second, for the summary and the
+context of --sessions sessions (six turns each, closed, so that both tiers hold their summary),
+read round-robin at --concurrency for --seconds. With --baseline, the daemons of this checkout
+and of the baseline take turns, one at a time, --rounds times each (the machine is shared and
+noisy: the spread between rounds says how much a difference means). Each daemon runs on a
+database and key prefix of its own on the Redis and MariaDB named, dropped and deleted after it.
+
+    git worktree add /tmp/tm-before <commit>
+    .venv/bin/python -m bench.edge_cost --baseline /tmp/tm-before
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import uuid
+from pathlib import Path
+
+import aiohttp
+import redis.asyncio as aioredis
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from bench.benchkit import loadgen
+from bench.benchkit.servers import LLM_REPLY
+from bench.benchkit.workload import contexts, ok, spread, summaries
+from bench.capacity_measure import cpu_seconds
+from tiered_memory.testing import Behaviour, DaemonProcess, FakeLlm
+
+_TURNS = 6
+# Per read kind: reads a second, the daemon's µs of CPU a read, the p50 in ms.
+Figures = dict[str, dict[str, float]]
+
+
+async def _seed(http: aiohttp.ClientSession, base: str, sids: list[str]) -> None:
+    """Each session: six turns, then closed (its summary in SQL and Redis)."""
+    for sid in sids:
+        for t in range(1, _TURNS + 1):
+            user = f"第{t}个问题：我叫王芳，下周三去杭州出差，预算三千元。"
+            for role, text in (("user", user), ("assistant", f"好的，第{t}个回答已记下。")):
+                body = {"role": role, "content": text, "message_id": f"{sid}-{t}-{role}", "user_id": "edge-user"}
+                async with http.post(f"{base}/v1/sessions/{sid}/messages", json=body) as r:
+                    if r.status != 201:
+                        raise RuntimeError(f"append to {sid}: {r.status} {await r.text()}")
+        async with http.post(f"{base}/v1/sessions/{sid}/close") as r:
+            if r.status != 200 or not (await r.json())["persisted"]:
+                raise RuntimeError(f"close of {sid}: {r.status}")
+
+
+async def measure(args: argparse.Namespace, checkout: Path | None, llm_url: str, logs: Path) -> Figures:
+    """Per read kind, the reads a second and the daemon's µs of CPU a read, for the daemon of
+    `checkout` (None: this one)."""
+    run = uuid.uuid4().hex[:8]
+    database, prefix = f"bench_edge_{run}", f"edge{run}"
+    root = create_async_engine(args.mysql_url)
+    async with root.begin() as conn:
+        await conn.execute(sa.text(f"CREATE DATABASE {database}"))
+    env = {
+        "DATA_DIR": str(logs / run),
+        "LOG_LEVEL": "WARNING",
+        "REDIS_URL": args.redis_url,
+        "REDIS_KEY_PREFIX": prefix,
+        "DATABASE_URL": args.mysql_url.rstrip("/") + "/" + database,
+        "AUTO_MIGRATE": "true",
+        "LLM_BASE_URL": llm_url,
+        "SUMMARY_MODEL": "bench",
+    }
+    daemon = DaemonProcess(env, logs / f"daemon-{run}.log", cwd=checkout)
+    found: Figures = {}
+    try:
+        await daemon.start()
+        sids = [f"edge-{i}" for i in range(args.sessions)]
+        async with aiohttp.ClientSession() as http:
+            await _seed(http, daemon.base, sids)
+        for kind, reads in (("summary", summaries(sids)), ("context", contexts(sids))):
+            c = args.concurrency
+            # A first pass fills the process's caches; only the second is counted.
+            await loadgen.measure(kind, daemon.port, concurrency=c, duration_s=1.0, make=spread(reads), check=ok(200))
+            before = cpu_seconds(daemon.pid)
+            stats = (
+                await loadgen.measure(
+                    kind, daemon.port, concurrency=c, duration_s=args.seconds, make=spread(reads), check=ok(200)
+                )
+            )[kind]
+            spent = cpu_seconds(daemon.pid) - before
+            if stats.errors:
+                raise RuntimeError(f"{kind}: {stats.errors} reads failed")
+            found[kind] = {
+                "reads_per_s": round(stats.throughput, 1),
+                "daemon_cpu_us": round(spent / stats.requests * 1e6, 1),
+                "p50_ms": stats.as_json()["p50_ms"],
+            }
+    finally:
+        daemon.stop()
+        async with root.begin() as conn:
+            await conn.execute(sa.text(f"DROP DATABASE {database}"))
+        await root.dispose()
+        hot = aioredis.Redis.from_url(args.redis_url)
+        keys = [key async for key in hot.scan_iter(match=f"{prefix}:*", count=1000)]
+        for i in range(0, len(keys), 500):
+            await hot.delete(*keys[i : i + 500])
+        await hot.aclose()
+    return found
+
+
+async def main(args: argparse.Namespace) -> None:
+    llm = FakeLlm(behaviour=Behaviour(text=LLM_REPLY))
+    await llm.start()
+    report: dict[str, list[Figures]] = {"this": [], "baseline": []}
+    try:
+        with tempfile.TemporaryDirectory(prefix="edge-cost-") as tmp:
+            for _ in range(args.rounds):
+                report["this"].append(await measure(args, None, llm.url, Path(tmp)))
+                if args.baseline is not None:
+                    report["baseline"].append(await measure(args, args.baseline, llm.url, Path(tmp)))
+    finally:
+        await llm.stop()
+    if args.baseline is None:
+        del report["baseline"]
+    print(json.dumps(report, indent=2))
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--baseline", type=Path, help="a checkout of other code, measured the same way, in turns")
+    ap.add_argument("--rounds", type=int, default=3, help="daemons of each checkout, one after the other")
+    ap.add_argument("--sessions", type=int, default=64, help="sessions read round-robin")
+    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--seconds", type=float, default=3.0, help="seconds each kind of read is counted")
+    ap.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    ap.add_argument("--mysql-url", default="mysql+aiomysql://root@127.0.0.1:3306/")
+    return ap.parse_args(argv)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(parse()))

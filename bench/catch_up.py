@@ -18,14 +18,12 @@ import asyncio
 import json
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 import aiohttp
-import redis.asyncio as aioredis
-import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from bench.benchkit.scratch import scratch
 from bench.benchkit.seed import sessions_with
 from bench.benchkit.servers import LLM_REPLY
 from tiered_memory.testing import Behaviour, DaemonProcess, FakeLlm
@@ -64,45 +62,22 @@ async def _catch_up(http: aiohttp.ClientSession, base: str, sid: str, turns: int
 
 async def measure(args: argparse.Namespace, checkout: Path | None, llm_url: str, logs: Path) -> dict[str, float]:
     """Seconds per length for the daemon of `checkout` (None: this one)."""
-    run = uuid.uuid4().hex[:8]
-    database, prefix = f"bench_catchup_{run}", f"catchup{run}"
-    root = create_async_engine(args.mysql_url)
-    async with root.begin() as conn:
-        await conn.execute(sa.text(f"CREATE DATABASE {database}"))
-    url = args.mysql_url.rstrip("/") + "/" + database
-    engine = create_async_engine(url)
-    env = {
-        "DATA_DIR": str(logs / run),
-        "LOG_LEVEL": "WARNING",
-        "REDIS_URL": args.redis_url,
-        "REDIS_KEY_PREFIX": prefix,
-        "DATABASE_URL": url,
-        "AUTO_MIGRATE": "true",
-        # The seeded sessions stay unsummarized until their cold read.
-        "SWEEP_INTERVAL_SECONDS": "3600",
-        "LLM_BASE_URL": llm_url,
-        "SUMMARY_MODEL": "bench",
-    }
-    daemon = DaemonProcess(env, logs / f"daemon-{run}.log", cwd=checkout)
     seconds: dict[str, float] = {}
-    try:
-        await daemon.start()
-        async with aiohttp.ClientSession() as http:
-            for turns in args.lengths:
-                sid = f"catchup-{turns}"
-                await sessions_with(engine, [sid], turns=turns, summary=None, with_messages=True)
-                seconds[str(turns)] = round(await _catch_up(http, daemon.base, sid, turns), 2)
-    finally:
-        daemon.stop()
-        await engine.dispose()
-        async with root.begin() as conn:
-            await conn.execute(sa.text(f"DROP DATABASE {database}"))
-        await root.dispose()
-        hot = aioredis.Redis.from_url(args.redis_url)
-        keys = [key async for key in hot.scan_iter(match=f"{prefix}:*", count=1000)]
-        for i in range(0, len(keys), 500):
-            await hot.delete(*keys[i : i + 500])
-        await hot.aclose()
+    async with scratch("catchup", args.mysql_url, args.redis_url) as own:
+        engine = create_async_engine(own.database_url)
+        # The seeded sessions stay unsummarized until their cold read.
+        env = own.daemon_env(llm_url, logs) | {"SWEEP_INTERVAL_SECONDS": "3600"}
+        daemon = DaemonProcess(env, logs / f"daemon-{own.run}.log", cwd=checkout)
+        try:
+            await daemon.start()
+            async with aiohttp.ClientSession() as http:
+                for turns in args.lengths:
+                    sid = f"catchup-{turns}"
+                    await sessions_with(engine, [sid], turns=turns, summary=None, with_messages=True)
+                    seconds[str(turns)] = round(await _catch_up(http, daemon.base, sid, turns), 2)
+        finally:
+            daemon.stop()
+            await engine.dispose()
     return seconds
 
 

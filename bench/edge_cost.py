@@ -17,15 +17,12 @@ import argparse
 import asyncio
 import json
 import tempfile
-import uuid
 from pathlib import Path
 
 import aiohttp
-import redis.asyncio as aioredis
-import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import create_async_engine
 
 from bench.benchkit import loadgen
+from bench.benchkit.scratch import scratch
 from bench.benchkit.servers import LLM_REPLY
 from bench.benchkit.workload import contexts, ok, spread, summaries
 from bench.capacity_measure import cpu_seconds
@@ -51,59 +48,42 @@ async def _seed(http: aiohttp.ClientSession, base: str, sids: list[str]) -> None
                 raise RuntimeError(f"close of {sid}: {r.status}")
 
 
+async def _read(daemon: DaemonProcess, kind: str, reads: list[bytes], args: argparse.Namespace) -> dict[str, float]:
+    """`reads` round-robin at --concurrency: a first pass fills the process's caches, the second
+    is counted."""
+    c = args.concurrency
+    await loadgen.measure(kind, daemon.port, concurrency=c, duration_s=1.0, make=spread(reads), check=ok(200))
+    before = cpu_seconds(daemon.pid)
+    counted = await loadgen.measure(
+        kind, daemon.port, concurrency=c, duration_s=args.seconds, make=spread(reads), check=ok(200)
+    )
+    stats = counted[kind]
+    spent = cpu_seconds(daemon.pid) - before
+    if stats.errors:
+        raise RuntimeError(f"{kind}: {stats.errors} reads failed")
+    return {
+        "reads_per_s": round(stats.throughput, 1),
+        "daemon_cpu_us": round(spent / stats.requests * 1e6, 1),
+        "p50_ms": stats.as_json()["p50_ms"],
+    }
+
+
 async def measure(args: argparse.Namespace, checkout: Path | None, llm_url: str, logs: Path) -> Figures:
     """Per read kind, the reads a second and the daemon's µs of CPU a read, for the daemon of
     `checkout` (None: this one)."""
-    run = uuid.uuid4().hex[:8]
-    database, prefix = f"bench_edge_{run}", f"edge{run}"
-    root = create_async_engine(args.mysql_url)
-    async with root.begin() as conn:
-        await conn.execute(sa.text(f"CREATE DATABASE {database}"))
-    env = {
-        "DATA_DIR": str(logs / run),
-        "LOG_LEVEL": "WARNING",
-        "REDIS_URL": args.redis_url,
-        "REDIS_KEY_PREFIX": prefix,
-        "DATABASE_URL": args.mysql_url.rstrip("/") + "/" + database,
-        "AUTO_MIGRATE": "true",
-        "LLM_BASE_URL": llm_url,
-        "SUMMARY_MODEL": "bench",
-    }
-    daemon = DaemonProcess(env, logs / f"daemon-{run}.log", cwd=checkout)
     found: Figures = {}
-    try:
-        await daemon.start()
-        sids = [f"edge-{i}" for i in range(args.sessions)]
-        async with aiohttp.ClientSession() as http:
-            await _seed(http, daemon.base, sids)
-        for kind, reads in (("summary", summaries(sids)), ("context", contexts(sids))):
-            c = args.concurrency
-            # A first pass fills the process's caches; only the second is counted.
-            await loadgen.measure(kind, daemon.port, concurrency=c, duration_s=1.0, make=spread(reads), check=ok(200))
-            before = cpu_seconds(daemon.pid)
-            stats = (
-                await loadgen.measure(
-                    kind, daemon.port, concurrency=c, duration_s=args.seconds, make=spread(reads), check=ok(200)
-                )
-            )[kind]
-            spent = cpu_seconds(daemon.pid) - before
-            if stats.errors:
-                raise RuntimeError(f"{kind}: {stats.errors} reads failed")
-            found[kind] = {
-                "reads_per_s": round(stats.throughput, 1),
-                "daemon_cpu_us": round(spent / stats.requests * 1e6, 1),
-                "p50_ms": stats.as_json()["p50_ms"],
-            }
-    finally:
-        daemon.stop()
-        async with root.begin() as conn:
-            await conn.execute(sa.text(f"DROP DATABASE {database}"))
-        await root.dispose()
-        hot = aioredis.Redis.from_url(args.redis_url)
-        keys = [key async for key in hot.scan_iter(match=f"{prefix}:*", count=1000)]
-        for i in range(0, len(keys), 500):
-            await hot.delete(*keys[i : i + 500])
-        await hot.aclose()
+    async with scratch("edge", args.mysql_url, args.redis_url) as own:
+        env = own.daemon_env(llm_url, logs)
+        daemon = DaemonProcess(env, logs / f"daemon-{own.run}.log", cwd=checkout)
+        try:
+            await daemon.start()
+            sids = [f"edge-{i}" for i in range(args.sessions)]
+            async with aiohttp.ClientSession() as http:
+                await _seed(http, daemon.base, sids)
+            for kind, reads in (("summary", summaries(sids)), ("context", contexts(sids))):
+                found[kind] = await _read(daemon, kind, reads, args)
+        finally:
+            daemon.stop()
     return found
 
 

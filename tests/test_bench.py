@@ -73,19 +73,14 @@ def test_quick_embedded_run_reports_every_operation_and_ceiling(tmp_path: Path) 
     assert "| `summary_hot` |" in proc.stdout
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(120)
-def test_the_trace_cost_script_measures_tracing_off_and_on(tmp_path: Path) -> None:
-    """`python -m bench.trace_cost` exits 0 with both daemons' figures, their ratio, and spans that reached its
-    collector from the daemon with tracing on."""
-    out = tmp_path / "trace_cost.json"
-    args = ["--rounds", "1", "--seconds", "1", "--concurrency", "2", "--json", str(out)]
-    # Run outside the checkout (its daemons' files land in tmp_path): the checkout on PYTHONPATH
-    # is what finds bench/ there, as `-m` finds it in the current directory.
+def _run_script(module: str, args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`python -m module args` run outside the checkout (its daemons' files land in `cwd`): the
+    checkout on PYTHONPATH is what finds bench/ there, as `-m` finds it in the current directory.
+    It must exit 0."""
     pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     done = subprocess.run(
-        [sys.executable, "-m", "bench.trace_cost", *args],
-        cwd=tmp_path,
+        [sys.executable, "-m", module, *args],
+        cwd=cwd,
         env=os.environ | {"PYTHONPATH": pythonpath},
         capture_output=True,
         text=True,
@@ -93,6 +88,17 @@ def test_the_trace_cost_script_measures_tracing_off_and_on(tmp_path: Path) -> No
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_trace_cost_script_measures_tracing_off_and_on(tmp_path: Path) -> None:
+    """`python -m bench.trace_cost` exits 0 with both daemons' figures, their ratio, and spans that reached its
+    collector from the daemon with tracing on."""
+    out = tmp_path / "trace_cost.json"
+    args = ["--rounds", "1", "--seconds", "1", "--concurrency", "2", "--json", str(out)]
+    _run_script("bench.trace_cost", args, tmp_path)
     report = json.loads(out.read_text())
     assert set(report["modes"]) == {"off", "off_again", "on"}
     assert all(report["modes"][m]["requests"] > 0 for m in ("off", "off_again", "on"))
@@ -112,17 +118,7 @@ def test_the_edge_cost_script_measures_this_checkout_against_a_baseline(
     server = real_servers.mysql_url.rsplit("/", 1)[0] + "/"
     args = ["--rounds", "1", "--sessions", "2", "--seconds", "0.3", "--concurrency", "2", "--baseline", str(ROOT)]
     args += ["--redis-url", real_servers.redis_url, "--mysql-url", server]
-    pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.edge_cost", *args],
-        cwd=tmp_path,
-        env=os.environ | {"PYTHONPATH": pythonpath},
-        capture_output=True,
-        text=True,
-        timeout=110,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = _run_script("bench.edge_cost", args, tmp_path)
     report = json.loads(done.stdout)
     assert set(report) == {"this", "baseline"}
     for rounds in report.values():

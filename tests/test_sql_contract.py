@@ -233,6 +233,53 @@ async def test_concurrent_appends_share_commits_and_keep_each_sessions_order(sto
     assert sum(sizes) == 40
 
 
+async def test_one_batch_updates_each_of_its_sessions_rows_as_appends_one_by_one_do(store: SqlStore) -> None:
+    """A batch's session rows are updated by one statement: each row gets its own counts, sizes,
+    time, first user and open tool calls (a closed session is reopened), as when the same
+    messages are appended one at a time to twin sessions, never another row's."""
+    calls = json.dumps([{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}])
+
+    def messages(a: str, b: str, c: str) -> list[tuple[NewMessage, float]]:
+        return [
+            (new(a, Role.USER, "又来了", "m2"), 3.0),
+            (new(b, Role.USER, "第一句话", "b1", user="ub"), 4.0),
+            (NewMessage(b, Role.ASSISTANT, "", "b2", "ub", tool_calls=calls), 5.0),
+            (new(c, Role.USER, "x" * 10, "c1", user=None), 6.0),
+            (new(a, Role.ASSISTANT, "欢迎", "m3"), 7.0),
+        ]
+
+    batched, alone = [new_sid() for _ in range(3)], [new_sid() for _ in range(3)]
+    for a in (batched[0], alone[0]):
+        await store.append(new(a, Role.USER, "早", "m0", user=None), now=1.0)
+        await store.append(new(a, Role.ASSISTANT, "早上好", "m1", user="u1"), now=1.5)
+        assert await store.close_session(a, reason="idle", now=2.0)
+    for m, now in messages(*alone):
+        await store.append(m, now=now)
+    statements: list[str] = []
+    sa_event.listen(store._engine.sync_engine, "before_cursor_execute", lambda *args: statements.append(args[2]))
+    batch = [append.Append(m, now, Caller()) for m, now in messages(*batched)]
+    async with store._engine.begin() as conn:
+        out = await append.store_batch(conn, append.AppendStatements(), batch, store._insert_if_absent)
+    assert all(isinstance(r, AppendResult) and not r.duplicate for r in out)
+    assert sum(s.lstrip().upper().startswith("UPDATE") for s in statements) == 1
+    async with store._engine.connect() as conn:
+        rows = {
+            r.session_id: r._asdict()
+            for r in await conn.execute(
+                sa.select(schema.sessions).where(schema.sessions.c.session_id.in_(batched + alone))
+            )
+        }
+    for one, twin in zip(batched, alone, strict=True):
+        assert {**rows[one], "session_id": twin} == rows[twin]
+    assert [rows[sid]["message_count"] for sid in batched] == [4, 2, 1]
+    assert [(rows[sid]["user_id"], rows[sid]["closed_at"]) for sid in batched] == [
+        ("u1", None),
+        ("ub", None),
+        (None, None),
+    ]
+    assert rows[batched[1]]["open_tool_calls"] is not None and "call_1" in rows[batched[1]]["open_tool_calls"]
+
+
 async def test_a_refused_message_fails_alone_in_its_batch(store: SqlStore) -> None:
     """In one batch: a reused message_id (Conflict) and another tenant's session (Forbidden) fail
     their own callers only; every other message is stored, once."""

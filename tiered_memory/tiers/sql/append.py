@@ -106,23 +106,45 @@ class AppendStatements:
             msgs.c.message_id.in_(sa.bindparam("mids", expanding=True)),
         )
         self.insert_message = msgs.insert()
-        self.update_session = (
+        # UPDATE statements by the number of rows they change (at most a batch's sessions).
+        self._updates: dict[int, sa.Update] = {}
+
+    def update_sessions(self, n: int) -> sa.Update:
+        """One UPDATE of `n` session rows, each column a CASE on the session id, bound as
+        `{name}_{i}` for row i (`_update`'s names): one round trip per batch, where an
+        executemany of a one-row UPDATE costs one per session (drivers batch only INSERTs), and
+        those were more than half of an append's statements at c=64 (docs/BENCHMARKS.md)."""
+        found = self._updates.get(n)
+        if found is not None:
+            return found
+        c = sessions.c
+
+        def per_row(name: str, column: sa.Column[Any]) -> sa.Case[Any]:
+            whens = [
+                (sa.bindparam(f"sid_{i}", type_=c.session_id.type), sa.bindparam(f"{name}_{i}", type_=column.type))
+                for i in range(n)
+            ]
+            return sa.case(*whens, value=c.session_id)
+
+        statement = (
             sessions.update()
-            .where(sessions.c.session_id == sa.bindparam("sid"))
+            .where(c.session_id.in_([sa.bindparam(f"sid_{i}", type_=c.session_id.type) for i in range(n)]))
             .values(
-                turn_count=sa.bindparam("turns"),
-                message_count=sa.bindparam("seq"),
-                pending_user=sa.bindparam("pending"),
-                content_chars=sessions.c.content_chars + sa.bindparam("chars", type_=sa.BigInteger),
-                content_bytes=sessions.c.content_bytes + sa.bindparam("bytes", type_=sa.BigInteger),
-                last_activity=sa.bindparam("now"),
+                turn_count=per_row("turns", c.turn_count),
+                message_count=per_row("seq", c.message_count),
+                pending_user=per_row("pending", c.pending_user),
+                content_chars=c.content_chars + per_row("chars", c.content_chars),
+                content_bytes=c.content_bytes + per_row("bytes", c.content_bytes),
+                last_activity=per_row("now", c.last_activity),
                 # A gateway that reconnects to a closed session reopens it.
                 closed_at=None,
                 close_reason=None,
-                user_id=sa.func.coalesce(sessions.c.user_id, sa.bindparam("uid", type_=sa.String)),
-                open_tool_calls=sa.bindparam("calls", type_=sa.Text),
+                user_id=sa.func.coalesce(c.user_id, per_row("uid", c.user_id)),
+                open_tool_calls=per_row("calls", c.open_tool_calls),
             )
         )
+        self._updates[n] = statement
+        return statement
 
 
 async def store_batch(
@@ -177,7 +199,8 @@ async def store_batch(
     if inserts:
         await conn.execute(st.insert_message, inserts)
         updates = [_update(sid, s) for sid, s in state.items() if s.changed]
-        await conn.execute(st.update_session, updates)
+        bound = {f"{name}_{i}": value for i, row in enumerate(updates) for name, value in row.items()}
+        await conn.execute(st.update_sessions(len(updates)), bound)
     # A session this batch created for messages all refused (a tool result for no open call)
     # is removed again: a refused append changes nothing, not even which session ids exist.
     empty = [sid for sid in missing if not state[sid].changed and state[sid].message_count == 0]

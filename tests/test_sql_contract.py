@@ -533,6 +533,42 @@ async def test_a_url_of_several_servers_connects_to_the_first_that_answers(real_
         await store.aclose()
 
 
+async def test_a_mysql_connection_is_rolled_back_when_given_back_only_with_a_transaction_open(
+    real_servers: RealServers,
+) -> None:
+    """A committed write's connection goes back to the pool without a ROLLBACK (the server's
+    count of them on that connection does not move); one given back with a transaction the pool
+    did not see open (a statement sent through the driver, after a commit) is rolled back before
+    anyone reuses it."""
+    engine = create_engine(real_servers.mysql_url)
+
+    async def rollbacks(conn: AsyncConnection) -> int:
+        return int((await conn.exec_driver_sql("SHOW SESSION STATUS LIKE 'Com_rollback'")).one()[1])
+
+    try:
+        async with engine.connect() as conn:  # the pool's one connection, reused below
+            before = await rollbacks(conn)
+        for _ in range(3):
+            async with engine.begin() as conn:
+                await conn.execute(sa.select(schema.sessions.c.session_id).limit(1))
+        async with engine.connect() as conn:
+            # The read above closed its own transaction (+1); the three commits added nothing.
+            assert await rollbacks(conn) == before + 1
+        async with engine.begin() as conn:
+            await conn.execute(sa.select(schema.sessions.c.session_id).limit(1))
+        async with engine.connect() as conn:
+            raw = await conn.get_raw_connection()
+            cursor = await raw.driver_connection.cursor()
+            await cursor.execute("DELETE FROM sessions WHERE session_id = 'none'")
+            assert raw.driver_connection.get_transaction_status()
+        async with engine.connect() as conn:
+            raw = await conn.get_raw_connection()
+            assert not raw.driver_connection.get_transaction_status()
+            assert await rollbacks(conn) == before + 3
+    finally:
+        await engine.dispose()
+
+
 async def test_session_reads_go_to_a_replica_that_has_the_sessions_last_write(real_servers: RealServers) -> None:
     """With a replica (here the same server: always caught up), a session's reads asked with
     `replica=True` are answered there; one it does not know, or a replica that does not answer,

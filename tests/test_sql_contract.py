@@ -239,7 +239,7 @@ async def test_one_batch_updates_each_of_its_sessions_rows_as_appends_one_by_one
     messages are appended one at a time to twin sessions, never another row's."""
     calls = json.dumps([{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}])
 
-    def messages(a: str, b: str, c: str) -> list[tuple[NewMessage, float]]:
+    def messages(a: SessionKey, b: SessionKey, c: SessionKey) -> list[tuple[NewMessage, float]]:
         return [
             (new(a, Role.USER, "又来了", "m2"), 3.0),
             (new(b, Role.USER, "第一句话", "b1", user="ub"), 4.0),
@@ -277,7 +277,8 @@ async def test_one_batch_updates_each_of_its_sessions_rows_as_appends_one_by_one
         ("ub", None),
         (None, None),
     ]
-    assert rows[batched[1]]["open_tool_calls"] is not None and "call_1" in rows[batched[1]]["open_tool_calls"]
+    assert rows[batched[1]]["open_tool_calls"] is not None
+    assert "call_1" in rows[batched[1]]["open_tool_calls"]
 
 
 async def test_a_refused_message_fails_alone_in_its_batch(store: SqlStore) -> None:
@@ -543,7 +544,13 @@ async def test_a_mysql_connection_is_rolled_back_when_given_back_only_with_a_tra
     engine = create_engine(real_servers.mysql_url)
 
     async def rollbacks(conn: AsyncConnection) -> int:
-        return int((await conn.exec_driver_sql("SHOW SESSION STATUS LIKE 'Com_rollback'")).one()[1])
+        row = (await conn.exec_driver_sql("SHOW SESSION STATUS LIKE 'Com_rollback'")).one()
+        return int(row._mapping["Value"])
+
+    async def driver(conn: AsyncConnection) -> Any:
+        found = (await conn.get_raw_connection()).driver_connection
+        assert found is not None
+        return found
 
     try:
         async with engine.connect() as conn:  # the pool's one connection, reused below
@@ -557,13 +564,12 @@ async def test_a_mysql_connection_is_rolled_back_when_given_back_only_with_a_tra
         async with engine.begin() as conn:
             await conn.execute(sa.select(schema.sessions.c.session_id).limit(1))
         async with engine.connect() as conn:
-            raw = await conn.get_raw_connection()
-            cursor = await raw.driver_connection.cursor()
+            aiomysql_conn = await driver(conn)
+            cursor = await aiomysql_conn.cursor()
             await cursor.execute("DELETE FROM sessions WHERE session_id = 'none'")
-            assert raw.driver_connection.get_transaction_status()
+            assert aiomysql_conn.get_transaction_status()
         async with engine.connect() as conn:
-            raw = await conn.get_raw_connection()
-            assert not raw.driver_connection.get_transaction_status()
+            assert not (await driver(conn)).get_transaction_status()
             assert await rollbacks(conn) == before + 3
     finally:
         await engine.dispose()

@@ -1,6 +1,6 @@
 """The benchmark still runs from a checkout (`python -m bench.bench`, bench/ is not installed): a
-smoke run on the embedded default produces every figure; so do `python -m bench.trace_cost` and
-`python -m bench.edge_cost`."""
+smoke run on the embedded default produces every figure; so do `python -m bench.trace_cost`,
+`python -m bench.edge_cost` and `python -m bench.cycle_cpu`."""
 
 from __future__ import annotations
 
@@ -125,3 +125,27 @@ def test_the_edge_cost_script_measures_this_checkout_against_a_baseline(
         assert len(rounds) == 1
         assert set(rounds[0]) == {"summary", "context"}
         assert all(f["reads_per_s"] > 0 and f["daemon_cpu_us"] > 0 for f in rounds[0].values())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_cycle_cpu_script_counts_every_process_of_each_workload(real_servers: RealServers, tmp_path: Path) -> None:
+    """`python -m bench.cycle_cpu` exits 0 with, for the daemon's workloads and the ceilings, the
+    rate and the CPU per request of the server and of MariaDB, Redis and the load generator, and
+    per target the ratio and the CPU a ratio of 1 (0.5) would allow."""
+    server = real_servers.mysql_url.rsplit("/", 1)[0] + "/"
+    out = tmp_path / "cycle_cpu.json"
+    args = ["--seconds", "0.3", "--concurrency", "2", "--json", str(out)]
+    _run_script("bench.cycle_cpu", [*args, "--redis-url", real_servers.redis_url, "--mysql-url", server], tmp_path)
+    report = json.loads(out.read_text())
+    workloads = {"append", "gateway cycle", "hot summary", "naive append", "aiohttp dict"}
+    assert set(report["workloads"]) == workloads
+    for figures in report["workloads"].values():
+        assert figures["per_s"] > 0
+        assert set(figures["cpu_ms"]) == {"server", "mariadb", "redis", "load generator", "total"}
+        assert figures["cpu_ms"]["server"] > 0
+    # The appends wrote to MariaDB, through the daemon and through the naive server.
+    assert report["workloads"]["append"]["cpu_ms"]["mariadb"] > 0
+    assert report["workloads"]["naive append"]["cpu_ms"]["mariadb"] > 0
+    assert set(report["targets"]) == {"append", "gateway cycle", "hot summary"}
+    assert all(t["ratio"] > 0 and t["cpu_ms_allowed"] > 0 for t in report["targets"].values())

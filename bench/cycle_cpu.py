@@ -4,7 +4,8 @@ is compared with: the append (against the naive insert-and-commit), the gateway 
 load-then-append call and its reply, against the same naive append) and the hot summary read
 (against the aiohttp handler answering from a dict). For each, the CPU time of every process
 involved (the server with its children, MariaDB, Redis, this load generator), from
-/proc/<pid>/task/*/schedstat, divided by the requests (cycles) completed.
+/proc/<pid>/task/*/schedstat, and the statements MariaDB was sent (its `Questions`), divided by
+the requests (cycles) completed.
 
 On a machine whose every core is busy, a workload's rate is bounded by its total CPU per
 request: a ratio to a ceiling of R needs the daemon's whole cycle, every process counted, to cost
@@ -28,6 +29,7 @@ from typing import Any
 
 import aiohttp
 import redis.asyncio as aioredis
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from bench.benchkit import loadgen, procs
 from bench.benchkit.scratch import Scratch, scratch
@@ -78,6 +80,12 @@ def _named(*names: str) -> list[int]:
     return found
 
 
+async def _statements(sql: AsyncEngine) -> int:
+    """The statements the MySQL server has been sent (every client's: the run is alone on it)."""
+    async with sql.connect() as conn:
+        return int((await conn.exec_driver_sql("SHOW GLOBAL STATUS LIKE 'Questions'")).one()._mapping["Value"])
+
+
 async def _measure(
     name: str,
     port: int,
@@ -93,11 +101,15 @@ async def _measure(
     c = args.concurrency
     await loadgen.measure(name, port, concurrency=c, duration_s=1.0, make=make, check=check, label=label)
     groups = {"server": _tree(server), **shared, "load generator": [os.getpid()]}
+    sql = create_async_engine(args.mysql_url)
+    sent = await _statements(sql)
     before = {k: _cpu_ns(v) for k, v in groups.items()}
     stats = (
         await loadgen.measure(name, port, concurrency=c, duration_s=args.seconds, make=make, check=check, label=label)
     )[name]
     spent = {k: _cpu_ns(v) - before[k] for k, v in groups.items()}
+    sent = await _statements(sql) - sent
+    await sql.dispose()
     if stats.errors or not stats.requests:
         raise RuntimeError(f"{name}: {stats.errors} failed of {stats.requests}")
     per = {k: round(v / stats.requests / 1e6, 3) for k, v in spent.items()}
@@ -105,6 +117,7 @@ async def _measure(
         "per_s": round(stats.throughput, 1),
         "p99_ms": stats.as_json()["p99_ms"],
         "cpu_ms": per | {"total": round(sum(per.values()), 3)},
+        "sql_statements": round(sent / stats.requests, 3),
         "cores_busy": round(sum(spent.values()) / 1e9 / stats.seconds, 2),
     }
 

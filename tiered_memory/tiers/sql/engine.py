@@ -116,8 +116,10 @@ def _skip_rollback_after_commit(engine: AsyncEngine) -> None:
         conn.info.pop(_COMMITTED, None)
 
     def failed(context: sa.engine.ExceptionContext) -> None:
-        if context.connection is not None and not context.connection.closed:
-            context.connection.info.pop(_COMMITTED, None)
+        conn = context.connection
+        # An invalidated connection's mark goes with its DBAPI connection (and `info` would raise).
+        if conn is not None and not conn.closed and not conn.invalidated:
+            conn.info.pop(_COMMITTED, None)
 
     def reset(dbapi_conn: DBAPIConnection, record: ConnectionPoolEntry, state: PoolResetState) -> None:
         driver = dbapi_conn.driver_connection if isinstance(dbapi_conn, AdaptedConnection) else None

@@ -255,13 +255,16 @@ async def test_one_batch_updates_each_of_its_sessions_rows_as_appends_one_by_one
         assert await store.close_session(a, reason="idle", now=2.0)
     for m, now in messages(*alone):
         await store.append(m, now=now)
-    statements: list[str] = []
-    sa_event.listen(store._engine.sync_engine, "before_cursor_execute", lambda *args: statements.append(args[2]))
+    statements: list[tuple[str, bool]] = []
+    sa_event.listen(
+        store._engine.sync_engine, "before_cursor_execute", lambda *args: statements.append((args[2], args[5]))
+    )
     batch = [append.Append(m, now, Caller()) for m, now in messages(*batched)]
     async with store._engine.begin() as conn:
         out = await append.store_batch(conn, append.AppendStatements(), batch, store._insert_if_absent)
     assert all(isinstance(r, AppendResult) and not r.duplicate for r in out)
-    assert sum(s.lstrip().upper().startswith("UPDATE") for s in statements) == 1
+    # One statement, not one executemany (which a driver may send as a statement per row).
+    assert [many for text, many in statements if text.lstrip().upper().startswith("UPDATE")] == [False]
     async with store._engine.connect() as conn:
         rows = {
             r.session_id: r._asdict()
@@ -538,10 +541,11 @@ async def test_a_mysql_connection_is_rolled_back_when_given_back_only_with_a_tra
     real_servers: RealServers,
 ) -> None:
     """A committed write's connection goes back to the pool without a ROLLBACK (the server's
-    count of them on that connection does not move); one given back with a transaction the pool
-    did not see open (a statement sent through the driver, after a commit) is rolled back before
-    anyone reuses it."""
+    count of them on that connection does not move); one given back with a transaction open that
+    SQLAlchemy did not see (a statement sent through the driver after the commit) is rolled back
+    before anyone reuses it."""
     engine = create_engine(real_servers.mysql_url)
+    nothing = sa.delete(schema.sessions).where(schema.sessions.c.session_id == "none")
 
     async def rollbacks(conn: AsyncConnection) -> int:
         row = (await conn.exec_driver_sql("SHOW SESSION STATUS LIKE 'Com_rollback'")).one()
@@ -553,17 +557,18 @@ async def test_a_mysql_connection_is_rolled_back_when_given_back_only_with_a_tra
         return found
 
     try:
-        async with engine.connect() as conn:  # the pool's one connection, reused below
+        # The pool's one connection, reused below (the counts are that connection's).
+        async with engine.connect() as conn:
             before = await rollbacks(conn)
         for _ in range(3):
             async with engine.begin() as conn:
-                await conn.execute(sa.select(schema.sessions.c.session_id).limit(1))
+                await conn.execute(nothing)
         async with engine.connect() as conn:
             # The read above closed its own transaction (+1); the three commits added nothing.
             assert await rollbacks(conn) == before + 1
-        async with engine.begin() as conn:
-            await conn.execute(sa.select(schema.sessions.c.session_id).limit(1))
         async with engine.connect() as conn:
+            await conn.execute(nothing)
+            await conn.commit()
             aiomysql_conn = await driver(conn)
             cursor = await aiomysql_conn.cursor()
             await cursor.execute("DELETE FROM sessions WHERE session_id = 'none'")
@@ -571,6 +576,20 @@ async def test_a_mysql_connection_is_rolled_back_when_given_back_only_with_a_tra
         async with engine.connect() as conn:
             assert not (await driver(conn)).get_transaction_status()
             assert await rollbacks(conn) == before + 3
+    finally:
+        await engine.dispose()
+
+
+async def test_a_postgresql_connection_is_reused_after_its_commit(postgres_url: str) -> None:
+    """The pool gives the same PostgreSQL connection back after commits (none is closed on its
+    way back: the MySQL engine's reset of connections is not PostgreSQL's)."""
+    engine = create_engine(postgres_url)
+    try:
+        pids = set()
+        for _ in range(3):
+            async with engine.begin() as conn:
+                pids.add((await conn.execute(sa.text("SELECT pg_backend_pid()"))).scalar_one())
+        assert len(pids) == 1
     finally:
         await engine.dispose()
 

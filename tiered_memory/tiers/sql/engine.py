@@ -76,6 +76,10 @@ def create_engine(url: str) -> AsyncEngine:
             raise failure
 
         extra["async_creator"] = first_that_answers
+    mysql = servers[0].get_backend_name() in ("mysql", "mariadb")
+    if mysql:
+        # A connection given back after its commit is not rolled back again (_skip_rollback_after_commit).
+        extra["pool_reset_on_return"] = None
     engine = create_async_engine(
         servers[0],
         **extra,
@@ -89,10 +93,9 @@ def create_engine(url: str) -> AsyncEngine:
         json_deserializer=loads,
         # Fewer gap locks than REPEATABLE READ; every append locks its session row explicitly.
         isolation_level="READ COMMITTED",
-        # A connection given back after its commit is not rolled back again (_skip_rollback_after_commit).
-        pool_reset_on_return=None,
     )
-    _skip_rollback_after_commit(engine)
+    if mysql:
+        _skip_rollback_after_commit(engine)
     return engine
 
 
@@ -106,7 +109,12 @@ def _skip_rollback_after_commit(engine: AsyncEngine) -> None:
     comes back committed, and that ROLLBACK was one round trip more per commit (a fifth of an
     append's statements at c=64). Both must say so: SQLAlchemy's commit, not followed by a
     statement or an error, and the driver's transaction flag (which the server's OK packet of
-    the COMMIT set; the driver does not refresh it after a result set, so alone it is not enough)."""
+    the COMMIT set; the driver does not refresh it after a result set, so alone it is not enough).
+    A statement sent through the driver itself after a commit is not seen by SQLAlchemy: after a
+    SELECT that opened a transaction (a locking one) the flag is stale too, and the connection
+    would go back with it open. The daemon never sends one; code that does must roll back itself.
+    (asyncpg's adapter sends no ROLLBACK when no transaction is open, and SQLite's costs no round
+    trip: only MySQL engines have this.)"""
     sync = engine.sync_engine
 
     def committed(conn: sa.Connection) -> None:
@@ -121,9 +129,11 @@ def _skip_rollback_after_commit(engine: AsyncEngine) -> None:
         if conn is not None and not conn.closed and not conn.invalidated:
             conn.info.pop(_COMMITTED, None)
 
-    def reset(dbapi_conn: DBAPIConnection, record: ConnectionPoolEntry, state: PoolResetState) -> None:
+    def reset(dbapi_conn: DBAPIConnection, record: ConnectionPoolEntry | None, state: PoolResetState) -> None:
         driver = dbapi_conn.driver_connection if isinstance(dbapi_conn, AdaptedConnection) else None
-        clean = record.info.pop(_COMMITTED, False) and driver is not None and not driver.get_transaction_status()
+        # A detached connection comes without its record.
+        marked = record is not None and record.info.pop(_COMMITTED, False)
+        clean = marked and driver is not None and not driver.get_transaction_status()
         if clean or not state.asyncio_safe or state.transaction_was_reset:
             return  # as the pool's own reset: no I/O outside the loop; or already rolled back
         dbapi_conn.rollback()

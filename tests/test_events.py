@@ -49,6 +49,14 @@ def documented_verify(tmp: Path) -> Verify:
     return verify
 
 
+def _whole_lines(path: Path) -> list[str]:
+    """The lines the receiver has finished writing to `path`: it appends while the test reads,
+    and a long record may be read half written (its newline not yet there)."""
+    if not path.exists():
+        return []
+    return path.read_text(encoding="utf-8").split("\n")[:-1]
+
+
 class Receiver:
     """tests/helpers/receiver.py as a child process; `mode` changes what it does with the next request."""
 
@@ -80,10 +88,8 @@ class Receiver:
 
     def received(self) -> list[tuple[dict[str, str], bytes, dict[str, Any]]]:
         """(headers, raw body, event) of every request answered 2xx, in arrival order."""
-        if not self.record.exists():
-            return []
         out = []
-        for line in self.record.read_text(encoding="utf-8").splitlines():
+        for line in _whole_lines(self.record):
             got = json.loads(line)
             raw = got["body"].encode()
             out.append((got["headers"], raw, json.loads(raw)))
@@ -91,10 +97,7 @@ class Receiver:
 
     def seen(self, mode: str) -> int:
         """The requests that arrived while the receiver was in `mode`, whatever it answered."""
-        path = self.record.parent / "seen.jsonl"
-        if not path.exists():
-            return 0
-        return sum(json.loads(line)["mode"] == mode for line in path.read_text(encoding="utf-8").splitlines())
+        return sum(json.loads(line)["mode"] == mode for line in _whole_lines(self.record.parent / "seen.jsonl"))
 
     def stop(self) -> None:
         # Killed: a graceful stop would wait for the requests it hangs on.

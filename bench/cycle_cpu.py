@@ -34,8 +34,16 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from bench.benchkit import loadgen, procs
 from bench.benchkit.scratch import Scratch, scratch
 from bench.benchkit.servers import LLM_REPLY
-from bench.benchkit.workload import conversation, naive_conversation, ok, per_worker, spread, summaries, turns_only
-from bench.edge_cost import _seed
+from bench.benchkit.workload import (
+    closed_sessions,
+    conversation,
+    naive_conversation,
+    ok,
+    per_worker,
+    spread,
+    summaries,
+    turns_only,
+)
 from tiered_memory.testing import Behaviour, DaemonProcess, FakeLlm
 
 # Per workload: the rate and the CPU milliseconds per request (cycle) of each process.
@@ -134,7 +142,7 @@ async def _daemon(
         await daemon.start()
         sids = [f"hot-{i}" for i in range(args.concurrency)]
         async with aiohttp.ClientSession() as http:
-            await _seed(http, daemon.base, sids)
+            await closed_sessions(http, daemon.base, sids)
             bodies = {}
             for sid in sids:
                 async with http.get(f"{daemon.base}/v1/sessions/{sid}/summary") as r:

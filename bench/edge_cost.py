@@ -24,28 +24,12 @@ import aiohttp
 from bench.benchkit import loadgen
 from bench.benchkit.scratch import scratch
 from bench.benchkit.servers import LLM_REPLY
-from bench.benchkit.workload import contexts, ok, spread, summaries
+from bench.benchkit.workload import closed_sessions, contexts, ok, spread, summaries
 from bench.capacity_measure import cpu_seconds
 from tiered_memory.testing import Behaviour, DaemonProcess, FakeLlm
 
-_TURNS = 6
 # Per read kind: reads a second, the daemon's µs of CPU a read, the p50 in ms.
 Figures = dict[str, dict[str, float]]
-
-
-async def _seed(http: aiohttp.ClientSession, base: str, sids: list[str]) -> None:
-    """Each session: six turns, then closed (its summary in SQL and Redis)."""
-    for sid in sids:
-        for t in range(1, _TURNS + 1):
-            user = f"第{t}个问题：我叫王芳，下周三去杭州出差，预算三千元。"
-            for role, text in (("user", user), ("assistant", f"好的，第{t}个回答已记下。")):
-                body = {"role": role, "content": text, "message_id": f"{sid}-{t}-{role}", "user_id": "edge-user"}
-                async with http.post(f"{base}/v1/sessions/{sid}/messages", json=body) as r:
-                    if r.status != 201:
-                        raise RuntimeError(f"append to {sid}: {r.status} {await r.text()}")
-        async with http.post(f"{base}/v1/sessions/{sid}/close") as r:
-            if r.status != 200 or not (await r.json())["persisted"]:
-                raise RuntimeError(f"close of {sid}: {r.status}")
 
 
 async def _read(daemon: DaemonProcess, kind: str, reads: list[bytes], args: argparse.Namespace) -> dict[str, float]:
@@ -79,7 +63,7 @@ async def measure(args: argparse.Namespace, checkout: Path | None, llm_url: str,
             await daemon.start()
             sids = [f"edge-{i}" for i in range(args.sessions)]
             async with aiohttp.ClientSession() as http:
-                await _seed(http, daemon.base, sids)
+                await closed_sessions(http, daemon.base, sids)
             for kind, reads in (("summary", summaries(sids)), ("context", contexts(sids))):
                 found[kind] = await _read(daemon, kind, reads, args)
         finally:

@@ -8,6 +8,8 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import aiohttp
+
 from bench.benchkit import loadgen
 from bench.benchkit.seed import USER_ID
 from tiered_memory.testing import ZH_12_TURNS
@@ -151,3 +153,19 @@ def by_role(_w: int, i: int) -> str:
 def turns_only(_w: int, i: int) -> str | None:
     """A load-then-append conversation: the calls are measured, the replies between them are not."""
     return None if i % 2 else "turns"
+
+
+async def closed_sessions(http: aiohttp.ClientSession, base: str, sids: Sequence[str], turns: int = 6) -> None:
+    """Each session of `sids` played through the daemon at `base` (`turns` turns), then closed:
+    its summary in SQL and the hot tier, as a hot read of it finds it."""
+    for sid in sids:
+        for t in range(1, turns + 1):
+            user = f"第{t}个问题：我叫王芳，下周三去杭州出差，预算三千元。"
+            for role, text in (("user", user), ("assistant", f"好的，第{t}个回答已记下。")):
+                body = {"role": role, "content": text, "message_id": f"{sid}-{t}-{role}", "user_id": USER_ID}
+                async with http.post(f"{base}/v1/sessions/{sid}/messages", json=body) as r:
+                    if r.status != 201:
+                        raise RuntimeError(f"append to {sid}: {r.status} {await r.text()}")
+        async with http.post(f"{base}/v1/sessions/{sid}/close") as r:
+            if r.status != 200 or not (await r.json())["persisted"]:
+                raise RuntimeError(f"close of {sid}: {r.status}")

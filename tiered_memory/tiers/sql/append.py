@@ -1,7 +1,8 @@
 """How a batch of appends is stored in one transaction, in a fixed number of statements whatever
 its size: lock the batch's session rows (creating the new ones), read the message_ids already
 stored (and, for a batch with a retry, or any batch on PostgreSQL, those stored messages in one
-more statement), number every message in Python, insert them all, update each session once.
+more statement), number every message in Python, insert them all, update all their sessions in
+one statement.
 
 Round trips to the server and statements through the driver are what an append costs (the
 commit aside, which group_commit.py shares); numbering a message is cheap arithmetic on the
